@@ -1,0 +1,163 @@
+"""An example user problem, defined outside the tunelab package.
+
+A manifest names it as `problem: "my_problems:Axpy"`; the runner puts this
+folder on the worker's PYTHONPATH. It shows everything a user problem needs:
+a shape, flop and byte counts, seeded inputs, an fp32 reference and methods
+whose `bind` returns a Launch (an `out` tensor plus a no-argument call).
+
+Besides a real Triton kernel it carries deliberately broken methods and a
+noisy variant, which tunelab's tests use to exercise the worker's failure
+paths.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+
+
+@triton.jit
+def axpy_kernel(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n
+    x = tl.load(x_ptr + offsets, mask=inside).to(tl.float32)
+    y = tl.load(y_ptr + offsets, mask=inside).to(tl.float32)
+    tl.store(out_ptr + offsets, (alpha * x + y).to(out_ptr.dtype.element_ty), mask=inside)
+
+
+class Launch:
+    def __init__(self, run, out):
+        self._run = run
+        self.out = out
+
+    def __call__(self):
+        self._run()
+
+
+class Axpy:
+    """out = alpha * x + y over N elements."""
+
+    def __init__(self, shape: dict):
+        if "N" not in shape:
+            raise ValueError("Axpy needs shape key N")
+        self.n = int(shape["N"])
+        self.alpha = float(shape.get("alpha", 2.0))
+        self.dtype = _DTYPES[shape.get("dtype", "fp32")]
+
+    def flops(self) -> float:
+        return 2.0 * self.n
+
+    def bytes(self) -> float:
+        return 3.0 * self.n * torch.tensor([], dtype=self.dtype).element_size()
+
+    def inputs(self, seed: int, device) -> dict:
+        generator = torch.Generator(device=device).manual_seed(seed)
+        x = torch.rand(self.n, generator=generator, device=device).to(self.dtype)
+        y = torch.rand(self.n, generator=generator, device=device).to(self.dtype)
+        return {"x": x, "y": y}
+
+    def reference(self, inputs: dict):
+        return self.alpha * inputs["x"].float() + inputs["y"].float()
+
+    def methods(self) -> dict:
+        return {
+            "triton": TritonAxpy(),
+            "torch": TorchAxpy(),
+            "off_by_one": OffByOne(),
+            "nan": MakesNan(),
+            "faults": Faults(),
+        }
+
+
+def _output(problem, inputs):
+    return torch.empty_like(inputs["x"])
+
+
+class TritonAxpy:
+    def bind(self, problem, inputs, config):
+        out = _output(problem, inputs)
+        block = int(config.get("BLOCK", 64))
+        grid = (triton.cdiv(problem.n, block),)
+
+        def run():
+            axpy_kernel[grid](inputs["x"], inputs["y"], out, problem.alpha, problem.n, BLOCK=block)
+
+        return Launch(run, out)
+
+
+class TorchAxpy:
+    def bind(self, problem, inputs, config):
+        out = _output(problem, inputs)
+
+        def run():
+            torch.add(inputs["y"], inputs["x"], alpha=problem.alpha, out=out)
+
+        return Launch(run, out)
+
+
+class OffByOne:
+    """Right everywhere except the last element, which is off by one."""
+
+    def bind(self, problem, inputs, config):
+        out = _output(problem, inputs)
+
+        def run():
+            torch.add(inputs["y"], inputs["x"], alpha=problem.alpha, out=out)
+            out[-1] += 1.0
+
+        return Launch(run, out)
+
+
+class MakesNan:
+    """Right everywhere except the first element, which is NaN."""
+
+    def bind(self, problem, inputs, config):
+        out = _output(problem, inputs)
+
+        def run():
+            torch.add(inputs["y"], inputs["x"], alpha=problem.alpha, out=out)
+            out[0] = float("nan")
+
+        return Launch(run, out)
+
+
+class Faults:
+    """Fails the way a kernel that touched bad memory fails."""
+
+    def bind(self, problem, inputs, config):
+        def run():
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        return Launch(run, _output(problem, inputs))
+
+
+class NoisyAxpy(Axpy):
+    """Axpy that prints to stdout everywhere a user's code might, from Python and from the fd."""
+
+    def __init__(self, shape: dict):
+        print("NoisyAxpy: constructing")
+        super().__init__(shape)
+
+    def inputs(self, seed: int, device) -> dict:
+        print("NoisyAxpy: making inputs")
+        os.write(1, b"NoisyAxpy: raw write to fd 1\n")
+        return super().inputs(seed, device)
+
+    def methods(self) -> dict:
+        return {"torch": NoisyTorchAxpy()}
+
+
+class NoisyTorchAxpy(TorchAxpy):
+    def bind(self, problem, inputs, config):
+        launch = super().bind(problem, inputs, config)
+        inner = launch._run
+
+        def run():
+            print("NoisyTorchAxpy: launching", flush=True)
+            os.write(1, b"{\"id\": 999, \"ok\": true}\n")  # looks like a response; must not reach the runner
+            inner()
+
+        return Launch(run, launch.out)

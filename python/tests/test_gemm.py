@@ -1,0 +1,124 @@
+"""The builtin gemm problem and its Triton kernel, through the Method/Launch interface.
+
+Shapes are tiny because Triton's interpreter is slow; they are chosen so that
+edges are masked (sizes that are not multiples of the block), there are
+several tiles in each direction, and the last GROUP_SIZE_M band is short.
+bf16 is left out: the interpreter's bf16 arithmetic is not trustworthy.
+"""
+
+import pytest
+import torch
+
+from conftest import INTERPRET
+from tunelab.compare import compare
+from tunelab.problems import resolve
+from tunelab.problems.gemm import Gemm
+
+BLOCK16 = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
+
+# What the check would accept: the ones the runner defaults to.
+TOLERANCE = {"atol": 1e-2, "rtol": 1e-2, "max_mismatch": 0.0}
+
+
+def run_method(problem, method_name, config, device, seed=0):
+    """Bind, poison, launch once and compare, as the worker's check does."""
+    inputs = problem.inputs(seed, device)
+    launch = problem.methods()[method_name].bind(problem, inputs, config)
+    launch.out.fill_(float("nan"))
+    launch()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return launch.out, compare(launch.out, problem.reference(inputs), **TOLERANCE)
+
+
+def test_builtin_name_resolves_to_gemm():
+    assert resolve("gemm") is Gemm
+
+
+def test_flops_and_bytes():
+    problem = Gemm({"M": 64, "N": 32, "K": 16, "dtype": "fp16"})
+    assert problem.flops() == 2 * 64 * 32 * 16
+    assert problem.bytes() == (64 * 16 + 16 * 32 + 64 * 32) * 2
+    assert Gemm({"M": 64, "N": 32, "K": 16, "dtype": "fp32"}).bytes() == (64 * 16 + 16 * 32 + 64 * 32) * 4
+
+
+def test_methods_are_named_for_describe():
+    assert sorted(Gemm({"M": 1, "N": 1, "K": 1, "dtype": "fp16"}).methods()) == ["matmul", "torch_matmul"]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [{"M": 0, "N": 4, "K": 4, "dtype": "fp16"}, {"N": 4, "K": 4, "dtype": "fp16"}, {"M": 4, "N": 4, "K": 4, "dtype": "int8"}],
+)
+def test_bad_shapes_are_rejected(shape):
+    with pytest.raises(ValueError):
+        Gemm(shape)
+
+
+def test_inputs_are_deterministic_in_seed(device):
+    problem = Gemm({"M": 8, "N": 8, "K": 16, "dtype": "fp16"})
+    first, again, other = problem.inputs(1, device), problem.inputs(1, device), problem.inputs(2, device)
+    assert torch.equal(first["a"], again["a"]) and torch.equal(first["b"], again["b"])
+    assert not torch.equal(first["a"], other["a"])
+    assert first["a"].dtype == torch.float16 and first["a"].shape == (8, 16) and first["b"].shape == (16, 8)
+
+
+def test_reference_is_fp32_and_of_order_one(device):
+    problem = Gemm({"M": 32, "N": 32, "K": 256, "dtype": "fp16"})
+    ref = problem.reference(problem.inputs(0, device))
+    assert ref.dtype == torch.float32
+    # Inputs are scaled by K**-0.25, so C ~ N(0, 1) at any K.
+    assert 0.5 < ref.std().item() < 2.0
+
+
+@pytest.mark.parametrize(
+    "shape, config",
+    [
+        ({"M": 32, "N": 32, "K": 32, "dtype": "fp16"}, BLOCK16),
+        # Ragged edges in M, N and K; three tile rows in bands of two.
+        ({"M": 40, "N": 33, "K": 20, "dtype": "fp32"}, {**BLOCK16, "GROUP_SIZE_M": 2}),
+        ({"M": 40, "N": 33, "K": 20, "dtype": "fp16"}, {**BLOCK16, "GROUP_SIZE_M": 8, "BLOCK_SIZE_N": 32}),
+    ],
+)
+def test_triton_matmul_matches_reference(shape, config, device):
+    problem = Gemm(shape)
+    out, result = run_method(problem, "matmul", config, device)
+    # Every tile written (no poison left) and every element within tolerance.
+    assert result["nan_count"] == 0
+    assert result["passed"], result
+    assert out.dtype == problem.dtype and out.shape == (shape["M"], shape["N"])
+
+
+def test_triton_matmul_ignores_unknown_config_keys(device):
+    problem = Gemm({"M": 16, "N": 16, "K": 16, "dtype": "fp32"})
+    _, result = run_method(problem, "matmul", {**BLOCK16, "smem_bytes": 4096}, device)
+    assert result["passed"], result
+
+
+def test_triton_matmul_names_a_missing_config_key(device):
+    problem = Gemm({"M": 16, "N": 16, "K": 16, "dtype": "fp32"})
+    inputs = problem.inputs(0, device)
+    with pytest.raises(ValueError, match="BLOCK_SIZE_K"):
+        problem.methods()["matmul"].bind(problem, inputs, {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16})
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_torch_matmul_matches_reference(dtype, device):
+    problem = Gemm({"M": 24, "N": 40, "K": 48, "dtype": dtype})
+    out, result = run_method(problem, "torch_matmul", {}, device)
+    assert result["passed"], result
+    assert out.dtype == problem.dtype
+
+
+@pytest.mark.skipif(INTERPRET, reason="bf16 in Triton's interpreter is not trustworthy")
+def test_triton_matmul_bf16_on_gpu(device):
+    problem = Gemm({"M": 200, "N": 136, "K": 72, "dtype": "bf16"})
+    config = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 4, "num_warps": 4, "num_stages": 3}
+    _, result = run_method(problem, "matmul", config, device)
+    assert result["passed"], result
+
+
+def test_compile_is_a_noop_in_the_interpreter_and_compiles_on_gpu():
+    problem = Gemm({"M": 64, "N": 64, "K": 64, "dtype": "fp16"})
+    compiled = problem.methods()["matmul"].compile(problem, BLOCK16)
+    assert compiled is (not INTERPRET)

@@ -1,0 +1,287 @@
+"""The fused-MoE problem: reference, Triton method, torch method, formulas.
+
+Runs under Triton's interpreter without a GPU (conftest sets TRITON_INTERPRET);
+shapes are tiny so the whole module stays fast on two cores. Never bf16 here:
+the interpreter can get bf16 wrong.
+"""
+
+import math
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported (conftest does the same)
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from tunelab.kernels.fused_moe import align_sizes, moe_align_block_size  # noqa: E402
+from tunelab.problems import resolve  # noqa: E402
+from tunelab.problems.moe import FusedMoE, vllm_default_config  # noqa: E402
+
+CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 2, "num_warps": 4, "num_stages": 2}
+TOL = {"fp16": dict(atol=1e-2, rtol=1e-2), "fp32": dict(atol=1e-4, rtol=1e-4)}
+
+
+def shape(**kw):
+    base = {"M": 17, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "fp16"}
+    base.update(kw)
+    return base
+
+
+def run_fused(problem, inputs, config=CFG, poison_buffers=False):
+    launch = problem.methods()["fused_moe"].bind(problem, inputs, config)
+    launch.out.fill_(float("nan"))  # the worker poisons the output before the check
+    if poison_buffers:
+        launch.inter.fill_(float("nan"))
+        launch.out2.fill_(float("nan"))
+        launch.sorted_ids.fill_(-7)
+        launch.expert_ids.fill_(-7)
+    launch()
+    return launch
+
+
+def assert_close(out, ref, dtype_name):
+    assert not torch.isnan(out).any(), "output left partly unwritten (NaN poison survived)"
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype_name])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("routing", ["random", "uniform"])
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_fused_moe_matches_reference(activation, routing, dtype, device):
+    p = FusedMoE(shape(activation=activation, routing=routing, dtype=dtype))
+    inputs = p.inputs(0, device)
+    launch = run_fused(p, inputs, poison_buffers=True)
+    assert_close(launch.out, p.reference(inputs), dtype)
+    # A second call into the same (now valid) buffers gives the same answer.
+    first = launch.out.clone()
+    launch.out.fill_(float("nan"))
+    launch()
+    torch.testing.assert_close(launch.out, first, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_fused_moe_decode_sizes(M, activation, device):
+    p = FusedMoE(shape(M=M, activation=activation))
+    inputs = p.inputs(1, device)
+    assert_close(run_fused(p, inputs).out, p.reference(inputs), "fp16")
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_fused_moe_tails(activation, device):
+    # K and N not multiples of the tiles: masked K loop, partial last column
+    # tiles, BLOCK_SIZE_N 16 (8 activated columns a tile), GROUP_SIZE_M > blocks.
+    p = FusedMoE(shape(M=5, E=4, K=48, N=24, dtype="fp32", activation=activation))
+    inputs = p.inputs(2, device)
+    cfg = dict(CFG, BLOCK_SIZE_N=16, GROUP_SIZE_M=4)
+    assert_close(run_fused(p, inputs, cfg).out, p.reference(inputs), "fp32")
+
+
+def test_fused_moe_topk1_and_all_experts(device):
+    p = FusedMoE(shape(M=6, E=2, topk=1, K=32, N=16))
+    inputs = p.inputs(3, device)
+    cfg = dict(CFG, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16)
+    assert_close(run_fused(p, inputs, cfg).out, p.reference(inputs), "fp16")
+    p = FusedMoE(shape(M=2, E=4, topk=4, K=32, N=16, dtype="fp32", routing="uniform"))
+    inputs = p.inputs(3, device)
+    assert_close(run_fused(p, inputs, cfg).out, p.reference(inputs), "fp32")
+
+
+def check_alignment(topk_ids, num_experts, bm, sorted_ids, expert_ids, num_post):
+    ids = topk_ids.reshape(-1).long().cpu()
+    numel = ids.numel()
+    sorted_ids, expert_ids = sorted_ids.long().cpu(), expert_ids.long().cpu()
+    total = int(num_post.reshape(-1)[0])
+    max_blocks, max_padded = align_sizes(numel, num_experts, bm)
+    assert sorted_ids.numel() == max_padded and expert_ids.numel() == max_blocks
+    assert total % bm == 0 and numel <= total <= max_padded
+    counts = torch.bincount(ids, minlength=num_experts)
+    assert total == int(sum(math.ceil(c / bm) * bm for c in counts.tolist()))
+    # Every slot exactly once, everything else (and everything past total) the sentinel.
+    real = sorted_ids[sorted_ids != numel]
+    assert sorted(real.tolist()) == list(range(numel))
+    assert (sorted_ids[total:] == numel).all()
+    nblocks = total // bm
+    assert (expert_ids[nblocks:] == -1).all()
+    used = expert_ids[:nblocks]
+    assert (used[1:] >= used[:-1]).all(), "blocks are in expert order"
+    for b in range(nblocks):
+        block = sorted_ids[b * bm : (b + 1) * bm]
+        slots = block[block != numel]
+        assert slots.numel() > 0, "no block is padding only"
+        assert (ids[slots] == expert_ids[b]).all(), "a block holds one expert's slots"
+        # Padding sits at the end of an expert's run: only its last block has any.
+        if b + 1 < nblocks and expert_ids[b + 1] == expert_ids[b]:
+            assert slots.numel() == bm
+
+
+@pytest.mark.parametrize("bm", [16, 32])
+@pytest.mark.parametrize("M,E,topk", [(1, 8, 2), (3, 4, 2), (37, 8, 2), (100, 5, 3), (40, 64, 4)])
+def test_alignment(M, E, topk, bm, device):
+    gen = torch.Generator().manual_seed(M * 1000 + E)
+    topk_ids = torch.stack([torch.randperm(E, generator=gen)[:topk] for _ in range(M)]).to(torch.int32)
+    if M == 100:
+        topk_ids[:, 0] = 1  # one hot expert, several full blocks
+    topk_ids = topk_ids.to(device)
+    check_alignment(topk_ids, E, bm, *moe_align_block_size(topk_ids, E, bm))
+
+
+def test_alignment_inside_launch(device):
+    p = FusedMoE(shape(M=9, E=8, topk=2))
+    inputs = p.inputs(4, device)
+    launch = run_fused(p, inputs, poison_buffers=True)
+    check_alignment(inputs["topk_ids"], p.E, CFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids,
+                    launch.num_post)
+
+
+def test_align_sizes_bounds():
+    # M=1, topk=4: four blocks at most, whatever E and BLOCK_SIZE_M.
+    assert align_sizes(4, 128, 16) == (4, 64)
+    assert align_sizes(4, 128, 128) == (4, 512)
+    # Large M: bounded by (numel + E * (BM - 1)) // BM.
+    assert align_sizes(16384, 128, 64) == ((16384 + 128 * 63) // 64, (16384 + 128 * 63) // 64 * 64)
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_torch_method_matches_reference(activation, device):
+    p = FusedMoE(shape(activation=activation))
+    inputs = p.inputs(5, device)
+    launch = p.methods()["torch"].bind(p, inputs, {})
+    launch.out.fill_(float("nan"))
+    launch()
+    assert_close(launch.out, p.reference(inputs), "fp16")
+
+
+def explicit_moe(inputs, M, topk, N, gate_rows, up_rows, act, bias):
+    """Dense per-token evaluation with explicit gate/up row indices."""
+    x, w1, w2 = inputs["x"].double(), inputs["w1"].double(), inputs["w2"].double()
+    out = torch.zeros(M, x.shape[1], dtype=torch.float64)
+    for t in range(M):
+        for j in range(topk):
+            e = int(inputs["topk_ids"][t, j])
+            h = w1[e] @ x[t]
+            if bias:
+                h = h + inputs["b1"][e].double()
+            a = act(h[gate_rows], h[up_rows])
+            y = w2[e] @ a
+            if bias:
+                y = y + inputs["b2"][e].double()
+            out[t] += float(inputs["topk_weights"][t, j]) * y
+    return out
+
+
+def swiglu(g, u):
+    g = g.clamp(max=7.0)
+    u = u.clamp(-7.0, 7.0)
+    return (u + 1) * g * torch.sigmoid(1.702 * g)
+
+
+def silu_mul(g, u):
+    return torch.nn.functional.silu(g) * u
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_gate_up_convention(activation, device):
+    N = 32
+    p = FusedMoE(shape(M=4, N=N, dtype="fp32", activation=activation))
+    inputs = p.inputs(6, "cpu")
+    # Make the convention matter beyond noise: gate rows large (clamp active
+    # for swiglu), up rows small and shifted.
+    even, odd = torch.arange(0, 2 * N, 2), torch.arange(1, 2 * N, 2)
+    first, second = torch.arange(N), torch.arange(N, 2 * N)
+    gate_rows, up_rows = (even, odd) if activation == "swiglu_oai" else (first, second)
+    inputs["w1"][:, gate_rows] *= 4.0
+    inputs["w1"][:, up_rows] *= 0.25
+    act = swiglu if activation == "swiglu_oai" else silu_mul
+    right = explicit_moe(inputs, p.M, p.topk, N, gate_rows, up_rows, act, p.bias)
+    swapped_layout = (first, second) if activation == "swiglu_oai" else (even, odd)
+    wrong_layout = explicit_moe(inputs, p.M, p.topk, N, *swapped_layout, act, p.bias)
+    wrong_order = explicit_moe(inputs, p.M, p.topk, N, up_rows, gate_rows, act, p.bias)
+    ref = p.reference(inputs).double()
+    torch.testing.assert_close(ref, right, atol=1e-4, rtol=1e-4)
+    assert (ref - wrong_layout).abs().max() > 0.1
+    assert (ref - wrong_order).abs().max() > 0.1
+    # The Triton kernel and the torch method follow the same convention.
+    dev_inputs = {k: v.to(device) for k, v in inputs.items()}
+    fused = run_fused(p, dev_inputs).out.double().cpu()
+    torch.testing.assert_close(fused, right, atol=1e-4, rtol=1e-4)
+    eager = p.methods()["torch"].bind(p, dev_inputs, {})
+    eager()
+    torch.testing.assert_close(eager.out.double().cpu(), right, atol=1e-4, rtol=1e-4)
+
+
+def test_swiglu_clamps_reached():
+    # The default swiglu inputs exercise the clamp at 7 somewhere in a moderate shape.
+    p = FusedMoE(shape(M=64, E=4, K=256, N=256, dtype="fp32", activation="swiglu_oai"))
+    inp = p.inputs(0, "cpu")
+    h = inp["x"] @ inp["w1"][0].T + inp["b1"][0]
+    assert (h.abs() > 7).any()
+
+
+def test_flops_and_bytes_gpt_oss_decode():
+    # gpt-oss-120b, M=1, bf16, vLLM's plain SiLU: 4 distinct experts.
+    p = FusedMoE({"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 2880, "dtype": "bf16"})
+    assert p.expected_distinct_experts() == pytest.approx(4.0)
+    expert = (2 * 2880 * 2880 + 2880 * 2880) * 2
+    assert p.flops() == 2 * 1 * 4 * (2880 * 2 * 2880 + 2880 * 2880)
+    assert p.bytes() == pytest.approx(4 * expert + 2 * 2880 * 2)
+    assert p.bytes() == pytest.approx(199_077_120)
+    assert p.bandwidth_bound_bytes() == p.bytes()
+    assert p.bound_us(4.8e12) == pytest.approx(41.47, abs=0.01)  # DESIGN: 42 us on H200
+    # With biases (gpt-oss's own activation) each expert adds 2N + K values.
+    q = FusedMoE({"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 2880, "dtype": "bf16", "activation": "swiglu_oai"})
+    assert q.bias
+    assert q.bytes() == pytest.approx(4 * (expert + (2 * 2880 + 2880) * 2) + 2 * 2880 * 2)
+
+
+def test_bytes_distinct_experts():
+    p = FusedMoE({"M": 256, "E": 32, "topk": 4, "K": 2880, "N": 720, "dtype": "fp16"})
+    assert p.expected_distinct_experts() == pytest.approx(32 * (1 - (28 / 32) ** 256))
+    u = FusedMoE({"M": 3, "E": 32, "topk": 4, "K": 64, "N": 32, "dtype": "fp32", "routing": "uniform"})
+    assert u.expected_distinct_experts() == 12
+    assert u.bytes() == 12 * (3 * 32 * 64) * 4 + 2 * 3 * 64 * 4
+
+
+def test_inputs_deterministic_and_routed(device):
+    p = FusedMoE(shape(M=9, topk=3, routing="random"))
+    a, b, c = p.inputs(7, device), p.inputs(7, device), p.inputs(8, device)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert not torch.equal(a["x"], c["x"])
+    ids = a["topk_ids"]
+    assert ids.dtype == torch.int32 and ids.shape == (9, 3)
+    assert all(len(set(row)) == 3 for row in ids.tolist()), "a token's experts are distinct"
+    torch.testing.assert_close(a["topk_weights"].sum(1), torch.ones(9, device=ids.device))
+    u = FusedMoE(shape(M=5, E=8, topk=3, routing="uniform")).inputs(0, device)["topk_ids"]
+    assert u.tolist() == [[(t * 3 + j) % 8 for j in range(3)] for t in range(5)]
+    assert set(a) == {"x", "w1", "w2", "topk_ids", "topk_weights"}
+    assert {"b1", "b2"} <= set(FusedMoE(shape(activation="swiglu_oai")).inputs(0, device))
+    assert "b1" not in FusedMoE(shape(activation="swiglu_oai", bias=False)).inputs(0, device)
+
+
+def test_registry_methods_and_defaults():
+    cls = resolve("moe")
+    assert cls is FusedMoE
+    p = cls(shape())
+    assert set(p.methods()) == {"fused_moe", "torch"}
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert p.methods()["fused_moe"].compile(p, CFG) is False
+    assert vllm_default_config(1, 128) == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
+                                           "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
+    assert vllm_default_config(4096, 32) == {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
+                                             "GROUP_SIZE_M": 1, "num_warps": 8, "num_stages": 3}
+    assert vllm_default_config(8192, 32)["GROUP_SIZE_M"] == 16
+
+
+def test_bad_shapes_and_configs():
+    with pytest.raises(ValueError, match="topk"):
+        FusedMoE(shape(E=2, topk=3))
+    with pytest.raises(ValueError, match="activation"):
+        FusedMoE(shape(activation="gelu"))
+    with pytest.raises(ValueError, match="'N'"):
+        FusedMoE({"M": 1, "E": 2, "topk": 1, "K": 16})
+    p = FusedMoE(shape())
+    with pytest.raises(ValueError, match="BLOCK_SIZE_N"):
+        p.methods()["fused_moe"].bind(p, p.inputs(0, "cpu"), dict(CFG, BLOCK_SIZE_N=24))

@@ -1,0 +1,304 @@
+"""The worker: its comparison, its failure classes and the protocol end to end.
+
+End-to-end tests drive `python -m tunelab.worker` over pipes exactly as the
+runner does (docs/worker-protocol.md). Without a GPU the worker runs Triton's
+interpreter and times with the wall clock; with one it runs the GPU paths.
+"""
+
+import math
+
+import pytest
+import torch
+
+from conftest import MODE
+from tunelab.compare import compare
+from tunelab.worker import classify, summarize
+
+TOLERANCE = {"atol": 1e-2, "rtol": 1e-2, "max_mismatch": 0.0}
+
+
+def gemm_job(job_id="gemm-1", dtype="fp16", method="matmul", **config):
+    # One 32x32 tile: a single interpreted program, so the test stays fast.
+    return {
+        "job_id": job_id,
+        "problem": "gemm",
+        "shape": {"M": 32, "N": 32, "K": 32, "dtype": dtype},
+        "method": {"name": "triton", "kind": "triton", "kernel": method},
+        "config": {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1,
+                   "num_warps": 4, "num_stages": 2, **config},
+    }
+
+
+def axpy_job(job_id, method, problem="my_problems:Axpy", n=100):
+    return {
+        "job_id": job_id,
+        "problem": problem,
+        "shape": {"N": n, "alpha": 2.0, "dtype": "fp32"},
+        "method": {"name": method, "kernel": method},
+        "config": {"BLOCK": 64},
+    }
+
+
+def assert_failed(response, failure_class):
+    assert response["ok"] is False, response
+    assert response["class"] == failure_class, response
+    assert isinstance(response["message"], str) and response["message"]
+
+
+# ---------------------------------------------------------------- compare
+
+
+def test_compare_identical_outputs_pass():
+    ref = torch.randn(64, 3)
+    result = compare(ref.clone(), ref, atol=0.0, rtol=0.0, max_mismatch=0.0)
+    assert result["passed"]
+    assert result["max_abs_err"] == 0.0 and result["max_rel_err"] == 0.0
+    assert result["mismatch"] == 0 and result["mismatch_frac"] == 0.0
+    assert result["elements"] == 192
+
+
+def test_compare_tolerance_edge_is_inclusive():
+    # allowed = atol + rtol * |ref| = 0.5 + 0.25 * |ref|, exact in fp32.
+    ref = torch.tensor([2.0, -2.0, 0.0, 4.0])
+    at_edge = torch.tensor([3.0, -3.0, 0.5, 2.5])
+    result = compare(at_edge, ref, atol=0.5, rtol=0.25, max_mismatch=0.0)
+    assert result["mismatch"] == 0 and result["passed"]
+    assert result["max_abs_err"] == 1.5
+
+    just_over = at_edge.clone()
+    just_over[0] = torch.nextafter(torch.tensor(3.0), torch.tensor(4.0))
+    result = compare(just_over, ref, atol=0.5, rtol=0.25, max_mismatch=0.0)
+    assert result["mismatch"] == 1 and result["mismatch_frac"] == 0.25
+    assert not result["passed"]
+
+
+def test_compare_max_mismatch_is_a_fraction():
+    ref = torch.zeros(4)
+    out = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    assert compare(out, ref, atol=0.1, rtol=0.0, max_mismatch=0.25)["passed"]
+    assert not compare(out, ref, atol=0.1, rtol=0.0, max_mismatch=0.2)["passed"]
+
+
+def test_compare_counts_nan_and_inf_and_never_passes_them():
+    ref = torch.ones(10)
+    out = ref.clone()
+    out[1] = float("nan")
+    out[2] = float("inf")
+    out[3] = float("-inf")
+    result = compare(out, ref, atol=0.1, rtol=0.1, max_mismatch=1.0)
+    assert result["nan_count"] == 1 and result["inf_count"] == 2
+    assert result["mismatch"] == 3
+    assert not result["passed"]  # even though every mismatch is allowed
+    # The maxima cover the finite elements and stay finite (JSON-safe).
+    assert result["max_abs_err"] == 0.0 and math.isfinite(result["max_rel_err"])
+
+
+def test_compare_all_nan_output():
+    result = compare(torch.full((3,), float("nan")), torch.zeros(3), atol=1.0, rtol=1.0, max_mismatch=1.0)
+    assert result["nan_count"] == 3 and result["mismatch_frac"] == 1.0 and not result["passed"]
+    assert result["max_abs_err"] == 0.0 and result["max_rel_err"] == 0.0
+
+
+def test_compare_relative_error_over_zero_reference_is_finite():
+    result = compare(torch.tensor([1e3, 1.0]), torch.tensor([0.0, 1.0]), atol=0.0, rtol=0.0, max_mismatch=1.0)
+    assert math.isfinite(result["max_rel_err"]) and result["max_rel_err"] > 1e30
+    assert result["max_abs_err"] == 1e3
+
+
+def test_compare_works_in_fp32_for_half_outputs():
+    ref = torch.tensor([1.0, 2.0, 3.0])
+    result = compare(ref.half(), ref, atol=0.0, rtol=0.0, max_mismatch=0.0)
+    assert result["passed"]
+    assert isinstance(result["max_abs_err"], float) and isinstance(result["nan_count"], int)
+
+
+def test_compare_rejects_a_shape_mismatch():
+    with pytest.raises(ValueError, match="shape"):
+        compare(torch.zeros(4), torch.zeros(2, 2), atol=0.0, rtol=0.0, max_mismatch=0.0)
+
+
+# ---------------------------------------------------------------- failure classes
+
+
+def _named(name, base=Exception):
+    return type(name, (base,), {})
+
+
+@pytest.mark.parametrize(
+    "exc, stage, expected",
+    [
+        (_named("CompilationError")("bad kernel"), "launch", "compile_error"),
+        (_named("UnsupportedLanguageConstruct", _named("CompilationError"))("x"), "launch", "compile_error"),
+        (_named("PTXASError")("ptxas failed"), "compile", "compile_error"),
+        (_named("OutOfResources")("shared memory"), "launch", "out_of_resources"),
+        (RuntimeError("out of resource: shared memory, Required: 262144"), "launch", "out_of_resources"),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), "launch", "launch_error"),
+        (RuntimeError("Triton Error [CUDA]: misaligned address"), "launch", "launch_error"),
+        (RuntimeError("CUDA error: device-side assert triggered"), "problem", "launch_error"),
+        (ValueError("shape needs N"), "problem", "problem_error"),
+        (KeyError("BLOCK_SIZE_M"), "bind", "problem_error"),
+        (RuntimeError("PassManager::run failed"), "compile", "compile_error"),
+        (TypeError("anything"), "launch", "launch_error"),
+    ],
+)
+def test_classify(exc, stage, expected):
+    assert classify(exc, stage) == expected
+
+
+def test_summarize_is_short():
+    exc = RuntimeError("\n".join(f"line {i}" for i in range(100)))
+    message = summarize(exc)
+    assert message.startswith("RuntimeError: line 0")
+    assert message.count("\n") < 10 and len(message) < 1000
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_protocol_end_to_end(spawn_worker):
+    worker = spawn_worker()
+
+    hello = worker.request("hello")
+    assert hello["ok"] and hello["protocol"] == 1 and hello["mode"] == MODE
+    assert all(key in hello for key in ("python", "torch", "triton", "device", "cuda"))
+    if MODE == "interpreter":
+        assert hello["device"] == "cpu"
+
+    described = worker.request("describe", problem="gemm", shape={"M": 64, "N": 64, "K": 64, "dtype": "fp16"})
+    assert described == {"id": described["id"], "ok": True, "flops": 524288.0, "bytes": 24576.0,
+                         "methods": ["matmul", "torch_matmul"]}
+
+    job = gemm_job()
+    compiled = worker.request("compile", job=job)
+    assert compiled["ok"] and compiled["compiled"] is (MODE == "gpu") and compiled["seconds"] >= 0
+
+    checked = worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
+    assert checked["ok"] and checked["passed"], checked
+    assert checked["elements"] == 32 * 32 and checked["nan_count"] == 0 and checked["inf_count"] == 0
+    assert checked["mismatch_frac"] == 0.0 and checked["max_abs_err"] < 1e-2
+    assert checked["flops"] == 2 * 32**3 and checked["bytes"] == 3 * 32 * 32 * 2
+
+    warm = worker.request("warmup", job_id=job["job_id"], min_launches=2, min_ms=0.0)
+    assert warm["ok"] and warm["launches"] >= 2 and warm["ms"] > 0
+
+    sampled = worker.request("sample", job_id=job["job_id"], count=3, flush_bytes=1 << 20)
+    assert sampled["ok"] and len(sampled["us"]) == 3 and all(t > 0 for t in sampled["us"])
+    assert sampled["timer"] == ("cuda_event" if MODE == "gpu" else "wall")
+    if MODE == "interpreter":
+        assert sampled["sm_clock_mhz"] is None
+
+    assert worker.request("release")["ok"]
+    assert_failed(worker.request("sample", job_id=job["job_id"], count=1), "bad_request")
+
+    bye = worker.request("shutdown")
+    assert bye == {"id": bye["id"], "ok": True}
+    assert worker.at_eof(), "nothing may follow the shutdown response"
+    assert worker.proc.wait(timeout=30) == 0
+
+
+def test_bad_input_gets_bad_request_and_the_worker_keeps_serving(shared_worker):
+    worker = shared_worker
+    for junk in (b"this is not json\n", b"[1, 2]\n", b'{"op": "hello"}\n', b"\xff\xfe\n", b'{"id": 1, "op": "hello"\n'):
+        worker.send_raw(junk)
+        response = worker.read()
+        assert_failed(response, "bad_request")
+        assert response["id"] is None
+    assert_failed(worker.request("frobnicate"), "bad_request")
+    assert_failed(worker.request("check", job={"job_id": "x"}, tolerance=TOLERANCE), "bad_request")
+    assert_failed(worker.request("check", job=gemm_job(), seed=0), "bad_request")  # no tolerance
+    assert_failed(worker.request("sample", job_id="never-checked", count=1), "bad_request")
+    assert_failed(worker.request("warmup", job_id="never-checked"), "bad_request")
+    assert_failed(worker.request("check", job=gemm_job(method="no_such_method"), seed=0, tolerance=TOLERANCE),
+                  "bad_request")
+    # Blank lines are not requests and get no response; the next one does.
+    worker.send_raw(b"\n")
+    assert worker.request("hello")["ok"]
+
+
+def test_problem_errors(shared_worker):
+    worker = shared_worker
+    assert_failed(worker.request("describe", problem="no_such_module:Nope", shape={}), "problem_error")
+    assert_failed(worker.request("describe", problem="gemm", shape={"M": 1}), "problem_error")
+    bad_shape = {**axpy_job("bad", "torch"), "shape": {"alpha": 1.0}}
+    assert_failed(worker.request("check", job=bad_shape, seed=0, tolerance=TOLERANCE), "problem_error")
+
+
+def test_user_problem_end_to_end(shared_worker):
+    worker = shared_worker
+    described = worker.request("describe", problem="my_problems:Axpy", shape={"N": 100})
+    assert described["ok"] and described["flops"] == 200.0 and described["bytes"] == 1200.0
+    assert "triton" in described["methods"]
+
+    job = axpy_job("axpy-triton", "triton")
+    checked = worker.request("check", job=job, seed=3, tolerance=TOLERANCE)
+    assert checked["ok"] and checked["passed"], checked
+    assert checked["elements"] == 100
+    warm = worker.request("warmup", job_id=job["job_id"], min_launches=3, min_ms=0.0)
+    assert warm["ok"] and warm["launches"] >= 3
+    sampled = worker.request("sample", job_id=job["job_id"], count=4, flush_bytes=0)
+    assert sampled["ok"] and len(sampled["us"]) == 4
+
+
+def test_wrong_output_fails_the_check_and_is_not_prepared(shared_worker):
+    worker = shared_worker
+    job = axpy_job("axpy-wrong", "off_by_one")
+    checked = worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
+    assert checked["ok"] and not checked["passed"], checked
+    assert checked["mismatch_frac"] == pytest.approx(1 / 100)
+    assert checked["nan_count"] == 0 and checked["max_abs_err"] == pytest.approx(1.0)
+    # Failures are never timed.
+    assert_failed(worker.request("sample", job_id=job["job_id"], count=1), "bad_request")
+
+
+def test_nan_output_is_counted(shared_worker):
+    checked = shared_worker.request("check", job=axpy_job("axpy-nan", "nan"), seed=0,
+                                    tolerance={**TOLERANCE, "max_mismatch": 1.0})
+    assert checked["ok"] and not checked["passed"], checked
+    assert checked["nan_count"] == 1 and checked["inf_count"] == 0
+
+
+def test_a_faulting_launch_is_a_launch_error(shared_worker):
+    response = shared_worker.request("check", job=axpy_job("axpy-fault", "faults"), seed=0, tolerance=TOLERANCE)
+    assert_failed(response, "launch_error")
+    assert "illegal memory access" in response["message"]
+    assert "Traceback" not in response["message"]
+
+
+def test_a_kernel_the_compiler_rejects_is_a_compile_error(shared_worker):
+    # Not a power of two: Triton rejects tl.arange(0, 24), compiled or interpreted.
+    job = gemm_job("gemm-bad-block", BLOCK_SIZE_M=24)
+    assert_failed(shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE), "compile_error")
+    # The worker is still usable afterwards.
+    assert shared_worker.request("check", job=gemm_job("gemm-ok"), seed=0, tolerance=TOLERANCE)["passed"]
+
+
+def test_torch_method_through_the_worker(shared_worker):
+    job = gemm_job("gemm-torch", dtype="fp32", method="torch_matmul")
+    checked = shared_worker.request("check", job=job, seed=1, tolerance=TOLERANCE)
+    assert checked["ok"] and checked["passed"], checked
+    assert shared_worker.request("sample", job_id=job["job_id"], count=2, flush_bytes=0)["ok"]
+
+
+def test_stray_prints_do_not_corrupt_the_protocol(spawn_worker):
+    worker = spawn_worker()
+    job = axpy_job("noisy", "torch", problem="my_problems:NoisyAxpy")
+    # `read` fails the test on any stdout line that is not a response, so the
+    # whole exchange passing shows the prints went elsewhere.
+    checked = worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
+    assert checked["ok"] and checked["passed"], checked
+    assert worker.request("sample", job_id="noisy", count=2, flush_bytes=0)["ok"]
+    assert worker.request("shutdown")["ok"]
+    assert worker.at_eof()
+    stderr = worker.stderr_text()
+    assert "NoisyAxpy: making inputs" in stderr and "raw write to fd 1" in stderr
+    assert "NoisyTorchAxpy: launching" in stderr
+
+
+def test_compile_role_serves_compile_only(spawn_worker):
+    worker = spawn_worker("--role", "compile")
+    assert worker.request("hello")["ok"]
+    compiled = worker.request("compile", job=gemm_job())
+    assert compiled["ok"] and compiled["compiled"] is (MODE == "gpu")
+    assert_failed(worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE), "bad_request")
+    assert worker.request("shutdown")["ok"]
+    assert worker.proc.wait(timeout=30) == 0

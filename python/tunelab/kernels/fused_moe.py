@@ -1,0 +1,454 @@
+"""Triton fused mixture-of-experts, structured like vLLM's fused MoE.
+
+Four steps per call, the same work split as vLLM's `fused_experts` so that a
+config tuned here means the same thing there:
+
+1. `moe_align_kernel` (one program): sorts the flattened (token, k) slots by
+   expert, pads each expert's run to a multiple of BLOCK_SIZE_M with the
+   sentinel `M * topk`, and writes one expert id per block and the padded count.
+2. `moe_gemm1_kernel`: per block, x rows gathered by `slot // topk` times
+   `w1[expert].T` (+ b1), activation fused in the epilogue, written to the
+   intermediate `[M * topk, N]`.
+3. `moe_gemm2_kernel`: intermediate times `w2[expert].T` (+ b2), times the
+   routing weight, written to `[M * topk, K]`.
+4. a sum over topk into `out [M, K]`.
+
+Tile semantics match vLLM's GEMM 1: a program owns BLOCK_SIZE_N rows of w1
+(of 2N). Its columns pair up as (gate, up): column j holds activation column
+j // 2, gate when j is even and up when j is odd. For interleaved weights
+(gpt-oss) those are w1 rows `2a` and `2a + 1`, exactly vLLM's contiguous tile;
+for the split layout (gate rows [0, N), up rows [N, 2N)) they are rows `a` and
+`N + a`. Either way the dot has vLLM's shape and the program writes
+BLOCK_SIZE_N // 2 activated columns, so the separate silu-and-mul pass and its
+`[M * topk, 2N]` round trip disappear without changing what a config means.
+"""
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+ACT_SILU = 0
+ACT_SWIGLU_OAI = 1
+
+# gpt-oss clamped SwiGLU constants.
+SWIGLU_ALPHA = 1.702
+SWIGLU_LIMIT = 7.0
+
+
+@triton.jit
+def moe_align_kernel(
+    topk_ids_ptr,  # int32 [numel]: expert of each (token, k) slot
+    sorted_ids_ptr,  # int32 [max_padded]: slots grouped by expert, sentinel-padded
+    expert_ids_ptr,  # int32 [max_blocks]: expert of each block, -1 past the padded count
+    num_post_ptr,  # int32 [1]: padded count
+    cursor_ptr,  # int32 [E_PAD]: scratch, next free position per expert
+    numel,
+    num_experts,
+    max_padded,
+    max_blocks,
+    BLOCK_SIZE_M: tl.constexpr,
+    E_PAD: tl.constexpr,  # power of two > num_experts: bin num_experts takes masked lanes
+    CHUNK: tl.constexpr,
+    BCHUNK: tl.constexpr,
+):
+    offs = tl.arange(0, CHUNK)
+
+    # Sentinel everywhere first; the scatter below overwrites the real slots.
+    sentinel = tl.zeros([CHUNK], dtype=tl.int32) + numel
+    for start in range(0, max_padded, CHUNK):
+        idx = start + offs
+        tl.store(sorted_ids_ptr + idx, sentinel, mask=idx < max_padded)
+
+    # Per-expert histogram, kept in registers. Masked lanes count into the
+    # spare bin `num_experts`, dropped below, so no masked histogram is needed.
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for start in range(0, numel, CHUNK):
+        idx = start + offs
+        valid = idx < numel
+        e = tl.load(topk_ids_ptr + idx, mask=valid, other=0)
+        e = tl.where(valid, e, num_experts)
+        counts += tl.histogram(e, E_PAD)
+
+    bins = tl.arange(0, E_PAD)
+    counts = tl.where(bins < num_experts, counts, 0)
+    padded = (counts + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M * BLOCK_SIZE_M
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    total = tl.sum(padded, 0)
+    tl.store(num_post_ptr, total)
+    tl.store(cursor_ptr + bins, starts)
+
+    # Block b starts at b * BLOCK_SIZE_M; its expert is the number of expert
+    # runs that end at or before that position (runs are in expert order).
+    boffs = tl.arange(0, BCHUNK)
+    for bstart in range(0, max_blocks, BCHUNK):
+        b = bstart + boffs
+        pos = b * BLOCK_SIZE_M
+        eid = tl.sum((ends[None, :] <= pos[:, None]).to(tl.int32), axis=1)
+        eid = tl.where(pos < total, eid, -1)
+        tl.store(expert_ids_ptr + b, eid, mask=b < max_blocks)
+
+    # Sentinel stores and cursors must land before the scatter reads/overwrites them.
+    tl.debug_barrier()
+
+    # Scatter: each slot takes the next free position of its expert. The order
+    # inside one expert's run is not deterministic on a GPU; results do not
+    # depend on it (every slot's output row is computed on its own).
+    for start in range(0, numel, CHUNK):
+        idx = start + offs
+        valid = idx < numel
+        e = tl.load(topk_ids_ptr + idx, mask=valid, other=0)
+        dst = tl.atomic_add(cursor_ptr + e, 1, mask=valid, sem="relaxed", scope="cta")
+        tl.store(sorted_ids_ptr + dst, idx, mask=valid)
+
+
+@triton.jit
+def _block_coords(num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    # Grouped ordering: GROUP_SIZE_M consecutive row blocks share each column
+    # tile while it is hot in L2.
+    pid = tl.program_id(0)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def moe_gemm1_kernel(
+    x_ptr,  # [M, K]
+    w1_ptr,  # [E, 2N, K]
+    b1_ptr,  # [E, 2N] (unused unless HAS_BIAS)
+    inter_ptr,  # [M * topk, N]
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_ptr,
+    N,
+    K,
+    numel,
+    num_pid_m,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_be,
+    stride_im,
+    TOPK: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+):
+    HALF: tl.constexpr = BLOCK_SIZE_N // 2
+    num_pid_n = tl.cdiv(2 * N, BLOCK_SIZE_N)
+    pid_m, pid_n = _block_coords(num_pid_m, num_pid_n, GROUP_SIZE_M)
+    num_post = tl.load(num_post_ptr)
+    if pid_m * BLOCK_SIZE_M >= num_post:
+        return
+
+    slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    tok_mask = slots < numel
+    rows = (slots // TOPK).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_j = tl.arange(0, BLOCK_SIZE_N)
+    # `% N` keeps the tail tile's loads in bounds; those columns are not stored.
+    act_col = (pid_n * HALF + offs_j // 2) % N
+    is_up = offs_j % 2
+    if INTERLEAVED:
+        w_row = 2 * act_col + is_up
+    else:
+        w_row = act_col + is_up * N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+
+    a_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
+    w_base = w1_ptr + expert * stride_we
+    b_ptrs = w_base + w_row[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=tok_mask[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            k_rem = K - k * BLOCK_SIZE_K
+            a = tl.load(a_ptrs, mask=tok_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_rem, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_SIZE_K
+        b_ptrs += BLOCK_SIZE_K
+
+    if HAS_BIAS:
+        bias = tl.load(b1_ptr + expert * stride_be + w_row).to(tl.float32)
+        acc += bias[None, :]
+
+    gate, up = tl.split(tl.reshape(acc, (BLOCK_SIZE_M, HALF, 2)))
+    if ACTIVATION == 0:  # silu(gate) * up
+        act = gate * tl.sigmoid(gate) * up
+    else:  # gpt-oss clamped SwiGLU
+        gate = tl.minimum(gate, 7.0)
+        up = tl.minimum(tl.maximum(up, -7.0), 7.0)
+        act = (up + 1.0) * gate * tl.sigmoid(1.702 * gate)
+
+    offs_c = pid_n * HALF + tl.arange(0, HALF)
+    c_ptrs = inter_ptr + slots[:, None].to(tl.int64) * stride_im + offs_c[None, :]
+    tl.store(c_ptrs, act.to(inter_ptr.dtype.element_ty), mask=tok_mask[:, None] & (offs_c[None, :] < N))
+
+
+@triton.jit
+def moe_gemm2_kernel(
+    inter_ptr,  # [M * topk, N]
+    w2_ptr,  # [E, K, N]
+    b2_ptr,  # [E, K] (unused unless HAS_BIAS)
+    out_ptr,  # [M * topk, K]
+    weights_ptr,  # fp32 [M * topk] routing weights
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_ptr,
+    N_OUT,  # hidden size K
+    K_RED,  # intermediate size N
+    numel,
+    num_pid_m,
+    stride_im,
+    stride_we,
+    stride_wn,
+    stride_be,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+):
+    num_pid_n = tl.cdiv(N_OUT, BLOCK_SIZE_N)
+    pid_m, pid_n = _block_coords(num_pid_m, num_pid_n, GROUP_SIZE_M)
+    num_post = tl.load(num_post_ptr)
+    if pid_m * BLOCK_SIZE_M >= num_post:
+        return
+
+    slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    tok_mask = slots < numel
+    slots64 = slots.to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_n_raw = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_n = offs_n_raw % N_OUT
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = inter_ptr + slots64[:, None] * stride_im + offs_k[None, :]
+    b_ptrs = w2_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K_RED, BLOCK_SIZE_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=tok_mask[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            k_rem = K_RED - k * BLOCK_SIZE_K
+            a = tl.load(a_ptrs, mask=tok_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_rem, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_SIZE_K
+        b_ptrs += BLOCK_SIZE_K
+
+    if HAS_BIAS:
+        bias = tl.load(b2_ptr + expert * stride_be + offs_n).to(tl.float32)
+        acc += bias[None, :]
+    w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
+    acc = acc * w[:, None]
+
+    c_ptrs = out_ptr + slots64[:, None] * stride_om + offs_n_raw[None, :]
+    tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tok_mask[:, None] & (offs_n_raw[None, :] < N_OUT))
+
+
+# ---------------------------------------------------------------------------
+# Host side: sizes, launch arguments, compile, launch.
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def align_sizes(numel: int, num_experts: int, block_size_m: int):
+    """(max_blocks, max_padded): upper bounds on the padded blocks and entries.
+
+    Each non-empty expert's run is padded up to a multiple of BLOCK_SIZE_M, at
+    most min(E, numel) experts are non-empty, and every block holds at least
+    one real slot, so blocks <= min(numel, (numel + nz * (BM - 1)) // BM).
+    """
+    nz = min(num_experts, numel)
+    max_blocks = min(numel, (numel + nz * (block_size_m - 1)) // block_size_m)
+    return max_blocks, max_blocks * block_size_m
+
+
+def _align_meta(numel: int, num_experts: int, max_padded: int):
+    e_pad = _next_pow2(num_experts + 1)
+    chunk = min(1024, max(16, _next_pow2(max_padded)))
+    bchunk = max(16, 4096 // e_pad)
+    return {"E_PAD": e_pad, "CHUNK": chunk, "BCHUNK": bchunk}
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEPlan:
+    """Everything a launch needs that depends on the shape and config only."""
+
+    M: int
+    E: int
+    topk: int
+    K: int
+    N: int
+    dtype: torch.dtype
+    activation: int
+    interleaved: bool
+    has_bias: bool
+    config: dict
+    numel: int
+    max_blocks: int
+    max_padded: int
+    align_meta: dict
+    grid1: tuple
+    grid2: tuple
+
+
+def make_plan(problem, config: dict) -> MoEPlan:
+    bm, bn, bk = (int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
+    for name, v in (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk)):
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs 16), got {v}")
+    if int(config["GROUP_SIZE_M"]) < 1:
+        raise ValueError(f"GROUP_SIZE_M must be >= 1, got {config['GROUP_SIZE_M']}")
+    numel = problem.M * problem.topk
+    max_blocks, max_padded = align_sizes(numel, problem.E, bm)
+    return MoEPlan(
+        M=problem.M,
+        E=problem.E,
+        topk=problem.topk,
+        K=problem.K,
+        N=problem.N,
+        dtype=problem.dtype,
+        activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
+        interleaved=problem.interleaved,
+        has_bias=problem.bias,
+        config={k: int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
+                                              "num_warps", "num_stages")},
+        numel=numel,
+        max_blocks=max_blocks,
+        max_padded=max_padded,
+        align_meta=_align_meta(numel, problem.E, max_padded),
+        grid1=(max_blocks * triton.cdiv(2 * problem.N, bn),),
+        grid2=(max_blocks * triton.cdiv(problem.K, bn),),
+    )
+
+
+def _launch_specs(plan: MoEPlan, b: dict):
+    """[(kernel, grid, args, kwargs)] for the three Triton launches.
+
+    `b` maps buffer names to tensors, or to torch dtypes for a compile without
+    launching (Triton's warmup takes a dtype in place of a tensor). Strides are
+    those of contiguous buffers, so compile and launch share one specialization.
+    """
+    c = plan.config
+    M, E, K, N = plan.M, plan.E, plan.K, plan.N
+    tiles = {k: c[k] for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")}
+    launch = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+    precision = "ieee" if plan.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+    bk = c["BLOCK_SIZE_K"]
+    align = (
+        moe_align_kernel,
+        (1,),
+        (b["topk_ids"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"],
+         plan.numel, E, plan.max_padded, plan.max_blocks),
+        dict(BLOCK_SIZE_M=c["BLOCK_SIZE_M"], **plan.align_meta, num_warps=4),
+    )
+    gemm1 = (
+        moe_gemm1_kernel,
+        plan.grid1,
+        (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], b["inter"],
+         b["sorted_ids"], b["expert_ids"], b["num_post"],
+         N, K, plan.numel, plan.max_blocks,
+         K, 2 * N * K, K, 2 * N, N),
+        dict(TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation,
+             HAS_BIAS=plan.has_bias, EVEN_K=K % bk == 0, PRECISION=precision, **tiles, **launch),
+    )
+    gemm2 = (
+        moe_gemm2_kernel,
+        plan.grid2,
+        (b["inter"], b["w2"], b["b2"] if plan.has_bias else b["inter"], b["out2"], b["topk_weights"],
+         b["sorted_ids"], b["expert_ids"], b["num_post"],
+         K, N, plan.numel, plan.max_blocks,
+         N, K * N, N, K, K),
+        dict(HAS_BIAS=plan.has_bias, EVEN_K=N % bk == 0, PRECISION=precision, **tiles, **launch),
+    )
+    return [align, gemm1, gemm2]
+
+
+def compile_plan(plan: MoEPlan):
+    """Compile the three kernels into Triton's cache without launching them."""
+    dt = plan.dtype
+    b = {
+        "x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "out2": dt,
+        "topk_ids": torch.int32, "sorted_ids": torch.int32, "expert_ids": torch.int32,
+        "num_post": torch.int32, "cursor": torch.int32, "topk_weights": torch.float32,
+    }
+    for kernel, grid, args, kwargs in _launch_specs(plan, b):
+        kernel.warmup(*args, grid=grid, **kwargs)
+
+
+class FusedMoELaunch:
+    """A bound fused-MoE call: buffers preallocated, `__call__` computes into `out`.
+
+    Alignment runs inside every call (vLLM's timed call includes it); only
+    allocation happens here.
+    """
+
+    def __init__(self, plan: MoEPlan, inputs: dict):
+        self.plan = plan
+        x = inputs["x"]
+        dev = x.device
+        i32 = torch.int32
+        self.inputs = {k: v.contiguous() for k, v in inputs.items()}
+        if self.inputs["topk_ids"].dtype != i32:
+            self.inputs["topk_ids"] = self.inputs["topk_ids"].to(i32)
+        if self.inputs["topk_weights"].dtype != torch.float32:
+            self.inputs["topk_weights"] = self.inputs["topk_weights"].float()
+        self.sorted_ids = torch.empty(plan.max_padded, dtype=i32, device=dev)
+        self.expert_ids = torch.empty(plan.max_blocks, dtype=i32, device=dev)
+        self.num_post = torch.empty(1, dtype=i32, device=dev)
+        self.cursor = torch.empty(plan.align_meta["E_PAD"], dtype=i32, device=dev)
+        self.inter = torch.empty(plan.numel, plan.N, dtype=plan.dtype, device=dev)
+        self.out2 = torch.empty(plan.numel, plan.K, dtype=plan.dtype, device=dev)
+        self.out = torch.empty(plan.M, plan.K, dtype=plan.dtype, device=dev)
+        bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids,
+                    num_post=self.num_post, cursor=self.cursor, inter=self.inter, out2=self.out2)
+        self._specs = [(kernel[grid], args, kwargs) for kernel, grid, args, kwargs in _launch_specs(plan, bufs)]
+        self._out2_view = self.out2.view(plan.M, plan.topk, plan.K)
+
+    def __call__(self):
+        for launch, args, kwargs in self._specs:
+            launch(*args, **kwargs)
+        torch.sum(self._out2_view, dim=1, out=self.out)
+        return self.out
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size_m: int):
+    """Run the alignment kernel alone: (sorted_ids, expert_ids, num_tokens_post_padded)."""
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    numel = ids.numel()
+    max_blocks, max_padded = align_sizes(numel, num_experts, block_size_m)
+    meta = _align_meta(numel, num_experts, max_padded)
+    dev = ids.device
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    num_post = torch.empty(1, dtype=torch.int32, device=dev)
+    cursor = torch.empty(meta["E_PAD"], dtype=torch.int32, device=dev)
+    moe_align_kernel[(1,)](ids, sorted_ids, expert_ids, num_post, cursor, numel, num_experts, max_padded,
+                           max_blocks, BLOCK_SIZE_M=block_size_m, **meta, num_warps=4)
+    return sorted_ids, expert_ids, num_post

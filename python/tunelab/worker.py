@@ -1,0 +1,669 @@
+"""The tunelab worker: one process that serves the Rust runner over JSON lines.
+
+    python -m tunelab.worker [--role lane|compile]
+
+It builds inputs, runs methods and references, compares, and returns raw timing
+samples; the runner owns everything else (see docs/worker-protocol.md). A lane
+worker owns one GPU (or runs Triton's interpreter on the CPU); a compile worker
+only fills Triton's cache.
+
+The protocol stream is a private duplicate of the original stdout. At start-up
+file descriptor 1 and `sys.stdout` are both pointed at stderr, so whatever a
+kernel, Triton, torch or a user's problem prints, from Python or from native
+code, lands on stderr and cannot corrupt a response.
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+
+from tunelab import PROTOCOL_VERSION
+
+# Failure classes a worker may send (the runner adds crash and timeout).
+BAD_REQUEST = "bad_request"
+PROBLEM_ERROR = "problem_error"
+COMPILE_ERROR = "compile_error"
+OUT_OF_RESOURCES = "out_of_resources"
+LAUNCH_ERROR = "launch_error"
+
+# What an unrecognised exception means, by the step that raised it.
+_STAGE_CLASS = {
+    "problem": PROBLEM_ERROR,  # problem construction, inputs, reference, comparison
+    "bind": PROBLEM_ERROR,  # Method.bind: allocating outputs, reading the config
+    "compile": COMPILE_ERROR,
+    "launch": LAUNCH_ERROR,
+}
+
+# Exception class names (anywhere in the MRO) that identify Triton failures.
+# Matched by name so the worker needs no triton import to classify, and user
+# methods that do not use Triton still work.
+# Triton's interpreter raises InterpreterError for a kernel it cannot run
+# (a non-power-of-two arange, a bad dot shape): what the compiler would reject
+# on a GPU, so it is classed the same way.
+_COMPILE_EXCEPTIONS = {"CompilationError", "PTXASError", "InterpreterError"}
+_RESOURCE_EXCEPTIONS = {"OutOfResources"}
+_CUDA_EXCEPTIONS = {"AcceleratorError", "CudaError", "CUDARuntimeError"}
+
+# Substrings of messages that mean the GPU itself faulted; after one of these
+# the CUDA context is unusable, so the runner must replace the worker.
+_CUDA_FAULT_TEXT = (
+    "CUDA error",
+    "CUDA driver error",
+    "Triton Error [CUDA]",
+    "illegal memory access",
+    "illegal instruction",
+    "misaligned address",
+    "device-side assert",
+    "unspecified launch failure",
+    "cudaErrorLaunchFailure",
+)
+
+_MESSAGE_LINES = 8
+_MESSAGE_CHARS = 800
+
+_MAX_SAMPLES = 1_000_000
+
+
+# --------------------------------------------------------------------------
+# errors
+
+
+class WorkerError(Exception):
+    """A failure with its protocol class; becomes an ok:false response."""
+
+    def __init__(self, failure_class: str, message: str):
+        super().__init__(message)
+        self.failure_class = failure_class
+        self.message = message
+
+
+def bad_request(message: str) -> WorkerError:
+    return WorkerError(BAD_REQUEST, message)
+
+
+def classify(exc: BaseException, stage: str) -> str:
+    """The protocol class of an exception raised during `stage`.
+
+    The exception's type decides where it is specific (Triton's compile and
+    resource errors, CUDA faults); otherwise the stage does.
+    """
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    text = str(exc)
+    if names & _RESOURCE_EXCEPTIONS or "out of resource" in text:
+        return OUT_OF_RESOURCES
+    if names & _COMPILE_EXCEPTIONS:
+        return COMPILE_ERROR
+    if names & _CUDA_EXCEPTIONS or any(marker in text for marker in _CUDA_FAULT_TEXT):
+        return LAUNCH_ERROR
+    return _STAGE_CLASS[stage]
+
+
+def summarize(exc: BaseException) -> str:
+    """A short message: type and the first lines of the text, never a traceback."""
+    lines = [line.rstrip() for line in f"{type(exc).__name__}: {exc}".splitlines() if line.strip()]
+    text = "\n".join(lines[:_MESSAGE_LINES])
+    if len(lines) > _MESSAGE_LINES or len(text) > _MESSAGE_CHARS:
+        text = text[:_MESSAGE_CHARS] + " [...]"
+    return text
+
+
+@contextlib.contextmanager
+def stage(name: str):
+    """Turn any exception raised inside into a WorkerError classed by `name`.
+
+    The full traceback goes to stderr for whoever reads the worker's log; the
+    response carries only the summary.
+    """
+    try:
+        yield
+    except WorkerError:
+        raise
+    except Exception as exc:
+        failure_class = classify(exc, name)
+        print(f"tunelab worker: {failure_class} during {name}:", file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.flush()
+        raise WorkerError(failure_class, summarize(exc)) from exc
+
+
+# --------------------------------------------------------------------------
+# request fields
+
+
+def _int_field(request: dict, key: str, default=None, minimum=None, maximum=None) -> int:
+    value = request.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"{key!r} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise bad_request(f"{key!r} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise bad_request(f"{key!r} must be <= {maximum}, got {value}")
+    return value
+
+
+def _number_field(obj: dict, key: str, default=None) -> float:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise bad_request(f"{key!r} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+class Job:
+    """The JOB object of a request, validated."""
+
+    def __init__(self, raw):
+        if not isinstance(raw, dict):
+            raise bad_request("request needs a 'job' object")
+        self.job_id = raw.get("job_id")
+        self.problem = raw.get("problem")
+        self.shape = raw.get("shape")
+        self.config = raw.get("config", {})
+        method = raw.get("method")
+        if not isinstance(self.job_id, str) or not self.job_id:
+            raise bad_request("job.job_id must be a non-empty string")
+        if not isinstance(self.problem, str) or not self.problem:
+            raise bad_request("job.problem must be a string (a builtin name or 'module.path:ClassName')")
+        if not isinstance(self.shape, dict):
+            raise bad_request("job.shape must be an object")
+        if not isinstance(self.config, dict):
+            raise bad_request("job.config must be an object")
+        if not isinstance(method, dict):
+            raise bad_request("job.method must be an object")
+        # `kernel` names the problem's method; a method entry without one is
+        # named after itself.
+        self.method = method.get("kernel") or method.get("name")
+        if not isinstance(self.method, str):
+            raise bad_request("job.method needs a 'kernel' (or 'name') string")
+
+
+# --------------------------------------------------------------------------
+# timers
+
+
+class WallTimer:
+    """Interpreter mode: host wall-clock around each launch (kernels run on the CPU)."""
+
+    name = "wall"
+
+    def warmup(self, launch, min_launches: int, min_ms: float):
+        launches = 0
+        started = time.perf_counter()
+        while True:
+            launch()
+            launches += 1
+            ms = (time.perf_counter() - started) * 1e3
+            if launches >= min_launches and ms >= min_ms:
+                return launches, ms
+
+    def sample(self, launch, count: int, flush_bytes: int):
+        us = []
+        for _ in range(count):
+            started = time.perf_counter()
+            launch()
+            us.append((time.perf_counter() - started) * 1e6)
+        return us, None
+
+
+class CudaEventTimer:
+    """GPU mode: a CUDA event pair around each launch, one host sync per batch.
+
+    Events and the L2 flush buffer are allocated once and reused, so a sample
+    call allocates nothing on the GPU unless it asks for a larger flush.
+    """
+
+    name = "cuda_event"
+
+    # Cap on the number of launches one warm-up batch queues.
+    _MAX_WARMUP_BATCH = 4096
+    # The spin kernel is sized in clock cycles; 2 GHz is at or above the SM
+    # clock of the GPUs tunelab targets, so the spin lasts at least as long as
+    # intended (a lower clock only makes it longer).
+    _SPIN_CYCLES_PER_US = 2000
+    _MAX_SPIN_US = 20_000.0
+
+    def __init__(self, torch):
+        self._torch = torch
+        self._starts = []
+        self._ends = []
+        self._flush = None
+        self._clock = None
+        # Host time to queue one sample (flush, two events, launch); refined
+        # after every sample call and used to size the spin kernel.
+        self._enqueue_us = 50.0
+
+    def _events(self, count: int):
+        while len(self._starts) < count:
+            self._starts.append(self._torch.cuda.Event(enable_timing=True))
+            self._ends.append(self._torch.cuda.Event(enable_timing=True))
+        return self._starts[:count], self._ends[:count]
+
+    def _flush_buffer(self, nbytes: int):
+        if nbytes <= 0:
+            return None
+        if self._flush is None or self._flush.numel() < nbytes:
+            self._flush = None  # free the smaller buffer before allocating the larger
+            self._flush = self._torch.empty(nbytes, dtype=self._torch.uint8, device="cuda")
+        return self._flush[:nbytes]
+
+    def _hold_gpu(self, count: int):
+        """Queue a spin kernel long enough for the host to queue `count` samples behind it.
+
+        Without it, a kernel shorter than its host launch cost starts only when
+        the host gets to it, after its start event has already fired, and the
+        sample would include launch latency and idle time. With the GPU held,
+        every sample runs back to back from a full queue.
+        """
+        spin = getattr(self._torch.cuda, "_sleep", None)
+        if spin is None:
+            return
+        spin_us = min(1.5 * self._enqueue_us * count, self._MAX_SPIN_US)
+        spin(int(spin_us * self._SPIN_CYCLES_PER_US))
+
+    def warmup(self, launch, min_launches: int, min_ms: float):
+        starts, ends = self._events(1)
+        start, end = starts[0], ends[0]
+        launches, ms = 0, 0.0
+        batch = max(1, min_launches)
+        while True:
+            start.record()
+            for _ in range(batch):
+                launch()
+            end.record()
+            end.synchronize()
+            launches += batch
+            ms += start.elapsed_time(end)
+            if launches >= min_launches and ms >= min_ms:
+                return launches, ms
+            # Size the next batch from the GPU time per launch seen so far,
+            # growing at most 4x so one bad estimate cannot overshoot by much.
+            per_launch = ms / launches
+            needed = math.ceil((min_ms - ms) / per_launch) if per_launch > 0 else 2 * batch
+            batch = max(1, min(needed, 4 * batch, self._MAX_WARMUP_BATCH))
+
+    def sample(self, launch, count: int, flush_bytes: int):
+        torch = self._torch
+        flush = self._flush_buffer(flush_bytes)
+        starts, ends = self._events(count)
+        self._hold_gpu(count)
+        queued_at = time.perf_counter()
+        for start, end in zip(starts, ends):
+            if flush is not None:
+                flush.zero_()  # a memset over more than L2 evicts the previous sample's data
+            start.record()
+            launch()
+            end.record()
+        self._enqueue_us = (time.perf_counter() - queued_at) * 1e6 / count
+        torch.cuda.synchronize()
+        # Read just after the batch, while the clock still reflects the load.
+        clock = self._sm_clock()
+        return [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)], clock
+
+    def _sm_clock(self):
+        if self._clock is None:
+            self._clock = SmClock(self._torch)
+        return self._clock.read()
+
+
+class SmClock:
+    """The current SM clock in MHz, or None where it cannot be read cheaply.
+
+    torch.cuda.clock_rate (torch >= 2.1, through NVML) maps CUDA_VISIBLE_DEVICES
+    to the right NVML device; pynvml by PCI bus id is the fallback. Once a read
+    fails the reader is dropped, so a missing NVML costs one try, not one per call.
+    """
+
+    def __init__(self, torch):
+        self._torch = torch
+        self._read = self._pick()
+
+    def _pick(self):
+        torch_clock = getattr(self._torch.cuda, "clock_rate", None)
+        if torch_clock is not None:
+            return torch_clock
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            props = self._torch.cuda.get_device_properties(self._torch.cuda.current_device())
+            bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+            return lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+        except Exception:
+            return None
+
+    def read(self):
+        if self._read is None:
+            return None
+        try:
+            return int(self._read())
+        except Exception:
+            self._read = None
+            return None
+
+
+# --------------------------------------------------------------------------
+# the worker
+
+
+class Prepared:
+    """The one job kept ready between check and warmup/sample."""
+
+    def __init__(self, job_id, problem, inputs, launch):
+        self.job_id = job_id
+        self.problem = problem
+        self.inputs = inputs
+        self.launch = launch
+
+
+class Worker:
+    def __init__(self, role: str, mode: str):
+        import torch
+
+        self.torch = torch
+        self.role = role
+        self.mode = mode
+        self.device = torch.device("cuda" if mode == "gpu" else "cpu")
+        self.prepared = None
+        self.stopping = False
+        self._timer = None
+        self._handlers = {
+            "hello": self.hello,
+            "describe": self.describe,
+            "compile": self.compile,
+            "check": self.check,
+            "warmup": self.warmup,
+            "sample": self.sample,
+            "release": self.release,
+            "shutdown": self.shutdown,
+        }
+
+    # ---- dispatch
+
+    def handle_line(self, raw: bytes) -> dict:
+        """One request line in, one response object out; never raises."""
+        try:
+            request = json.loads(raw)
+        except Exception as exc:
+            return _failure(None, BAD_REQUEST, f"malformed JSON: {exc}")
+        if not isinstance(request, dict):
+            return _failure(None, BAD_REQUEST, "a request must be a JSON object")
+        request_id = request.get("id")
+        if isinstance(request_id, bool) or not isinstance(request_id, int):
+            return _failure(None, BAD_REQUEST, f"'id' must be an integer, got {request_id!r}")
+        op = request.get("op")
+        handler = self._handlers.get(op) if isinstance(op, str) else None
+        if handler is None:
+            known = ", ".join(self._handlers)
+            return _failure(request_id, BAD_REQUEST, f"unknown op {op!r}; expected one of {known}")
+        try:
+            body = handler(request)
+        except WorkerError as err:
+            return _failure(request_id, err.failure_class, err.message)
+        except Exception as exc:
+            # A bug in the worker itself: report it rather than die, so the
+            # runner sees a class and a message instead of a crash.
+            print(f"tunelab worker: internal error in {op}:", file=sys.stderr)
+            traceback.print_exception(exc, file=sys.stderr)
+            return _failure(request_id, PROBLEM_ERROR, "internal worker error: " + summarize(exc))
+        return {"id": request_id, "ok": True, **body}
+
+    # ---- ops
+
+    def hello(self, request: dict) -> dict:
+        torch = self.torch
+        try:
+            import triton
+
+            triton_version = triton.__version__
+        except Exception:
+            triton_version = None
+        device = torch.cuda.get_device_name() if self.mode == "gpu" else "cpu"
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "python": platform.python_version(),
+            "torch": str(torch.__version__),
+            "triton": triton_version,
+            "mode": self.mode,
+            "device": device,
+            "cuda": torch.version.cuda,
+        }
+
+    def describe(self, request: dict) -> dict:
+        name, shape = request.get("problem"), request.get("shape")
+        if not isinstance(name, str) or not isinstance(shape, dict):
+            raise bad_request("describe needs 'problem' (string) and 'shape' (object)")
+        with stage("problem"):
+            problem = _make_problem(name, shape)
+            return {
+                "flops": float(problem.flops()),
+                "bytes": float(problem.bytes()),
+                "methods": [str(method) for method in problem.methods()],
+            }
+
+    def compile(self, request: dict) -> dict:
+        job = Job(request.get("job"))
+        problem, method = self._problem_and_method(job)
+        compile_method = getattr(method, "compile", None)
+        # The interpreter compiles nothing; constructing the problem above
+        # still catches a bad shape early.
+        if compile_method is None or self.mode == "interpreter":
+            return {"compiled": False, "seconds": 0.0}
+        started = time.perf_counter()
+        with stage("compile"):
+            compiled = compile_method(problem, job.config)
+        seconds = time.perf_counter() - started
+        return {"compiled": True if compiled is None else bool(compiled), "seconds": seconds}
+
+    def check(self, request: dict) -> dict:
+        self._require_lane("check")
+        job = Job(request.get("job"))
+        seed = _int_field(request, "seed", default=0)
+        tolerance = request.get("tolerance")
+        if not isinstance(tolerance, dict):
+            raise bad_request("check needs a 'tolerance' object {atol, rtol, max_mismatch}")
+        atol = _number_field(tolerance, "atol")
+        rtol = _number_field(tolerance, "rtol")
+        max_mismatch = _number_field(tolerance, "max_mismatch", default=0.0)
+
+        # Free the previous job's tensors before allocating this one's.
+        self.prepared = None
+        problem, method = self._problem_and_method(job)
+        with stage("problem"):
+            inputs = problem.inputs(seed, self.device)
+            expected = problem.reference(inputs)
+            flops, nbytes = float(problem.flops()), float(problem.bytes())
+        if self.mode == "gpu" and hasattr(method, "compile"):
+            # Compile (or find in the cache) before launching, so a compiler
+            # failure is reported as compile_error and never as launch_error.
+            with stage("compile"):
+                method.compile(problem, job.config)
+        with stage("bind"):
+            launch = method.bind(problem, inputs, job.config)
+            out = getattr(launch, "out", None)
+            if not isinstance(out, self.torch.Tensor):
+                raise TypeError(f"{type(launch).__name__}.out must be a torch.Tensor, got {type(out).__name__}")
+            _poison(self.torch, out)
+        with stage("launch"):
+            launch()
+            self._synchronize()
+        with stage("problem"):
+            from tunelab.compare import compare
+
+            result = compare(out, expected, atol=atol, rtol=rtol, max_mismatch=max_mismatch)
+        del expected
+        if result["passed"]:
+            # Failures are never timed, so only a passing job stays prepared.
+            self.prepared = Prepared(job.job_id, problem, inputs, launch)
+        result.pop("mismatch")  # the protocol reports the fraction
+        return {**result, "flops": flops, "bytes": nbytes}
+
+    def warmup(self, request: dict) -> dict:
+        self._require_lane("warmup")
+        prepared = self._prepared_for(request)
+        min_launches = _int_field(request, "min_launches", default=3, minimum=0, maximum=_MAX_SAMPLES)
+        min_ms = _number_field(request, "min_ms", default=5.0)
+        with stage("launch"):
+            launches, ms = self._timing().warmup(prepared.launch, min_launches, min_ms)
+        return {"launches": launches, "ms": ms}
+
+    def sample(self, request: dict) -> dict:
+        self._require_lane("sample")
+        prepared = self._prepared_for(request)
+        count = _int_field(request, "count", minimum=1, maximum=_MAX_SAMPLES)
+        flush_bytes = _int_field(request, "flush_bytes", default=0, minimum=0)
+        timer = self._timing()
+        with stage("launch"):
+            us, clock = timer.sample(prepared.launch, count, flush_bytes)
+        return {"us": us, "timer": timer.name, "sm_clock_mhz": clock}
+
+    def release(self, request: dict) -> dict:
+        self.prepared = None
+        return {}
+
+    def shutdown(self, request: dict) -> dict:
+        self.prepared = None
+        self.stopping = True
+        return {}
+
+    # ---- helpers
+
+    def _require_lane(self, op: str):
+        if self.role != "lane":
+            raise bad_request(f"a {self.role} worker does not serve {op!r}; start one with --role lane")
+
+    def _problem_and_method(self, job: Job):
+        with stage("problem"):
+            problem = _make_problem(job.problem, job.shape)
+            methods = problem.methods()
+        if job.method not in methods:
+            known = ", ".join(map(str, methods)) or "none"
+            raise bad_request(f"problem {job.problem!r} has no method {job.method!r} (it has: {known})")
+        return problem, methods[job.method]
+
+    def _prepared_for(self, request: dict) -> Prepared:
+        job_id = request.get("job_id")
+        if self.prepared is None or self.prepared.job_id != job_id:
+            have = self.prepared.job_id if self.prepared else "none"
+            raise bad_request(f"job {job_id!r} is not prepared (prepared: {have}); send a passing check first")
+        return self.prepared
+
+    def _timing(self):
+        if self._timer is None:
+            self._timer = CudaEventTimer(self.torch) if self.mode == "gpu" else WallTimer()
+        return self._timer
+
+    def _synchronize(self):
+        if self.mode == "gpu":
+            self.torch.cuda.synchronize()
+
+
+def _make_problem(name: str, shape: dict):
+    from tunelab.problems import resolve
+
+    return resolve(name)(shape)
+
+
+def _poison(torch, out):
+    """Fill the output with values no correct method leaves behind.
+
+    NaN for floating outputs (any element the method fails to write then shows
+    up in nan_count); the most negative value for integer outputs.
+    """
+    if out.dtype.is_floating_point or out.dtype.is_complex:
+        out.fill_(float("nan"))
+    elif out.dtype != torch.bool:
+        out.fill_(torch.iinfo(out.dtype).min)
+
+
+def _failure(request_id, failure_class: str, message: str) -> dict:
+    return {"id": request_id, "ok": False, "class": failure_class, "message": message}
+
+
+# --------------------------------------------------------------------------
+# process set-up and the loop
+
+
+def _claim_stdout():
+    """Keep the real stdout for the protocol; send everything else to stderr."""
+    sys.stdout.flush()
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)  # native code writing to fd 1 (printf, ptxas) now reaches stderr
+    sys.stdout = sys.stderr
+    return os.fdopen(protocol_fd, "wb")
+
+
+def _truthy(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "on", "yes")
+
+
+def choose_mode() -> str:
+    """GPU when torch sees one and the interpreter was not asked for.
+
+    Must run before anything imports triton: Triton reads TRITON_INTERPRET
+    when a kernel is decorated, so the variable is set here for the CPU case.
+    """
+    if _truthy(os.environ.get("TRITON_INTERPRET", "0")):
+        return "interpreter"
+    import torch
+
+    if torch.cuda.is_available():
+        return "gpu"
+    os.environ["TRITON_INTERPRET"] = "1"
+    return "interpreter"
+
+
+def _encode(response: dict) -> bytes:
+    try:
+        text = json.dumps(response, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        # JSON has no NaN or infinity; a problem's flops or a timer could
+        # still produce one. Send null rather than an unparsable line.
+        text = json.dumps(_finite(response), allow_nan=False, separators=(",", ":"))
+    return text.encode("utf-8") + b"\n"
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m tunelab.worker", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--role",
+        choices=("lane", "compile"),
+        default="lane",
+        help="lane: check and time jobs on one device (default); compile: only fill Triton's cache",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
+    protocol = _claim_stdout()
+    worker = Worker(role=args.role, mode=choose_mode())
+    requests = sys.stdin.buffer
+    while not worker.stopping:
+        line = requests.readline()
+        if not line:
+            break  # the runner closed our stdin: nothing more to serve
+        if not line.strip():
+            continue
+        protocol.write(_encode(worker.handle_line(line)))
+        protocol.flush()  # the runner is waiting for this line
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

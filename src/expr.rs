@@ -1,0 +1,596 @@
+//! Expressions in manifests: constraints, derived values and baselines.
+//!
+//! minijinja defines the language: every expression is compiled by it, its
+//! syntax errors and undeclared variables are what users see, and it is the
+//! fallback evaluator. Planning a 10-million-point space cannot afford an
+//! interpreter round-trip per point, so the common subset (literals, names,
+//! `device.*`, arithmetic, comparisons, `and`/`or`/`not`, `x if c else y`,
+//! `min`/`max`/`abs`/`ceil_div`/`log2`/`is_pow2`) is also compiled here into a
+//! closure tree over numbered slots. Tests check that both agree.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use minijinja::{Environment, UndefinedBehavior};
+use serde_json::Value as Json;
+
+/// A value in the fast evaluator.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Val {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(Arc<str>),
+}
+
+impl Val {
+    pub fn from_json(v: &Json) -> Val {
+        match v {
+            Json::Null => Val::None,
+            Json::Bool(b) => Val::Bool(*b),
+            Json::Number(n) => match n.as_i64() {
+                Some(i) => Val::Int(i),
+                None => Val::Float(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            Json::String(s) => Val::Str(Arc::from(s.as_str())),
+            other => Val::Str(Arc::from(other.to_string().as_str())),
+        }
+    }
+
+    pub fn to_json(&self) -> Json {
+        match self {
+            Val::None => Json::Null,
+            Val::Bool(b) => Json::Bool(*b),
+            Val::Int(i) => Json::from(*i),
+            Val::Float(f) => serde_json::Number::from_f64(*f).map(Json::Number).unwrap_or(Json::Null),
+            Val::Str(s) => Json::String(s.to_string()),
+        }
+    }
+
+    pub fn truthy(&self) -> bool {
+        match self {
+            Val::None => false,
+            Val::Bool(b) => *b,
+            Val::Int(i) => *i != 0,
+            Val::Float(f) => *f != 0.0,
+            Val::Str(s) => !s.is_empty(),
+        }
+    }
+
+    fn num(&self) -> Option<f64> {
+        match self {
+            Val::Int(i) => Some(*i as f64),
+            Val::Float(f) => Some(*f),
+            Val::Bool(b) => Some(*b as i64 as f64),
+            _ => None,
+        }
+    }
+}
+
+/// The minijinja environment every manifest expression is compiled in. It has
+/// no loader, so templates cannot read files; undefined names are errors.
+pub fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.add_function("min", |args: minijinja::value::Rest<minijinja::Value>| -> Result<minijinja::Value, minijinja::Error> {
+        fold_numbers(&args, |a, b| if b < a { b } else { a })
+    });
+    env.add_function("max", |args: minijinja::value::Rest<minijinja::Value>| -> Result<minijinja::Value, minijinja::Error> {
+        fold_numbers(&args, |a, b| if b > a { b } else { a })
+    });
+    env.add_function("abs", |x: minijinja::Value| -> Result<minijinja::Value, minijinja::Error> {
+        match i64::try_from(x.clone()) {
+            Ok(i) if x.is_integer() => Ok(minijinja::Value::from(i.abs())),
+            _ => Ok(minijinja::Value::from(f64::try_from(x)?.abs())),
+        }
+    });
+    env.add_function("ceil_div", |a: i64, b: i64| -> Result<i64, minijinja::Error> {
+        if b == 0 {
+            return Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "ceil_div by zero"));
+        }
+        Ok((a + b - 1).div_euclid(b))
+    });
+    env.add_function("log2", |x: f64| x.log2());
+    env.add_function("is_pow2", |x: i64| x > 0 && (x & (x - 1)) == 0);
+    env
+}
+
+fn fold_numbers(args: &[minijinja::Value], pick: fn(f64, f64) -> f64) -> Result<minijinja::Value, minijinja::Error> {
+    let mut best: Option<(f64, minijinja::Value)> = None;
+    for a in args {
+        let x = f64::try_from(a.clone())?;
+        best = Some(match best {
+            None => (x, a.clone()),
+            Some((b, bv)) => {
+                if pick(b, x) == x && x != b {
+                    (x, a.clone())
+                } else {
+                    (b, bv)
+                }
+            }
+        });
+    }
+    best.map(|(_, v)| v)
+        .ok_or_else(|| minijinja::Error::new(minijinja::ErrorKind::MissingArgument, "min/max need at least one value"))
+}
+
+/// Variables an expression reads, as minijinja sees them (`device.x` kept whole).
+pub fn variables(env: &Environment<'static>, source: &str) -> Result<HashSet<String>, minijinja::Error> {
+    let expr = env.compile_expression(source)?;
+    Ok(expr.undeclared_variables(true))
+}
+
+/// Evaluates with minijinja: the reference semantics.
+pub fn eval_reference(env: &Environment<'static>, source: &str, ctx: &serde_json::Map<String, Json>) -> Result<Val, String> {
+    let expr = env.compile_expression(source).map_err(|e| e.to_string())?;
+    let value = expr.eval(ctx).map_err(|e| e.to_string())?;
+    let json = serde_json::to_value(&value).map_err(|e| e.to_string())?;
+    Ok(Val::from_json(&json))
+}
+
+// ---------------------------------------------------------------------------
+// The fast path.
+
+type Eval = Box<dyn Fn(&[Val]) -> Result<Val, String> + Send + Sync>;
+
+/// An expression compiled against a slot layout.
+pub struct Compiled {
+    eval: Eval,
+}
+
+impl Compiled {
+    pub fn eval(&self, slots: &[Val]) -> Result<Val, String> {
+        (self.eval)(slots)
+    }
+}
+
+/// Names the compiled code may read: slot variables and constants (`device.*`).
+pub struct Scope<'a> {
+    pub slots: &'a HashMap<String, usize>,
+    pub constants: &'a HashMap<String, Val>,
+}
+
+/// Compiles `source` for the fast path, or `None` when it uses something
+/// outside the subset (the caller then evaluates with minijinja).
+pub fn compile_fast(source: &str, scope: &Scope) -> Option<Compiled> {
+    let tokens = tokenize(source)?;
+    let mut p = Parser { tokens, pos: 0, scope };
+    let eval = p.expr()?;
+    if p.pos != p.tokens.len() {
+        return None;
+    }
+    Some(Compiled { eval })
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Name(String),
+    Op(&'static str),
+}
+
+fn tokenize(s: &str) -> Option<Vec<Tok>> {
+    const OPS: [&str; 20] =
+        ["**", "//", "==", "!=", "<=", ">=", "(", ")", ",", ".", "+", "-", "*", "/", "%", "<", ">", "~", "[", "]"];
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    let mut out = Vec::new();
+    while i < bytes.len() {
+        let c = bytes[i] as char;
+        if c.is_whitespace() {
+            i += 1;
+        } else if c.is_ascii_digit() {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'_') {
+                i += 1;
+            }
+            let mut is_float = false;
+            if i + 1 < bytes.len() && bytes[i] == b'.' && bytes[i + 1].is_ascii_digit() {
+                is_float = true;
+                i += 1;
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+            }
+            if i < bytes.len() && (bytes[i] == b'e' || bytes[i] == b'E') {
+                is_float = true;
+                i += 1;
+                if i < bytes.len() && (bytes[i] == b'-' || bytes[i] == b'+') {
+                    i += 1;
+                }
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+            }
+            let text = s[start..i].replace('_', "");
+            out.push(if is_float { Tok::Float(text.parse().ok()?) } else { Tok::Int(text.parse().ok()?) });
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                i += 1;
+            }
+            out.push(Tok::Name(s[start..i].to_string()));
+        } else if c == '\'' || c == '"' {
+            let end = s[i + 1..].find(c)? + i + 1;
+            let text = &s[i + 1..end];
+            if text.contains('\\') {
+                return None;
+            }
+            out.push(Tok::Str(text.to_string()));
+            i = end + 1;
+        } else {
+            let op = OPS.iter().find(|op| s[i..].starts_with(**op))?;
+            out.push(Tok::Op(op));
+            i += op.len();
+        }
+    }
+    Some(out)
+}
+
+struct Parser<'a, 's> {
+    tokens: Vec<Tok>,
+    pos: usize,
+    scope: &'a Scope<'s>,
+}
+
+impl Parser<'_, '_> {
+    fn peek(&self) -> Option<&Tok> {
+        self.tokens.get(self.pos)
+    }
+
+    fn eat_op(&mut self, op: &str) -> bool {
+        if matches!(self.peek(), Some(Tok::Op(o)) if *o == op) {
+            self.pos += 1;
+            return true;
+        }
+        false
+    }
+
+    fn eat_name(&mut self, name: &str) -> bool {
+        if matches!(self.peek(), Some(Tok::Name(n)) if n == name) {
+            self.pos += 1;
+            return true;
+        }
+        false
+    }
+
+    // expr := or ['if' or ['else' expr]]
+    fn expr(&mut self) -> Option<Eval> {
+        let then = self.or()?;
+        if !self.eat_name("if") {
+            return Some(then);
+        }
+        let cond = self.or()?;
+        let otherwise: Eval = if self.eat_name("else") { self.expr()? } else { Box::new(|_| Ok(Val::None)) };
+        Some(Box::new(move |s| if cond(s)?.truthy() { then(s) } else { otherwise(s) }))
+    }
+
+    fn or(&mut self) -> Option<Eval> {
+        let mut left = self.and()?;
+        while self.eat_name("or") {
+            let right = self.and()?;
+            left = Box::new(move |s| {
+                let l = left(s)?;
+                if l.truthy() {
+                    Ok(l)
+                } else {
+                    right(s)
+                }
+            });
+        }
+        Some(left)
+    }
+
+    fn and(&mut self) -> Option<Eval> {
+        let mut left = self.not()?;
+        while self.eat_name("and") {
+            let right = self.not()?;
+            left = Box::new(move |s| {
+                let l = left(s)?;
+                if !l.truthy() {
+                    Ok(l)
+                } else {
+                    right(s)
+                }
+            });
+        }
+        Some(left)
+    }
+
+    fn not(&mut self) -> Option<Eval> {
+        if self.eat_name("not") {
+            let inner = self.not()?;
+            return Some(Box::new(move |s| Ok(Val::Bool(!inner(s)?.truthy()))));
+        }
+        self.compare()
+    }
+
+    fn compare(&mut self) -> Option<Eval> {
+        let left = self.additive()?;
+        for op in ["==", "!=", "<=", ">=", "<", ">"] {
+            if self.eat_op(op) {
+                let right = self.additive()?;
+                // Chained comparisons mean something else in Jinja; leave them to minijinja.
+                if ["==", "!=", "<=", ">=", "<", ">"].iter().any(|o| matches!(self.peek(), Some(Tok::Op(p)) if p == o)) {
+                    return None;
+                }
+                return Some(Box::new(move |s| compare(op, &left(s)?, &right(s)?)));
+            }
+        }
+        if matches!(self.peek(), Some(Tok::Name(n)) if n == "in" || n == "is") {
+            return None;
+        }
+        Some(left)
+    }
+
+    fn additive(&mut self) -> Option<Eval> {
+        let mut left = self.multiplicative()?;
+        loop {
+            let op = if self.eat_op("+") {
+                "+"
+            } else if self.eat_op("-") {
+                "-"
+            } else if self.eat_op("~") {
+                return None;
+            } else {
+                return Some(left);
+            };
+            let right = self.multiplicative()?;
+            left = Box::new(move |s| arith(op, &left(s)?, &right(s)?));
+        }
+    }
+
+    fn multiplicative(&mut self) -> Option<Eval> {
+        let mut left = self.unary()?;
+        loop {
+            let op = ["//", "*", "/", "%"].into_iter().find(|op| self.eat_op(op));
+            let Some(op) = op else { return Some(left) };
+            let right = self.unary()?;
+            left = Box::new(move |s| arith(op, &left(s)?, &right(s)?));
+        }
+    }
+
+    fn unary(&mut self) -> Option<Eval> {
+        if self.eat_op("-") {
+            let inner = self.unary()?;
+            return Some(Box::new(move |s| arith("-", &Val::Int(0), &inner(s)?)));
+        }
+        if self.eat_op("+") {
+            return self.unary();
+        }
+        self.power()
+    }
+
+    fn power(&mut self) -> Option<Eval> {
+        let base = self.primary()?;
+        if self.eat_op("**") {
+            let exp = self.unary()?;
+            return Some(Box::new(move |s| arith("**", &base(s)?, &exp(s)?)));
+        }
+        Some(base)
+    }
+
+    fn primary(&mut self) -> Option<Eval> {
+        let tok = self.peek()?.clone();
+        self.pos += 1;
+        let node: Eval = match tok {
+            Tok::Int(i) => Box::new(move |_| Ok(Val::Int(i))),
+            Tok::Float(f) => Box::new(move |_| Ok(Val::Float(f))),
+            Tok::Str(text) => {
+                let v = Val::Str(Arc::from(text.as_str()));
+                Box::new(move |_| Ok(v.clone()))
+            }
+            Tok::Op("(") => {
+                let inner = self.expr()?;
+                if !self.eat_op(")") {
+                    return None;
+                }
+                inner
+            }
+            Tok::Name(name) => match name.as_str() {
+                "true" | "True" => Box::new(|_| Ok(Val::Bool(true))),
+                "false" | "False" => Box::new(|_| Ok(Val::Bool(false))),
+                "none" | "None" => Box::new(|_| Ok(Val::None)),
+                _ if self.eat_op("(") => self.call(&name)?,
+                _ if self.eat_op(".") => {
+                    let Some(Tok::Name(attr)) = self.peek().cloned() else { return None };
+                    self.pos += 1;
+                    let v = self.scope.constants.get(&format!("{name}.{attr}"))?.clone();
+                    Box::new(move |_| Ok(v.clone()))
+                }
+                _ => {
+                    if let Some(v) = self.scope.constants.get(&name).cloned() {
+                        Box::new(move |_| Ok(v.clone()))
+                    } else {
+                        let slot = *self.scope.slots.get(&name)?;
+                        Box::new(move |s| Ok(s[slot].clone()))
+                    }
+                }
+            },
+            Tok::Op(_) => return None,
+        };
+        if matches!(self.peek(), Some(Tok::Op("[" | "."))) {
+            return None;
+        }
+        Some(node)
+    }
+
+    fn call(&mut self, name: &str) -> Option<Eval> {
+        let mut args = Vec::new();
+        if !self.eat_op(")") {
+            loop {
+                args.push(self.expr()?);
+                if self.eat_op(")") {
+                    break;
+                }
+                if !self.eat_op(",") {
+                    return None;
+                }
+            }
+        }
+        let args: Arc<[Eval]> = args.into();
+        let f: Eval = match (name, args.len()) {
+            ("min", n) if n >= 1 => Box::new(move |s| pick(&args, s, |a, b| b < a)),
+            ("max", n) if n >= 1 => Box::new(move |s| pick(&args, s, |a, b| b > a)),
+            ("abs", 1) => Box::new(move |s| match args[0](s)? {
+                Val::Int(i) => Ok(Val::Int(i.abs())),
+                v => Ok(Val::Float(v.num().ok_or("abs of a non-number")?.abs())),
+            }),
+            ("ceil_div", 2) => Box::new(move |s| match (args[0](s)?, args[1](s)?) {
+                (Val::Int(_), Val::Int(0)) => Err("ceil_div by zero".to_string()),
+                (Val::Int(a), Val::Int(b)) => Ok(Val::Int((a + b - 1).div_euclid(b))),
+                _ => Err("ceil_div takes integers".to_string()),
+            }),
+            ("log2", 1) => Box::new(move |s| Ok(Val::Float(args[0](s)?.num().ok_or("log2 of a non-number")?.log2()))),
+            ("is_pow2", 1) => Box::new(move |s| match args[0](s)? {
+                Val::Int(x) => Ok(Val::Bool(x > 0 && (x & (x - 1)) == 0)),
+                _ => Err("is_pow2 takes an integer".to_string()),
+            }),
+            _ => return None,
+        };
+        Some(f)
+    }
+}
+
+fn pick(args: &[Eval], s: &[Val], better: fn(f64, f64) -> bool) -> Result<Val, String> {
+    let mut best = args[0](s)?;
+    let mut best_n = best.num().ok_or("min/max of a non-number")?;
+    for a in &args[1..] {
+        let v = a(s)?;
+        let n = v.num().ok_or("min/max of a non-number")?;
+        if better(best_n, n) {
+            best = v;
+            best_n = n;
+        }
+    }
+    Ok(best)
+}
+
+fn compare(op: &str, a: &Val, b: &Val) -> Result<Val, String> {
+    use std::cmp::Ordering;
+    let ord = match (a, b) {
+        (Val::Int(x), Val::Int(y)) => Some(x.cmp(y)),
+        (Val::Str(x), Val::Str(y)) => Some(x.cmp(y)),
+        (Val::Bool(x), Val::Bool(y)) => Some(x.cmp(y)),
+        (Val::None, Val::None) => Some(Ordering::Equal),
+        _ => match (a.num(), b.num()) {
+            (Some(x), Some(y)) => x.partial_cmp(&y),
+            _ => None,
+        },
+    };
+    let result = match (op, ord) {
+        ("==", o) => o == Some(Ordering::Equal),
+        ("!=", o) => o != Some(Ordering::Equal),
+        (_, None) => return Err(format!("cannot compare {a:?} and {b:?}")),
+        ("<", Some(o)) => o == Ordering::Less,
+        ("<=", Some(o)) => o != Ordering::Greater,
+        (">", Some(o)) => o == Ordering::Greater,
+        (">=", Some(o)) => o != Ordering::Less,
+        _ => unreachable!("unknown comparison {op}"),
+    };
+    Ok(Val::Bool(result))
+}
+
+fn arith(op: &str, a: &Val, b: &Val) -> Result<Val, String> {
+    if let (Val::Int(x), Val::Int(y)) = (a, b) {
+        let (x, y) = (*x, *y);
+        let overflow = || format!("integer overflow in {x} {op} {y}");
+        return match op {
+            "+" => x.checked_add(y).map(Val::Int).ok_or_else(overflow),
+            "-" => x.checked_sub(y).map(Val::Int).ok_or_else(overflow),
+            "*" => x.checked_mul(y).map(Val::Int).ok_or_else(overflow),
+            "/" if y == 0 => Err("division by zero".into()),
+            "/" => Ok(Val::Float(x as f64 / y as f64)),
+            "//" | "%" if y == 0 => Err("division by zero".into()),
+            "//" => Ok(Val::Int(x.div_euclid(y))),
+            "%" => Ok(Val::Int(x.rem_euclid(y))),
+            "**" if y >= 0 => u32::try_from(y).ok().and_then(|y| x.checked_pow(y)).map(Val::Int).ok_or_else(overflow),
+            "**" => Ok(Val::Float((x as f64).powf(y as f64))),
+            _ => unreachable!("unknown operator {op}"),
+        };
+    }
+    let (Some(x), Some(y)) = (a.num(), b.num()) else {
+        return Err(format!("cannot apply {op} to {a:?} and {b:?}"));
+    };
+    Ok(Val::Float(match op {
+        "+" => x + y,
+        "-" => x - y,
+        "*" => x * y,
+        "/" => x / y,
+        "//" => (x / y).floor(),
+        "%" => x.rem_euclid(y),
+        "**" => x.powf(y),
+        _ => unreachable!("unknown operator {op}"),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_agrees(source: &str, vars: &[(&str, Json)]) {
+        let env = environment();
+        let mut slots = HashMap::new();
+        let mut values = Vec::new();
+        let mut ctx = serde_json::Map::new();
+        for (i, (name, value)) in vars.iter().enumerate() {
+            slots.insert(name.to_string(), i);
+            values.push(Val::from_json(value));
+            ctx.insert(name.to_string(), value.clone());
+        }
+        let mut constants = HashMap::new();
+        constants.insert("device.smem_bytes".to_string(), Val::Int(232448));
+        ctx.insert("device".into(), serde_json::json!({"smem_bytes": 232448}));
+        let fast = compile_fast(source, &Scope { slots: &slots, constants: &constants })
+            .unwrap_or_else(|| panic!("`{source}` should compile on the fast path"));
+        let got = fast.eval(&values).unwrap();
+        let want = eval_reference(&env, source, &ctx).unwrap();
+        match (&got, &want) {
+            (Val::Float(a), Val::Float(b)) => assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{source}: {got:?} vs {want:?}"),
+            _ => assert_eq!(got, want, "{source}"),
+        }
+    }
+
+    #[test]
+    fn fast_path_agrees_with_minijinja() {
+        let vars = [("M", Json::from(48)), ("N", Json::from(128)), ("K", Json::from(64)), ("s", Json::from(3)), ("x", Json::from(2.5))];
+        for source in [
+            "(M + N) * K * 2 * s <= device.smem_bytes",
+            "M // 16 + N % 7 - K / 3",
+            "M * 2 ** 3",
+            "16 if M <= 32 else (32 if M <= 96 else 64)",
+            "not M > 32 and N >= 128 or K == 0",
+            "min(M, N, K) + max(M, 7)",
+            "ceil_div(M, 16) * 16",
+            "is_pow2(N) and not is_pow2(M)",
+            "x * 2 - 0.5",
+            "-M + abs(-3)",
+            "M != 48",
+            "(M // 5) * 5 == M - M % 5",
+        ] {
+            check_agrees(source, &vars);
+        }
+    }
+
+    #[test]
+    fn unsupported_syntax_falls_back() {
+        let slots = HashMap::from([("M".to_string(), 0)]);
+        let constants = HashMap::new();
+        let scope = Scope { slots: &slots, constants: &constants };
+        assert!(compile_fast("M | abs", &scope).is_none());
+        assert!(compile_fast("M in [1, 2]", &scope).is_none());
+        assert!(compile_fast("1 < M < 3", &scope).is_none());
+        assert!(compile_fast("unknown + 1", &scope).is_none());
+    }
+
+    #[test]
+    fn runtime_errors_are_reported_not_panics() {
+        let slots = HashMap::from([("M".to_string(), 0)]);
+        let constants = HashMap::new();
+        let f = compile_fast("10 // M", &Scope { slots: &slots, constants: &constants }).unwrap();
+        assert_eq!(f.eval(&[Val::Int(0)]).unwrap_err(), "division by zero");
+    }
+}

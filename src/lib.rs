@@ -1,0 +1,14 @@
+//! tunelab: declarative tuning and benchmarking of GPU kernels.
+//!
+//! The pipeline, one direction, typed values between stages:
+//! manifest (YAML with spans) -> model (validated) -> plan (jobs) -> schedule
+//! -> backends -> journal -> outputs and report.
+
+pub mod cli;
+pub mod config;
+pub mod device;
+pub mod diag;
+pub mod exit;
+pub mod expr;
+pub mod manifest;
+pub mod plan;

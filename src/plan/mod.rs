@@ -1,0 +1,489 @@
+//! Planning: shapes x methods x space -> jobs, streamed.
+//!
+//! A space is enumerated as nested loops over its axes, in manifest order.
+//! Each constraint is evaluated as soon as the axes it reads are bound, so a
+//! rejected prefix prunes its whole subtree; the points removed are still
+//! counted exactly (the subtree's size). No list of points is ever built, so a
+//! ten-million-point space plans in constant memory.
+
+pub mod filter;
+mod rng;
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+
+use indexmap::IndexMap;
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use crate::device::DeviceInfo;
+use crate::diag::Diagnostic;
+use crate::expr::{self, Compiled, Scope, Val};
+use crate::manifest::model::{shape_label, BaselineValue, Expr};
+use crate::manifest::raw::Strategy;
+use crate::manifest::{Experiment, Method, Shape};
+pub use filter::Filter;
+
+/// One unit of work: a config of a method at a shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct Job {
+    pub id: String,
+    pub shape_index: usize,
+    pub method: String,
+    pub shape: Shape,
+    /// Parameters, space point and derived values, in that order.
+    pub config: IndexMap<String, Json>,
+    /// The method's baseline config for this shape (also a regular job when the space contains it).
+    pub baseline: bool,
+}
+
+/// What planning one method produced, before and after each constraint.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MethodCounts {
+    pub method: String,
+    pub shapes: u64,
+    /// Points per shape in the unconstrained space.
+    pub space_points: u64,
+    /// All points over all shapes.
+    pub points: u64,
+    /// (constraint, points it removed): each point is charged to the first constraint that rejects it.
+    pub removed: Vec<(String, u64)>,
+    /// Points that pass every constraint.
+    pub valid: u64,
+    /// Jobs the search strategy will run (plus baselines).
+    pub jobs: u64,
+    pub baseline_jobs: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PlanSummary {
+    pub experiment: String,
+    pub device: String,
+    pub strategy: String,
+    pub shapes: u64,
+    pub methods: Vec<MethodCounts>,
+    pub jobs: u64,
+}
+
+/// Which shapes and how many configs to take: the manifest's, or the interpreter's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Gpu,
+    Interpreter,
+}
+
+pub struct PlanOptions<'a> {
+    pub device: &'a DeviceInfo,
+    pub filter: &'a Filter,
+    pub mode: Mode,
+}
+
+/// Streams every job to `sink`; returns the counts. `sink` may stop early.
+pub fn plan(exp: &Experiment, opts: &PlanOptions, sink: &mut dyn FnMut(Job) -> ControlFlow<()>) -> Result<PlanSummary, Diagnostic> {
+    let shapes: &[Shape] = match (opts.mode, &exp.interpreter) {
+        (Mode::Interpreter, Some(i)) => &i.shapes,
+        _ => &exp.shapes,
+    };
+    opts.filter.check_keys(exp, shapes)?;
+    let selected: Vec<(usize, &Shape)> = shapes.iter().enumerate().filter(|(_, s)| opts.filter.keeps_shape(s)).collect();
+    let strategy = strategy_label(exp, opts.mode);
+    let mut summary = PlanSummary {
+        experiment: exp.name.clone(),
+        device: opts.device.name.clone(),
+        strategy,
+        shapes: selected.len() as u64,
+        ..Default::default()
+    };
+    let constants = device_constants(opts.device);
+    let env = expr::environment();
+    let mut stopped = false;
+    for method in exp.methods.iter().filter(|m| opts.filter.keeps_method(&m.name)) {
+        let mut counts = MethodCounts {
+            method: method.name.clone(),
+            shapes: selected.len() as u64,
+            space_points: method.axes.iter().map(|a| a.values.len() as u64).product(),
+            removed: method.constraints.iter().map(|c| (c.source.clone(), 0)).collect(),
+            ..Default::default()
+        };
+        for (shape_index, shape) in &selected {
+            if stopped {
+                break;
+            }
+            let space = SpacePlan::new(exp, method, shape, &constants, &env, opts.filter)?;
+            let limit = match (opts.mode, exp.search.strategy) {
+                (Mode::Interpreter, _) => Some(exp.interpreter.as_ref().map_or(4, |i| i.max_configs)),
+                (Mode::Gpu, Strategy::Random) => exp.search.budget,
+                _ => None,
+            };
+            let mut emit = |job: Job| -> ControlFlow<()> {
+                let flow = sink(job);
+                if flow.is_break() {
+                    stopped = true;
+                }
+                flow
+            };
+            let mut baseline_id = None;
+            if let Some(job) = space.baseline_job(*shape_index)? {
+                counts.baseline_jobs += 1;
+                counts.jobs += 1;
+                baseline_id = Some(job.id.clone());
+                if emit(job).is_break() {
+                    break;
+                }
+            }
+            match limit {
+                None => {
+                    space.walk(&mut counts, &mut |job_slots| {
+                        counts_job_skip(&space, job_slots, *shape_index, baseline_id.as_deref(), &mut emit)
+                    })?;
+                }
+                Some(budget) => {
+                    // Seeded reservoir sample: `budget` configs drawn uniformly, without keeping the space.
+                    let seed = exp.search.seed ^ rng::hash_str(&shape_label(shape)) ^ rng::hash_str(&method.name);
+                    let mut rng = rng::SplitMix64::new(seed);
+                    let mut reservoir: Vec<Vec<Val>> = Vec::new();
+                    let mut seen = 0u64;
+                    space.walk(&mut counts, &mut |slots| {
+                        seen += 1;
+                        if (reservoir.len() as u64) < budget {
+                            reservoir.push(slots.to_vec());
+                        } else {
+                            let j = rng.below(seen);
+                            if j < budget {
+                                reservoir[j as usize] = slots.to_vec();
+                            }
+                        }
+                        (ControlFlow::Continue(()), false)
+                    })?;
+                    for slots in reservoir {
+                        let (flow, counted) = counts_job_skip(&space, &slots, *shape_index, baseline_id.as_deref(), &mut emit);
+                        if counted {
+                            counts.jobs += 1;
+                        }
+                        if flow.is_break() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        summary.jobs += counts.jobs;
+        if counts.valid == 0 && !method.axes.is_empty() && counts.points > 0 {
+            return Err(reject_all(method, &counts));
+        }
+        summary.methods.push(counts);
+    }
+    Ok(summary)
+}
+
+fn strategy_label(exp: &Experiment, mode: Mode) -> String {
+    match (mode, exp.search.strategy) {
+        (Mode::Interpreter, _) => format!("interpreter sample ({} configs per shape)", exp.interpreter.as_ref().map_or(4, |i| i.max_configs)),
+        (_, Strategy::Grid) => "grid".into(),
+        (_, Strategy::Random) => format!("random (budget {}, seed {})", exp.search.budget.unwrap_or(0), exp.search.seed),
+        (_, Strategy::Halving) => format!("halving (eta {})", exp.search.eta),
+    }
+}
+
+/// Emits one job unless it is the baseline already emitted. Returns (flow, whether it was emitted).
+fn counts_job_skip(
+    space: &SpacePlan,
+    slots: &[Val],
+    shape_index: usize,
+    baseline_id: Option<&str>,
+    emit: &mut dyn FnMut(Job) -> ControlFlow<()>,
+) -> (ControlFlow<()>, bool) {
+    let job = space.job(slots, shape_index, false);
+    if Some(job.id.as_str()) == baseline_id {
+        return (ControlFlow::Continue(()), false);
+    }
+    (emit(job), true)
+}
+
+fn reject_all(method: &Method, counts: &MethodCounts) -> Diagnostic {
+    let detail: Vec<String> = counts
+        .removed
+        .iter()
+        .map(|(src, n)| format!("`{src}` removed {n} of {}", counts.points))
+        .collect();
+    let worst = counts.removed.iter().max_by_key(|(_, n)| *n).map(|(s, _)| s.clone()).unwrap_or_default();
+    Diagnostic::at(method.constraints_span, format!("the constraints of method `{}` reject every point of its space: {}", method.name, detail.join("; ")))
+        .help(format!("loosen `{worst}` or widen the space"))
+}
+
+pub fn device_constants(device: &DeviceInfo) -> HashMap<String, Val> {
+    crate::manifest::model::device_fields(device)
+        .into_iter()
+        .map(|(k, v)| (format!("device.{k}"), Val::from_json(&v)))
+        .collect()
+}
+
+/// A compiled expression: the fast path, or minijinja when outside the subset.
+enum Check<'e> {
+    Fast(Compiled),
+    Reference(&'e Expr),
+}
+
+/// Everything needed to enumerate one method's space at one shape.
+struct SpacePlan<'a> {
+    method: &'a Method,
+    shape: &'a Shape,
+    env: &'a minijinja::Environment<'static>,
+    device_json: Json,
+    /// Slot names: shape fields, params, axes, derived.
+    names: Vec<String>,
+    base: Vec<Val>,
+    first_axis_slot: usize,
+    /// Axis values, with filter restrictions applied.
+    axes: Vec<Vec<Val>>,
+    /// Constraints by the level (number of bound axes) at which they can run: (index in manifest, check).
+    by_level: Vec<Vec<(usize, Check<'a>)>>,
+    derived: Vec<Check<'a>>,
+    hasher: blake3::Hasher,
+}
+
+impl<'a> SpacePlan<'a> {
+    fn new(
+        exp: &'a Experiment,
+        method: &'a Method,
+        shape: &'a Shape,
+        constants: &HashMap<String, Val>,
+        env: &'a minijinja::Environment<'static>,
+        filter: &Filter,
+    ) -> Result<Self, Diagnostic> {
+        let mut names = Vec::new();
+        let mut base = Vec::new();
+        for (k, v) in shape.iter().chain(method.params.iter()) {
+            names.push(k.clone());
+            base.push(Val::from_json(v));
+        }
+        let first_axis_slot = names.len();
+        let mut axes = Vec::new();
+        for axis in &method.axes {
+            names.push(axis.name.clone());
+            base.push(Val::None);
+            axes.push(axis.values.iter().filter(|v| filter.keeps_value(&axis.name, v)).map(Val::from_json).collect());
+        }
+        for (k, _) in &method.derived {
+            names.push(k.clone());
+            base.push(Val::None);
+        }
+        let slots: HashMap<String, usize> = names.iter().enumerate().map(|(i, n)| (n.clone(), i)).collect();
+        let scope = Scope { slots: &slots, constants };
+        let compile = |e: &'a Expr| match expr::compile_fast(&e.source, &scope) {
+            Some(c) => Check::Fast(c),
+            None => Check::Reference(e),
+        };
+        let level_of = |e: &Expr| -> usize {
+            let vars = expr::variables(env, &e.source).unwrap_or_default();
+            let mut level = 0;
+            for v in vars {
+                if let Some(&slot) = slots.get(&v) {
+                    if slot >= first_axis_slot {
+                        level = level.max((slot - first_axis_slot + 1).min(method.axes.len()));
+                        if slot >= first_axis_slot + method.axes.len() {
+                            level = method.axes.len();
+                        }
+                    }
+                }
+            }
+            level
+        };
+        let mut by_level: Vec<Vec<(usize, Check)>> = (0..=method.axes.len()).map(|_| Vec::new()).collect();
+        for (i, c) in method.constraints.iter().enumerate() {
+            let uses_derived = {
+                let vars = expr::variables(env, &c.source).unwrap_or_default();
+                method.derived.iter().any(|(d, _)| vars.contains(d))
+            };
+            let level = if uses_derived { method.axes.len() } else { level_of(c) };
+            by_level[level].push((i, compile(c)));
+        }
+        let derived = method.derived.iter().map(|(_, e)| compile(e)).collect();
+
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(exp.problem.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(serde_json::to_string(shape).expect("shape serialises").as_bytes());
+        hasher.update(b"\0");
+        hasher.update(method.name.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(method.identity.as_bytes());
+        hasher.update(b"\0");
+        for (k, v) in &method.params {
+            hasher.update(format!("{k}={v};").as_bytes());
+        }
+        let device_json = Json::Object(
+            constants.iter().filter_map(|(k, v)| k.strip_prefix("device.").map(|f| (f.to_string(), v.to_json()))).collect(),
+        );
+        Ok(SpacePlan { method, shape, env, device_json, names, base, first_axis_slot, axes, by_level, derived, hasher })
+    }
+
+    fn eval(&self, check: &Check, slots: &[Val]) -> Result<Val, Diagnostic> {
+        match check {
+            Check::Fast(c) => c.eval(slots).map_err(|e| self.eval_error(None, slots, e)),
+            Check::Reference(e) => {
+                let mut ctx = serde_json::Map::new();
+                for (name, v) in self.names.iter().zip(slots) {
+                    ctx.insert(name.clone(), v.to_json());
+                }
+                ctx.insert("device".into(), self.device_json.clone());
+                expr::eval_reference(self.env, &e.source, &ctx).map_err(|err| self.eval_error(Some(e), slots, err))
+            }
+        }
+    }
+
+    fn eval_error(&self, e: Option<&Expr>, slots: &[Val], err: String) -> Diagnostic {
+        let point: Vec<String> = self.names.iter().zip(slots).filter(|(_, v)| **v != Val::None).map(|(n, v)| format!("{n}={}", v.to_json())).collect();
+        let span = e.map(|e| e.span).unwrap_or(self.method.constraints_span);
+        Diagnostic::at(span, format!("expression failed at {}: {err}", point.join(", ")))
+            .help("guard the expression, e.g. `b != 0 and a // b > 1`, or narrow the space")
+    }
+
+    /// Visits every valid point; `visit` gets the full slot vector and returns
+    /// (flow, counted) where `counted` says whether it became a job.
+    fn walk(&self, counts: &mut MethodCounts, visit: &mut dyn FnMut(&[Val]) -> (ControlFlow<()>, bool)) -> Result<(), Diagnostic> {
+        let mut slots = self.base.clone();
+        let total: u64 = self.axes.iter().map(|a| a.len() as u64).product();
+        counts.points += total;
+        // suffix[l] = points under one binding of the first l axes.
+        let mut suffix = vec![1u64; self.axes.len() + 1];
+        for l in (0..self.axes.len()).rev() {
+            suffix[l] = suffix[l + 1] * self.axes[l].len() as u64;
+        }
+        let mut flow = ControlFlow::Continue(());
+        self.descend(0, &mut slots, counts, &suffix, visit, &mut flow)
+    }
+
+    fn passes(&self, level: usize, slots: &[Val], counts: &mut MethodCounts, subtree: u64) -> Result<bool, Diagnostic> {
+        for (i, check) in &self.by_level[level] {
+            if !self.eval(check, slots)?.truthy() {
+                counts.removed[*i].1 += subtree;
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn descend(
+        &self,
+        level: usize,
+        slots: &mut Vec<Val>,
+        counts: &mut MethodCounts,
+        suffix: &[u64],
+        visit: &mut dyn FnMut(&[Val]) -> (ControlFlow<()>, bool),
+        flow: &mut ControlFlow<()>,
+    ) -> Result<(), Diagnostic> {
+        if level == self.axes.len() {
+            let derived_base = self.first_axis_slot + self.axes.len();
+            for (i, d) in self.derived.iter().enumerate() {
+                slots[derived_base + i] = self.eval(d, slots)?;
+            }
+            if !self.passes(level, slots, counts, 1)? {
+                return Ok(());
+            }
+            counts.valid += 1;
+            let (f, counted) = visit(slots);
+            if counted {
+                counts.jobs += 1;
+            }
+            *flow = f;
+            return Ok(());
+        }
+        if level == 0 && !self.passes(0, slots, counts, suffix[0])? {
+            return Ok(());
+        }
+        for value in &self.axes[level] {
+            slots[self.first_axis_slot + level] = value.clone();
+            if level + 1 < self.axes.len() && !self.passes(level + 1, slots, counts, suffix[level + 1])? {
+                continue;
+            }
+            self.descend(level + 1, slots, counts, suffix, visit, flow)?;
+            if flow.is_break() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the job for a full slot vector. The id hashes problem, shape,
+    /// method identity, params, space point and derived values.
+    fn job(&self, slots: &[Val], shape_index: usize, baseline: bool) -> Job {
+        let mut hasher = self.hasher.clone();
+        let mut config: IndexMap<String, Json> = self.method.params.clone();
+        let mut text = String::with_capacity(64);
+        for (i, name) in self.names.iter().enumerate().skip(self.first_axis_slot) {
+            let value = match &slots[i] {
+                Val::None if i - self.first_axis_slot < self.axes.len() => continue,
+                v => v.to_json(),
+            };
+            text.clear();
+            use std::fmt::Write;
+            let _ = write!(text, "{name}={value};");
+            hasher.update(text.as_bytes());
+            config.insert(name.clone(), value);
+        }
+        let id = hasher.finalize().to_hex()[..16].to_string();
+        Job { id, shape_index, method: self.method.name.clone(), shape: self.shape.clone(), config, baseline }
+    }
+
+    /// Counts only; no job values are materialised. Used by benchmarks.
+    fn id_only(&self, slots: &[Val]) -> [u8; 8] {
+        let mut hasher = self.hasher.clone();
+        let mut text = String::with_capacity(64);
+        for (i, name) in self.names.iter().enumerate().skip(self.first_axis_slot) {
+            use std::fmt::Write;
+            text.clear();
+            let _ = write!(text, "{name}={};", slots[i].to_json());
+            hasher.update(text.as_bytes());
+        }
+        let mut out = [0u8; 8];
+        out.copy_from_slice(&hasher.finalize().as_bytes()[..8]);
+        out
+    }
+
+    fn baseline_job(&self, shape_index: usize) -> Result<Option<Job>, Diagnostic> {
+        let Some(baseline) = &self.method.baseline else { return Ok(None) };
+        let mut slots = self.base.clone();
+        for (name, value) in &baseline.values {
+            let v = match value {
+                BaselineValue::Literal(j) => Val::from_json(j),
+                BaselineValue::Expr(e) => self.eval(&Check::Reference(e), &slots)?,
+            };
+            if let Some(i) = self.names.iter().position(|n| n == name) {
+                slots[i] = v;
+            }
+        }
+        if let Some((i, _)) = self.axes.iter().enumerate().find(|(i, _)| slots[self.first_axis_slot + i] == Val::None) {
+            let missing = &self.method.axes[i].name;
+            return Err(Diagnostic::at(self.method.span, format!("the baseline of method `{}` gives no value for `{missing}`", self.method.name))
+                .help("set every space parameter in `baseline`"));
+        }
+        let derived_base = self.first_axis_slot + self.axes.len();
+        for (i, d) in self.derived.iter().enumerate() {
+            slots[derived_base + i] = self.eval(d, &slots)?;
+        }
+        Ok(Some(self.job(&slots, shape_index, true)))
+    }
+}
+
+/// Plans without building jobs: counts and job ids only, for throughput
+/// benchmarks. Returns (summary, xor of all ids) so the work cannot be skipped.
+pub fn count_with_ids(exp: &Experiment, opts: &PlanOptions) -> Result<(PlanSummary, u64), Diagnostic> {
+    let constants = device_constants(opts.device);
+    let env = expr::environment();
+    let mut summary = PlanSummary { experiment: exp.name.clone(), device: opts.device.name.clone(), strategy: "grid".into(), shapes: exp.shapes.len() as u64, ..Default::default() };
+    let mut acc = 0u64;
+    for method in &exp.methods {
+        let mut counts = MethodCounts { method: method.name.clone(), removed: method.constraints.iter().map(|c| (c.source.clone(), 0)).collect(), ..Default::default() };
+        for shape in &exp.shapes {
+            let space = SpacePlan::new(exp, method, shape, &constants, &env, opts.filter)?;
+            space.walk(&mut counts, &mut |slots| {
+                acc ^= u64::from_le_bytes(space.id_only(slots));
+                (ControlFlow::Continue(()), true)
+            })?;
+        }
+        summary.jobs += counts.jobs;
+        summary.methods.push(counts);
+    }
+    Ok((summary, acc))
+}
