@@ -83,13 +83,14 @@ impl Diagnostic {
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "error: {}", self.message)?;
+        let mut pad = String::from(" ");
         match (self.span, &self.path) {
             (Some(span), _) => {
                 writeln!(f, "  --> {span}")?;
                 if let Some(file) = source(span.file) {
                     if let Some(line) = file.text.lines().nth(span.line.saturating_sub(1)) {
                         let number = span.line.to_string();
-                        let pad = " ".repeat(number.len());
+                        pad = " ".repeat(number.len());
                         writeln!(f, "{pad} |")?;
                         writeln!(f, "{number} | {line}")?;
                         // Columns count characters; tabs are kept so the caret lines up.
@@ -106,7 +107,7 @@ impl fmt::Display for Diagnostic {
             (None, None) => {}
         }
         if let Some(help) = &self.help {
-            writeln!(f, "  = help: {help}")?;
+            writeln!(f, "{pad} = help: {help}")?;
         }
         Ok(())
     }

@@ -122,3 +122,23 @@ def test_compile_is_a_noop_in_the_interpreter_and_compiles_on_gpu():
     problem = Gemm({"M": 64, "N": 64, "K": 64, "dtype": "fp16"})
     compiled = problem.methods()["matmul"].compile(problem, BLOCK16)
     assert compiled is (not INTERPRET)
+
+
+@pytest.mark.skipif(INTERPRET, reason="needs a GPU: the interpreter compiles nothing")
+def test_compile_fills_the_cache_entry_the_launch_uses(device):
+    # compile_only passes dtypes for tensors; if Triton specialised them
+    # differently from real tensors, the first timed-job launch would compile a
+    # second kernel and the compile pool's work would be wasted.
+    from tunelab.kernels import matmul
+
+    config = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 4, "num_warps": 4, "num_stages": 3}
+    problem = Gemm({"M": 96, "N": 80, "K": 48, "dtype": "fp16"})
+    assert problem.methods()["matmul"].compile(problem, config)
+    caches = getattr(matmul.matmul_kernel, "device_caches", None)
+    if caches is None:
+        pytest.skip("this Triton keeps its kernel cache elsewhere")
+    kernels = caches[torch.cuda.current_device()][0]
+    before = len(kernels)
+    _, result = run_method(problem, "matmul", config, device)
+    assert result["passed"], result
+    assert len(kernels) == before, "the launch compiled a kernel that compile() had not"

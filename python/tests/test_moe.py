@@ -24,7 +24,7 @@ TOL = {"fp16": dict(atol=1e-2, rtol=1e-2), "fp32": dict(atol=1e-4, rtol=1e-4)}
 
 
 def shape(**kw):
-    base = {"M": 17, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "fp16"}
+    base = {"M": 13, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "fp16"}
     base.update(kw)
     return base
 
@@ -54,11 +54,6 @@ def test_fused_moe_matches_reference(activation, routing, dtype, device):
     inputs = p.inputs(0, device)
     launch = run_fused(p, inputs, poison_buffers=True)
     assert_close(launch.out, p.reference(inputs), dtype)
-    # A second call into the same (now valid) buffers gives the same answer.
-    first = launch.out.clone()
-    launch.out.fill_(float("nan"))
-    launch()
-    torch.testing.assert_close(launch.out, first, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("M", [1, 3])
@@ -134,6 +129,12 @@ def test_alignment_inside_launch(device):
     launch = run_fused(p, inputs, poison_buffers=True)
     check_alignment(inputs["topk_ids"], p.E, CFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids,
                     launch.num_post)
+    # A second call reuses every buffer (the alignment's cursors included) and
+    # gives the same answer.
+    first = launch.out.clone()
+    launch.out.fill_(float("nan"))
+    launch()
+    torch.testing.assert_close(launch.out, first, atol=0, rtol=0)
 
 
 def test_align_sizes_bounds():

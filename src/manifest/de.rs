@@ -55,7 +55,7 @@ impl de::Error for DeError {
             de::Unexpected::Seq => "a list".to_string(),
             other => other.to_string(),
         };
-        DeError { span: None, message: format!("expected {exp}, found {found}"), help: None }
+        DeError { span: None, message: format!("expected {}, found {found}", plain_expected(&exp.to_string())), help: None }
     }
 
     fn missing_field(field: &'static str) -> Self {
@@ -181,6 +181,17 @@ impl<'de> de::Deserializer<'de> for NodeDe<'de> {
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char
         bytes byte_buf unit unit_struct seq tuple tuple_struct map identifier ignored_any
+    }
+}
+
+/// serde's names for primitive types, in words a manifest author uses.
+fn plain_expected(exp: &str) -> String {
+    match exp {
+        "f64" | "f32" => "a number".into(),
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number (0 or more)".into(),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".into(),
+        "a boolean" | "bool" => "true or false".into(),
+        other => other.to_string(),
     }
 }
 

@@ -200,6 +200,34 @@ fn counts_job_skip(
     (emit(job), true)
 }
 
+fn push_int(buf: &mut Vec<u8>, v: i64) {
+    if v < 0 {
+        buf.push(b'-');
+    }
+    let mut n = v.unsigned_abs();
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[i..]);
+}
+
+fn hex16(bytes: [u8; 8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(16);
+    for b in bytes {
+        out.push(HEX[(b >> 4) as usize] as char);
+        out.push(HEX[(b & 15) as usize] as char);
+    }
+    out
+}
+
 fn reject_all(method: &Method, counts: &MethodCounts) -> Diagnostic {
     let detail: Vec<String> = counts
         .removed
@@ -239,7 +267,10 @@ struct SpacePlan<'a> {
     /// Constraints by the level (number of bound axes) at which they can run: (index in manifest, check).
     by_level: Vec<Vec<(usize, Check<'a>)>>,
     derived: Vec<Check<'a>>,
-    hasher: blake3::Hasher,
+    /// Hash of everything a job id shares within this (shape, method).
+    prefix_digest: [u8; 32],
+    /// `name=` for each space and derived slot, in slot order.
+    keys: Vec<Vec<u8>>,
 }
 
 impl<'a> SpacePlan<'a> {
@@ -312,10 +343,12 @@ impl<'a> SpacePlan<'a> {
         for (k, v) in &method.params {
             hasher.update(format!("{k}={v};").as_bytes());
         }
+        let prefix_digest = *hasher.finalize().as_bytes();
         let device_json = Json::Object(
             constants.iter().filter_map(|(k, v)| k.strip_prefix("device.").map(|f| (f.to_string(), v.to_json()))).collect(),
         );
-        Ok(SpacePlan { method, shape, env, device_json, names, base, first_axis_slot, axes, by_level, derived, hasher })
+        Ok(SpacePlan { method, shape, env, device_json, keys: names[first_axis_slot..].iter().map(|n| format!("{n}=").into_bytes()).collect(),
+            names, base, first_axis_slot, axes, by_level, derived, prefix_digest })
     }
 
     fn eval(&self, check: &Check, slots: &[Val]) -> Result<Val, Diagnostic> {
@@ -405,40 +438,48 @@ impl<'a> SpacePlan<'a> {
         Ok(())
     }
 
+    /// The canonical bytes of a point (space values, then derived values) that
+    /// its job id hashes: `name=value;` for each, values in a fixed text form.
+    fn encode_point(&self, slots: &[Val], buf: &mut Vec<u8>) {
+        use std::io::Write;
+        buf.clear();
+        buf.extend_from_slice(&self.prefix_digest);
+        for (i, key) in self.keys.iter().enumerate() {
+            buf.extend_from_slice(key);
+            match &slots[self.first_axis_slot + i] {
+                // Integers are nearly every value; format them without fmt's machinery.
+                Val::Int(v) => push_int(buf, *v),
+                Val::None => buf.extend_from_slice(b"none"),
+                Val::Bool(b) => buf.extend_from_slice(if *b { b"true" } else { b"false" }),
+                Val::Float(v) => {
+                    let _ = write!(buf, "{v:?}");
+                }
+                Val::Str(v) => {
+                    let _ = write!(buf, "{:?}", &**v);
+                }
+            }
+            buf.push(b';');
+        }
+    }
+
+    fn id_of(&self, slots: &[Val], buf: &mut Vec<u8>) -> [u8; 8] {
+        self.encode_point(slots, buf);
+        let hash = blake3::hash(buf);
+        let mut out = [0u8; 8];
+        out.copy_from_slice(&hash.as_bytes()[..8]);
+        out
+    }
+
     /// Builds the job for a full slot vector. The id hashes problem, shape,
     /// method identity, params, space point and derived values.
     fn job(&self, slots: &[Val], shape_index: usize, baseline: bool) -> Job {
-        let mut hasher = self.hasher.clone();
+        let mut buf = Vec::with_capacity(128);
+        let id = hex16(self.id_of(slots, &mut buf));
         let mut config: IndexMap<String, Json> = self.method.params.clone();
-        let mut text = String::with_capacity(64);
         for (i, name) in self.names.iter().enumerate().skip(self.first_axis_slot) {
-            let value = match &slots[i] {
-                Val::None if i - self.first_axis_slot < self.axes.len() => continue,
-                v => v.to_json(),
-            };
-            text.clear();
-            use std::fmt::Write;
-            let _ = write!(text, "{name}={value};");
-            hasher.update(text.as_bytes());
-            config.insert(name.clone(), value);
+            config.insert(name.clone(), slots[i].to_json());
         }
-        let id = hasher.finalize().to_hex()[..16].to_string();
         Job { id, shape_index, method: self.method.name.clone(), shape: self.shape.clone(), config, baseline }
-    }
-
-    /// Counts only; no job values are materialised. Used by benchmarks.
-    fn id_only(&self, slots: &[Val]) -> [u8; 8] {
-        let mut hasher = self.hasher.clone();
-        let mut text = String::with_capacity(64);
-        for (i, name) in self.names.iter().enumerate().skip(self.first_axis_slot) {
-            use std::fmt::Write;
-            text.clear();
-            let _ = write!(text, "{name}={};", slots[i].to_json());
-            hasher.update(text.as_bytes());
-        }
-        let mut out = [0u8; 8];
-        out.copy_from_slice(&hasher.finalize().as_bytes()[..8]);
-        out
     }
 
     fn baseline_job(&self, shape_index: usize) -> Result<Option<Job>, Diagnostic> {
@@ -477,8 +518,9 @@ pub fn count_with_ids(exp: &Experiment, opts: &PlanOptions) -> Result<(PlanSumma
         let mut counts = MethodCounts { method: method.name.clone(), removed: method.constraints.iter().map(|c| (c.source.clone(), 0)).collect(), ..Default::default() };
         for shape in &exp.shapes {
             let space = SpacePlan::new(exp, method, shape, &constants, &env, opts.filter)?;
+            let mut buf = Vec::with_capacity(128);
             space.walk(&mut counts, &mut |slots| {
-                acc ^= u64::from_le_bytes(space.id_only(slots));
+                acc ^= u64::from_le_bytes(space.id_of(slots, &mut buf));
                 (ControlFlow::Continue(()), true)
             })?;
         }

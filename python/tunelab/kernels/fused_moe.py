@@ -24,6 +24,8 @@ BLOCK_SIZE_N // 2 activated columns, so the separate silu-and-mul pass and its
 """
 
 import dataclasses
+import functools
+import os
 
 import torch
 import triton
@@ -270,6 +272,23 @@ def moe_gemm2_kernel(
     tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tok_mask[:, None] & (offs_n_raw[None, :] < N_OUT))
 
 
+@triton.jit
+def moe_sum_kernel(
+    src_ptr,  # [M * topk, K], rows of one token adjacent
+    out_ptr,  # [M, K]
+    K,
+    TOPK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    m = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < K
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        acc += tl.load(src_ptr + (m * TOPK + j) * K + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * K + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 # ---------------------------------------------------------------------------
 # Host side: sizes, launch arguments, compile, launch.
 
@@ -348,8 +367,11 @@ def make_plan(problem, config: dict) -> MoEPlan:
     )
 
 
+SUM_BLOCK = 1024
+
+
 def _launch_specs(plan: MoEPlan, b: dict):
-    """[(kernel, grid, args, kwargs)] for the three Triton launches.
+    """[(kernel, grid, args, kwargs)] for the four Triton launches.
 
     `b` maps buffer names to tensors, or to torch dtypes for a compile without
     launching (Triton's warmup takes a dtype in place of a tensor). Strides are
@@ -387,14 +409,20 @@ def _launch_specs(plan: MoEPlan, b: dict):
          N, K * N, N, K, K),
         dict(HAS_BIAS=plan.has_bias, EVEN_K=N % bk == 0, PRECISION=precision, **tiles, **launch),
     )
-    return [align, gemm1, gemm2]
+    msum = (
+        moe_sum_kernel,
+        (plan.M, triton.cdiv(K, SUM_BLOCK)),
+        (b["out2"], b["out"], K),
+        dict(TOPK=plan.topk, BLOCK=SUM_BLOCK, num_warps=4),
+    )
+    return [align, gemm1, gemm2, msum]
 
 
 def compile_plan(plan: MoEPlan):
-    """Compile the three kernels into Triton's cache without launching them."""
+    """Compile the four kernels into Triton's cache without launching them."""
     dt = plan.dtype
     b = {
-        "x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "out2": dt,
+        "x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "out2": dt, "out": dt,
         "topk_ids": torch.int32, "sorted_ids": torch.int32, "expert_ids": torch.int32,
         "num_post": torch.int32, "cursor": torch.int32, "topk_weights": torch.float32,
     }
@@ -402,14 +430,32 @@ def compile_plan(plan: MoEPlan):
         kernel.warmup(*args, grid=grid, **kwargs)
 
 
+def _direct_runner(kernel, grid, args, kwargs):
+    """A launcher that skips Triton's per-call argument binding and cache lookup.
+
+    `kernel[grid](...)` re-derives the specialization of every argument on each
+    call (about as long as a decode-size kernel runs); the buffers of a bound
+    launch never change, so look the compiled kernel up once and call it
+    directly. Returns None where that is not possible (the caller then uses the
+    ordinary launch).
+    """
+    compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    if compiled is None:
+        return None
+    names = [p.name for p in kernel.params]
+    full = list(args) + [kwargs[name] for name in names[len(args):]]
+    run = compiled[grid]
+    return lambda: run(*full)
+
+
 class FusedMoELaunch:
     """A bound fused-MoE call: buffers preallocated, `__call__` computes into `out`.
 
     Alignment runs inside every call (vLLM's timed call includes it); only
-    allocation happens here.
+    allocation and kernel lookup happen here.
     """
 
-    def __init__(self, plan: MoEPlan, inputs: dict):
+    def __init__(self, plan: MoEPlan, inputs: dict, direct: bool | None = None):
         self.plan = plan
         x = inputs["x"]
         dev = x.device
@@ -426,15 +472,22 @@ class FusedMoELaunch:
         self.inter = torch.empty(plan.numel, plan.N, dtype=plan.dtype, device=dev)
         self.out2 = torch.empty(plan.numel, plan.K, dtype=plan.dtype, device=dev)
         self.out = torch.empty(plan.M, plan.K, dtype=plan.dtype, device=dev)
-        bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids,
-                    num_post=self.num_post, cursor=self.cursor, inter=self.inter, out2=self.out2)
-        self._specs = [(kernel[grid], args, kwargs) for kernel, grid, args, kwargs in _launch_specs(plan, bufs)]
-        self._out2_view = self.out2.view(plan.M, plan.topk, plan.K)
+        bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids, num_post=self.num_post,
+                    cursor=self.cursor, inter=self.inter, out2=self.out2, out=self.out)
+        specs = _launch_specs(plan, bufs)
+        if direct is None:
+            direct = dev.type == "cuda" and os.environ.get("TUNELAB_MOE_DIRECT_LAUNCH", "1") != "0"
+        self.direct = False
+        if direct:
+            runners = [_direct_runner(*spec) for spec in specs]
+            if all(r is not None for r in runners):
+                self._runners, self.direct = runners, True
+        if not self.direct:
+            self._runners = [functools.partial(kernel[grid], *args, **kwargs) for kernel, grid, args, kwargs in specs]
 
     def __call__(self):
-        for launch, args, kwargs in self._specs:
-            launch(*args, **kwargs)
-        torch.sum(self._out2_view, dim=1, out=self.out)
+        for run in self._runners:
+            run()
         return self.out
 
 
