@@ -12,3 +12,5 @@ pub mod exit;
 pub mod expr;
 pub mod manifest;
 pub mod plan;
+pub mod emit;
+pub mod store;

@@ -444,7 +444,7 @@ def _direct_runner(kernel, grid, args, kwargs):
         return None
     names = [p.name for p in kernel.params]
     full = list(args) + [kwargs[name] for name in names[len(args):]]
-    run = compiled[grid]
+    run = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the compiled runner indexes all three
     return lambda: run(*full)
 
 

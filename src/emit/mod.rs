@@ -1,0 +1,1 @@
+//! Output writers: one per format, all fed from the journal's records.

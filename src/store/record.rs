@@ -1,0 +1,193 @@
+//! What the journal holds: one header per run, one record per finished job,
+//! one record per finalist re-timing. Every output and the report are made
+//! from these records alone (`tunelab report` regenerates them).
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+use crate::device::DeviceInfo;
+use crate::manifest::raw::{OutputFormat, RawProtocol};
+
+/// Why a job has no timing. Failed jobs are never chosen as best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureClass {
+    CompileError,
+    OutOfResources,
+    LaunchError,
+    Mismatch,
+    Nan,
+    Timeout,
+    Crash,
+    /// The worker rejected the request or the problem could not be built.
+    ProblemError,
+}
+
+impl FailureClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::CompileError => "compile_error",
+            FailureClass::OutOfResources => "out_of_resources",
+            FailureClass::LaunchError => "launch_error",
+            FailureClass::Mismatch => "mismatch",
+            FailureClass::Nan => "nan",
+            FailureClass::Timeout => "timeout",
+            FailureClass::Crash => "crash",
+            FailureClass::ProblemError => "problem_error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Failure {
+    pub class: FailureClass,
+    pub message: String,
+}
+
+/// The correctness gate's findings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CheckResult {
+    pub passed: bool,
+    pub max_abs_err: Option<f64>,
+    pub max_rel_err: Option<f64>,
+    pub mismatch_frac: f64,
+    pub nan_count: u64,
+    pub inf_count: u64,
+    pub elements: u64,
+}
+
+/// Timing statistics of one job, in microseconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Stats {
+    pub n: u64,
+    pub median_us: f64,
+    /// 95 % confidence interval of the median (order statistics).
+    pub ci_low_us: f64,
+    pub ci_high_us: f64,
+    pub min_us: f64,
+    pub q1_us: f64,
+    pub q3_us: f64,
+    pub mean_us: f64,
+    /// Coefficient of variation (stddev / mean).
+    pub cv: f64,
+    /// NOISY, OUTLIERS, SLOW_START, DRIFT, THROTTLED, TIMER_LIMITED, CAP_HIT.
+    pub flags: Vec<String>,
+    /// "cuda_event" or "wall" (interpreter: never written as tuned configs).
+    pub timer: String,
+    pub sm_clock_mhz: Option<f64>,
+    /// Sum of the timed samples.
+    pub gpu_ms: f64,
+    /// Wall time spent sampling.
+    pub wall_ms: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Checked and timed.
+    Ok,
+    /// Checked only (`--mode check`).
+    Checked,
+    /// Failed; see `failure`.
+    Failed,
+    /// Timed briefly and dropped by successive halving.
+    Pruned,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobRecord {
+    pub job_id: String,
+    pub method: String,
+    pub kind: String,
+    pub kernel: String,
+    pub shape: IndexMap<String, Json>,
+    pub config: IndexMap<String, Json>,
+    /// This config is the method's baseline (e.g. vLLM's default) for the shape.
+    pub baseline: bool,
+    pub status: JobStatus,
+    pub failure: Option<Failure>,
+    pub check: Option<CheckResult>,
+    pub stats: Option<Stats>,
+    pub flops: Option<f64>,
+    pub bytes: Option<f64>,
+    pub tflops: Option<f64>,
+    pub gbs: Option<f64>,
+    /// max(flops / peak flops, bytes / peak bandwidth) / time, in percent.
+    pub roofline_pct: Option<f64>,
+    pub compile_s: Option<f64>,
+    /// Wall time from the job's start to its record.
+    pub duration_s: f64,
+    pub lane: u32,
+    /// RFC 3339 UTC time the record was written.
+    pub finished_at: String,
+}
+
+/// A finalist re-timed interleaved with the other finalists of its shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FinalRecord {
+    pub job_id: String,
+    pub stats: Stats,
+    /// Finalists whose medians are within the measured noise of the best.
+    pub tied_with_best: bool,
+}
+
+/// Everything about a run that outputs need and that is not in a job record.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunHeader {
+    pub experiment: String,
+    pub description: Option<String>,
+    pub problem: String,
+    /// "gpu" or "interpreter".
+    pub mode: String,
+    /// "tune", "bench" or "check".
+    pub run_mode: String,
+    pub device: DeviceInfo,
+    pub outputs: Vec<OutputSpec>,
+    pub protocol: RawProtocol,
+    pub search: String,
+    pub tolerance: Json,
+    pub fingerprint: Fingerprint,
+    pub started_at: String,
+    pub planned_jobs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OutputSpec {
+    pub format: OutputFormat,
+    pub path: String,
+    pub method: Option<String>,
+    pub legacy_keys: bool,
+}
+
+/// What a result depends on besides the job itself; a change is reported on resume.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Fingerprint {
+    pub tunelab: String,
+    pub git_commit: Option<String>,
+    pub manifest_hash: String,
+    pub gpu: String,
+    pub driver: Option<String>,
+    pub cuda: Option<String>,
+    pub python: Option<String>,
+    pub torch: Option<String>,
+    pub triton: Option<String>,
+}
+
+/// One line of `journal.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Entry {
+    Run(Box<RunHeader>),
+    Job(Box<JobRecord>),
+    Final(FinalRecord),
+}
+
+/// A journal read back: the last header, the latest record per job id, the finals.
+#[derive(Debug, Clone, Default)]
+pub struct Results {
+    pub header: Option<RunHeader>,
+    pub runs: Vec<RunHeader>,
+    pub jobs: Vec<JobRecord>,
+    pub finals: Vec<FinalRecord>,
+}
