@@ -157,7 +157,7 @@ pub struct RawToleranceOverride {
 }
 
 /// How every job is timed. Defaults follow DESIGN.md's measurement protocol.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawProtocol {
     #[serde(default = "d_warmup_launches")]
