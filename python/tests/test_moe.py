@@ -84,6 +84,23 @@ def test_fused_moe_topk1_and_all_experts(device):
     assert_close(run_fused(p, inputs, cfg).out, p.reference(inputs), "fp32")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launch is GPU-only")
+def test_direct_and_ordinary_launch_agree(device):
+    from tunelab.kernels.fused_moe import FusedMoELaunch, make_plan
+
+    p = FusedMoE(shape(M=21, activation="swiglu_oai"))
+    inputs = p.inputs(9, device)
+    plan = make_plan(p, CFG)
+    outs = []
+    for direct in (True, False):
+        launch = FusedMoELaunch(plan, inputs, direct=direct)
+        assert launch.direct == direct
+        launch.out.fill_(float("nan"))
+        launch()
+        outs.append(launch.out.clone())
+    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+
+
 def check_alignment(topk_ids, num_experts, bm, sorted_ids, expert_ids, num_post):
     ids = topk_ids.reshape(-1).long().cpu()
     numel = ids.numel()
@@ -129,6 +146,7 @@ def test_alignment_inside_launch(device):
     launch = run_fused(p, inputs, poison_buffers=True)
     check_alignment(inputs["topk_ids"], p.E, CFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids,
                     launch.num_post)
+    assert launch.direct == (torch.device(device).type == "cuda")
     # A second call reuses every buffer (the alignment's cursors included) and
     # gives the same answer.
     first = launch.out.clone()
