@@ -49,7 +49,11 @@ fn main() {
     let dev = device::profile("h100").unwrap();
     let exp = manifest::load(&path, &[], &dev).unwrap_or_else(|d| panic!("{d}"));
     let filter = Filter::default();
-    let opts = PlanOptions { device: &dev, filter: &filter, mode: Mode::Gpu };
+    let opts = PlanOptions {
+        device: &dev,
+        filter: &filter,
+        mode: Mode::Gpu,
+    };
 
     // Counts and job ids only: the planner's own cost.
     let start = Instant::now();
@@ -60,7 +64,10 @@ fn main() {
     for (c, n) in &m.removed {
         println!("removed by `{c}`: {n}");
     }
-    println!("valid jobs (with ids):   {}  (id checksum {checksum:016x})", m.valid);
+    println!(
+        "valid jobs (with ids):   {}  (id checksum {checksum:016x})",
+        m.valid
+    );
     println!("points/s:                {:.0}", m.points as f64 / secs);
     println!("jobs with ids/s:         {:.0}", m.valid as f64 / secs);
     println!("wall:                    {secs:.2} s");
@@ -74,7 +81,10 @@ fn main() {
     })
     .unwrap();
     let secs = start.elapsed().as_secs_f64();
-    println!("streamed Job values/s:   {:.0}  ({n} jobs in {secs:.2} s)", n as f64 / secs);
+    println!(
+        "streamed Job values/s:   {:.0}  ({n} jobs in {secs:.2} s)",
+        n as f64 / secs
+    );
     println!("peak RSS:                {:.1} MB", peak_rss_mb());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -45,7 +45,9 @@ pub enum Command {
         manifest: ManifestArgs,
     },
     /// Expand a manifest into jobs and print counts per method (or the jobs).
-    #[command(after_help = "Examples:\n  tunelab plan experiments/gptoss.yaml\n  tunelab plan experiments/gptoss.yaml --only E=32,N=2880 --json\n  tunelab plan experiments/quickstart.yaml --jobs | head")]
+    #[command(
+        after_help = "Examples:\n  tunelab plan experiments/gptoss.yaml\n  tunelab plan experiments/gptoss.yaml --only E=32,N=2880 --json\n  tunelab plan experiments/quickstart.yaml --jobs | head"
+    )]
     Plan {
         manifest: PathBuf,
         #[command(flatten)]
@@ -60,10 +62,51 @@ pub enum Command {
         #[arg(long)]
         interpret: bool,
     },
+    /// Run an experiment: compile, check, time and record every job, then write outputs.
+    #[command(
+        after_help = "Examples:\n  tunelab run experiments/quickstart.yaml\n  tunelab run experiments/gptoss.yaml --only E=32,N=2880\n  tunelab run experiments/gptoss.yaml --mode bench --use-best results/gptoss/NVIDIA_H100_80GB_HBM3\n\nRunning again resumes: finished jobs are skipped."
+    )]
+    Run {
+        manifest: PathBuf,
+        #[command(flatten)]
+        manifest_args: ManifestArgs,
+        /// tune (search the space), bench (each method at its baseline or best config), check (correctness only).
+        #[arg(long, value_enum, default_value = "tune")]
+        mode: ModeArg,
+        /// Re-run the best configs recorded in this results directory (plus baselines).
+        #[arg(long, value_name = "RESULTS_DIR")]
+        use_best: Option<PathBuf>,
+        /// Run Triton's interpreter on the CPU even if a GPU is present [settings: interpret].
+        #[arg(long)]
+        interpret: bool,
+        /// CPU compile workers (0 = one per core, at most 16) [settings: compile_workers].
+        #[arg(long, value_name = "N")]
+        compile_workers: Option<usize>,
+        /// No progress line.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Regenerate every output and the report of a results directory from its journal.
+    #[command(after_help = "Example:\n  tunelab report results/quickstart/NVIDIA_H100_80GB_HBM3")]
+    Report { results: PathBuf },
+    /// List the GPUs tunelab can see, with the facts it uses.
+    Devices {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the Python, torch, Triton and GPU setup, and say how to fix what is missing.
+    Doctor,
     /// Print the manifest JSON schema.
     Schema,
     /// Print the effective settings and where each came from.
     Config,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    Tune,
+    Bench,
+    Check,
 }
 
 #[derive(Debug, Args, Clone, Default)]

@@ -53,13 +53,18 @@ pub struct Layered {
     pub settings: Settings,
 }
 
-pub fn load(config_file: Option<&PathBuf>, flags: &FlagSettings) -> Result<Layered, figment::Error> {
-    let file = config_file.cloned().unwrap_or_else(|| PathBuf::from("tunelab.toml"));
+pub fn load(
+    config_file: Option<&PathBuf>,
+    flags: &FlagSettings,
+) -> Result<Layered, Box<figment::Error>> {
+    let file = config_file
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from("tunelab.toml"));
     let figment = Figment::from(Serialized::defaults(Settings::default()))
         .merge(Toml::file(file))
         .merge(Env::prefixed("TUNELAB_"))
         .merge(Serialized::globals(flags));
-    let settings = figment.extract()?;
+    let settings = figment.extract().map_err(Box::new)?;
     Ok(Layered { figment, settings })
 }
 
@@ -77,7 +82,9 @@ impl Layered {
                     },
                     None => "default".into(),
                 };
-                let origin = origin.replace("Serialized::defaults", "built-in default").replace("Serialized::globals", "command-line flag");
+                let origin = origin
+                    .replace("Serialized::defaults", "built-in default")
+                    .replace("Serialized::globals", "command-line flag");
                 let shown = match v {
                     serde_json::Value::String(s) => s.clone(),
                     other => other.to_string(),

@@ -27,12 +27,19 @@ fn registry() -> &'static Mutex<Vec<Arc<SourceFile>>> {
 /// Registers a file's text so diagnostics can quote it later.
 pub fn add_source(path: &Path, text: String) -> FileId {
     let mut files = registry().lock().expect("source registry poisoned");
-    files.push(Arc::new(SourceFile { path: path.to_path_buf(), text }));
+    files.push(Arc::new(SourceFile {
+        path: path.to_path_buf(),
+        text,
+    }));
     FileId((files.len() - 1) as u32)
 }
 
 pub fn source(id: FileId) -> Option<Arc<SourceFile>> {
-    registry().lock().expect("source registry poisoned").get(id.0 as usize).cloned()
+    registry()
+        .lock()
+        .expect("source registry poisoned")
+        .get(id.0 as usize)
+        .cloned()
 }
 
 /// A position in a registered file: 1-based line and column.
@@ -45,7 +52,9 @@ pub struct Span {
 
 impl Span {
     pub fn path(&self) -> PathBuf {
-        source(self.file).map(|f| f.path.clone()).unwrap_or_default()
+        source(self.file)
+            .map(|f| f.path.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -67,11 +76,21 @@ pub struct Diagnostic {
 
 impl Diagnostic {
     pub fn at(span: Span, message: impl Into<String>) -> Self {
-        Diagnostic { span: Some(span), path: None, message: message.into(), help: None }
+        Diagnostic {
+            span: Some(span),
+            path: None,
+            message: message.into(),
+            help: None,
+        }
     }
 
     pub fn in_file(path: &Path, message: impl Into<String>) -> Self {
-        Diagnostic { span: None, path: Some(path.to_path_buf()), message: message.into(), help: None }
+        Diagnostic {
+            span: None,
+            path: Some(path.to_path_buf()),
+            message: message.into(),
+            help: None,
+        }
     }
 
     pub fn help(mut self, help: impl Into<String>) -> Self {
@@ -140,7 +159,10 @@ impl From<Diagnostic> for Diagnostics {
 }
 
 /// "did you mean" for a misspelt name: the closest candidate, if close enough.
-pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub fn did_you_mean<'a>(
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     candidates
         .into_iter()
         .map(|c| (strsim::jaro_winkler(name, c), c))

@@ -43,7 +43,9 @@ impl Val {
             Val::None => Json::Null,
             Val::Bool(b) => Json::Bool(*b),
             Val::Int(i) => Json::from(*i),
-            Val::Float(f) => serde_json::Number::from_f64(*f).map(Json::Number).unwrap_or(Json::Null),
+            Val::Float(f) => serde_json::Number::from_f64(*f)
+                .map(Json::Number)
+                .unwrap_or(Json::Null),
             Val::Str(s) => Json::String(s.to_string()),
         }
     }
@@ -79,24 +81,36 @@ pub fn environment() -> Environment<'static> {
     env.add_function("max", |args: minijinja::value::Rest<minijinja::Value>| -> Result<minijinja::Value, minijinja::Error> {
         fold_numbers(&args, |a, b| if b > a { b } else { a })
     });
-    env.add_function("abs", |x: minijinja::Value| -> Result<minijinja::Value, minijinja::Error> {
-        match i64::try_from(x.clone()) {
-            Ok(i) if x.is_integer() => Ok(minijinja::Value::from(i.abs())),
-            _ => Ok(minijinja::Value::from(f64::try_from(x)?.abs())),
-        }
-    });
-    env.add_function("ceil_div", |a: i64, b: i64| -> Result<i64, minijinja::Error> {
-        if b == 0 {
-            return Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "ceil_div by zero"));
-        }
-        Ok((a + b - 1).div_euclid(b))
-    });
+    env.add_function(
+        "abs",
+        |x: minijinja::Value| -> Result<minijinja::Value, minijinja::Error> {
+            match i64::try_from(x.clone()) {
+                Ok(i) if x.is_integer() => Ok(minijinja::Value::from(i.abs())),
+                _ => Ok(minijinja::Value::from(f64::try_from(x)?.abs())),
+            }
+        },
+    );
+    env.add_function(
+        "ceil_div",
+        |a: i64, b: i64| -> Result<i64, minijinja::Error> {
+            if b == 0 {
+                return Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    "ceil_div by zero",
+                ));
+            }
+            Ok((a + b - 1).div_euclid(b))
+        },
+    );
     env.add_function("log2", |x: f64| x.log2());
     env.add_function("is_pow2", |x: i64| x > 0 && (x & (x - 1)) == 0);
     env
 }
 
-fn fold_numbers(args: &[minijinja::Value], pick: fn(f64, f64) -> f64) -> Result<minijinja::Value, minijinja::Error> {
+fn fold_numbers(
+    args: &[minijinja::Value],
+    pick: fn(f64, f64) -> f64,
+) -> Result<minijinja::Value, minijinja::Error> {
     let mut best: Option<(f64, minijinja::Value)> = None;
     for a in args {
         let x = f64::try_from(a.clone())?;
@@ -111,18 +125,29 @@ fn fold_numbers(args: &[minijinja::Value], pick: fn(f64, f64) -> f64) -> Result<
             }
         });
     }
-    best.map(|(_, v)| v)
-        .ok_or_else(|| minijinja::Error::new(minijinja::ErrorKind::MissingArgument, "min/max need at least one value"))
+    best.map(|(_, v)| v).ok_or_else(|| {
+        minijinja::Error::new(
+            minijinja::ErrorKind::MissingArgument,
+            "min/max need at least one value",
+        )
+    })
 }
 
 /// Variables an expression reads, as minijinja sees them (`device.x` kept whole).
-pub fn variables(env: &Environment<'static>, source: &str) -> Result<HashSet<String>, minijinja::Error> {
+pub fn variables(
+    env: &Environment<'static>,
+    source: &str,
+) -> Result<HashSet<String>, minijinja::Error> {
     let expr = env.compile_expression(source)?;
     Ok(expr.undeclared_variables(true))
 }
 
 /// Evaluates with minijinja: the reference semantics.
-pub fn eval_reference(env: &Environment<'static>, source: &str, ctx: &serde_json::Map<String, Json>) -> Result<Val, String> {
+pub fn eval_reference(
+    env: &Environment<'static>,
+    source: &str,
+    ctx: &serde_json::Map<String, Json>,
+) -> Result<Val, String> {
     let expr = env.compile_expression(source).map_err(|e| e.to_string())?;
     let value = expr.eval(ctx).map_err(|e| e.to_string())?;
     let json = serde_json::to_value(&value).map_err(|e| e.to_string())?;
@@ -155,7 +180,11 @@ pub struct Scope<'a> {
 /// outside the subset (the caller then evaluates with minijinja).
 pub fn compile_fast(source: &str, scope: &Scope) -> Option<Compiled> {
     let tokens = tokenize(source)?;
-    let mut p = Parser { tokens, pos: 0, scope };
+    let mut p = Parser {
+        tokens,
+        pos: 0,
+        scope,
+    };
     let eval = p.expr()?;
     if p.pos != p.tokens.len() {
         return None;
@@ -173,8 +202,10 @@ enum Tok {
 }
 
 fn tokenize(s: &str) -> Option<Vec<Tok>> {
-    const OPS: [&str; 20] =
-        ["**", "//", "==", "!=", "<=", ">=", "(", ")", ",", ".", "+", "-", "*", "/", "%", "<", ">", "~", "[", "]"];
+    const OPS: [&str; 20] = [
+        "**", "//", "==", "!=", "<=", ">=", "(", ")", ",", ".", "+", "-", "*", "/", "%", "<", ">",
+        "~", "[", "]",
+    ];
     let bytes = s.as_bytes();
     let mut i = 0;
     let mut out = Vec::new();
@@ -206,7 +237,11 @@ fn tokenize(s: &str) -> Option<Vec<Tok>> {
                 }
             }
             let text = s[start..i].replace('_', "");
-            out.push(if is_float { Tok::Float(text.parse().ok()?) } else { Tok::Int(text.parse().ok()?) });
+            out.push(if is_float {
+                Tok::Float(text.parse().ok()?)
+            } else {
+                Tok::Int(text.parse().ok()?)
+            });
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
             while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
@@ -264,8 +299,18 @@ impl Parser<'_, '_> {
             return Some(then);
         }
         let cond = self.or()?;
-        let otherwise: Eval = if self.eat_name("else") { self.expr()? } else { Box::new(|_| Ok(Val::None)) };
-        Some(Box::new(move |s| if cond(s)?.truthy() { then(s) } else { otherwise(s) }))
+        let otherwise: Eval = if self.eat_name("else") {
+            self.expr()?
+        } else {
+            Box::new(|_| Ok(Val::None))
+        };
+        Some(Box::new(move |s| {
+            if cond(s)?.truthy() {
+                then(s)
+            } else {
+                otherwise(s)
+            }
+        }))
     }
 
     fn or(&mut self) -> Option<Eval> {
@@ -314,7 +359,10 @@ impl Parser<'_, '_> {
             if self.eat_op(op) {
                 let right = self.additive()?;
                 // Chained comparisons mean something else in Jinja; leave them to minijinja.
-                if ["==", "!=", "<=", ">=", "<", ">"].iter().any(|o| matches!(self.peek(), Some(Tok::Op(p)) if p == o)) {
+                if ["==", "!=", "<=", ">=", "<", ">"]
+                    .iter()
+                    .any(|o| matches!(self.peek(), Some(Tok::Op(p)) if p == o))
+                {
                     return None;
                 }
                 return Some(Box::new(move |s| compare(op, &left(s)?, &right(s)?)));
@@ -396,7 +444,9 @@ impl Parser<'_, '_> {
                 "none" | "None" => Box::new(|_| Ok(Val::None)),
                 _ if self.eat_op("(") => self.call(&name)?,
                 _ if self.eat_op(".") => {
-                    let Some(Tok::Name(attr)) = self.peek().cloned() else { return None };
+                    let Some(Tok::Name(attr)) = self.peek().cloned() else {
+                        return None;
+                    };
                     self.pos += 1;
                     let v = self.scope.constants.get(&format!("{name}.{attr}"))?.clone();
                     Box::new(move |_| Ok(v.clone()))
@@ -444,7 +494,11 @@ impl Parser<'_, '_> {
                 (Val::Int(a), Val::Int(b)) => Ok(Val::Int((a + b - 1).div_euclid(b))),
                 _ => Err("ceil_div takes integers".to_string()),
             }),
-            ("log2", 1) => Box::new(move |s| Ok(Val::Float(args[0](s)?.num().ok_or("log2 of a non-number")?.log2()))),
+            ("log2", 1) => Box::new(move |s| {
+                Ok(Val::Float(
+                    args[0](s)?.num().ok_or("log2 of a non-number")?.log2(),
+                ))
+            }),
             ("is_pow2", 1) => Box::new(move |s| match args[0](s)? {
                 Val::Int(x) => Ok(Val::Bool(x > 0 && (x & (x - 1)) == 0)),
                 _ => Err("is_pow2 takes an integer".to_string()),
@@ -507,7 +561,11 @@ fn arith(op: &str, a: &Val, b: &Val) -> Result<Val, String> {
             "//" | "%" if y == 0 => Err("division by zero".into()),
             "//" => Ok(Val::Int(x.div_euclid(y))),
             "%" => Ok(Val::Int(x.rem_euclid(y))),
-            "**" if y >= 0 => u32::try_from(y).ok().and_then(|y| x.checked_pow(y)).map(Val::Int).ok_or_else(overflow),
+            "**" if y >= 0 => u32::try_from(y)
+                .ok()
+                .and_then(|y| x.checked_pow(y))
+                .map(Val::Int)
+                .ok_or_else(overflow),
             "**" => Ok(Val::Float((x as f64).powf(y as f64))),
             _ => unreachable!("unknown operator {op}"),
         };
@@ -544,19 +602,34 @@ mod tests {
         let mut constants = HashMap::new();
         constants.insert("device.smem_bytes".to_string(), Val::Int(232448));
         ctx.insert("device".into(), serde_json::json!({"smem_bytes": 232448}));
-        let fast = compile_fast(source, &Scope { slots: &slots, constants: &constants })
-            .unwrap_or_else(|| panic!("`{source}` should compile on the fast path"));
+        let fast = compile_fast(
+            source,
+            &Scope {
+                slots: &slots,
+                constants: &constants,
+            },
+        )
+        .unwrap_or_else(|| panic!("`{source}` should compile on the fast path"));
         let got = fast.eval(&values).unwrap();
         let want = eval_reference(&env, source, &ctx).unwrap();
         match (&got, &want) {
-            (Val::Float(a), Val::Float(b)) => assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{source}: {got:?} vs {want:?}"),
+            (Val::Float(a), Val::Float(b)) => assert!(
+                (a - b).abs() <= 1e-12 * b.abs().max(1.0),
+                "{source}: {got:?} vs {want:?}"
+            ),
             _ => assert_eq!(got, want, "{source}"),
         }
     }
 
     #[test]
     fn fast_path_agrees_with_minijinja() {
-        let vars = [("M", Json::from(48)), ("N", Json::from(128)), ("K", Json::from(64)), ("s", Json::from(3)), ("x", Json::from(2.5))];
+        let vars = [
+            ("M", Json::from(48)),
+            ("N", Json::from(128)),
+            ("K", Json::from(64)),
+            ("s", Json::from(3)),
+            ("x", Json::from(2.5)),
+        ];
         for source in [
             "(M + N) * K * 2 * s <= device.smem_bytes",
             "M // 16 + N % 7 - K / 3",
@@ -579,7 +652,10 @@ mod tests {
     fn unsupported_syntax_falls_back() {
         let slots = HashMap::from([("M".to_string(), 0)]);
         let constants = HashMap::new();
-        let scope = Scope { slots: &slots, constants: &constants };
+        let scope = Scope {
+            slots: &slots,
+            constants: &constants,
+        };
         assert!(compile_fast("M | abs", &scope).is_none());
         assert!(compile_fast("M in [1, 2]", &scope).is_none());
         assert!(compile_fast("1 < M < 3", &scope).is_none());
@@ -590,7 +666,14 @@ mod tests {
     fn runtime_errors_are_reported_not_panics() {
         let slots = HashMap::from([("M".to_string(), 0)]);
         let constants = HashMap::new();
-        let f = compile_fast("10 // M", &Scope { slots: &slots, constants: &constants }).unwrap();
+        let f = compile_fast(
+            "10 // M",
+            &Scope {
+                slots: &slots,
+                constants: &constants,
+            },
+        )
+        .unwrap();
         assert_eq!(f.eval(&[Val::Int(0)]).unwrap_err(), "division by zero");
     }
 }

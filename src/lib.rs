@@ -4,13 +4,16 @@
 //! manifest (YAML with spans) -> model (validated) -> plan (jobs) -> schedule
 //! -> backends -> journal -> outputs and report.
 
+pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod device;
 pub mod diag;
+pub mod emit;
 pub mod exit;
 pub mod expr;
 pub mod manifest;
+pub mod measure;
 pub mod plan;
-pub mod emit;
+pub mod schedule;
 pub mod store;

@@ -18,9 +18,21 @@ fn validate_fails(file: &str) -> String {
         .env_remove("TUNELAB_PYTHON")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{file}: expected exit code 2, stderr:\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.stdout.is_empty(), "{file}: nothing should be printed on stdout");
-    assert_eq!(std::fs::read_dir(results.path()).unwrap().count(), 0, "{file}: nothing may be written");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{file}: expected exit code 2, stderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{file}: nothing should be printed on stdout"
+    );
+    assert_eq!(
+        std::fs::read_dir(results.path()).unwrap().count(),
+        0,
+        "{file}: nothing may be written"
+    );
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.starts_with("error: "), "{file}: {stderr}");
     stderr
@@ -31,38 +43,103 @@ macro_rules! bad_input {
         #[test]
         fn $name() {
             let stderr = validate_fails($file);
-            assert!(stderr.contains($place), "{}: expected location {} in:\n{stderr}", $file, $place);
+            assert!(
+                stderr.contains($place),
+                "{}: expected location {} in:\n{stderr}",
+                $file,
+                $place
+            );
             insta::assert_snapshot!(stringify!($name), stderr);
         }
     };
 }
 
-bad_input!(yaml_syntax_error, "yaml_syntax.yaml", "yaml_syntax.yaml:5:1");
-bad_input!(unknown_key_suggests_the_right_one, "unknown_key.yaml", "unknown_key.yaml:9:5");
-bad_input!(wrong_type_says_what_was_expected, "wrong_type.yaml", "wrong_type.yaml:8:16");
+bad_input!(
+    yaml_syntax_error,
+    "yaml_syntax.yaml",
+    "yaml_syntax.yaml:5:1"
+);
+bad_input!(
+    unknown_key_suggests_the_right_one,
+    "unknown_key.yaml",
+    "unknown_key.yaml:9:5"
+);
+bad_input!(
+    wrong_type_says_what_was_expected,
+    "wrong_type.yaml",
+    "wrong_type.yaml:8:16"
+);
 bad_input!(empty_axis, "empty_axis.yaml", "empty_axis.yaml:6:8");
-bad_input!(constraints_rejecting_everything_are_counted, "rejects_all.yaml", "rejects_all.yaml:14:7");
-bad_input!(expression_syntax_error, "expr_syntax.yaml", "expr_syntax.yaml:11:9");
-bad_input!(expression_unknown_variable, "expr_unknown_var.yaml", "expr_unknown_var.yaml:11:9");
+bad_input!(
+    constraints_rejecting_everything_are_counted,
+    "rejects_all.yaml",
+    "rejects_all.yaml:14:7"
+);
+bad_input!(
+    expression_syntax_error,
+    "expr_syntax.yaml",
+    "expr_syntax.yaml:11:9"
+);
+bad_input!(
+    expression_unknown_variable,
+    "expr_unknown_var.yaml",
+    "expr_unknown_var.yaml:11:9"
+);
 bad_input!(include_cycle, "cycle_a.yaml", "cycle_c.yaml:1:10");
-bad_input!(missing_include_file, "missing_include.yaml", "missing_include.yaml:4:12");
-bad_input!(missing_csv_file, "missing_csv.yaml", "missing_csv.yaml:4:15");
-bad_input!(csv_missing_column, "csv_missing_column.yaml", "csv_missing_column.yaml:6:56");
-bad_input!(csv_non_numeric_value_names_row_and_column, "csv_not_numeric.yaml", "bad_value.csv:3:9");
-bad_input!(duplicate_method_name, "duplicate_method.yaml", "duplicate_method.yaml:8:3");
-bad_input!(output_path_escaping_results, "output_escape.yaml", "output_escape.yaml:8:28");
-bad_input!(unknown_enum_value_suggests, "unknown_value.yaml", "unknown_value.yaml:7:20");
+bad_input!(
+    missing_include_file,
+    "missing_include.yaml",
+    "missing_include.yaml:4:12"
+);
+bad_input!(
+    missing_csv_file,
+    "missing_csv.yaml",
+    "missing_csv.yaml:4:15"
+);
+bad_input!(
+    csv_missing_column,
+    "csv_missing_column.yaml",
+    "csv_missing_column.yaml:6:56"
+);
+bad_input!(
+    csv_non_numeric_value_names_row_and_column,
+    "csv_not_numeric.yaml",
+    "bad_value.csv:3:9"
+);
+bad_input!(
+    duplicate_method_name,
+    "duplicate_method.yaml",
+    "duplicate_method.yaml:8:3"
+);
+bad_input!(
+    output_path_escaping_results,
+    "output_escape.yaml",
+    "output_escape.yaml:8:28"
+);
+bad_input!(
+    unknown_enum_value_suggests,
+    "unknown_value.yaml",
+    "unknown_value.yaml:7:20"
+);
 
 #[test]
 fn bad_set_override_is_an_input_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/experiments"))
-        .args(["validate", "quickstart.yaml", "--set", "protocol.min_samples=lots"])
+        .args([
+            "validate",
+            "quickstart.yaml",
+            "--set",
+            "protocol.min_samples=lots",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.contains("--set protocol.min_samples=lots:1:1"), "{stderr}");
+    assert!(
+        stderr.contains("--set protocol.min_samples=lots:1:1"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -74,5 +151,8 @@ fn unknown_only_key_is_an_input_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.contains("unknown filter key `EE`") && stderr.contains("did you mean `E`?"), "{stderr}");
+    assert!(
+        stderr.contains("unknown filter key `EE`") && stderr.contains("did you mean `E`?"),
+        "{stderr}"
+    );
 }

@@ -17,17 +17,26 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 fn load(path: &Path, overrides: &[&str]) -> Experiment {
     let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    manifest::load(path, &overrides, &device::profile("h100").unwrap()).unwrap_or_else(|d| panic!("{d}"))
+    manifest::load(path, &overrides, &device::profile("h100").unwrap())
+        .unwrap_or_else(|d| panic!("{d}"))
 }
 
 fn plan_all(exp: &Experiment, only: &str, mode: Mode) -> (PlanSummary, Vec<Job>) {
     let dev = device::profile("h100").unwrap();
     let filter = Filter::parse(only).unwrap();
     let mut jobs = Vec::new();
-    let summary = plan::plan(exp, &PlanOptions { device: &dev, filter: &filter, mode }, &mut |j| {
-        jobs.push(j);
-        ControlFlow::Continue(())
-    })
+    let summary = plan::plan(
+        exp,
+        &PlanOptions {
+            device: &dev,
+            filter: &filter,
+            mode,
+        },
+        &mut |j| {
+            jobs.push(j);
+            ControlFlow::Continue(())
+        },
+    )
     .unwrap_or_else(|d| panic!("{d}"));
     (summary, jobs)
 }
@@ -84,26 +93,45 @@ fn pruned_counts_match_brute_force() {
     let (a, b) = (brute_force(16), brute_force(64));
     assert_eq!(m.space_points, 60);
     assert_eq!(m.points, 120);
-    assert_eq!(m.removed.iter().map(|r| r.1).collect::<Vec<_>>(), vec![a.0 + b.0, a.1 + b.1, a.2 + b.2]);
+    assert_eq!(
+        m.removed.iter().map(|r| r.1).collect::<Vec<_>>(),
+        vec![a.0 + b.0, a.1 + b.1, a.2 + b.2]
+    );
     assert_eq!(m.valid, a.3 + b.3);
     assert_eq!(jobs.len() as u64, a.3 + b.3);
     // Derived values travel in the config.
     let j = &jobs[0];
-    assert_eq!(j.config["AB"], serde_json::json!(j.config["A"].as_i64().unwrap() * j.config["B"].as_i64().unwrap()));
+    assert_eq!(
+        j.config["AB"],
+        serde_json::json!(j.config["A"].as_i64().unwrap() * j.config["B"].as_i64().unwrap())
+    );
 }
 
 #[test]
 fn job_ids_are_stable_and_depend_only_on_the_job() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "m.yaml", SPACE);
-    let ids = |overrides: &[&str]| -> Vec<String> { plan_all(&load(&path, overrides), "", Mode::Gpu).1.into_iter().map(|j| j.id).collect() };
+    let ids = |overrides: &[&str]| -> Vec<String> {
+        plan_all(&load(&path, overrides), "", Mode::Gpu)
+            .1
+            .into_iter()
+            .map(|j| j.id)
+            .collect()
+    };
     let first = ids(&[]);
     assert_eq!(first, ids(&[]), "same manifest, same ids");
     let unique: std::collections::HashSet<_> = first.iter().collect();
     assert_eq!(unique.len(), first.len(), "ids are unique");
-    assert_eq!(first, ids(&["tolerance.atol=0.5", "protocol.min_samples=40"]), "tolerance and protocol are not part of a job");
+    assert_eq!(
+        first,
+        ids(&["tolerance.atol=0.5", "protocol.min_samples=40"]),
+        "tolerance and protocol are not part of a job"
+    );
     let changed = ids(&["shapes.fixed.K=128"]);
-    assert!(changed.iter().all(|id| !first.contains(id)), "another shape means other jobs");
+    assert!(
+        changed.iter().all(|id| !first.contains(id)),
+        "another shape means other jobs"
+    );
 }
 
 #[test]
@@ -123,12 +151,42 @@ fn only_filters_shapes_methods_and_params() {
 fn random_search_draws_budget_configs_reproducibly() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "m.yaml", SPACE);
-    let a = plan_all(&load(&path, &["search.strategy=random", "search.budget=5", "search.seed=3"]), "", Mode::Gpu).1;
-    let b = plan_all(&load(&path, &["search.strategy=random", "search.budget=5", "search.seed=3"]), "", Mode::Gpu).1;
-    let c = plan_all(&load(&path, &["search.strategy=random", "search.budget=5", "search.seed=4"]), "", Mode::Gpu).1;
+    let a = plan_all(
+        &load(
+            &path,
+            &["search.strategy=random", "search.budget=5", "search.seed=3"],
+        ),
+        "",
+        Mode::Gpu,
+    )
+    .1;
+    let b = plan_all(
+        &load(
+            &path,
+            &["search.strategy=random", "search.budget=5", "search.seed=3"],
+        ),
+        "",
+        Mode::Gpu,
+    )
+    .1;
+    let c = plan_all(
+        &load(
+            &path,
+            &["search.strategy=random", "search.budget=5", "search.seed=4"],
+        ),
+        "",
+        Mode::Gpu,
+    )
+    .1;
     assert_eq!(a.len(), 10, "5 per shape");
-    assert_eq!(a.iter().map(|j| &j.id).collect::<Vec<_>>(), b.iter().map(|j| &j.id).collect::<Vec<_>>());
-    assert_ne!(a.iter().map(|j| &j.id).collect::<Vec<_>>(), c.iter().map(|j| &j.id).collect::<Vec<_>>());
+    assert_eq!(
+        a.iter().map(|j| &j.id).collect::<Vec<_>>(),
+        b.iter().map(|j| &j.id).collect::<Vec<_>>()
+    );
+    assert_ne!(
+        a.iter().map(|j| &j.id).collect::<Vec<_>>(),
+        c.iter().map(|j| &j.id).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -139,32 +197,64 @@ fn baseline_is_emitted_first_and_not_twice() {
     let (summary, jobs) = plan_all(&exp, "M=64", Mode::Gpu);
     assert!(jobs[0].baseline);
     assert_eq!(jobs[0].config["B"], 3);
-    assert_eq!(jobs.iter().filter(|j| j.id == jobs[0].id).count(), 1, "the grid copy of the baseline is skipped");
+    assert_eq!(
+        jobs.iter().filter(|j| j.id == jobs[0].id).count(),
+        1,
+        "the grid copy of the baseline is skipped"
+    );
     assert_eq!(summary.methods[0].jobs, summary.methods[0].valid);
 }
 
 #[test]
 fn vllm_default_baseline_follows_vllm_rules() {
-    let exp = load(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/experiments/gptoss.yaml")), &[]);
+    let exp = load(
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/experiments/gptoss.yaml"
+        )),
+        &[],
+    );
     let (_, jobs) = plan_all(&exp, "method=triton,E=128,N=2880", Mode::Gpu);
-    let base = |m: i64| jobs.iter().find(|j| j.baseline && j.shape["M"] == m).unwrap().config.clone();
+    let base = |m: i64| {
+        jobs.iter()
+            .find(|j| j.baseline && j.shape["M"] == m)
+            .unwrap()
+            .config
+            .clone()
+    };
     let cfg = |m| {
         let c = base(m);
-        ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"].map(|k| c[k].as_i64().unwrap())
+        [
+            "BLOCK_SIZE_M",
+            "BLOCK_SIZE_N",
+            "BLOCK_SIZE_K",
+            "GROUP_SIZE_M",
+            "num_warps",
+            "num_stages",
+        ]
+        .map(|k| c[k].as_i64().unwrap())
     };
     assert_eq!(cfg(1), [16, 64, 128, 1, 4, 4]);
     assert_eq!(cfg(64), [32, 64, 128, 1, 4, 3]);
     assert_eq!(cfg(256), [64, 128, 64, 1, 8, 3]);
     assert_eq!(cfg(4096), [128, 128, 64, 1, 8, 3]);
     let (_, jobs) = plan_all(&exp, "method=triton,E=32,N=2880,M=4096", Mode::Gpu);
-    assert_eq!(jobs.iter().find(|j| j.baseline).unwrap().config["GROUP_SIZE_M"], 1, "4096 // 32 = 128 is not > 128");
+    assert_eq!(
+        jobs.iter().find(|j| j.baseline).unwrap().config["GROUP_SIZE_M"],
+        1,
+        "4096 // 32 = 128 is not > 128"
+    );
 }
 
 #[test]
 fn extends_and_include_merge_with_later_winning() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "base.yaml", "experiment: base\nproblem: gemm\nshapes: {list: [{M: 1, N: 2, K: 3}]}\nmethods:\n  t: {include: space.yaml}\nprotocol: {min_samples: 30, batch: 16}\n");
-    write(dir.path(), "space.yaml", "kind: triton\nkernel: matmul\nspace: {A: [1, 2, 3]}\n");
+    write(
+        dir.path(),
+        "space.yaml",
+        "kind: triton\nkernel: matmul\nspace: {A: [1, 2, 3]}\n",
+    );
     let child = write(dir.path(), "child.yaml", "extends: base.yaml\nexperiment: child\nprotocol: {batch: 8}\nmethods:\n  t: {space: {A: [4]}}\n");
     let exp = load(&child, &[]);
     assert_eq!(exp.name, "child");
@@ -175,16 +265,36 @@ fn extends_and_include_merge_with_later_winning() {
 
 #[test]
 fn csv_shapes_map_columns_by_name() {
-    let exp = load(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/experiments/aiter-fmoe.yaml")), &[]);
+    let exp = load(
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/experiments/aiter-fmoe.yaml"
+        )),
+        &[],
+    );
     assert_eq!(exp.shapes.len(), 4);
     let s = &exp.shapes[2];
-    assert_eq!((s["M"].as_i64(), s["K"].as_i64(), s["N"].as_i64(), s["E"].as_i64()), (Some(64), Some(2880), Some(1440), Some(128)));
+    assert_eq!(
+        (
+            s["M"].as_i64(),
+            s["K"].as_i64(),
+            s["N"].as_i64(),
+            s["E"].as_i64()
+        ),
+        (Some(64), Some(2880), Some(1440), Some(128))
+    );
     assert_eq!(s["dtype"], "bf16");
 }
 
 #[test]
 fn interpreter_mode_uses_its_own_shapes_and_config_cap() {
-    let exp = load(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/experiments/quickstart.yaml")), &[]);
+    let exp = load(
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/experiments/quickstart.yaml"
+        )),
+        &[],
+    );
     let (summary, jobs) = plan_all(&exp, "method=triton", Mode::Interpreter);
     assert_eq!(summary.shapes, 2);
     assert!(jobs.iter().all(|j| j.shape["M"].as_i64().unwrap() <= 48));
@@ -214,7 +324,10 @@ fn every_manifest_in_experiments_validates_and_plans() {
 
 #[test]
 fn checked_in_schema_is_current() {
-    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/manifest.schema.json"));
+    let path = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/schemas/manifest.schema.json"
+    ));
     let on_disk = std::fs::read_to_string(path).unwrap_or_default();
     assert!(on_disk == manifest::json_schema(), "schemas/manifest.schema.json is stale: run `just schemas` (or `tunelab schema > schemas/manifest.schema.json`)");
 }

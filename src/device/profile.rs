@@ -42,31 +42,50 @@ pub const PROFILE_NAMES: &[&str] = &["h100", "h200", "cpu"];
 /// Builtin profiles for planning without a GPU. Figures are the published
 /// ones for the SXM parts (dense, no sparsity).
 pub fn profile(name: &str) -> Option<DeviceInfo> {
-    let hopper = |name: &str, vllm: &str, l2: u64, mem: u64, mem_clock_khz: u64, bus: u32, gbs: f64| DeviceInfo {
-        name: name.into(),
-        vllm_name: vllm.into(),
-        backend: "cuda".into(),
-        arch: "sm_90".into(),
-        cc_major: 9,
-        cc_minor: 0,
-        sm_count: 132,
-        l2_bytes: l2,
-        smem_bytes: 232_448,
-        mem_bytes: mem,
-        mem_clock_khz,
-        bus_width_bits: bus,
-        peak_gbs: gbs,
-        peak_tflops_bf16: 989.4,
-        peak_tflops_fp16: 989.4,
-        peak_tflops_fp8: 1978.9,
-        peak_tflops_fp32: 66.9,
-        warp_size: 32,
-        driver: None,
-        source: String::new(),
-    };
+    let hopper =
+        |name: &str, vllm: &str, l2: u64, mem: u64, mem_clock_khz: u64, bus: u32, gbs: f64| {
+            DeviceInfo {
+                name: name.into(),
+                vllm_name: vllm.into(),
+                backend: "cuda".into(),
+                arch: "sm_90".into(),
+                cc_major: 9,
+                cc_minor: 0,
+                sm_count: 132,
+                l2_bytes: l2,
+                smem_bytes: 232_448,
+                mem_bytes: mem,
+                mem_clock_khz,
+                bus_width_bits: bus,
+                peak_gbs: gbs,
+                peak_tflops_bf16: 989.4,
+                peak_tflops_fp16: 989.4,
+                peak_tflops_fp8: 1978.9,
+                peak_tflops_fp32: 66.9,
+                warp_size: 32,
+                driver: None,
+                source: String::new(),
+            }
+        };
     let mut info = match name {
-        "h100" => hopper("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3", 50 << 20, 80 << 30, 2_619_000, 5120, 3350.0),
-        "h200" => hopper("NVIDIA H200", "NVIDIA_H200", 60 << 20, 141 << 30, 3_201_000, 6144, 4800.0),
+        "h100" => hopper(
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA_H100_80GB_HBM3",
+            50 << 20,
+            80 << 30,
+            2_619_000,
+            5120,
+            3350.0,
+        ),
+        "h200" => hopper(
+            "NVIDIA H200",
+            "NVIDIA_H200",
+            60 << 20,
+            141 << 30,
+            3_201_000,
+            6144,
+            4800.0,
+        ),
         "cpu" => DeviceInfo {
             name: "cpu (Triton interpreter)".into(),
             vllm_name: "cpu".into(),
@@ -111,7 +130,10 @@ mod tests {
 
     #[test]
     fn vllm_names_follow_vllm_rules() {
-        assert_eq!(vllm_device_name("NVIDIA H100 80GB HBM3"), "NVIDIA_H100_80GB_HBM3");
+        assert_eq!(
+            vllm_device_name("NVIDIA H100 80GB HBM3"),
+            "NVIDIA_H100_80GB_HBM3"
+        );
         assert_eq!(vllm_device_name("NVIDIA H200 NVL"), "NVIDIA_H200");
         assert_eq!(vllm_device_name("NVIDIA H200"), "NVIDIA_H200");
     }

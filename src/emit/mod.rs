@@ -1,1 +1,329 @@
-//! Output writers: one per format, all fed from the journal's records.
+//! Output writers: one per format, all fed from the journal's records
+//! ([`Results`]), so `tunelab report` regenerates every file byte for byte.
+//!
+//! [`write_outputs`] writes every output of the run header under the results
+//! directory. An output's `path` is a minijinja template rendered per shape
+//! with the shape's fields and `device` (every [`DeviceInfo`](crate::device::DeviceInfo)
+//! field); shapes whose paths coincide share one file. That is how one vLLM
+//! file per (E, N) and one Triton file per (N, K) arise, and how `jobs.csv`
+//! holds every shape.
+//!
+//! Which jobs feed an output (`OutputSpec.method`):
+//! - `jobs_csv`, `jobs_json`, `best_csv`, `report`: the named method, or every method.
+//! - `vllm_moe_json`, `aiter_fmoe_csv`, `triton_mbucket` (tuned configs): the
+//!   named method (a best config without a field the format needs is an
+//!   error); without a method, every method whose kind is not `torch` and
+//!   whose configs carry the fields the format needs, and per shape the
+//!   fastest of those methods' bests.
+//!
+//! The selection rule (time, eligibility, best, baseline, speedup) lives in
+//! [`select`]; every writer uses it. Shapes with no eligible job are left out
+//! of tuned-config files and show as `—` in the report. A tuned-config JSON
+//! file that would hold no shape is not written; CSV files and the report
+//! always are (a header-only CSV, a report that says what is missing).
+//!
+//! Public API: [`write_outputs`] (files on disk), [`render_outputs`] /
+//! [`render_output`] (the same in memory), and the selection helpers
+//! [`best_per_shape`] (the runner's "current best"), [`best_job_ids`]
+//! (`run --use-best`), [`job_time`], [`eligible`] and [`Selection`].
+//!
+//! Formats and their columns are described in each writer's module:
+//! [`csv_out`] (jobs_csv, jobs_json, best_csv), [`vllm`], [`aiter`],
+//! [`triton_mbucket`], [`report`].
+
+pub mod aiter;
+pub mod csv_out;
+pub(crate) mod num;
+pub mod report;
+pub mod select;
+pub mod triton_mbucket;
+pub mod vllm;
+
+use std::collections::HashSet;
+use std::path::{Component, Path, PathBuf};
+
+use indexmap::IndexMap;
+use serde_json::Value as Json;
+
+use crate::manifest::raw::OutputFormat;
+use crate::store::{JobRecord, OutputSpec, Results, RunHeader};
+
+pub use select::{
+    best_job_ids, best_per_shape, eligible, job_time, Best, MethodOutcome, Selection, ShapeOutcome,
+    Timed,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmitError {
+    #[error("the journal has no run header, so there is nothing to write outputs for")]
+    NoHeader,
+    #[error("output path template `{template}` cannot be rendered: {message}")]
+    PathTemplate { template: String, message: String },
+    #[error("output path `{path}` leaves the results directory")]
+    PathEscapes { path: String },
+    #[error("outputs `{first}` and `{second}` both write `{path}`")]
+    SamePath {
+        path: String,
+        first: &'static str,
+        second: &'static str,
+    },
+    #[error("{format} output `{path}`: {message}")]
+    Data {
+        format: &'static str,
+        path: String,
+        message: String,
+    },
+    #[error("report template: {0}")]
+    Template(String),
+    #[error("cannot write {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// One rendered output file: where it goes (relative to the results directory) and its bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    pub format: OutputFormat,
+    pub path: PathBuf,
+    pub contents: String,
+}
+
+/// Writes every output the run header lists under `dir` (the run's results
+/// directory), creating subdirectories; returns the paths written. Each file
+/// is written to a temporary name and renamed, so readers never see half a file.
+pub fn write_outputs(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, EmitError> {
+    let rendered = render_outputs(results)?;
+    let mut written = Vec::with_capacity(rendered.len());
+    for out in rendered {
+        let path = dir.join(&out.path);
+        write_file(&path, out.contents.as_bytes())?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// Every output of the run header, rendered in memory.
+pub fn render_outputs(results: &Results) -> Result<Vec<Rendered>, EmitError> {
+    let header = results.header.as_ref().ok_or(EmitError::NoHeader)?;
+    let mut out: Vec<Rendered> = Vec::new();
+    let mut seen: IndexMap<PathBuf, OutputFormat> = IndexMap::new();
+    for spec in &header.outputs {
+        for r in render_output(results, header, spec)? {
+            if let Some(first) = seen.insert(r.path.clone(), r.format) {
+                return Err(EmitError::SamePath {
+                    path: r.path.display().to_string(),
+                    first: format_name(first),
+                    second: format_name(r.format),
+                });
+            }
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// One output spec, rendered: one entry per distinct rendered path.
+pub fn render_output(
+    results: &Results,
+    header: &RunHeader,
+    spec: &OutputSpec,
+) -> Result<Vec<Rendered>, EmitError> {
+    let sel = Selection::build(&results.jobs, &results.finals, |j| feeds(spec, j));
+    let groups = group_by_path(header, spec, &sel)?;
+    let mut out = Vec::new();
+    for (path, shapes) in groups {
+        let group = Group {
+            results,
+            header,
+            spec,
+            sel: &sel,
+            shapes,
+            path,
+        };
+        let contents = match spec.format {
+            OutputFormat::JobsCsv => Some(csv_out::jobs_csv(&group)?),
+            OutputFormat::JobsJson => Some(csv_out::jobs_json(&group)?),
+            OutputFormat::BestCsv => Some(csv_out::best_csv(&group)?),
+            OutputFormat::VllmMoeJson => vllm::render(&group)?,
+            OutputFormat::AiterFmoeCsv => Some(aiter::render(&group)?),
+            OutputFormat::TritonMbucket => triton_mbucket::render(&group)?,
+            OutputFormat::Report => Some(report::render(&group)?),
+        };
+        if let Some(contents) = contents {
+            out.push(Rendered {
+                format: spec.format,
+                path: PathBuf::from(&group.path),
+                contents,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The format's name as manifests spell it.
+pub fn format_name(format: OutputFormat) -> &'static str {
+    match format {
+        OutputFormat::JobsCsv => "jobs_csv",
+        OutputFormat::JobsJson => "jobs_json",
+        OutputFormat::BestCsv => "best_csv",
+        OutputFormat::TritonMbucket => "triton_mbucket",
+        OutputFormat::VllmMoeJson => "vllm_moe_json",
+        OutputFormat::AiterFmoeCsv => "aiter_fmoe_csv",
+        OutputFormat::Report => "report",
+    }
+}
+
+/// Whether a job feeds an output, by the rule in the module documentation.
+fn feeds(spec: &OutputSpec, job: &JobRecord) -> bool {
+    if let Some(m) = &spec.method {
+        return &job.method == m;
+    }
+    let needs: &[&str] = match spec.format {
+        OutputFormat::JobsCsv
+        | OutputFormat::JobsJson
+        | OutputFormat::BestCsv
+        | OutputFormat::Report => return true,
+        OutputFormat::VllmMoeJson => &vllm::REQUIRED,
+        OutputFormat::AiterFmoeCsv => &aiter::REQUIRED,
+        OutputFormat::TritonMbucket => &[],
+    };
+    job.kind != "torch" && needs.iter().all(|f| job.config.contains_key(*f))
+}
+
+/// What one writer gets: the shapes of one rendered path, and everything around them.
+pub struct Group<'s, 'a> {
+    pub results: &'a Results,
+    pub header: &'a RunHeader,
+    pub spec: &'a OutputSpec,
+    pub sel: &'s Selection<'a>,
+    /// In selection order.
+    pub shapes: Vec<&'s ShapeOutcome<'a>>,
+    /// Relative to the results directory.
+    pub path: String,
+}
+
+impl<'a> Group<'_, 'a> {
+    /// The group's jobs, in journal order.
+    pub fn jobs(&self) -> Vec<&'a JobRecord> {
+        let keys: HashSet<&str> = self.shapes.iter().map(|s| s.key.as_str()).collect();
+        self.sel
+            .jobs
+            .iter()
+            .copied()
+            .filter(|j| keys.contains(select::shape_key(&j.shape).as_str()))
+            .collect()
+    }
+
+    pub fn data_error(&self, message: impl Into<String>) -> EmitError {
+        EmitError::Data {
+            format: format_name(self.spec.format),
+            path: self.path.clone(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Renders the path template per shape and groups shapes by the result, in shape order.
+fn group_by_path<'s, 'a>(
+    header: &RunHeader,
+    spec: &OutputSpec,
+    sel: &'s Selection<'a>,
+) -> Result<IndexMap<String, Vec<&'s ShapeOutcome<'a>>>, EmitError> {
+    let env = crate::expr::environment();
+    let template_error = |e: minijinja::Error| EmitError::PathTemplate {
+        template: spec.path.clone(),
+        message: e
+            .detail()
+            .map(str::to_string)
+            .unwrap_or_else(|| e.to_string()),
+    };
+    let tmpl = env.template_from_str(&spec.path).map_err(template_error)?;
+    let device = Json::Object(crate::manifest::model::device_fields(&header.device));
+    let render = |shape: Option<&select::ShapeFields>| -> Result<String, EmitError> {
+        let mut ctx = serde_json::Map::new();
+        if let Some(shape) = shape {
+            ctx.extend(shape.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        ctx.insert("device".into(), device.clone());
+        let path = tmpl.render(&ctx).map_err(template_error)?;
+        check_relative(&path)?;
+        Ok(path)
+    };
+
+    let mut groups: IndexMap<String, Vec<&ShapeOutcome>> = IndexMap::new();
+    if sel.shapes.is_empty() {
+        // Nothing recorded: a path that needs no shape field still gets its
+        // (empty) file; one that does has no shape to be rendered for.
+        if let Ok(path) = render(None) {
+            groups.insert(path, Vec::new());
+        }
+        return Ok(groups);
+    }
+    for shape in &sel.shapes {
+        groups
+            .entry(render(Some(shape.shape))?)
+            .or_default()
+            .push(shape);
+    }
+    Ok(groups)
+}
+
+fn check_relative(path: &str) -> Result<(), EmitError> {
+    let escapes = || EmitError::PathEscapes {
+        path: path.to_string(),
+    };
+    if path.trim().is_empty() {
+        return Err(escapes());
+    }
+    let mut depth: i64 = 0;
+    for c in Path::new(path).components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err(escapes());
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return Err(escapes()),
+        }
+    }
+    if depth == 0 {
+        return Err(escapes());
+    }
+    Ok(())
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), EmitError> {
+    let io = |source| EmitError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_inside_the_results_directory() {
+        assert!(check_relative("vllm/E=8,N=32,device_name=cpu.json").is_ok());
+        assert!(check_relative("a/../b.csv").is_ok());
+        assert!(check_relative("../x.csv").is_err());
+        assert!(check_relative("a/../../x.csv").is_err());
+        assert!(check_relative("/etc/x").is_err());
+        assert!(check_relative("").is_err());
+        assert!(check_relative("a/..").is_err());
+    }
+}

@@ -11,17 +11,36 @@ use crate::diag::{add_source, Diagnostic, Span};
 
 /// Reads one shape per row. Shape fields come from `columns` (field -> column)
 /// or from the column of the same name; numbers stay numbers.
-pub fn read(spec: &RawCsvShapes, node: &Node, base_dir: &Path) -> Result<Vec<(Shape, Span)>, Diagnostic> {
+pub fn read(
+    spec: &RawCsvShapes,
+    node: &Node,
+    base_dir: &Path,
+) -> Result<Vec<(Shape, Span)>, Diagnostic> {
     let path_span = node.get("path").map(|n| n.span).unwrap_or(node.span);
     let path = base_dir.join(&spec.path);
     let text = std::fs::read_to_string(&path).map_err(|e| {
-        Diagnostic::at(path_span, format!("cannot read shape CSV {}: {e}", path.display())).help("paths are relative to the manifest")
+        Diagnostic::at(
+            path_span,
+            format!("cannot read shape CSV {}: {e}", path.display()),
+        )
+        .help("paths are relative to the manifest")
     })?;
     let file = add_source(&path, text.clone());
-    let mut reader = csv::ReaderBuilder::new().trim(csv::Trim::All).from_reader(text.as_bytes());
+    let mut reader = csv::ReaderBuilder::new()
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes());
     let headers: Vec<String> = reader
         .headers()
-        .map_err(|e| Diagnostic::at(Span { file, line: 1, col: 1 }, format!("cannot read CSV header: {e}")))?
+        .map_err(|e| {
+            Diagnostic::at(
+                Span {
+                    file,
+                    line: 1,
+                    col: 1,
+                },
+                format!("cannot read CSV header: {e}"),
+            )
+        })?
         .iter()
         .map(str::to_string)
         .collect();
@@ -33,15 +52,33 @@ pub fn read(spec: &RawCsvShapes, node: &Node, base_dir: &Path) -> Result<Vec<(Sh
     };
     let mut picks = Vec::new();
     for field in &fields {
-        let column = spec.columns.get(field).cloned().unwrap_or_else(|| field.clone());
+        let column = spec
+            .columns
+            .get(field)
+            .cloned()
+            .unwrap_or_else(|| field.clone());
         let Some(index) = headers.iter().position(|h| *h == column) else {
-            let field_span = node.get("columns").and_then(|c| c.get(field)).map(|n| n.span).unwrap_or(path_span);
+            let field_span = node
+                .get("columns")
+                .and_then(|c| c.get(field))
+                .map(|n| n.span)
+                .unwrap_or(path_span);
             let near = crate::diag::did_you_mean(&column, headers.iter().map(String::as_str));
             let help = match near {
-                Some(n) => format!("did you mean `{n}`? columns in the file: {}", headers.join(", ")),
+                Some(n) => format!(
+                    "did you mean `{n}`? columns in the file: {}",
+                    headers.join(", ")
+                ),
                 None => format!("columns in the file: {}", headers.join(", ")),
             };
-            return Err(Diagnostic::at(field_span, format!("{} has no column `{column}` (for shape field `{field}`)", path.display())).help(help));
+            return Err(Diagnostic::at(
+                field_span,
+                format!(
+                    "{} has no column `{column}` (for shape field `{field}`)",
+                    path.display()
+                ),
+            )
+            .help(help));
         };
         picks.push((field.clone(), index));
     }
@@ -49,7 +86,9 @@ pub fn read(spec: &RawCsvShapes, node: &Node, base_dir: &Path) -> Result<Vec<(Sh
     let mut shapes = Vec::new();
     for (row_index, record) in reader.records().enumerate() {
         let line = row_index + 2;
-        let record = record.map_err(|e| Diagnostic::at(Span { file, line, col: 1 }, format!("bad CSV row: {e}")))?;
+        let record = record.map_err(|e| {
+            Diagnostic::at(Span { file, line, col: 1 }, format!("bad CSV row: {e}"))
+        })?;
         let mut shape = Shape::new();
         for (field, index) in &picks {
             let cell = record.get(*index).unwrap_or("");
@@ -63,7 +102,10 @@ pub fn read(spec: &RawCsvShapes, node: &Node, base_dir: &Path) -> Result<Vec<(Sh
         shapes.push((shape, Span { file, line, col: 1 }));
     }
     if shapes.is_empty() {
-        return Err(Diagnostic::at(path_span, format!("{} has a header but no rows", path.display())));
+        return Err(Diagnostic::at(
+            path_span,
+            format!("{} has a header but no rows", path.display()),
+        ));
     }
     Ok(shapes)
 }
@@ -80,13 +122,18 @@ fn parse_cell(cell: &str) -> Option<Json> {
             return Some(Json::from(f));
         }
     }
-    let is_word = cell.starts_with(|c: char| c.is_ascii_alphabetic()) && cell.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    let is_word = cell.starts_with(|c: char| c.is_ascii_alphabetic())
+        && cell
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
     is_word.then(|| Json::String(cell.to_string()))
 }
 
 /// 1-based character column where field `index` starts on `line`.
 fn column_offset(text: &str, line: usize, index: usize) -> usize {
-    let Some(row) = text.lines().nth(line - 1) else { return 1 };
+    let Some(row) = text.lines().nth(line - 1) else {
+        return 1;
+    };
     let mut col = 1;
     for (i, part) in row.split(',').enumerate() {
         if i == index {

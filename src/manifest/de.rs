@@ -20,7 +20,11 @@ pub struct DeError {
 
 impl DeError {
     fn at(span: Span, message: String, help: Option<String>) -> Self {
-        DeError { span: Some(span), message, help }
+        DeError {
+            span: Some(span),
+            message,
+            help,
+        }
     }
 
     fn or_span(mut self, span: Span) -> Self {
@@ -46,7 +50,11 @@ impl std::error::Error for DeError {}
 
 impl de::Error for DeError {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        DeError { span: None, message: msg.to_string(), help: None }
+        DeError {
+            span: None,
+            message: msg.to_string(),
+            help: None,
+        }
     }
 
     fn invalid_type(unexp: de::Unexpected, exp: &dyn de::Expected) -> Self {
@@ -55,7 +63,14 @@ impl de::Error for DeError {
             de::Unexpected::Seq => "a list".to_string(),
             other => other.to_string(),
         };
-        DeError { span: None, message: format!("expected {}, found {found}", plain_expected(&exp.to_string())), help: None }
+        DeError {
+            span: None,
+            message: format!(
+                "expected {}, found {found}",
+                plain_expected(&exp.to_string())
+            ),
+            help: None,
+        }
     }
 
     fn missing_field(field: &'static str) -> Self {
@@ -82,8 +97,14 @@ impl<'de> NodeDe<'de> {
             Value::Int(i) => visitor.visit_i64(*i),
             Value::Float(f) => visitor.visit_f64(*f),
             Value::Str(s) => visitor.visit_borrowed_str(s),
-            Value::Seq(items) => visitor.visit_seq(SeqDe { items: items.iter() }),
-            Value::Map(entries) => visitor.visit_map(MapDe { entries, index: 0, value: None }),
+            Value::Seq(items) => visitor.visit_seq(SeqDe {
+                items: items.iter(),
+            }),
+            Value::Map(entries) => visitor.visit_map(MapDe {
+                entries,
+                index: 0,
+                value: None,
+            }),
         };
         result.map_err(|e| e.or_span(node.span))
     }
@@ -116,7 +137,11 @@ impl<'de> de::Deserializer<'de> for NodeDe<'de> {
                         Some(s) => format!("did you mean `{s}`?"),
                         None => format!("keys allowed here: {}", fields.join(", ")),
                     };
-                    return Err(DeError::at(key.span, format!("unknown key `{}` in {}", key.name, describe(name)), Some(help)));
+                    return Err(DeError::at(
+                        key.span,
+                        format!("unknown key `{}` in {}", key.name, describe(name)),
+                        Some(help),
+                    ));
                 }
             }
         }
@@ -137,27 +162,50 @@ impl<'de> de::Deserializer<'de> for NodeDe<'de> {
                         Some(v) => format!("did you mean `{v}`?"),
                         None => format!("use one of: {}", variants.join(", ")),
                     };
-                    return Err(DeError::at(node.span, format!("unknown value `{s}`"), Some(help)));
+                    return Err(DeError::at(
+                        node.span,
+                        format!("unknown value `{s}`"),
+                        Some(help),
+                    ));
                 }
-                visitor.visit_enum(s.as_str().into_deserializer()).map_err(|e: DeError| e.or_span(node.span))
+                visitor
+                    .visit_enum(s.as_str().into_deserializer())
+                    .map_err(|e: DeError| e.or_span(node.span))
             }
             Value::Map(entries) if entries.len() == 1 => {
                 let (key, value) = &entries[0];
                 if !variants.contains(&key.name.as_str()) {
                     let help = format!("use one of: {}", variants.join(", "));
-                    return Err(DeError::at(key.span, format!("unknown variant `{}`", key.name), Some(help)));
+                    return Err(DeError::at(
+                        key.span,
+                        format!("unknown variant `{}`", key.name),
+                        Some(help),
+                    ));
                 }
-                visitor.visit_enum(EnumDe { key: &key.name, value }).map_err(|e| e.or_span(node.span))
+                visitor
+                    .visit_enum(EnumDe {
+                        key: &key.name,
+                        value,
+                    })
+                    .map_err(|e| e.or_span(node.span))
             }
             _ => Err(DeError::at(
                 node.span,
-                format!("expected one of {}, found {}", variants.join(", "), node.kind()),
+                format!(
+                    "expected one of {}, found {}",
+                    variants.join(", "),
+                    node.kind()
+                ),
                 None,
             )),
         }
     }
 
-    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _name: &'static str, visitor: V) -> Result<V::Value, DeError> {
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
         visitor.visit_newtype_struct(self)
     }
 
@@ -215,9 +263,15 @@ struct SeqDe<'a> {
 impl<'de> SeqAccess<'de> for SeqDe<'de> {
     type Error = DeError;
 
-    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, DeError> {
+    fn next_element_seed<T: DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Result<Option<T::Value>, DeError> {
         match self.items.next() {
-            Some(node) => seed.deserialize(NodeDe(node)).map(Some).map_err(|e| e.or_span(node.span)),
+            Some(node) => seed
+                .deserialize(NodeDe(node))
+                .map(Some)
+                .map_err(|e| e.or_span(node.span)),
             None => Ok(None),
         }
     }
@@ -232,17 +286,26 @@ struct MapDe<'a> {
 impl<'de> MapAccess<'de> for MapDe<'de> {
     type Error = DeError;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
-        let Some((key, value)) = self.entries.get(self.index) else { return Ok(None) };
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
+        let Some((key, value)) = self.entries.get(self.index) else {
+            return Ok(None);
+        };
         self.index += 1;
         self.value = Some(value);
-        let de: de::value::BorrowedStrDeserializer<'de, DeError> = de::value::BorrowedStrDeserializer::new(&key.name);
-        seed.deserialize(de).map(Some).map_err(|e| e.or_span(key.span))
+        let de: de::value::BorrowedStrDeserializer<'de, DeError> =
+            de::value::BorrowedStrDeserializer::new(&key.name);
+        seed.deserialize(de)
+            .map(Some)
+            .map_err(|e| e.or_span(key.span))
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, DeError> {
         let node = self.value.take().expect("value requested before key");
-        seed.deserialize(NodeDe(node)).map_err(|e| e.or_span(node.span))
+        seed.deserialize(NodeDe(node))
+            .map_err(|e| e.or_span(node.span))
     }
 }
 
@@ -255,8 +318,12 @@ impl<'de> de::EnumAccess<'de> for EnumDe<'de> {
     type Error = DeError;
     type Variant = NodeDe<'de>;
 
-    fn variant_seed<V: DeserializeSeed<'de>>(self, seed: V) -> Result<(V::Value, NodeDe<'de>), DeError> {
-        let de: de::value::BorrowedStrDeserializer<'de, DeError> = de::value::BorrowedStrDeserializer::new(self.key);
+    fn variant_seed<V: DeserializeSeed<'de>>(
+        self,
+        seed: V,
+    ) -> Result<(V::Value, NodeDe<'de>), DeError> {
+        let de: de::value::BorrowedStrDeserializer<'de, DeError> =
+            de::value::BorrowedStrDeserializer::new(self.key);
         Ok((seed.deserialize(de)?, NodeDe(self.value)))
     }
 }
@@ -276,7 +343,11 @@ impl<'de> de::VariantAccess<'de> for NodeDe<'de> {
         de::Deserializer::deserialize_seq(self, visitor)
     }
 
-    fn struct_variant<V: Visitor<'de>>(self, fields: &'static [&'static str], visitor: V) -> Result<V::Value, DeError> {
+    fn struct_variant<V: Visitor<'de>>(
+        self,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
         de::Deserializer::deserialize_struct(self, "", fields, visitor)
     }
 }

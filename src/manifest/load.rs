@@ -25,8 +25,11 @@ fn canonical(path: &Path) -> PathBuf {
 fn load_with_extends(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Node, Diagnostic> {
     let mut node = yaml::load_file(path)?;
     if !matches!(node.value, Value::Map(_)) {
-        return Err(Diagnostic::at(node.span, format!("a manifest must be a mapping, found {}", node.kind()))
-            .help("start the file with `experiment: NAME`"));
+        return Err(Diagnostic::at(
+            node.span,
+            format!("a manifest must be a mapping, found {}", node.kind()),
+        )
+        .help("start the file with `experiment: NAME`"));
     }
     stack.push(canonical(path));
     resolve_includes(&mut node, stack)?;
@@ -72,8 +75,11 @@ fn resolve_includes(node: &mut Node, stack: &mut Vec<PathBuf>) -> Result<(), Dia
                     ensure_exists(&target, span, "include")?;
                     let mut included = yaml::load_file(&target)?;
                     if !matches!(included.value, Value::Map(_)) {
-                        return Err(Diagnostic::at(included.span, "an included file must hold a mapping")
-                            .help("write the shared keys at the top level of the file"));
+                        return Err(Diagnostic::at(
+                            included.span,
+                            "an included file must hold a mapping",
+                        )
+                        .help("write the shared keys at the top level of the file"));
                     }
                     stack.push(canonical(&target));
                     resolve_includes(&mut included, stack)?;
@@ -99,25 +105,44 @@ fn relative_to(including_file: &Path, target: &str) -> PathBuf {
     dir.join(target)
 }
 
-fn check_cycle(target: &Path, stack: &[PathBuf], span: crate::diag::Span) -> Result<(), Diagnostic> {
+fn check_cycle(
+    target: &Path,
+    stack: &[PathBuf],
+    span: crate::diag::Span,
+) -> Result<(), Diagnostic> {
     let target = canonical(target);
     if stack.contains(&target) {
         let chain: Vec<String> = stack
             .iter()
             .skip_while(|p| **p != target)
-            .map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned())
-            .chain(std::iter::once(target.file_name().unwrap_or_default().to_string_lossy().into_owned()))
+            .map(|p| {
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .chain(std::iter::once(
+                target
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+            ))
             .collect();
-        return Err(Diagnostic::at(span, format!("include cycle: {}", chain.join(" -> ")))
-            .help("a file cannot include itself, directly or through other files"));
+        return Err(
+            Diagnostic::at(span, format!("include cycle: {}", chain.join(" -> ")))
+                .help("a file cannot include itself, directly or through other files"),
+        );
     }
     Ok(())
 }
 
 fn ensure_exists(target: &Path, span: crate::diag::Span, what: &str) -> Result<(), Diagnostic> {
     if !target.is_file() {
-        return Err(Diagnostic::at(span, format!("{what} file not found: {}", target.display()))
-            .help("paths are relative to the file that names them"));
+        return Err(
+            Diagnostic::at(span, format!("{what} file not found: {}", target.display()))
+                .help("paths are relative to the file that names them"),
+        );
     }
     Ok(())
 }
@@ -133,13 +158,23 @@ fn take_key(node: &mut Node, key: &str) -> Option<Node> {
 
 fn string_list(node: &Node, what: &str) -> Result<Vec<(String, crate::diag::Span)>, Diagnostic> {
     let bad = || {
-        Diagnostic::at(node.span, format!("`{what}` takes a file path or a list of file paths, found {}", node.kind()))
+        Diagnostic::at(
+            node.span,
+            format!(
+                "`{what}` takes a file path or a list of file paths, found {}",
+                node.kind()
+            ),
+        )
     };
     match &node.value {
         Value::Str(s) => Ok(vec![(s.clone(), node.span)]),
         Value::Seq(items) => items
             .iter()
-            .map(|item| item.as_str().map(|s| (s.to_string(), item.span)).ok_or_else(bad))
+            .map(|item| {
+                item.as_str()
+                    .map(|s| (s.to_string(), item.span))
+                    .ok_or_else(bad)
+            })
             .collect(),
         _ => Err(bad()),
     }
@@ -158,9 +193,15 @@ pub fn merge(base: Node, overlay: Node) -> Node {
                     None => base_entries.push((key, value)),
                 }
             }
-            Node { value: Value::Map(base_entries), span: overlay.span }
+            Node {
+                value: Value::Map(base_entries),
+                span: overlay.span,
+            }
         }
-        (_, value) => Node { value, span: overlay.span },
+        (_, value) => Node {
+            value,
+            span: overlay.span,
+        },
     }
 }
 
@@ -168,13 +209,18 @@ pub fn merge(base: Node, overlay: Node) -> Node {
 fn apply_override(root: &mut Node, text: &str) -> Result<(), Diagnostic> {
     let origin = PathBuf::from(format!("--set {text}"));
     let Some((path, value_text)) = text.split_once('=') else {
-        return Err(Diagnostic::in_file(&origin, format!("`--set {text}` has no `=`"))
-            .help("write --set key.path=value, for example --set protocol.min_samples=50"));
+        return Err(
+            Diagnostic::in_file(&origin, format!("`--set {text}` has no `=`"))
+                .help("write --set key.path=value, for example --set protocol.min_samples=50"),
+        );
     };
     let value = yaml::parse_str(&origin, value_text.to_string())?;
     let parts: Vec<&str> = path.split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
-        return Err(Diagnostic::in_file(&origin, format!("`{path}` is not a key path")).help("separate keys with single dots"));
+        return Err(
+            Diagnostic::in_file(&origin, format!("`{path}` is not a key path"))
+                .help("separate keys with single dots"),
+        );
     }
     let mut node = root;
     for (i, part) in parts.iter().enumerate() {
@@ -182,12 +228,23 @@ fn apply_override(root: &mut Node, text: &str) -> Result<(), Diagnostic> {
         if !matches!(node.value, Value::Map(_)) {
             node.value = Value::Map(Vec::new());
         }
-        let Value::Map(entries) = &mut node.value else { unreachable!() };
+        let Value::Map(entries) = &mut node.value else {
+            unreachable!()
+        };
         let pos = match entries.iter().position(|(k, _)| k.name == *part) {
             Some(pos) => pos,
             None => {
                 let span = value.span;
-                entries.push((Key { name: part.to_string(), span }, Node { value: Value::Map(Vec::new()), span }));
+                entries.push((
+                    Key {
+                        name: part.to_string(),
+                        span,
+                    },
+                    Node {
+                        value: Value::Map(Vec::new()),
+                        span,
+                    },
+                ));
                 entries.len() - 1
             }
         };

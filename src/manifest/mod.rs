@@ -16,7 +16,11 @@ use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
 
 /// Reads, merges, deserialises and validates one manifest.
-pub fn load(path: &Path, overrides: &[String], device: &DeviceInfo) -> Result<Experiment, Diagnostic> {
+pub fn load(
+    path: &Path,
+    overrides: &[String],
+    device: &DeviceInfo,
+) -> Result<Experiment, Diagnostic> {
     let tree = load::load_tree(path, overrides)?;
     let raw: RawManifest = de::from_node(&tree)?;
     model::validate(raw, &tree, path, device)

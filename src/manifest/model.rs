@@ -8,7 +8,10 @@ use indexmap::IndexMap;
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::raw::{MethodKind, OutputFormat, RawManifest, RawProtocol, RawSearch, RawShapes, RawTolerance, Strategy};
+use super::raw::{
+    MethodKind, OutputFormat, RawManifest, RawProtocol, RawSearch, RawShapes, RawTolerance,
+    Strategy,
+};
 use super::yaml::Node;
 use crate::device::DeviceInfo;
 use crate::diag::{did_you_mean, Diagnostic, Span};
@@ -93,8 +96,11 @@ pub struct Tolerance {
     pub atol: f64,
     pub rtol: f64,
     pub max_mismatch: f64,
-    pub per_dtype: IndexMap<String, (Option<f64>, Option<f64>, Option<f64>)>,
+    pub per_dtype: IndexMap<String, DtypeOverride>,
 }
+
+/// Overrides of (atol, rtol, max_mismatch) for one dtype.
+pub type DtypeOverride = (Option<f64>, Option<f64>, Option<f64>);
 
 /// The tolerance that applies to one dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -106,7 +112,11 @@ pub struct ToleranceFor {
 
 impl Tolerance {
     pub fn for_dtype(&self, dtype: Option<&str>) -> ToleranceFor {
-        let mut t = ToleranceFor { atol: self.atol, rtol: self.rtol, max_mismatch: self.max_mismatch };
+        let mut t = ToleranceFor {
+            atol: self.atol,
+            rtol: self.rtol,
+            max_mismatch: self.max_mismatch,
+        };
         if let Some((a, r, m)) = dtype.and_then(|d| self.per_dtype.get(d)) {
             t.atol = a.unwrap_or(t.atol);
             t.rtol = r.unwrap_or(t.rtol);
@@ -130,7 +140,10 @@ pub struct Output {
 pub fn builtin_baseline(name: &str) -> Option<Vec<(&'static str, &'static str)>> {
     match name {
         "vllm_moe_default" => Some(vec![
-            ("BLOCK_SIZE_M", "16 if M <= 32 else (32 if M <= 96 else (64 if M <= 512 else 128))"),
+            (
+                "BLOCK_SIZE_M",
+                "16 if M <= 32 else (32 if M <= 96 else (64 if M <= 512 else 128))",
+            ),
             ("BLOCK_SIZE_N", "64 if M <= 64 else 128"),
             ("BLOCK_SIZE_K", "128 if M <= 64 else 64"),
             ("GROUP_SIZE_M", "16 if M // E > 128 else 1"),
@@ -144,12 +157,25 @@ pub fn builtin_baseline(name: &str) -> Option<Vec<(&'static str, &'static str)>>
 const BUILTIN_BASELINES: &[&str] = &["vllm_moe_default"];
 
 /// Checks a raw manifest against its own tree (for spans) and the device facts.
-pub fn validate(raw: RawManifest, tree: &Node, manifest_path: &Path, device: &DeviceInfo) -> Result<Experiment, Diagnostic> {
+pub fn validate(
+    raw: RawManifest,
+    tree: &Node,
+    manifest_path: &Path,
+    device: &DeviceInfo,
+) -> Result<Experiment, Diagnostic> {
     let span = |path: &str| tree.at_path(path).map(|n| n.span).unwrap_or(tree.span);
 
-    if raw.experiment.is_empty() || !raw.experiment.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-        return Err(Diagnostic::at(span("experiment"), format!("experiment name `{}` is not a plain name", raw.experiment))
-            .help("use letters, digits, `-` and `_` only; it names the results directory"));
+    if raw.experiment.is_empty()
+        || !raw
+            .experiment
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(Diagnostic::at(
+            span("experiment"),
+            format!("experiment name `{}` is not a plain name", raw.experiment),
+        )
+        .help("use letters, digits, `-` and `_` only; it names the results directory"));
     }
     check_problem(&raw.problem, span("problem"))?;
 
@@ -162,22 +188,38 @@ pub fn validate(raw: RawManifest, tree: &Node, manifest_path: &Path, device: &De
             let node = tree.at_path("interpreter.shapes").unwrap_or(tree);
             let shapes = expand_shapes(&i.shapes, node, base_dir)?;
             let tolerance = match &i.tolerance {
-                Some(t) => Some(tolerance(t, tree.at_path("interpreter.tolerance").unwrap_or(tree))?),
+                Some(t) => Some(tolerance(
+                    t,
+                    tree.at_path("interpreter.tolerance").unwrap_or(tree),
+                )?),
                 None => None,
             };
-            Some(InterpreterPlan { shapes, max_configs: i.max_configs.max(1), tolerance })
+            Some(InterpreterPlan {
+                shapes,
+                max_configs: i.max_configs.max(1),
+                tolerance,
+            })
         }
     };
     let shape_fields: Vec<String> = shapes[0].keys().cloned().collect();
 
     if raw.methods.is_empty() {
-        return Err(Diagnostic::at(span("methods"), "`methods` is empty").help("declare at least one method, e.g. `triton: {kind: triton, kernel: matmul}`"));
+        return Err(Diagnostic::at(span("methods"), "`methods` is empty")
+            .help("declare at least one method, e.g. `triton: {kind: triton, kernel: matmul}`"));
     }
     let env = expr::environment();
     let mut methods = Vec::new();
     for (name, m) in &raw.methods {
         let node = tree.at_path(&format!("methods.{name}")).unwrap_or(tree);
-        methods.push(method(name, m, node, &shape_fields, &env, device, base_dir)?);
+        methods.push(method(
+            name,
+            m,
+            node,
+            &shape_fields,
+            &env,
+            device,
+            base_dir,
+        )?);
     }
 
     let tolerance = tolerance(&raw.tolerance, tree.get("tolerance").unwrap_or(tree))?;
@@ -190,19 +232,33 @@ pub fn validate(raw: RawManifest, tree: &Node, manifest_path: &Path, device: &De
         if let Some(m) = &o.method {
             if !raw.methods.contains_key(m) {
                 let names: Vec<&str> = raw.methods.keys().map(String::as_str).collect();
-                return Err(unknown(span(&format!("outputs[{i}].method")), "method", m, &names));
+                return Err(unknown(
+                    span(&format!("outputs[{i}].method")),
+                    "method",
+                    m,
+                    &names,
+                ));
             }
         }
         let legacy_keys = match o.keys.as_deref() {
             None | Some("current") => false,
             Some("legacy") => true,
             Some(other) => {
-                return Err(Diagnostic::at(span(&format!("outputs[{i}].keys")), format!("unknown key scheme `{other}`"))
-                    .help("use `current` (M_LEQ_x) or `legacy` (small, medium_M32, ...)"))
+                return Err(Diagnostic::at(
+                    span(&format!("outputs[{i}].keys")),
+                    format!("unknown key scheme `{other}`"),
+                )
+                .help("use `current` (M_LEQ_x) or `legacy` (small, medium_M32, ...)"))
             }
         };
         check_output_path(&o.path, out_span, &env, &shapes, device)?;
-        outputs.push(Output { format: o.format, path: o.path.clone(), method: o.method.clone(), legacy_keys, span: out_span });
+        outputs.push(Output {
+            format: o.format,
+            path: o.path.clone(),
+            method: o.method.clone(),
+            legacy_keys,
+            span: out_span,
+        });
     }
 
     let canonical = serde_json::to_string(&raw).expect("manifest serialises");
@@ -236,13 +292,21 @@ fn check_problem(problem: &str, span: Span) -> Result<(), Diagnostic> {
         return Ok(());
     }
     if let Some((module, class)) = problem.split_once(':') {
-        let ident = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !s.starts_with(|c: char| c.is_ascii_digit());
+        let ident = |s: &str| {
+            !s.is_empty()
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !s.starts_with(|c: char| c.is_ascii_digit())
+        };
         if module.split('.').all(ident) && ident(class) {
             return Ok(());
         }
     }
-    Err(unknown(span, "problem", problem, BUILTIN_PROBLEMS)
-        .help(format!("use a builtin ({}) or a Python class as \"module.path:ClassName\"", BUILTIN_PROBLEMS.join(", "))))
+    Err(
+        unknown(span, "problem", problem, BUILTIN_PROBLEMS).help(format!(
+            "use a builtin ({}) or a Python class as \"module.path:ClassName\"",
+            BUILTIN_PROBLEMS.join(", ")
+        )),
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -253,7 +317,12 @@ fn scalar_ok(v: &Json) -> bool {
 }
 
 /// Values of one axis or space parameter: a list, `{range: [a, b, step]}` or `{pow2: [lo, hi]}`.
-pub fn axis_values(value: &Json, span: Span, name: &str, allow_records: bool) -> Result<Vec<Json>, Diagnostic> {
+pub fn axis_values(
+    value: &Json,
+    span: Span,
+    name: &str,
+    allow_records: bool,
+) -> Result<Vec<Json>, Diagnostic> {
     let values = match value {
         Json::Array(items) => items.clone(),
         Json::Object(map) if map.len() == 1 && map.contains_key("range") => {
@@ -279,23 +348,46 @@ pub fn axis_values(value: &Json, span: Span, name: &str, allow_records: bool) ->
         }
     };
     if values.is_empty() {
-        return Err(Diagnostic::at(span, format!("`{name}` has no values")).help("give at least one value, or remove the axis"));
+        return Err(Diagnostic::at(span, format!("`{name}` has no values"))
+            .help("give at least one value, or remove the axis"));
     }
     for v in &values {
-        let ok = scalar_ok(v) || (allow_records && v.as_object().is_some_and(|m| !m.is_empty() && m.values().all(scalar_ok)));
+        let ok = scalar_ok(v)
+            || (allow_records
+                && v.as_object()
+                    .is_some_and(|m| !m.is_empty() && m.values().all(scalar_ok)));
         if !ok {
-            let what = if allow_records { "numbers, strings, booleans or records of them" } else { "numbers, strings or booleans" };
-            return Err(Diagnostic::at(span, format!("`{name}` holds {}, expected {what}", json_kind(v))));
+            let what = if allow_records {
+                "numbers, strings, booleans or records of them"
+            } else {
+                "numbers, strings or booleans"
+            };
+            return Err(Diagnostic::at(
+                span,
+                format!("`{name}` holds {}, expected {what}", json_kind(v)),
+            ));
         }
     }
     Ok(values)
 }
 
-fn int_list(v: &Json, span: Span, name: &str, form: &str, len: usize) -> Result<Vec<i64>, Diagnostic> {
-    let items: Option<Vec<i64>> = v.as_array().filter(|a| a.len() == len).map(|a| a.iter().filter_map(Json::as_i64).collect());
+fn int_list(
+    v: &Json,
+    span: Span,
+    name: &str,
+    form: &str,
+    len: usize,
+) -> Result<Vec<i64>, Diagnostic> {
+    let items: Option<Vec<i64>> = v
+        .as_array()
+        .filter(|a| a.len() == len)
+        .map(|a| a.iter().filter_map(Json::as_i64).collect());
     match items {
         Some(items) if items.len() == len => Ok(items),
-        _ => Err(Diagnostic::at(span, format!("`{name}`: `{form}` takes {len} integers"))),
+        _ => Err(Diagnostic::at(
+            span,
+            format!("`{name}`: `{form}` takes {len} integers"),
+        )),
     }
 }
 
@@ -319,7 +411,13 @@ fn expand_shapes(raw: &RawShapes, node: &Node, base_dir: &Path) -> Result<Vec<Sh
             let s = span(&format!("list[{i}]"));
             for (k, v) in entry {
                 if !scalar_ok(v) {
-                    return Err(Diagnostic::at(span(&format!("list[{i}].{k}")), format!("shape field `{k}` must be a number, string or boolean, found {}", json_kind(v))));
+                    return Err(Diagnostic::at(
+                        span(&format!("list[{i}].{k}")),
+                        format!(
+                            "shape field `{k}` must be a number, string or boolean, found {}",
+                            json_kind(v)
+                        ),
+                    ));
                 }
             }
             shapes.push((entry.clone(), s));
@@ -328,7 +426,10 @@ fn expand_shapes(raw: &RawShapes, node: &Node, base_dir: &Path) -> Result<Vec<Sh
     if let Some(product) = &raw.product {
         let mut axes = Vec::new();
         for (name, value) in product {
-            axes.push((name.as_str(), axis_values(value, span(&format!("product.{name}")), name, true)?));
+            axes.push((
+                name.as_str(),
+                axis_values(value, span(&format!("product.{name}")), name, true)?,
+            ));
         }
         let mut partial: Vec<Shape> = vec![Shape::new()];
         for (name, values) in &axes {
@@ -355,15 +456,23 @@ fn expand_shapes(raw: &RawShapes, node: &Node, base_dir: &Path) -> Result<Vec<Sh
         shapes.extend(partial.into_iter().map(|shape| (shape, s)));
     }
     if let Some(csv) = &raw.csv {
-        shapes.extend(super::csv_shapes::read(csv, node.get("csv").unwrap_or(node), base_dir)?);
+        shapes.extend(super::csv_shapes::read(
+            csv,
+            node.get("csv").unwrap_or(node),
+            base_dir,
+        )?);
     }
     if shapes.is_empty() {
-        return Err(Diagnostic::at(node.span, "the shape set is empty").help("add `list:`, `product:` or `csv:` under `shapes`"));
+        return Err(Diagnostic::at(node.span, "the shape set is empty")
+            .help("add `list:`, `product:` or `csv:` under `shapes`"));
     }
     if let Some(fixed) = &raw.fixed {
         for (k, v) in fixed {
             if !scalar_ok(v) {
-                return Err(Diagnostic::at(span(&format!("fixed.{k}")), format!("fixed field `{k}` must be a number, string or boolean")));
+                return Err(Diagnostic::at(
+                    span(&format!("fixed.{k}")),
+                    format!("fixed field `{k}` must be a number, string or boolean"),
+                ));
             }
         }
         for (shape, _) in &mut shapes {
@@ -377,10 +486,20 @@ fn expand_shapes(raw: &RawShapes, node: &Node, base_dir: &Path) -> Result<Vec<Sh
     for (shape, s) in &shapes[1..] {
         let keys: HashSet<&String> = shape.keys().collect();
         if keys != first_keys {
-            let mut missing: Vec<&str> = first_keys.symmetric_difference(&keys).map(|k| k.as_str()).collect();
+            let mut missing: Vec<&str> = first_keys
+                .symmetric_difference(&keys)
+                .map(|k| k.as_str())
+                .collect();
             missing.sort();
-            return Err(Diagnostic::at(*s, format!("this shape's fields differ from the first shape's (line {}): {}", first_span.line, missing.join(", ")))
-                .help("every shape needs the same fields; put common ones under `fixed:`"));
+            return Err(Diagnostic::at(
+                *s,
+                format!(
+                    "this shape's fields differ from the first shape's (line {}): {}",
+                    first_span.line,
+                    missing.join(", ")
+                ),
+            )
+            .help("every shape needs the same fields; put common ones under `fixed:`"));
         }
     }
     if let Some(dtype) = first.get("dtype") {
@@ -414,7 +533,11 @@ fn method(
     base_dir: &Path,
 ) -> Result<Method, Diagnostic> {
     let span = |path: &str| node.at_path(path).map(|n| n.span).unwrap_or(node.span);
-    let key_span = |section: &str, key: &str| node.get(section).and_then(|n| n.key_span(key)).unwrap_or(node.span);
+    let key_span = |section: &str, key: &str| {
+        node.get(section)
+            .and_then(|n| n.key_span(key))
+            .unwrap_or(node.span)
+    };
 
     // Every name a config can carry, with where it was declared, to catch clashes.
     let mut declared: IndexMap<String, (Span, &'static str)> = IndexMap::new();
@@ -425,19 +548,28 @@ fn method(
     for (k, v) in &m.params {
         declare(&mut declared, k, key_span("params", k), "parameter")?;
         if !scalar_ok(v) {
-            return Err(Diagnostic::at(span(&format!("params.{k}")), format!("parameter `{k}` must be a number, string or boolean")));
+            return Err(Diagnostic::at(
+                span(&format!("params.{k}")),
+                format!("parameter `{k}` must be a number, string or boolean"),
+            ));
         }
         params.insert(k.clone(), v.clone());
     }
     let mut axes = Vec::new();
     for (k, v) in &m.space {
         declare(&mut declared, k, key_span("space", k), "space parameter")?;
-        axes.push(Axis { name: k.clone(), values: axis_values(v, span(&format!("space.{k}")), k, false)? });
+        axes.push(Axis {
+            name: k.clone(),
+            values: axis_values(v, span(&format!("space.{k}")), k, false)?,
+        });
     }
 
     let mut derived = Vec::new();
     for (k, source) in &m.derived {
-        let e = Expr { source: source.clone(), span: span(&format!("derived.{k}")) };
+        let e = Expr {
+            source: source.clone(),
+            span: span(&format!("derived.{k}")),
+        };
         derived.push((k.clone(), e));
     }
     let mut known: Vec<String> = declared.keys().cloned().collect();
@@ -448,7 +580,10 @@ fn method(
     }
     let mut constraints = Vec::new();
     for (i, source) in m.constraints.iter().enumerate() {
-        let e = Expr { source: source.clone(), span: span(&format!("constraints[{i}]")) };
+        let e = Expr {
+            source: source.clone(),
+            span: span(&format!("constraints[{i}]")),
+        };
         check_expr(&e, env, &known, device)?;
         constraints.push(e);
     }
@@ -457,13 +592,29 @@ fn method(
         None => None,
         Some(Json::String(rule)) => {
             let Some(rule_exprs) = builtin_baseline(rule) else {
-                return Err(unknown(span("baseline"), "baseline rule", rule, BUILTIN_BASELINES));
+                return Err(unknown(
+                    span("baseline"),
+                    "baseline rule",
+                    rule,
+                    BUILTIN_BASELINES,
+                ));
             };
             let values = rule_exprs
                 .into_iter()
-                .map(|(k, src)| (k.to_string(), BaselineValue::Expr(Expr { source: src.to_string(), span: span("baseline") })))
+                .map(|(k, src)| {
+                    (
+                        k.to_string(),
+                        BaselineValue::Expr(Expr {
+                            source: src.to_string(),
+                            span: span("baseline"),
+                        }),
+                    )
+                })
                 .collect();
-            Some(Baseline { name: rule.clone(), values })
+            Some(Baseline {
+                name: rule.clone(),
+                values,
+            })
         }
         Some(Json::Object(map)) => {
             let mut values = Vec::new();
@@ -471,38 +622,73 @@ fn method(
                 let s = span(&format!("baseline.{k}"));
                 let value = match v {
                     Json::String(src) => {
-                        let e = Expr { source: src.clone(), span: s };
+                        let e = Expr {
+                            source: src.clone(),
+                            span: s,
+                        };
                         check_expr(&e, env, &known, device)?;
                         BaselineValue::Expr(e)
                     }
                     v if scalar_ok(v) => BaselineValue::Literal(v.clone()),
-                    other => return Err(Diagnostic::at(s, format!("baseline value for `{k}` must be a value or an expression, found {}", json_kind(other)))),
+                    other => {
+                        return Err(Diagnostic::at(
+                            s,
+                            format!(
+                            "baseline value for `{k}` must be a value or an expression, found {}",
+                            json_kind(other)
+                        ),
+                        ))
+                    }
                 };
                 values.push((k.clone(), value));
             }
-            Some(Baseline { name: "baseline".into(), values })
+            Some(Baseline {
+                name: "baseline".into(),
+                values,
+            })
         }
         Some(other) => {
-            return Err(Diagnostic::at(span("baseline"), format!("`baseline` must be a rule name or a mapping, found {}", json_kind(other)))
-                .help(format!("builtin rules: {}", BUILTIN_BASELINES.join(", "))))
+            return Err(Diagnostic::at(
+                span("baseline"),
+                format!(
+                    "`baseline` must be a rule name or a mapping, found {}",
+                    json_kind(other)
+                ),
+            )
+            .help(format!("builtin rules: {}", BUILTIN_BASELINES.join(", "))))
         }
     };
     if let Some(b) = &baseline {
         let tunable: HashSet<&str> = m.space.keys().map(String::as_str).collect();
         for (k, _) in &b.values {
             if !tunable.contains(k.as_str()) && !m.params.contains_key(k) {
-                return Err(Diagnostic::at(span("baseline"), format!("baseline sets `{k}`, which is not a parameter of method `{name}`"))
-                    .help("a baseline gives values for the method's space parameters"));
+                return Err(Diagnostic::at(
+                    span("baseline"),
+                    format!("baseline sets `{k}`, which is not a parameter of method `{name}`"),
+                )
+                .help("a baseline gives values for the method's space parameters"));
             }
         }
     }
 
     let mut identity = blake3::Hasher::new();
-    identity.update(format!("{:?}\0{}\0{}\0", m.kind, m.kernel, m.version.as_deref().unwrap_or("")).as_bytes());
+    identity.update(
+        format!(
+            "{:?}\0{}\0{}\0",
+            m.kind,
+            m.kernel,
+            m.version.as_deref().unwrap_or("")
+        )
+        .as_bytes(),
+    );
     if let Some(source) = &m.source {
         let path = base_dir.join(source);
         let bytes = std::fs::read(&path).map_err(|e| {
-            Diagnostic::at(span("source"), format!("cannot read method source {}: {e}", path.display())).help("paths are relative to the manifest")
+            Diagnostic::at(
+                span("source"),
+                format!("cannot read method source {}: {e}", path.display()),
+            )
+            .help("paths are relative to the manifest")
         })?;
         identity.update(&bytes);
     }
@@ -522,26 +708,52 @@ fn method(
 }
 
 /// Records a config name, refusing one that is already a shape field, parameter or derived value.
-fn declare(declared: &mut IndexMap<String, (Span, &'static str)>, n: &str, s: Span, what: &'static str) -> Result<(), Diagnostic> {
+fn declare(
+    declared: &mut IndexMap<String, (Span, &'static str)>,
+    n: &str,
+    s: Span,
+    what: &'static str,
+) -> Result<(), Diagnostic> {
     if n == "device" {
-        return Err(Diagnostic::at(s, "`device` is reserved for device properties").help("rename the parameter"));
+        return Err(
+            Diagnostic::at(s, "`device` is reserved for device properties")
+                .help("rename the parameter"),
+        );
     }
     if let Some((_, other)) = declared.get(n) {
-        return Err(Diagnostic::at(s, format!("`{n}` is already a {other}"))
-            .help("each name may be a shape field, a parameter or a derived value, not two of them"));
+        return Err(
+            Diagnostic::at(s, format!("`{n}` is already a {other}")).help(
+                "each name may be a shape field, a parameter or a derived value, not two of them",
+            ),
+        );
     }
     declared.insert(n.to_string(), (s, what));
     Ok(())
 }
 
 /// Compiles an expression with minijinja and checks every name it reads.
-fn check_expr(e: &Expr, env: &minijinja::Environment<'static>, known: &[String], device: &DeviceInfo) -> Result<(), Diagnostic> {
+fn check_expr(
+    e: &Expr,
+    env: &minijinja::Environment<'static>,
+    known: &[String],
+    device: &DeviceInfo,
+) -> Result<(), Diagnostic> {
     let vars = expr::variables(env, &e.source).map_err(|err| {
         let detail = err.detail().map(str::to_string).unwrap_or_else(|| err.to_string());
         Diagnostic::at(e.span, format!("invalid expression `{}`: {detail}", e.source)).help("expressions use Jinja syntax: `BLOCK_SIZE_M * 2 <= device.smem_bytes`, `a if cond else b`")
     })?;
     let device_fields = device_fields(device);
-    let functions = ["min", "max", "abs", "ceil_div", "log2", "is_pow2", "range", "dict", "namespace"];
+    let functions = [
+        "min",
+        "max",
+        "abs",
+        "ceil_div",
+        "log2",
+        "is_pow2",
+        "range",
+        "dict",
+        "namespace",
+    ];
     let mut names: Vec<&String> = vars.iter().collect();
     names.sort();
     for var in names {
@@ -556,7 +768,14 @@ fn check_expr(e: &Expr, env: &minijinja::Environment<'static>, known: &[String],
                 Some(s) => format!("did you mean `{s}`?"),
                 None => format!("names available here: {}, device.*", candidates.join(", ")),
             };
-            return Err(Diagnostic::at(e.span, format!("expression `{}` reads `{var}`, which is not defined", e.source)).help(help));
+            return Err(Diagnostic::at(
+                e.span,
+                format!(
+                    "expression `{}` reads `{var}`, which is not defined",
+                    e.source
+                ),
+            )
+            .help(help));
         }
     }
     Ok(())
@@ -573,9 +792,16 @@ pub fn device_fields(device: &DeviceInfo) -> serde_json::Map<String, Json> {
 fn tolerance(t: &RawTolerance, node: &Node) -> Result<Tolerance, Diagnostic> {
     let span = |p: &str| node.at_path(p).map(|n| n.span).unwrap_or(node.span);
     let check = |v: f64, p: &str, max: Option<f64>| -> Result<(), Diagnostic> {
-        if !(v >= 0.0) || max.is_some_and(|m| v > m) {
-            let range = if max.is_some() { "between 0 and 1" } else { "zero or positive" };
-            return Err(Diagnostic::at(span(p), format!("`{p}` must be {range}, found {v}")));
+        if v.is_nan() || v < 0.0 || max.is_some_and(|m| v > m) {
+            let range = if max.is_some() {
+                "between 0 and 1"
+            } else {
+                "zero or positive"
+            };
+            return Err(Diagnostic::at(
+                span(p),
+                format!("`{p}` must be {range}, found {v}"),
+            ));
         }
         Ok(())
     };
@@ -585,61 +811,125 @@ fn tolerance(t: &RawTolerance, node: &Node) -> Result<Tolerance, Diagnostic> {
     let mut per_dtype = IndexMap::new();
     for (dtype, o) in &t.per_dtype {
         if !DTYPES.contains(&dtype.as_str()) {
-            let s = node.get("per_dtype").and_then(|n| n.key_span(dtype)).unwrap_or(node.span);
+            let s = node
+                .get("per_dtype")
+                .and_then(|n| n.key_span(dtype))
+                .unwrap_or(node.span);
             return Err(unknown(s, "dtype", dtype, DTYPES));
         }
         per_dtype.insert(dtype.clone(), (o.atol, o.rtol, o.max_mismatch));
     }
-    Ok(Tolerance { atol: t.atol, rtol: t.rtol, max_mismatch: t.max_mismatch, per_dtype })
+    Ok(Tolerance {
+        atol: t.atol,
+        rtol: t.rtol,
+        max_mismatch: t.max_mismatch,
+        per_dtype,
+    })
 }
 
 fn check_protocol(p: &RawProtocol, tree: &Node) -> Result<(), Diagnostic> {
-    let span = |k: &str| tree.at_path(&format!("protocol.{k}")).map(|n| n.span).unwrap_or(tree.span);
+    let span = |k: &str| {
+        tree.at_path(&format!("protocol.{k}"))
+            .map(|n| n.span)
+            .unwrap_or(tree.span)
+    };
     if p.batch == 0 {
         return Err(Diagnostic::at(span("batch"), "`batch` must be at least 1"));
     }
     if p.min_samples == 0 || p.min_samples > p.max_samples {
-        return Err(Diagnostic::at(span("min_samples"), format!("`min_samples` ({}) must be between 1 and `max_samples` ({})", p.min_samples, p.max_samples)));
+        return Err(Diagnostic::at(
+            span("min_samples"),
+            format!(
+                "`min_samples` ({}) must be between 1 and `max_samples` ({})",
+                p.min_samples, p.max_samples
+            ),
+        ));
     }
     if !(p.target_ci > 0.0 && p.target_ci < 1.0) {
-        return Err(Diagnostic::at(span("target_ci"), format!("`target_ci` is a fraction of the median, between 0 and 1; found {}", p.target_ci)).help("0.005 means within 0.5 %"));
+        return Err(Diagnostic::at(
+            span("target_ci"),
+            format!(
+                "`target_ci` is a fraction of the median, between 0 and 1; found {}",
+                p.target_ci
+            ),
+        )
+        .help("0.005 means within 0.5 %"));
     }
-    if !(p.timeout_s > 0.0) {
-        return Err(Diagnostic::at(span("timeout_s"), "`timeout_s` must be positive"));
+    if p.timeout_s.is_nan() || p.timeout_s <= 0.0 {
+        return Err(Diagnostic::at(
+            span("timeout_s"),
+            "`timeout_s` must be positive",
+        ));
     }
     Ok(())
 }
 
 fn check_search(s: &RawSearch, tree: &Node) -> Result<(), Diagnostic> {
-    let span = |k: &str| tree.at_path(&format!("search.{k}")).map(|n| n.span).unwrap_or(tree.span);
-    if s.strategy == Strategy::Random && s.budget.is_none_or(|b| b == 0) {
-        return Err(Diagnostic::at(span("strategy"), "random search needs a budget").help("add `budget: 64` (configs per shape and method) under `search`"));
+    let span = |k: &str| {
+        tree.at_path(&format!("search.{k}"))
+            .map(|n| n.span)
+            .unwrap_or(tree.span)
+    };
+    if s.strategy == Strategy::Random && s.budget.unwrap_or(0) == 0 {
+        return Err(
+            Diagnostic::at(span("strategy"), "random search needs a budget")
+                .help("add `budget: 64` (configs per shape and method) under `search`"),
+        );
     }
     if s.eta < 2 {
-        return Err(Diagnostic::at(span("eta"), format!("`eta` must be at least 2, found {}", s.eta)));
+        return Err(Diagnostic::at(
+            span("eta"),
+            format!("`eta` must be at least 2, found {}", s.eta),
+        ));
     }
     Ok(())
 }
 
 /// Output paths are templates; a rendered path must stay inside the results directory.
-fn check_output_path(template: &str, span: Span, env: &minijinja::Environment<'static>, shapes: &[Shape], device: &DeviceInfo) -> Result<(), Diagnostic> {
+fn check_output_path(
+    template: &str,
+    span: Span,
+    env: &minijinja::Environment<'static>,
+    shapes: &[Shape],
+    device: &DeviceInfo,
+) -> Result<(), Diagnostic> {
     let tmpl = env.template_from_str(template).map_err(|e| {
-        Diagnostic::at(span, format!("invalid path template `{template}`: {}", e.detail().unwrap_or("syntax error"))).help("path templates use Jinja syntax: `vllm/E={{E}},N={{N}}.json`")
+        Diagnostic::at(
+            span,
+            format!(
+                "invalid path template `{template}`: {}",
+                e.detail().unwrap_or("syntax error")
+            ),
+        )
+        .help("path templates use Jinja syntax: `vllm/E={{E}},N={{N}}.json`")
     })?;
     let mut rendered_paths = HashSet::new();
     for shape in shapes {
-        let mut ctx: serde_json::Map<String, Json> = shape.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut ctx: serde_json::Map<String, Json> =
+            shape.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         ctx.insert("device".into(), Json::Object(device_fields(device)));
         let rendered = tmpl.render(&ctx).map_err(|e| {
-            Diagnostic::at(span, format!("path template `{template}` cannot be rendered: {}", e.detail().unwrap_or("unknown error")))
-                .help(format!("templates may use shape fields ({}) and device.*", shape.keys().cloned().collect::<Vec<_>>().join(", ")))
+            Diagnostic::at(
+                span,
+                format!(
+                    "path template `{template}` cannot be rendered: {}",
+                    e.detail().unwrap_or("unknown error")
+                ),
+            )
+            .help(format!(
+                "templates may use shape fields ({}) and device.*",
+                shape.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
         })?;
         if !rendered_paths.insert(rendered.clone()) {
             continue;
         }
         if escapes(Path::new(&rendered)) {
-            return Err(Diagnostic::at(span, format!("output path `{rendered}` leaves the results directory"))
-                .help("write a relative path without `..`, such as `report.md` or `vllm/{{E}}.json`"));
+            return Err(Diagnostic::at(
+                span,
+                format!("output path `{rendered}` leaves the results directory"),
+            )
+            .help("write a relative path without `..`, such as `report.md` or `vllm/{{E}}.json`"));
         }
     }
     Ok(())
@@ -670,7 +960,11 @@ pub fn shape_dtype(shape: &Shape) -> Option<&str> {
 
 /// `E=32,N=2880,M=1` style label of a shape, fields in order.
 pub fn shape_label(shape: &Shape) -> String {
-    shape.iter().map(|(k, v)| format!("{k}={}", scalar_text(v))).collect::<Vec<_>>().join(",")
+    shape
+        .iter()
+        .map(|(k, v)| format!("{k}={}", scalar_text(v)))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 pub fn scalar_text(v: &Json) -> String {

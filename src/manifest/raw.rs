@@ -144,7 +144,12 @@ pub struct RawTolerance {
 
 impl Default for RawTolerance {
     fn default() -> Self {
-        RawTolerance { atol: default_atol(), rtol: default_rtol(), max_mismatch: 0.0, per_dtype: IndexMap::new() }
+        RawTolerance {
+            atol: default_atol(),
+            rtol: default_rtol(),
+            max_mismatch: 0.0,
+            per_dtype: IndexMap::new(),
+        }
     }
 }
 
@@ -249,7 +254,12 @@ pub struct RawSearch {
 
 impl Default for RawSearch {
     fn default() -> Self {
-        RawSearch { strategy: Strategy::Grid, budget: None, seed: 0, eta: d_eta() }
+        RawSearch {
+            strategy: Strategy::Grid,
+            budget: None,
+            seed: 0,
+            eta: d_eta(),
+        }
     }
 }
 

@@ -58,7 +58,10 @@ impl Node {
 
     pub fn key_span(&self, key: &str) -> Option<Span> {
         match &self.value {
-            Value::Map(entries) => entries.iter().find(|(k, _)| k.name == key).map(|(k, _)| k.span),
+            Value::Map(entries) => entries
+                .iter()
+                .find(|(k, _)| k.name == key)
+                .map(|(k, _)| k.span),
             _ => None,
         }
     }
@@ -95,15 +98,20 @@ impl Node {
 
 /// Parses one YAML document from a file, registering the text for diagnostics.
 pub fn load_file(path: &Path) -> Result<Node, Diagnostic> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Diagnostic::in_file(path, format!("cannot read {}: {e}", path.display()))
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Diagnostic::in_file(path, format!("cannot read {}: {e}", path.display())))?;
     parse_str(path, text)
 }
 
 pub fn parse_str(path: &Path, text: String) -> Result<Node, Diagnostic> {
     let file = add_source(path, text.clone());
-    let mut builder = TreeBuilder { file, stack: Vec::new(), anchors: HashMap::new(), root: None, error: None };
+    let mut builder = TreeBuilder {
+        file,
+        stack: Vec::new(),
+        anchors: HashMap::new(),
+        root: None,
+        error: None,
+    };
     let mut parser = Parser::new_from_str(&text);
     if let Err(e) = parser.load(&mut builder, false) {
         let span = span_of(file, *e.marker());
@@ -113,17 +121,35 @@ pub fn parse_str(path: &Path, text: String) -> Result<Node, Diagnostic> {
     if let Some(err) = builder.error {
         return Err(err);
     }
-    Ok(builder.root.unwrap_or(Node { value: Value::Null, span: Span { file, line: 1, col: 1 } }))
+    Ok(builder.root.unwrap_or(Node {
+        value: Value::Null,
+        span: Span {
+            file,
+            line: 1,
+            col: 1,
+        },
+    }))
 }
 
 fn span_of(file: FileId, mark: Marker) -> Span {
     // yaml-rust2 counts lines from 1 and columns from 0.
-    Span { file, line: mark.line(), col: mark.col() + 1 }
+    Span {
+        file,
+        line: mark.line(),
+        col: mark.col() + 1,
+    }
 }
 
 enum Frame {
-    Seq { node: Node, anchor: usize },
-    Map { node: Node, anchor: usize, pending_key: Option<Key> },
+    Seq {
+        node: Node,
+        anchor: usize,
+    },
+    Map {
+        node: Node,
+        anchor: usize,
+        pending_key: Option<Key>,
+    },
 }
 
 struct TreeBuilder {
@@ -143,7 +169,11 @@ impl TreeBuilder {
                     items.push(node);
                 }
             }
-            Some(Frame::Map { node: map, pending_key, .. }) => match pending_key.take() {
+            Some(Frame::Map {
+                node: map,
+                pending_key,
+                ..
+            }) => match pending_key.take() {
                 None => {
                     let name = match &node.value {
                         Value::Str(s) => s.clone(),
@@ -168,7 +198,10 @@ impl TreeBuilder {
                             );
                         }
                     }
-                    *pending_key = Some(Key { name, span: node.span });
+                    *pending_key = Some(Key {
+                        name,
+                        span: node.span,
+                    });
                 }
                 Some(key) => {
                     if let Value::Map(entries) = &mut map.value {
@@ -194,21 +227,34 @@ impl MarkedEventReceiver for TreeBuilder {
         let span = span_of(self.file, mark);
         match ev {
             Event::Scalar(text, style, anchor, _tag) => {
-                let value = if style == TScalarStyle::Plain { plain_scalar(text) } else { Value::Str(text) };
+                let value = if style == TScalarStyle::Plain {
+                    plain_scalar(text)
+                } else {
+                    Value::Str(text)
+                };
                 let node = Node { value, span };
                 self.record_anchor(anchor, &node);
                 self.push_value(node);
             }
-            Event::SequenceStart(anchor, _) => {
-                self.stack.push(Frame::Seq { node: Node { value: Value::Seq(Vec::new()), span }, anchor })
-            }
+            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
+                node: Node {
+                    value: Value::Seq(Vec::new()),
+                    span,
+                },
+                anchor,
+            }),
             Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
-                node: Node { value: Value::Map(Vec::new()), span },
+                node: Node {
+                    value: Value::Map(Vec::new()),
+                    span,
+                },
                 anchor,
                 pending_key: None,
             }),
             Event::SequenceEnd | Event::MappingEnd => {
-                if let Some(Frame::Seq { node, anchor } | Frame::Map { node, anchor, .. }) = self.stack.pop() {
+                if let Some(Frame::Seq { node, anchor } | Frame::Map { node, anchor, .. }) =
+                    self.stack.pop()
+                {
                     self.record_anchor(anchor, &node);
                     self.push_value(node);
                 }
@@ -222,7 +268,11 @@ impl MarkedEventReceiver for TreeBuilder {
                     self.error = Some(Diagnostic::at(span, "alias to an unknown anchor"));
                 }
             },
-            Event::Nothing | Event::StreamStart | Event::StreamEnd | Event::DocumentStart | Event::DocumentEnd => {}
+            Event::Nothing
+            | Event::StreamStart
+            | Event::StreamEnd
+            | Event::DocumentStart
+            | Event::DocumentEnd => {}
         }
     }
 }
@@ -250,7 +300,9 @@ fn plain_scalar(text: String) -> Value {
         }
     }
     let looks_numeric = digits.starts_with(|c: char| c.is_ascii_digit() || c == '.')
-        && digits.chars().all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '-' | '+'));
+        && digits
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '-' | '+'));
     if looks_numeric {
         if let Ok(f) = text.parse::<f64>() {
             return Value::Float(f);
@@ -284,7 +336,13 @@ mod tests {
         let n = parse("top:\n  inner: [1, 22]\n");
         let inner = n.at_path("top.inner[1]").unwrap();
         assert_eq!((inner.span.line, inner.span.col), (2, 14));
-        assert_eq!(n.get("top").unwrap().key_span("inner").map(|s| (s.line, s.col)), Some((2, 3)));
+        assert_eq!(
+            n.get("top")
+                .unwrap()
+                .key_span("inner")
+                .map(|s| (s.line, s.col)),
+            Some((2, 3))
+        );
     }
 
     #[test]

@@ -21,8 +21,11 @@ impl Filter {
         let mut terms: Vec<(String, Vec<String>)> = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((key, value)) = part.split_once('=') else {
-                return Err(Diagnostic::in_file(origin.as_ref(), format!("`{part}` is not key=value"))
-                    .help("write --only E=32,N=2880 (repeat a key for alternatives: M=1,M=2)"));
+                return Err(Diagnostic::in_file(
+                    origin.as_ref(),
+                    format!("`{part}` is not key=value"),
+                )
+                .help("write --only E=32,N=2880 (repeat a key for alternatives: M=1,M=2)"));
             };
             let (key, value) = (key.trim().to_string(), value.trim().to_string());
             match terms.iter_mut().find(|(k, _)| *k == key) {
@@ -55,14 +58,22 @@ impl Filter {
                     Some(s) => format!("did you mean `{s}`?"),
                     None => format!("filter on: {}", names.join(", ")),
                 };
-                return Err(Diagnostic::in_file(self.origin.as_ref(), format!("unknown filter key `{key}`")).help(help));
+                return Err(Diagnostic::in_file(
+                    self.origin.as_ref(),
+                    format!("unknown filter key `{key}`"),
+                )
+                .help(help));
             }
         }
         if let Some((_, methods)) = self.terms.iter().find(|(k, _)| k == "method") {
             for m in methods {
                 if !exp.methods.iter().any(|x| x.name == *m) {
                     let names: Vec<&str> = exp.methods.iter().map(|m| m.name.as_str()).collect();
-                    return Err(Diagnostic::in_file(self.origin.as_ref(), format!("no method `{m}` in this experiment")).help(format!("methods: {}", names.join(", "))));
+                    return Err(Diagnostic::in_file(
+                        self.origin.as_ref(),
+                        format!("no method `{m}` in this experiment"),
+                    )
+                    .help(format!("methods: {}", names.join(", "))));
                 }
             }
         }
@@ -77,12 +88,16 @@ impl Filter {
     }
 
     pub fn keeps_method(&self, name: &str) -> bool {
-        self.terms.iter().all(|(k, values)| k != "method" || values.iter().any(|v| v == name))
+        self.terms
+            .iter()
+            .all(|(k, values)| k != "method" || values.iter().any(|v| v == name))
     }
 
     /// Space values of a filtered parameter; others pass.
     pub fn keeps_value(&self, param: &str, value: &Json) -> bool {
-        self.terms.iter().all(|(k, values)| k != param || values.iter().any(|want| matches(value, want)))
+        self.terms
+            .iter()
+            .all(|(k, values)| k != param || values.iter().any(|want| matches(value, want)))
     }
 }
 

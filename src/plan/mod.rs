@@ -8,6 +8,7 @@
 
 pub mod filter;
 mod rng;
+pub use rng::SplitMix64;
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -79,13 +80,21 @@ pub struct PlanOptions<'a> {
 }
 
 /// Streams every job to `sink`; returns the counts. `sink` may stop early.
-pub fn plan(exp: &Experiment, opts: &PlanOptions, sink: &mut dyn FnMut(Job) -> ControlFlow<()>) -> Result<PlanSummary, Diagnostic> {
+pub fn plan(
+    exp: &Experiment,
+    opts: &PlanOptions,
+    sink: &mut dyn FnMut(Job) -> ControlFlow<()>,
+) -> Result<PlanSummary, Diagnostic> {
     let shapes: &[Shape] = match (opts.mode, &exp.interpreter) {
         (Mode::Interpreter, Some(i)) => &i.shapes,
         _ => &exp.shapes,
     };
     opts.filter.check_keys(exp, shapes)?;
-    let selected: Vec<(usize, &Shape)> = shapes.iter().enumerate().filter(|(_, s)| opts.filter.keeps_shape(s)).collect();
+    let selected: Vec<(usize, &Shape)> = shapes
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| opts.filter.keeps_shape(s))
+        .collect();
     let strategy = strategy_label(exp, opts.mode);
     let mut summary = PlanSummary {
         experiment: exp.name.clone(),
@@ -97,12 +106,20 @@ pub fn plan(exp: &Experiment, opts: &PlanOptions, sink: &mut dyn FnMut(Job) -> C
     let constants = device_constants(opts.device);
     let env = expr::environment();
     let mut stopped = false;
-    for method in exp.methods.iter().filter(|m| opts.filter.keeps_method(&m.name)) {
+    for method in exp
+        .methods
+        .iter()
+        .filter(|m| opts.filter.keeps_method(&m.name))
+    {
         let mut counts = MethodCounts {
             method: method.name.clone(),
             shapes: selected.len() as u64,
             space_points: method.axes.iter().map(|a| a.values.len() as u64).product(),
-            removed: method.constraints.iter().map(|c| (c.source.clone(), 0)).collect(),
+            removed: method
+                .constraints
+                .iter()
+                .map(|c| (c.source.clone(), 0))
+                .collect(),
             ..Default::default()
         };
         for (shape_index, shape) in &selected {
@@ -111,7 +128,9 @@ pub fn plan(exp: &Experiment, opts: &PlanOptions, sink: &mut dyn FnMut(Job) -> C
             }
             let space = SpacePlan::new(exp, method, shape, &constants, &env, opts.filter)?;
             let limit = match (opts.mode, exp.search.strategy) {
-                (Mode::Interpreter, _) => Some(exp.interpreter.as_ref().map_or(4, |i| i.max_configs)),
+                (Mode::Interpreter, _) => {
+                    Some(exp.interpreter.as_ref().map_or(4, |i| i.max_configs))
+                }
                 (Mode::Gpu, Strategy::Random) => exp.search.budget,
                 _ => None,
             };
@@ -134,12 +153,20 @@ pub fn plan(exp: &Experiment, opts: &PlanOptions, sink: &mut dyn FnMut(Job) -> C
             match limit {
                 None => {
                     space.walk(&mut counts, &mut |job_slots| {
-                        counts_job_skip(&space, job_slots, *shape_index, baseline_id.as_deref(), &mut emit)
+                        counts_job_skip(
+                            &space,
+                            job_slots,
+                            *shape_index,
+                            baseline_id.as_deref(),
+                            &mut emit,
+                        )
                     })?;
                 }
                 Some(budget) => {
                     // Seeded reservoir sample: `budget` configs drawn uniformly, without keeping the space.
-                    let seed = exp.search.seed ^ rng::hash_str(&shape_label(shape)) ^ rng::hash_str(&method.name);
+                    let seed = exp.search.seed
+                        ^ rng::hash_str(&shape_label(shape))
+                        ^ rng::hash_str(&method.name);
                     let mut rng = rng::SplitMix64::new(seed);
                     let mut reservoir: Vec<Vec<Val>> = Vec::new();
                     let mut seen = 0u64;
@@ -156,7 +183,13 @@ pub fn plan(exp: &Experiment, opts: &PlanOptions, sink: &mut dyn FnMut(Job) -> C
                         (ControlFlow::Continue(()), false)
                     })?;
                     for slots in reservoir {
-                        let (flow, counted) = counts_job_skip(&space, &slots, *shape_index, baseline_id.as_deref(), &mut emit);
+                        let (flow, counted) = counts_job_skip(
+                            &space,
+                            &slots,
+                            *shape_index,
+                            baseline_id.as_deref(),
+                            &mut emit,
+                        );
                         if counted {
                             counts.jobs += 1;
                         }
@@ -178,9 +211,16 @@ pub fn plan(exp: &Experiment, opts: &PlanOptions, sink: &mut dyn FnMut(Job) -> C
 
 fn strategy_label(exp: &Experiment, mode: Mode) -> String {
     match (mode, exp.search.strategy) {
-        (Mode::Interpreter, _) => format!("interpreter sample ({} configs per shape)", exp.interpreter.as_ref().map_or(4, |i| i.max_configs)),
+        (Mode::Interpreter, _) => format!(
+            "interpreter sample ({} configs per shape)",
+            exp.interpreter.as_ref().map_or(4, |i| i.max_configs)
+        ),
         (_, Strategy::Grid) => "grid".into(),
-        (_, Strategy::Random) => format!("random (budget {}, seed {})", exp.search.budget.unwrap_or(0), exp.search.seed),
+        (_, Strategy::Random) => format!(
+            "random (budget {}, seed {})",
+            exp.search.budget.unwrap_or(0),
+            exp.search.seed
+        ),
         (_, Strategy::Halving) => format!("halving (eta {})", exp.search.eta),
     }
 }
@@ -234,9 +274,21 @@ fn reject_all(method: &Method, counts: &MethodCounts) -> Diagnostic {
         .iter()
         .map(|(src, n)| format!("`{src}` removed {n} of {}", counts.points))
         .collect();
-    let worst = counts.removed.iter().max_by_key(|(_, n)| *n).map(|(s, _)| s.clone()).unwrap_or_default();
-    Diagnostic::at(method.constraints_span, format!("the constraints of method `{}` reject every point of its space: {}", method.name, detail.join("; ")))
-        .help(format!("loosen `{worst}` or widen the space"))
+    let worst = counts
+        .removed
+        .iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(s, _)| s.clone())
+        .unwrap_or_default();
+    Diagnostic::at(
+        method.constraints_span,
+        format!(
+            "the constraints of method `{}` reject every point of its space: {}",
+            method.name,
+            detail.join("; ")
+        ),
+    )
+    .help(format!("loosen `{worst}` or widen the space"))
 }
 
 pub fn device_constants(device: &DeviceInfo) -> HashMap<String, Val> {
@@ -245,6 +297,9 @@ pub fn device_constants(device: &DeviceInfo) -> HashMap<String, Val> {
         .map(|(k, v)| (format!("device.{k}"), Val::from_json(&v)))
         .collect()
 }
+
+/// Called with each valid point's slots; returns (flow, whether it became a job).
+type Visit<'v> = dyn FnMut(&[Val]) -> (ControlFlow<()>, bool) + 'v;
 
 /// A compiled expression: the fast path, or minijinja when outside the subset.
 enum Check<'e> {
@@ -293,14 +348,27 @@ impl<'a> SpacePlan<'a> {
         for axis in &method.axes {
             names.push(axis.name.clone());
             base.push(Val::None);
-            axes.push(axis.values.iter().filter(|v| filter.keeps_value(&axis.name, v)).map(Val::from_json).collect());
+            axes.push(
+                axis.values
+                    .iter()
+                    .filter(|v| filter.keeps_value(&axis.name, v))
+                    .map(Val::from_json)
+                    .collect(),
+            );
         }
         for (k, _) in &method.derived {
             names.push(k.clone());
             base.push(Val::None);
         }
-        let slots: HashMap<String, usize> = names.iter().enumerate().map(|(i, n)| (n.clone(), i)).collect();
-        let scope = Scope { slots: &slots, constants };
+        let slots: HashMap<String, usize> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        let scope = Scope {
+            slots: &slots,
+            constants,
+        };
         let compile = |e: &'a Expr| match expr::compile_fast(&e.source, &scope) {
             Some(c) => Check::Fast(c),
             None => Check::Reference(e),
@@ -320,13 +388,18 @@ impl<'a> SpacePlan<'a> {
             }
             level
         };
-        let mut by_level: Vec<Vec<(usize, Check)>> = (0..=method.axes.len()).map(|_| Vec::new()).collect();
+        let mut by_level: Vec<Vec<(usize, Check)>> =
+            (0..=method.axes.len()).map(|_| Vec::new()).collect();
         for (i, c) in method.constraints.iter().enumerate() {
             let uses_derived = {
                 let vars = expr::variables(env, &c.source).unwrap_or_default();
                 method.derived.iter().any(|(d, _)| vars.contains(d))
             };
-            let level = if uses_derived { method.axes.len() } else { level_of(c) };
+            let level = if uses_derived {
+                method.axes.len()
+            } else {
+                level_of(c)
+            };
             by_level[level].push((i, compile(c)));
         }
         let derived = method.derived.iter().map(|(_, e)| compile(e)).collect();
@@ -334,7 +407,11 @@ impl<'a> SpacePlan<'a> {
         let mut hasher = blake3::Hasher::new();
         hasher.update(exp.problem.as_bytes());
         hasher.update(b"\0");
-        hasher.update(serde_json::to_string(shape).expect("shape serialises").as_bytes());
+        hasher.update(
+            serde_json::to_string(shape)
+                .expect("shape serialises")
+                .as_bytes(),
+        );
         hasher.update(b"\0");
         hasher.update(method.name.as_bytes());
         hasher.update(b"\0");
@@ -345,10 +422,31 @@ impl<'a> SpacePlan<'a> {
         }
         let prefix_digest = *hasher.finalize().as_bytes();
         let device_json = Json::Object(
-            constants.iter().filter_map(|(k, v)| k.strip_prefix("device.").map(|f| (f.to_string(), v.to_json()))).collect(),
+            constants
+                .iter()
+                .filter_map(|(k, v)| {
+                    k.strip_prefix("device.")
+                        .map(|f| (f.to_string(), v.to_json()))
+                })
+                .collect(),
         );
-        Ok(SpacePlan { method, shape, env, device_json, keys: names[first_axis_slot..].iter().map(|n| format!("{n}=").into_bytes()).collect(),
-            names, base, first_axis_slot, axes, by_level, derived, prefix_digest })
+        Ok(SpacePlan {
+            method,
+            shape,
+            env,
+            device_json,
+            keys: names[first_axis_slot..]
+                .iter()
+                .map(|n| format!("{n}=").into_bytes())
+                .collect(),
+            names,
+            base,
+            first_axis_slot,
+            axes,
+            by_level,
+            derived,
+            prefix_digest,
+        })
     }
 
     fn eval(&self, check: &Check, slots: &[Val]) -> Result<Val, Diagnostic> {
@@ -360,21 +458,31 @@ impl<'a> SpacePlan<'a> {
                     ctx.insert(name.clone(), v.to_json());
                 }
                 ctx.insert("device".into(), self.device_json.clone());
-                expr::eval_reference(self.env, &e.source, &ctx).map_err(|err| self.eval_error(Some(e), slots, err))
+                expr::eval_reference(self.env, &e.source, &ctx)
+                    .map_err(|err| self.eval_error(Some(e), slots, err))
             }
         }
     }
 
     fn eval_error(&self, e: Option<&Expr>, slots: &[Val], err: String) -> Diagnostic {
-        let point: Vec<String> = self.names.iter().zip(slots).filter(|(_, v)| **v != Val::None).map(|(n, v)| format!("{n}={}", v.to_json())).collect();
+        let point: Vec<String> = self
+            .names
+            .iter()
+            .zip(slots)
+            .filter(|(_, v)| **v != Val::None)
+            .map(|(n, v)| format!("{n}={}", v.to_json()))
+            .collect();
         let span = e.map(|e| e.span).unwrap_or(self.method.constraints_span);
-        Diagnostic::at(span, format!("expression failed at {}: {err}", point.join(", ")))
-            .help("guard the expression, e.g. `b != 0 and a // b > 1`, or narrow the space")
+        Diagnostic::at(
+            span,
+            format!("expression failed at {}: {err}", point.join(", ")),
+        )
+        .help("guard the expression, e.g. `b != 0 and a // b > 1`, or narrow the space")
     }
 
     /// Visits every valid point; `visit` gets the full slot vector and returns
     /// (flow, counted) where `counted` says whether it became a job.
-    fn walk(&self, counts: &mut MethodCounts, visit: &mut dyn FnMut(&[Val]) -> (ControlFlow<()>, bool)) -> Result<(), Diagnostic> {
+    fn walk(&self, counts: &mut MethodCounts, visit: &mut Visit) -> Result<(), Diagnostic> {
         let mut slots = self.base.clone();
         let total: u64 = self.axes.iter().map(|a| a.len() as u64).product();
         counts.points += total;
@@ -387,7 +495,13 @@ impl<'a> SpacePlan<'a> {
         self.descend(0, &mut slots, counts, &suffix, visit, &mut flow)
     }
 
-    fn passes(&self, level: usize, slots: &[Val], counts: &mut MethodCounts, subtree: u64) -> Result<bool, Diagnostic> {
+    fn passes(
+        &self,
+        level: usize,
+        slots: &[Val],
+        counts: &mut MethodCounts,
+        subtree: u64,
+    ) -> Result<bool, Diagnostic> {
         for (i, check) in &self.by_level[level] {
             if !self.eval(check, slots)?.truthy() {
                 counts.removed[*i].1 += subtree;
@@ -403,7 +517,7 @@ impl<'a> SpacePlan<'a> {
         slots: &mut Vec<Val>,
         counts: &mut MethodCounts,
         suffix: &[u64],
-        visit: &mut dyn FnMut(&[Val]) -> (ControlFlow<()>, bool),
+        visit: &mut Visit,
         flow: &mut ControlFlow<()>,
     ) -> Result<(), Diagnostic> {
         if level == self.axes.len() {
@@ -427,7 +541,9 @@ impl<'a> SpacePlan<'a> {
         }
         for value in &self.axes[level] {
             slots[self.first_axis_slot + level] = value.clone();
-            if level + 1 < self.axes.len() && !self.passes(level + 1, slots, counts, suffix[level + 1])? {
+            if level + 1 < self.axes.len()
+                && !self.passes(level + 1, slots, counts, suffix[level + 1])?
+            {
                 continue;
             }
             self.descend(level + 1, slots, counts, suffix, visit, flow)?;
@@ -479,11 +595,20 @@ impl<'a> SpacePlan<'a> {
         for (i, name) in self.names.iter().enumerate().skip(self.first_axis_slot) {
             config.insert(name.clone(), slots[i].to_json());
         }
-        Job { id, shape_index, method: self.method.name.clone(), shape: self.shape.clone(), config, baseline }
+        Job {
+            id,
+            shape_index,
+            method: self.method.name.clone(),
+            shape: self.shape.clone(),
+            config,
+            baseline,
+        }
     }
 
     fn baseline_job(&self, shape_index: usize) -> Result<Option<Job>, Diagnostic> {
-        let Some(baseline) = &self.method.baseline else { return Ok(None) };
+        let Some(baseline) = &self.method.baseline else {
+            return Ok(None);
+        };
         let mut slots = self.base.clone();
         for (name, value) in &baseline.values {
             let v = match value {
@@ -494,10 +619,21 @@ impl<'a> SpacePlan<'a> {
                 slots[i] = v;
             }
         }
-        if let Some((i, _)) = self.axes.iter().enumerate().find(|(i, _)| slots[self.first_axis_slot + i] == Val::None) {
+        if let Some((i, _)) = self
+            .axes
+            .iter()
+            .enumerate()
+            .find(|(i, _)| slots[self.first_axis_slot + i] == Val::None)
+        {
             let missing = &self.method.axes[i].name;
-            return Err(Diagnostic::at(self.method.span, format!("the baseline of method `{}` gives no value for `{missing}`", self.method.name))
-                .help("set every space parameter in `baseline`"));
+            return Err(Diagnostic::at(
+                self.method.span,
+                format!(
+                    "the baseline of method `{}` gives no value for `{missing}`",
+                    self.method.name
+                ),
+            )
+            .help("set every space parameter in `baseline`"));
         }
         let derived_base = self.first_axis_slot + self.axes.len();
         for (i, d) in self.derived.iter().enumerate() {
@@ -509,13 +645,30 @@ impl<'a> SpacePlan<'a> {
 
 /// Plans without building jobs: counts and job ids only, for throughput
 /// benchmarks. Returns (summary, xor of all ids) so the work cannot be skipped.
-pub fn count_with_ids(exp: &Experiment, opts: &PlanOptions) -> Result<(PlanSummary, u64), Diagnostic> {
+pub fn count_with_ids(
+    exp: &Experiment,
+    opts: &PlanOptions,
+) -> Result<(PlanSummary, u64), Diagnostic> {
     let constants = device_constants(opts.device);
     let env = expr::environment();
-    let mut summary = PlanSummary { experiment: exp.name.clone(), device: opts.device.name.clone(), strategy: "grid".into(), shapes: exp.shapes.len() as u64, ..Default::default() };
+    let mut summary = PlanSummary {
+        experiment: exp.name.clone(),
+        device: opts.device.name.clone(),
+        strategy: "grid".into(),
+        shapes: exp.shapes.len() as u64,
+        ..Default::default()
+    };
     let mut acc = 0u64;
     for method in &exp.methods {
-        let mut counts = MethodCounts { method: method.name.clone(), removed: method.constraints.iter().map(|c| (c.source.clone(), 0)).collect(), ..Default::default() };
+        let mut counts = MethodCounts {
+            method: method.name.clone(),
+            removed: method
+                .constraints
+                .iter()
+                .map(|c| (c.source.clone(), 0))
+                .collect(),
+            ..Default::default()
+        };
         for shape in &exp.shapes {
             let space = SpacePlan::new(exp, method, shape, &constants, &env, opts.filter)?;
             let mut buf = Vec::with_capacity(128);

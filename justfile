@@ -1,0 +1,53 @@
+# tunelab tasks. `just --list` shows them all.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# The Python that runs workers: .venv if `just setup` made one, else python3.
+python := env_var_or_default("TUNELAB_PYTHON", if path_exists(".venv/bin/python") == "true" { ".venv/bin/python" } else { "python3" })
+
+# Build the release binary.
+build:
+    cargo build --release
+
+# Tune an experiment: `just tune gptoss`, `just tune gptoss --only E=32,N=2880`.
+tune NAME *ARGS: build
+    TUNELAB_PYTHON={{python}} ./target/release/tunelab run experiments/{{NAME}}.yaml {{ARGS}}
+
+# Compare methods at their baseline (or --use-best) configs.
+bench NAME *ARGS: build
+    TUNELAB_PYTHON={{python}} ./target/release/tunelab run experiments/{{NAME}}.yaml --mode bench {{ARGS}}
+
+# Check every manifest in experiments/.
+validate: build
+    ./target/release/tunelab validate experiments/*.yaml
+
+# Show the jobs a manifest expands to, per method.
+plan NAME *ARGS: build
+    ./target/release/tunelab plan experiments/{{NAME}}.yaml {{ARGS}}
+
+# Regenerate outputs and report of a results directory from its journal.
+report DIR: build
+    ./target/release/tunelab report {{DIR}}
+
+# Make .venv with torch, triton and pytest (what tests and interpreter runs need).
+setup:
+    test -x .venv/bin/python || python3 -m venv .venv
+    .venv/bin/python -m pip install -q --disable-pip-version-check torch triton numpy pytest
+
+# Everything CI checks: formatting, lints, Rust tests, Python tests, the interpreter end to end.
+test: lint
+    TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets
+    PYTHONPATH=python {{python}} -m pytest -q python/tests
+
+# rustfmt and clippy, warnings denied.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --all-targets -- -D warnings
+
+# Regenerate schemas/manifest.schema.json from the Rust types.
+schemas:
+    cargo run --quiet -- schema > schemas/manifest.schema.json
+
+# Planner throughput on a 10^7-point space (a measurement, not a test).
+bench-plan:
+    cargo bench --bench plan_throughput

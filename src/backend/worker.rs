@@ -1,0 +1,220 @@
+//! A Python worker process and the JSON-lines conversation with it.
+//!
+//! Every call has a deadline. A worker that does not answer in time is killed
+//! (SIGTERM, then SIGKILL after a grace period); one that exits is a crash.
+//! Either way the caller records the job's failure class and starts a fresh
+//! worker: nothing a kernel does can take the runner down.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value as Json};
+
+/// How to start a worker.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    pub python: String,
+    /// `python/` of the tunelab checkout, prepended to PYTHONPATH.
+    pub python_path: PathBuf,
+    /// "lane" or "compile".
+    pub role: String,
+    pub interpret: bool,
+    /// CUDA_VISIBLE_DEVICES for a lane that owns one GPU.
+    pub visible_device: Option<String>,
+    pub triton_cache: Option<PathBuf>,
+    /// Worker stderr goes here (appended), so a crash can be explained.
+    pub log: PathBuf,
+}
+
+#[derive(Debug)]
+pub enum CallError {
+    /// No answer before the deadline; the worker was killed.
+    Timeout(f64),
+    /// The worker exited; the last lines of its stderr.
+    Crash(String),
+    /// An answer that is not a protocol response.
+    Protocol(String),
+}
+
+pub struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<std::io::Result<String>>,
+    next_id: u64,
+    log: PathBuf,
+}
+
+/// The grace period between SIGTERM and SIGKILL.
+const KILL_GRACE: Duration = Duration::from_millis(500);
+
+impl Worker {
+    pub fn spawn(spec: &WorkerSpec) -> std::io::Result<Worker> {
+        if let Some(dir) = spec.log.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&spec.log)?;
+        let mut python_path = spec.python_path.as_os_str().to_owned();
+        if let Some(existing) = std::env::var_os("PYTHONPATH") {
+            python_path.push(":");
+            python_path.push(existing);
+        }
+        let mut cmd = Command::new(&spec.python);
+        cmd.args(["-u", "-m", "tunelab.worker", "--role", &spec.role])
+            .env("PYTHONPATH", python_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log));
+        if spec.interpret {
+            cmd.env("TRITON_INTERPRET", "1");
+        } else {
+            cmd.env_remove("TRITON_INTERPRET");
+        }
+        if let Some(dev) = &spec.visible_device {
+            cmd.env("CUDA_VISIBLE_DEVICES", dev);
+        }
+        if let Some(cache) = &spec.triton_cache {
+            cmd.env("TRITON_CACHE_DIR", cache);
+        }
+        let mut child = cmd.spawn()?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Worker {
+            child,
+            stdin,
+            lines: rx,
+            next_id: 1,
+            log: spec.log.clone(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends one request and waits for its response, at most `timeout`.
+    pub fn call(&mut self, op: &str, mut body: Json, timeout: Duration) -> Result<Json, CallError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        body["id"] = json!(id);
+        body["op"] = json!(op);
+        let line = serde_json::to_string(&body).expect("request serialises") + "\n";
+        if self
+            .stdin
+            .write_all(line.as_bytes())
+            .and_then(|_| self.stdin.flush())
+            .is_err()
+        {
+            return Err(self.crashed());
+        }
+        match self.lines.recv_timeout(timeout) {
+            Ok(Ok(text)) => {
+                let response: Json = serde_json::from_str(&text)
+                    .map_err(|e| CallError::Protocol(format!("not JSON ({e}): {text}")))?;
+                // We kill a worker on timeout, so a late answer to an earlier
+                // request cannot arrive: any other id is a protocol error.
+                match response.get("id").and_then(Json::as_u64) {
+                    Some(got) if got == id => Ok(response),
+                    _ => Err(CallError::Protocol(format!(
+                        "response for another request: {text}"
+                    ))),
+                }
+            }
+            Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => Err(self.crashed()),
+            Err(RecvTimeoutError::Timeout) => {
+                self.kill();
+                Err(CallError::Timeout(timeout.as_secs_f64()))
+            }
+        }
+    }
+
+    fn crashed(&mut self) -> CallError {
+        // Give the process a moment to finish exiting so the status is known.
+        let status = wait_for_exit(&mut self.child, Duration::from_millis(500));
+        let status = match status {
+            Some(s) => describe_exit(s),
+            None => {
+                self.kill();
+                "stopped answering".into()
+            }
+        };
+        CallError::Crash(format!("worker {status}; stderr: {}", tail(&self.log, 6)))
+    }
+
+    /// SIGTERM, a grace period, then SIGKILL.
+    pub fn kill(&mut self) {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: signalling our own child process.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        if wait_for_exit(&mut self.child, KILL_GRACE).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Asks the worker to exit; kills it if it does not.
+    pub fn shutdown(mut self) {
+        if self
+            .call("shutdown", json!({}), Duration::from_secs(5))
+            .is_err()
+        {
+            return;
+        }
+        if wait_for_exit(&mut self.child, Duration::from_secs(2)).is_none() {
+            self.kill();
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn wait_for_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => "exited".into(),
+    }
+}
+
+/// The last `n` non-empty lines of a log file, joined with " | ".
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}

@@ -1,0 +1,449 @@
+//! The one selection rule every writer and the runner's "current best" use.
+//!
+//! - A job's time is the median of its finalist re-timing ([`FinalRecord`])
+//!   when it has one, else the median of its own statistics.
+//! - Only jobs with status `ok`, statistics and a finite, positive time are
+//!   eligible. Failed, pruned and checked jobs are never chosen, whatever
+//!   numbers they carry.
+//! - Best = the eligible job with the lowest time per (shape, method); equal
+//!   times go to the lower job id, so the choice never depends on journal order.
+//! - Baseline = the eligible job with `baseline == true` for that (shape,
+//!   method) (the lowest time if a journal holds several). It may also be the best.
+//! - Speedup = baseline time / best time.
+//!
+//! Throughput figures of a chosen job (TFLOP/s, GB/s, % of roofline) follow
+//! its chosen time: the job record's figures were computed from its own
+//! median, so they are rescaled by own median / chosen time.
+//!
+//! Shapes are ordered by every shape field except `M` (in the shapes' field
+//! order; numbers numerically, strings lexically), then by `M`: that groups a
+//! model's or an (N, K)'s shapes together with M ascending. Methods are
+//! ordered tuned methods first, torch methods last, then by name.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
+
+use indexmap::IndexMap;
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use crate::store::{FinalRecord, JobRecord, JobStatus, Results, Stats};
+
+/// Shape fields in a stable order, as job records carry them.
+pub type ShapeFields = IndexMap<String, Json>;
+
+/// A job with the statistics its time comes from.
+#[derive(Debug, Clone, Copy)]
+pub struct Timed<'a> {
+    pub job: &'a JobRecord,
+    /// The finalist statistics when the job was re-timed, else its own.
+    pub stats: &'a Stats,
+    pub final_record: Option<&'a FinalRecord>,
+}
+
+impl<'a> Timed<'a> {
+    /// The time the selection rule uses, in microseconds.
+    pub fn time_us(&self) -> f64 {
+        self.stats.median_us
+    }
+
+    /// Whether the time comes from the finalist re-timing.
+    pub fn is_final(&self) -> bool {
+        self.final_record.is_some()
+    }
+
+    /// Finalist within the measured noise of the shape's best.
+    pub fn tied_with_best(&self) -> bool {
+        self.final_record.is_some_and(|f| f.tied_with_best)
+    }
+
+    fn rescale(&self, value: Option<f64>) -> Option<f64> {
+        let value = value.filter(|v| v.is_finite())?;
+        match (&self.final_record, &self.job.stats) {
+            (Some(_), Some(own)) if own.median_us > 0.0 && self.time_us() > 0.0 => {
+                Some(value * own.median_us / self.time_us())
+            }
+            _ => Some(value),
+        }
+    }
+
+    /// flops / time when the problem declared flops, else the record's figure rescaled.
+    pub fn tflops(&self) -> Option<f64> {
+        match self.job.flops {
+            Some(f) if f > 0.0 => Some(f / self.time_us() / 1e6),
+            _ => self.rescale(self.job.tflops),
+        }
+    }
+
+    /// bytes / time when the problem declared bytes, else the record's figure rescaled.
+    pub fn gbs(&self) -> Option<f64> {
+        match self.job.bytes {
+            Some(b) if b > 0.0 => Some(b / self.time_us() / 1e3),
+            _ => self.rescale(self.job.gbs),
+        }
+    }
+
+    pub fn roofline_pct(&self) -> Option<f64> {
+        self.rescale(self.job.roofline_pct)
+    }
+}
+
+/// What one method achieved at one shape.
+#[derive(Debug, Clone)]
+pub struct MethodOutcome<'a> {
+    pub method: &'a str,
+    pub kind: &'a str,
+    /// Every job of this (shape, method), in journal order.
+    pub jobs: Vec<&'a JobRecord>,
+    pub best: Option<Timed<'a>>,
+    /// The eligible baseline job.
+    pub baseline: Option<Timed<'a>>,
+    /// A baseline job exists but is not eligible (failed, pruned, checked).
+    pub baseline_missing: bool,
+}
+
+impl MethodOutcome<'_> {
+    /// Baseline time / best time.
+    pub fn speedup(&self) -> Option<f64> {
+        let best = self.best?.time_us();
+        let base = self.baseline?.time_us();
+        (best > 0.0).then(|| base / best)
+    }
+
+    pub fn is_torch(&self) -> bool {
+        self.kind == "torch"
+    }
+}
+
+/// One shape and what every method achieved there.
+#[derive(Debug, Clone)]
+pub struct ShapeOutcome<'a> {
+    pub shape: &'a ShapeFields,
+    /// Canonical identity of the shape (fields sorted by name, as JSON).
+    pub key: String,
+    pub methods: Vec<MethodOutcome<'a>>,
+}
+
+impl<'a> ShapeOutcome<'a> {
+    pub fn method(&self, name: &str) -> Option<&MethodOutcome<'a>> {
+        self.methods.iter().find(|m| m.method == name)
+    }
+
+    /// The fastest best across the shape's methods (ties: method order).
+    pub fn overall_best(&self) -> Option<(&MethodOutcome<'a>, Timed<'a>)> {
+        let mut out: Option<(&MethodOutcome<'a>, Timed<'a>)> = None;
+        for m in &self.methods {
+            if let Some(b) = m.best {
+                if out.map_or(true, |(_, o)| b.time_us() < o.time_us()) {
+                    out = Some((m, b));
+                }
+            }
+        }
+        out
+    }
+
+    /// The shape's `M` as an integer, if it has one.
+    pub fn m(&self) -> Option<i64> {
+        self.shape.get("M").and_then(json_int)
+    }
+}
+
+/// Journal records digested: latest record per job, finalists attached, jobs grouped by shape.
+#[derive(Debug, Clone)]
+pub struct Selection<'a> {
+    /// The latest record per job id, in journal order, after the filter.
+    pub jobs: Vec<&'a JobRecord>,
+    pub shapes: Vec<ShapeOutcome<'a>>,
+    finals: HashMap<&'a str, &'a FinalRecord>,
+}
+
+impl<'a> Selection<'a> {
+    /// Every job of the results.
+    pub fn new(results: &'a Results) -> Self {
+        Self::build(&results.jobs, &results.finals, |_| true)
+    }
+
+    /// The jobs `keep` accepts; others are as if absent.
+    pub fn build(
+        jobs: &'a [JobRecord],
+        finals: &'a [FinalRecord],
+        keep: impl Fn(&JobRecord) -> bool,
+    ) -> Self {
+        let jobs: Vec<&JobRecord> = latest_jobs(jobs).into_iter().filter(|j| keep(j)).collect();
+        let mut final_map: HashMap<&str, &FinalRecord> = HashMap::new();
+        for f in finals {
+            final_map.insert(f.job_id.as_str(), f);
+        }
+
+        let mut by_shape: IndexMap<String, (&ShapeFields, IndexMap<&str, Vec<&JobRecord>>)> =
+            IndexMap::new();
+        for job in &jobs {
+            let entry = by_shape
+                .entry(shape_key(&job.shape))
+                .or_insert_with(|| (&job.shape, IndexMap::new()));
+            entry.1.entry(job.method.as_str()).or_default().push(job);
+        }
+
+        let order = field_order(by_shape.values().map(|(s, _)| *s));
+        let mut shapes: Vec<ShapeOutcome> = by_shape
+            .into_iter()
+            .map(|(key, (shape, methods))| {
+                let mut methods: Vec<MethodOutcome> = methods
+                    .into_iter()
+                    .map(|(method, jobs)| outcome(method, jobs, &final_map))
+                    .collect();
+                methods.sort_by(|a, b| (a.is_torch(), a.method).cmp(&(b.is_torch(), b.method)));
+                ShapeOutcome {
+                    shape,
+                    key,
+                    methods,
+                }
+            })
+            .collect();
+        shapes.sort_by(|a, b| {
+            compare_shapes(a.shape, b.shape, &order).then_with(|| a.key.cmp(&b.key))
+        });
+        Selection {
+            jobs,
+            shapes,
+            finals: final_map,
+        }
+    }
+
+    /// The finalist record of a job, if it was re-timed.
+    pub fn final_of(&self, job_id: &str) -> Option<&'a FinalRecord> {
+        self.finals.get(job_id).copied()
+    }
+
+    /// The selection time of any job (eligible or not): finalist median, else own median.
+    pub fn time_of(&self, job: &JobRecord) -> Option<f64> {
+        job_time(job, self.final_of(&job.job_id))
+    }
+
+    /// Method names in display order (tuned first, torch last, then by name).
+    pub fn methods(&self) -> Vec<(&'a str, &'a str)> {
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for s in &self.shapes {
+            for m in &s.methods {
+                if !seen.iter().any(|(n, _)| *n == m.method) {
+                    seen.push((m.method, m.kind));
+                }
+            }
+        }
+        seen.sort_by(|a, b| (a.1 == "torch", a.0).cmp(&(b.1 == "torch", b.0)));
+        seen
+    }
+}
+
+/// A job's time under the selection rule: its finalist median if it has one, else its own median.
+pub fn job_time(job: &JobRecord, final_record: Option<&FinalRecord>) -> Option<f64> {
+    final_record
+        .map(|f| f.stats.median_us)
+        .or_else(|| job.stats.as_ref().map(|s| s.median_us))
+}
+
+/// The job's timing for selection, if it is eligible: status ok, statistics, a finite positive time.
+pub fn eligible<'a>(
+    job: &'a JobRecord,
+    final_record: Option<&'a FinalRecord>,
+) -> Option<Timed<'a>> {
+    if job.status != JobStatus::Ok {
+        return None;
+    }
+    let own = job.stats.as_ref()?;
+    let stats = final_record.map(|f| &f.stats).unwrap_or(own);
+    (stats.median_us.is_finite() && stats.median_us > 0.0).then_some(Timed {
+        job,
+        stats,
+        final_record,
+    })
+}
+
+/// The latest record per job id, each at the position of its latest record.
+pub fn latest_jobs(jobs: &[JobRecord]) -> Vec<&JobRecord> {
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (i, j) in jobs.iter().enumerate() {
+        last.insert(j.job_id.as_str(), i);
+    }
+    jobs.iter()
+        .enumerate()
+        .filter(|(i, j)| last[j.job_id.as_str()] == *i)
+        .map(|(_, j)| j)
+        .collect()
+}
+
+fn faster<'a>(a: Timed<'a>, b: Timed<'a>) -> bool {
+    match a.time_us().total_cmp(&b.time_us()) {
+        Ordering::Less => true,
+        Ordering::Greater => false,
+        Ordering::Equal => a.job.job_id < b.job.job_id,
+    }
+}
+
+fn outcome<'a>(
+    method: &'a str,
+    jobs: Vec<&'a JobRecord>,
+    finals: &HashMap<&'a str, &'a FinalRecord>,
+) -> MethodOutcome<'a> {
+    let mut best: Option<Timed> = None;
+    let mut baseline: Option<Timed> = None;
+    let mut has_baseline_job = false;
+    for job in &jobs {
+        has_baseline_job |= job.baseline;
+        let Some(t) = eligible(job, finals.get(job.job_id.as_str()).copied()) else {
+            continue;
+        };
+        if best.map_or(true, |b| faster(t, b)) {
+            best = Some(t);
+        }
+        if job.baseline && baseline.map_or(true, |b| faster(t, b)) {
+            baseline = Some(t);
+        }
+    }
+    MethodOutcome {
+        method,
+        kind: jobs.first().map(|j| j.kind.as_str()).unwrap_or(""),
+        jobs,
+        best,
+        baseline,
+        baseline_missing: has_baseline_job && baseline.is_none(),
+    }
+}
+
+/// Canonical identity of a shape: its fields sorted by name, as compact JSON.
+pub fn shape_key(shape: &ShapeFields) -> String {
+    let sorted: BTreeMap<&str, &Json> = shape.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    serde_json::to_string(&sorted).expect("shape serialises")
+}
+
+/// Union of field names, in the order they first appear; `M` last.
+fn field_order<'s>(shapes: impl Iterator<Item = &'s ShapeFields>) -> Vec<String> {
+    let mut order: Vec<String> = Vec::new();
+    for s in shapes {
+        for k in s.keys() {
+            if k != "M" && !order.contains(k) {
+                order.push(k.clone());
+            }
+        }
+    }
+    order.push("M".into());
+    order
+}
+
+fn compare_shapes(a: &ShapeFields, b: &ShapeFields, order: &[String]) -> Ordering {
+    for field in order {
+        let ord = match (a.get(field), b.get(field)) {
+            (None, None) => Ordering::Equal,
+            (None, Some(_)) => Ordering::Less,
+            (Some(_), None) => Ordering::Greater,
+            (Some(x), Some(y)) => compare_json(x, y),
+        };
+        if ord != Ordering::Equal {
+            return ord;
+        }
+    }
+    Ordering::Equal
+}
+
+/// A total order on JSON values: null < bool < number < string < other; numbers numerically.
+pub fn compare_json(a: &Json, b: &Json) -> Ordering {
+    fn rank(v: &Json) -> u8 {
+        match v {
+            Json::Null => 0,
+            Json::Bool(_) => 1,
+            Json::Number(_) => 2,
+            Json::String(_) => 3,
+            _ => 4,
+        }
+    }
+    match (a, b) {
+        (Json::Bool(x), Json::Bool(y)) => x.cmp(y),
+        (Json::Number(x), Json::Number(y)) => {
+            let (fx, fy) = (
+                x.as_f64().unwrap_or(f64::NAN),
+                y.as_f64().unwrap_or(f64::NAN),
+            );
+            fx.total_cmp(&fy)
+                .then_with(|| x.to_string().cmp(&y.to_string()))
+        }
+        (Json::String(x), Json::String(y)) => x.cmp(y),
+        _ => rank(a)
+            .cmp(&rank(b))
+            .then_with(|| a.to_string().cmp(&b.to_string())),
+    }
+}
+
+/// An integer JSON value (also a float with no fractional part).
+pub fn json_int(v: &Json) -> Option<i64> {
+    match v {
+        Json::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+                .map(|f| f as i64)
+        }),
+        _ => None,
+    }
+}
+
+/// The best job of one (shape, method), owned, for the runner's "current best" display.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Best {
+    pub shape: ShapeFields,
+    pub method: String,
+    pub job_id: String,
+    pub config: IndexMap<String, Json>,
+    pub time_us: f64,
+    /// The time came from the finalist re-timing.
+    pub finalist: bool,
+    pub baseline_job_id: Option<String>,
+    pub baseline_us: Option<f64>,
+    pub speedup: Option<f64>,
+    pub tflops: Option<f64>,
+    pub gbs: Option<f64>,
+    pub roofline_pct: Option<f64>,
+}
+
+/// The best job per (shape, method) with a best, in shape then method order.
+pub fn best_per_shape(results: &Results) -> Vec<Best> {
+    let sel = Selection::new(results);
+    let mut out = Vec::new();
+    for s in &sel.shapes {
+        for m in &s.methods {
+            let Some(b) = m.best else { continue };
+            out.push(Best {
+                shape: s.shape.clone(),
+                method: m.method.to_string(),
+                job_id: b.job.job_id.clone(),
+                config: b.job.config.clone(),
+                time_us: b.time_us(),
+                finalist: b.is_final(),
+                baseline_job_id: m.baseline.map(|t| t.job.job_id.clone()),
+                baseline_us: m.baseline.map(|t| t.time_us()),
+                speedup: m.speedup(),
+                tflops: b.tflops(),
+                gbs: b.gbs(),
+                roofline_pct: b.roofline_pct(),
+            });
+        }
+    }
+    out
+}
+
+/// The ids of every (shape, method)'s best job and of every baseline job, for
+/// `tunelab run --use-best`: re-running them compares each winner with its baseline.
+pub fn best_job_ids(results: &Results) -> std::collections::HashSet<String> {
+    let sel = Selection::new(results);
+    let mut ids = std::collections::HashSet::new();
+    for s in &sel.shapes {
+        for m in &s.methods {
+            ids.extend(m.best.map(|b| b.job.job_id.clone()));
+            ids.extend(
+                m.jobs
+                    .iter()
+                    .filter(|j| j.baseline)
+                    .map(|j| j.job_id.clone()),
+            );
+        }
+    }
+    ids
+}

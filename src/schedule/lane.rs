@@ -1,0 +1,386 @@
+//! One GPU lane: a backend that owns one device, taking (shape, method)
+//! groups and turning every job into a record. Timed work on a device never
+//! overlaps, because one lane owns it.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::backend::{Backend, JobFailure};
+use crate::manifest::model::{shape_dtype, Tolerance};
+use crate::manifest::raw::{RawProtocol, Strategy};
+use crate::measure::{self, Decision, Sampling};
+use crate::plan::Job;
+use crate::store::{FailureClass, FinalRecord, JobRecord, JobStatus, Stats};
+
+use super::compile::CompileBoard;
+use super::{now_rfc3339, Event, Group, RunMode};
+
+pub struct LaneContext<'a> {
+    pub protocol: RawProtocol,
+    pub tolerance: Tolerance,
+    pub strategy: Strategy,
+    pub eta: u32,
+    pub run_mode: RunMode,
+    pub flush_bytes: u64,
+    pub peak_gbs: f64,
+    pub peak_tflops: &'a dyn Fn(Option<&str>) -> f64,
+    pub compile: Option<&'a CompileBoard>,
+    pub lane: u32,
+}
+
+/// A job's progress through the lane before it becomes a record.
+struct Measured {
+    job: Job,
+    kernel: String,
+    kind: String,
+    sampling: Sampling,
+    check: Option<crate::store::CheckResult>,
+    compile_s: Option<f64>,
+    started: Instant,
+}
+
+pub fn run_group(
+    ctx: &LaneContext,
+    backend: &mut dyn Backend,
+    group: Group,
+    emit: &mut dyn FnMut(Event),
+) {
+    let (flops, bytes) = match backend.describe(&serde_json::to_value(&group.shape).expect("shape"))
+    {
+        Ok(fb) => (Some(fb.0), Some(fb.1)),
+        Err(_) => (None, None),
+    };
+    let record = |m: &Measured,
+                  status: JobStatus,
+                  failure: Option<JobFailure>,
+                  stats: Option<Stats>|
+     -> JobRecord {
+        let time_s = stats
+            .as_ref()
+            .map(|s| s.median_us * 1e-6)
+            .filter(|t| *t > 0.0);
+        let dtype = shape_dtype(&m.job.shape);
+        let peak_flops = (ctx.peak_tflops)(dtype) * 1e12;
+        let tflops = flops.zip(time_s).map(|(f, t)| f / t / 1e12);
+        let gbs = bytes.zip(time_s).map(|(b, t)| b / t / 1e9);
+        let roofline_pct = match (flops, bytes, time_s) {
+            (Some(f), Some(b), Some(t)) if peak_flops > 0.0 && ctx.peak_gbs > 0.0 => {
+                Some((f / peak_flops).max(b / (ctx.peak_gbs * 1e9)) / t * 100.0)
+            }
+            _ => None,
+        };
+        JobRecord {
+            job_id: m.job.id.clone(),
+            method: m.job.method.clone(),
+            kind: m.kind.clone(),
+            kernel: m.kernel.clone(),
+            shape: m.job.shape.clone(),
+            config: m.job.config.clone(),
+            baseline: m.job.baseline,
+            status,
+            failure: failure.map(|f| crate::store::Failure {
+                class: f.class,
+                message: f.message,
+            }),
+            check: m.check.clone(),
+            stats,
+            flops,
+            bytes,
+            tflops,
+            gbs,
+            roofline_pct,
+            compile_s: m.compile_s,
+            duration_s: m.started.elapsed().as_secs_f64(),
+            lane: ctx.lane,
+            finished_at: now_rfc3339(),
+        }
+    };
+
+    let mut alive: Vec<Measured> = Vec::new();
+    for job in group.jobs {
+        if super::interrupted() {
+            return;
+        }
+        let mut m = Measured {
+            job,
+            kernel: group.kernel.clone(),
+            kind: group.kind.clone(),
+            sampling: Sampling::default(),
+            check: None,
+            compile_s: None,
+            started: Instant::now(),
+        };
+        if let Some(board) = ctx.compile {
+            match board.wait(&m.job.id) {
+                Some(Ok(s)) => m.compile_s = Some(s),
+                Some(Err(f)) => {
+                    emit(Event::Job(Box::new(record(
+                        &m,
+                        JobStatus::Failed,
+                        Some(f),
+                        None,
+                    ))));
+                    continue;
+                }
+                None => {}
+            }
+        }
+        if let Err(f) = prepare(ctx, backend, &mut m) {
+            emit(Event::Job(Box::new(record(
+                &m,
+                JobStatus::Failed,
+                Some(f),
+                None,
+            ))));
+            continue;
+        }
+        if ctx.run_mode == RunMode::Check {
+            emit(Event::Job(Box::new(record(
+                &m,
+                JobStatus::Checked,
+                None,
+                None,
+            ))));
+            continue;
+        }
+        let screening = ctx.strategy == Strategy::Halving && ctx.run_mode == RunMode::Tune;
+        let result = if screening {
+            sample_batches(ctx, backend, &mut m, 1)
+        } else {
+            sample_adaptive(ctx, backend, &mut m)
+        };
+        match result {
+            Err(f) => emit(Event::Job(Box::new(record(
+                &m,
+                JobStatus::Failed,
+                Some(f),
+                None,
+            )))),
+            Ok(capped) if !screening => {
+                let stats = m.sampling.stats(capped);
+                emit(Event::Job(Box::new(record(
+                    &m,
+                    JobStatus::Ok,
+                    None,
+                    Some(stats),
+                ))));
+                alive.push(m);
+            }
+            Ok(_) => alive.push(m),
+        }
+    }
+
+    if ctx.strategy == Strategy::Halving && ctx.run_mode == RunMode::Tune {
+        // Successive halving: keep the best 1/eta each round, giving survivors
+        // eta times more samples, until only the finalists remain; those are
+        // then measured with the full protocol.
+        let keep_at_least = (ctx.protocol.finalists as usize).max(1);
+        let mut round = 1u32;
+        while alive.len() > keep_at_least {
+            alive.sort_by(|a, b| median(&a.sampling).total_cmp(&median(&b.sampling)));
+            let keep = alive.len().div_ceil(ctx.eta as usize).max(keep_at_least);
+            for m in alive.drain(keep..) {
+                let stats = m.sampling.stats(false);
+                emit(Event::Job(Box::new(record(
+                    &m,
+                    JobStatus::Pruned,
+                    None,
+                    Some(stats),
+                ))));
+            }
+            if alive.len() <= keep_at_least {
+                break;
+            }
+            round += 1;
+            let batches = (ctx.eta as usize).pow(round - 1).min(16);
+            let mut next = Vec::new();
+            for mut m in alive.drain(..) {
+                match prepare(ctx, backend, &mut m)
+                    .and_then(|_| sample_batches(ctx, backend, &mut m, batches))
+                {
+                    Ok(_) => next.push(m),
+                    Err(f) => emit(Event::Job(Box::new(record(
+                        &m,
+                        JobStatus::Failed,
+                        Some(f),
+                        None,
+                    )))),
+                }
+            }
+            alive = next;
+        }
+        let mut done = Vec::new();
+        for mut m in alive.drain(..) {
+            m.sampling = Sampling::default();
+            match prepare(ctx, backend, &mut m).and_then(|_| sample_adaptive(ctx, backend, &mut m))
+            {
+                Ok(capped) => {
+                    let stats = m.sampling.stats(capped);
+                    emit(Event::Job(Box::new(record(
+                        &m,
+                        JobStatus::Ok,
+                        None,
+                        Some(stats),
+                    ))));
+                    done.push(m);
+                }
+                Err(f) => emit(Event::Job(Box::new(record(
+                    &m,
+                    JobStatus::Failed,
+                    Some(f),
+                    None,
+                )))),
+            }
+        }
+        alive = done;
+    }
+
+    if ctx.run_mode == RunMode::Tune && alive.len() >= 2 && ctx.protocol.finalists >= 2 {
+        retime_finalists(ctx, backend, alive, emit);
+    }
+}
+
+fn median(s: &Sampling) -> f64 {
+    measure::quantile(&measure::sorted(&s.samples_us), 0.5)
+}
+
+/// Check (fresh inputs, poisoned output, compare) and warm up.
+fn prepare(
+    ctx: &LaneContext,
+    backend: &mut dyn Backend,
+    m: &mut Measured,
+) -> Result<(), JobFailure> {
+    let tol = ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
+    let check = backend.check(&m.job, &m.kernel, &m.kind, tol, ctx.protocol.seed)?;
+    let passed = check.passed;
+    let bad_values = check.nan_count + check.inf_count;
+    let frac = check.mismatch_frac;
+    m.check = Some(check);
+    if !passed {
+        return Err(if bad_values > 0 {
+            JobFailure::new(
+                FailureClass::Nan,
+                format!("{bad_values} NaN/Inf values in the output"),
+            )
+        } else {
+            JobFailure::new(
+                FailureClass::Mismatch,
+                format!(
+                    "{:.4} % of elements outside atol {} + rtol {}",
+                    frac * 100.0,
+                    tol.atol,
+                    tol.rtol
+                ),
+            )
+        });
+    }
+    if ctx.run_mode != RunMode::Check {
+        backend.warmup(
+            &m.job.id,
+            ctx.protocol.warmup_launches,
+            ctx.protocol.warmup_ms,
+        )?;
+    }
+    Ok(())
+}
+
+fn take_batch(
+    ctx: &LaneContext,
+    backend: &mut dyn Backend,
+    m: &mut Measured,
+) -> Result<(), JobFailure> {
+    let start = Instant::now();
+    let batch = backend.sample(&m.job.id, ctx.protocol.batch, ctx.flush_bytes)?;
+    m.sampling.wall_ms += start.elapsed().as_secs_f64() * 1e3;
+    m.sampling.samples_us.extend(batch.us);
+    m.sampling.timer = batch.timer;
+    if let Some(c) = batch.sm_clock_mhz {
+        m.sampling.clocks_mhz.push(c);
+    }
+    Ok(())
+}
+
+fn sample_batches(
+    ctx: &LaneContext,
+    backend: &mut dyn Backend,
+    m: &mut Measured,
+    batches: usize,
+) -> Result<bool, JobFailure> {
+    for _ in 0..batches {
+        take_batch(ctx, backend, m)?;
+    }
+    Ok(false)
+}
+
+/// Batches until the stopping rule says enough; returns whether a cap stopped it.
+fn sample_adaptive(
+    ctx: &LaneContext,
+    backend: &mut dyn Backend,
+    m: &mut Measured,
+) -> Result<bool, JobFailure> {
+    loop {
+        take_batch(ctx, backend, m)?;
+        match m.sampling.decide(&ctx.protocol) {
+            Decision::Continue => {}
+            Decision::Converged => return Ok(false),
+            Decision::Capped => return Ok(true),
+        }
+    }
+}
+
+/// The best few configs of a group, re-timed interleaved in shuffled order so
+/// that clock and thermal drift hit them alike.
+fn retime_finalists(
+    ctx: &LaneContext,
+    backend: &mut dyn Backend,
+    mut alive: Vec<Measured>,
+    emit: &mut dyn FnMut(Event),
+) {
+    alive.sort_by(|a, b| median(&a.sampling).total_cmp(&median(&b.sampling)));
+    alive.truncate(ctx.protocol.finalists as usize);
+    let mut samples: HashMap<String, Sampling> = HashMap::new();
+    let mut rng = crate::plan::SplitMix64::new(ctx.protocol.seed ^ 0x5eed);
+    const ROUNDS: usize = 3;
+    for _ in 0..ROUNDS {
+        let mut order: Vec<usize> = (0..alive.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        for &i in &order {
+            let m = &mut alive[i];
+            let before = std::mem::take(&mut m.sampling);
+            let ok = prepare(ctx, backend, m).and_then(|_| take_batch(ctx, backend, m));
+            let got = std::mem::replace(&mut m.sampling, before);
+            if ok.is_ok() {
+                let acc = samples.entry(m.job.id.clone()).or_default();
+                acc.samples_us.extend(got.samples_us);
+                acc.clocks_mhz.extend(got.clocks_mhz);
+                acc.wall_ms += got.wall_ms;
+                acc.timer = got.timer;
+            }
+        }
+    }
+    let stats: Vec<(String, Stats)> = alive
+        .iter()
+        .filter_map(|m| {
+            samples
+                .get(&m.job.id)
+                .map(|s| (m.job.id.clone(), s.stats(false)))
+        })
+        .collect();
+    let Some(best) = stats
+        .iter()
+        .min_by(|a, b| a.1.median_us.total_cmp(&b.1.median_us))
+        .map(|b| b.1.clone())
+    else {
+        return;
+    };
+    for (job_id, s) in stats {
+        let tied_with_best = measure::tied(&s, &best);
+        emit(Event::Final(FinalRecord {
+            job_id,
+            stats: s,
+            tied_with_best,
+        }));
+    }
+}

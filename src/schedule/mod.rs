@@ -1,0 +1,520 @@
+//! Scheduling a run: the planner streams (shape, method) groups to one lane per
+//! GPU, a compile pool works ahead of the lanes, and every finished job comes
+//! back as an event that the journal, the progress display and the final
+//! outputs consume. Timed work on one GPU never overlaps; CPU work does.
+
+pub mod compile;
+pub mod lane;
+pub mod progress;
+
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, PythonBackend, WorkerSpec};
+use crate::device::DeviceInfo;
+use crate::diag::Diagnostic;
+use crate::manifest::raw::{MethodKind, RawProtocol};
+use crate::manifest::{Experiment, Shape};
+use crate::plan::{self, Filter, Job, Mode, PlanOptions};
+use crate::store::{
+    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, OutputSpec, RunHeader,
+    StoreError,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMode {
+    /// Search each method's space (the default).
+    Tune,
+    /// Each method at its baseline or best-known config: the method comparison.
+    Bench,
+    /// Correctness only, no timing.
+    Check,
+}
+
+impl RunMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunMode::Tune => "tune",
+            RunMode::Bench => "bench",
+            RunMode::Check => "check",
+        }
+    }
+}
+
+/// All jobs of one method at one shape: the unit a lane takes.
+pub struct Group {
+    pub shape: Shape,
+    pub method: String,
+    pub kernel: String,
+    pub kind: String,
+    pub jobs: Vec<Job>,
+}
+
+pub enum Event {
+    Job(Box<JobRecord>),
+    Final(FinalRecord),
+}
+
+pub struct RunOptions<'a> {
+    pub exp: &'a Experiment,
+    pub device: DeviceInfo,
+    /// CUDA_VISIBLE_DEVICES values, one lane each; empty in interpreter mode.
+    pub gpus: Vec<String>,
+    pub mode: Mode,
+    pub run_mode: RunMode,
+    pub filter: Filter,
+    pub python: String,
+    pub python_path: PathBuf,
+    pub results_dir: PathBuf,
+    pub compile_workers: usize,
+    /// Only these job ids (from `--use-best`), besides baselines.
+    pub only_jobs: Option<HashSet<String>>,
+    pub progress: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct RunOutcome {
+    pub dir: PathBuf,
+    pub planned: u64,
+    pub skipped: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub pruned: u64,
+    pub checked: u64,
+    pub interrupted: bool,
+    pub fingerprint_changes: Vec<String>,
+    pub wall_s: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Input(Diagnostic),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Environment(String),
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Ctrl-C finishes the job in flight, records it, and stops.
+fn install_interrupt_handler() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    }
+}
+
+/// The directory a run writes: `results/<experiment>/<device>/`.
+pub fn results_dir(
+    base: &std::path::Path,
+    exp: &Experiment,
+    device: &DeviceInfo,
+    mode: Mode,
+) -> PathBuf {
+    let device_dir = match mode {
+        Mode::Interpreter => "cpu-interpreter".to_string(),
+        Mode::Gpu => device.vllm_name.clone(),
+    };
+    base.join(&exp.name).join(device_dir)
+}
+
+/// The protocol actually used: the interpreter gets a token one, since its
+/// timings mean nothing and each launch takes seconds.
+pub fn effective_protocol(p: &RawProtocol, mode: Mode) -> RawProtocol {
+    match mode {
+        Mode::Gpu => p.clone(),
+        Mode::Interpreter => RawProtocol {
+            warmup_launches: 1,
+            warmup_ms: 0.0,
+            flush_l2: false,
+            batch: 2,
+            min_samples: 2,
+            max_samples: 2,
+            finalists: 0,
+            ..p.clone()
+        },
+    }
+}
+
+pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome, RunError> {
+    let started = Instant::now();
+    install_interrupt_handler();
+    let exp = opts.exp;
+    let dir = results_dir(&opts.results_dir, exp, &opts.device, opts.mode);
+    let mut journal = Journal::open(&dir)?;
+    // A missing journal is a first run.
+    let (previous, warnings) = crate::store::journal::read(&dir).unwrap_or_default();
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    let done: HashSet<String> = previous
+        .jobs
+        .iter()
+        .filter(|r| match opts.run_mode {
+            RunMode::Check => true,
+            _ => r.status != JobStatus::Checked,
+        })
+        .map(|r| r.job_id.clone())
+        .collect();
+
+    let protocol = effective_protocol(&exp.protocol, opts.mode);
+    let tolerance = match (opts.mode, &exp.interpreter) {
+        (Mode::Interpreter, Some(i)) => {
+            i.tolerance.clone().unwrap_or_else(|| exp.tolerance.clone())
+        }
+        _ => exp.tolerance.clone(),
+    };
+    let lanes = if opts.mode == Mode::Interpreter || opts.gpus.is_empty() {
+        vec![None]
+    } else {
+        opts.gpus.iter().cloned().map(Some).collect()
+    };
+    let logs = dir.join("logs");
+    let triton_cache = dir.join(".cache").join("triton");
+    let spec = |role: &str, device: Option<String>, name: String| WorkerSpec {
+        python: opts.python.clone(),
+        python_path: opts.python_path.clone(),
+        role: role.to_string(),
+        interpret: opts.mode == Mode::Interpreter,
+        visible_device: device,
+        triton_cache: Some(triton_cache.clone()),
+        log: logs.join(name),
+    };
+
+    // Ask a worker what it runs on before anything is recorded.
+    let timeout = Duration::from_secs_f64(protocol.timeout_s);
+    let mut probe = PythonBackend::new(
+        spec("lane", lanes[0].clone(), "lane0.log".into()),
+        &exp.problem,
+        timeout,
+    );
+    let hello = probe.hello().map_err(|f| {
+        RunError::Environment(format!(
+            "the Python worker did not start ({}): {}\n  = help: run `tunelab doctor`",
+            f.class.as_str(),
+            f.message
+        ))
+    })?;
+    let mut fingerprint = fingerprint_base;
+    fingerprint.python = hello["python"].as_str().map(str::to_string);
+    fingerprint.torch = hello["torch"].as_str().map(str::to_string);
+    fingerprint.triton = hello["triton"].as_str().map(str::to_string);
+    fingerprint.cuda = hello["cuda"].as_str().map(str::to_string);
+    let fingerprint_changes = previous
+        .header
+        .as_ref()
+        .map(|h| diff_fingerprint(&h.fingerprint, &fingerprint))
+        .unwrap_or_default();
+
+    // Count first, so progress has a total; then stream.
+    let select = Selection {
+        done: &done,
+        run_mode: opts.run_mode,
+        only: opts.only_jobs.as_ref(),
+    };
+    let plan_opts = PlanOptions {
+        device: &opts.device,
+        filter: &opts.filter,
+        mode: opts.mode,
+    };
+    let (mut planned, mut skipped) = (0u64, 0u64);
+    plan::plan(exp, &plan_opts, &mut |job| {
+        match select.keep(&job, exp) {
+            Keep::Run => planned += 1,
+            Keep::Done => skipped += 1,
+            Keep::No => {}
+        }
+        ControlFlow::Continue(())
+    })
+    .map_err(RunError::Input)?;
+
+    let header = RunHeader {
+        experiment: exp.name.clone(),
+        description: exp.description.clone(),
+        problem: exp.problem.clone(),
+        mode: if opts.mode == Mode::Interpreter {
+            "interpreter".into()
+        } else {
+            "gpu".into()
+        },
+        run_mode: opts.run_mode.as_str().into(),
+        device: opts.device.clone(),
+        outputs: exp
+            .outputs
+            .iter()
+            .map(|o| OutputSpec {
+                format: o.format,
+                path: o.path.clone(),
+                method: o.method.clone(),
+                legacy_keys: o.legacy_keys,
+            })
+            .collect(),
+        protocol: protocol.clone(),
+        search: format!("{:?}", exp.search.strategy).to_lowercase(),
+        tolerance: serde_json::to_value(&tolerance).expect("tolerance serialises"),
+        fingerprint,
+        started_at: now_rfc3339(),
+        planned_jobs: planned,
+    };
+    journal.append(&Entry::Run(Box::new(header)))?;
+
+    let flush_bytes = if protocol.flush_l2 && opts.mode == Mode::Gpu {
+        protocol
+            .flush_bytes
+            .unwrap_or((2 * opts.device.l2_bytes).max(32 << 20))
+    } else {
+        0
+    };
+    let compile_board = compile::CompileBoard::default();
+    let use_pool =
+        opts.mode == Mode::Gpu && opts.compile_workers > 0 && opts.run_mode != RunMode::Check;
+    let (group_tx, group_rx) = mpsc::sync_channel::<Group>(2);
+    let group_rx = Arc::new(Mutex::new(group_rx));
+    let (event_tx, event_rx) = mpsc::channel::<Event>();
+    let peak = |dtype: Option<&str>| -> f64 {
+        match dtype {
+            Some("fp32") => opts.device.peak_tflops_fp32,
+            Some("fp8") => opts.device.peak_tflops_fp8,
+            Some("fp16") => opts.device.peak_tflops_fp16,
+            _ => opts.device.peak_tflops_bf16,
+        }
+    };
+    let mut outcome = RunOutcome {
+        dir: dir.clone(),
+        planned,
+        skipped,
+        fingerprint_changes,
+        ..Default::default()
+    };
+    let mut display = progress::Progress::new(planned, opts.progress);
+
+    std::thread::scope(|scope| -> Result<(), RunError> {
+        // The planner: groups in plan order, to the lanes and the compile pool.
+        let board = &compile_board;
+        let select = &select;
+        let plan_opts = &plan_opts;
+        let planner = scope.spawn(move || -> Result<(), Diagnostic> {
+            let mut current: Option<Group> = None;
+            let send = |g: Group| group_tx.send(g).is_ok();
+            let result = plan::plan(exp, plan_opts, &mut |job| {
+                if interrupted() {
+                    return ControlFlow::Break(());
+                }
+                if select.keep(&job, exp) != Keep::Run {
+                    return ControlFlow::Continue(());
+                }
+                let method = exp
+                    .methods
+                    .iter()
+                    .find(|m| m.name == job.method)
+                    .expect("planned method exists");
+                let same = current
+                    .as_ref()
+                    .is_some_and(|g| g.method == job.method && g.shape == job.shape);
+                if !same {
+                    if let Some(g) = current.take() {
+                        if !send(g) {
+                            return ControlFlow::Break(());
+                        }
+                    }
+                    current = Some(Group {
+                        shape: job.shape.clone(),
+                        method: job.method.clone(),
+                        kernel: method.kernel.clone(),
+                        kind: format!("{:?}", method.kind).to_lowercase(),
+                        jobs: Vec::new(),
+                    });
+                }
+                if use_pool && method.kind == MethodKind::Triton {
+                    board.push(job.clone(), &method.kernel, "triton");
+                }
+                current.as_mut().expect("group").jobs.push(job);
+                ControlFlow::Continue(())
+            });
+            if let Some(g) = current.take() {
+                send(g);
+            }
+            board.close();
+            result.map(|_| ())
+        });
+
+        if use_pool {
+            for i in 0..opts.compile_workers {
+                let spec = spec("compile", lanes[0].clone(), format!("compile{i}.log"));
+                let problem = exp.problem.clone();
+                scope.spawn(move || {
+                    let mut backend = PythonBackend::new(spec, &problem, timeout);
+                    while let Some((job, kernel, kind)) = board.next() {
+                        let result = backend.compile(&job, &kernel, &kind);
+                        board.finish(&job.id, result);
+                    }
+                    backend.shutdown();
+                });
+            }
+        }
+
+        let mut probe = Some(probe);
+        for (i, device) in lanes.iter().enumerate() {
+            let rx = Arc::clone(&group_rx);
+            let events = event_tx.clone();
+            let mut backend = match (i, probe.take()) {
+                (0, Some(p)) => p,
+                _ => PythonBackend::new(
+                    spec("lane", device.clone(), format!("lane{i}.log")),
+                    &exp.problem,
+                    timeout,
+                ),
+            };
+            let protocol = protocol.clone();
+            let tolerance = tolerance.clone();
+            let peak = &peak;
+            let board = if use_pool { Some(board) } else { None };
+            let strategy = exp.search.strategy;
+            let eta = exp.search.eta;
+            let run_mode = opts.run_mode;
+            let peak_gbs = opts.device.peak_gbs;
+            scope.spawn(move || {
+                let ctx = lane::LaneContext {
+                    protocol,
+                    tolerance,
+                    strategy,
+                    eta,
+                    run_mode,
+                    flush_bytes,
+                    peak_gbs,
+                    peak_tflops: peak,
+                    compile: board,
+                    lane: i as u32,
+                };
+                loop {
+                    let group = match rx.lock().expect("group queue").recv() {
+                        Ok(g) => g,
+                        Err(_) => break,
+                    };
+                    lane::run_group(&ctx, &mut backend as &mut dyn Backend, group, &mut |e| {
+                        let _ = events.send(e);
+                    });
+                    if interrupted() {
+                        break;
+                    }
+                }
+                backend.shutdown();
+            });
+        }
+        drop(event_tx);
+
+        // The journal's single writer: every event is on disk before the next is read.
+        for event in event_rx {
+            match event {
+                Event::Job(record) => {
+                    match record.status {
+                        JobStatus::Ok => outcome.ok += 1,
+                        JobStatus::Failed => outcome.failed += 1,
+                        JobStatus::Pruned => outcome.pruned += 1,
+                        JobStatus::Checked => outcome.checked += 1,
+                    }
+                    display.job(&record);
+                    journal.append(&Entry::Job(record))?;
+                }
+                Event::Final(f) => journal.append(&Entry::Final(f))?,
+            }
+        }
+        display.finish();
+        planner
+            .join()
+            .expect("planner thread")
+            .map_err(RunError::Input)?;
+        Ok(())
+    })?;
+    outcome.interrupted = interrupted();
+    outcome.wall_s = started.elapsed().as_secs_f64();
+    Ok(outcome)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    Run,
+    Done,
+    No,
+}
+
+struct Selection<'a> {
+    done: &'a HashSet<String>,
+    run_mode: RunMode,
+    only: Option<&'a HashSet<String>>,
+}
+
+impl Selection<'_> {
+    fn keep(&self, job: &Job, exp: &Experiment) -> Keep {
+        let wanted = match (self.run_mode, self.only) {
+            (_, Some(ids)) => job.baseline || ids.contains(&job.id),
+            (RunMode::Bench, None) => {
+                // A method's one config: its baseline, or the single point of a method without a space.
+                let method = exp.methods.iter().find(|m| m.name == job.method);
+                job.baseline || method.is_some_and(|m| m.axes.is_empty())
+            }
+            _ => true,
+        };
+        if !wanted {
+            Keep::No
+        } else if self.done.contains(&job.id) {
+            Keep::Done
+        } else {
+            Keep::Run
+        }
+    }
+}
+
+fn diff_fingerprint(old: &Fingerprint, new: &Fingerprint) -> Vec<String> {
+    let a = serde_json::to_value(old).expect("fingerprint");
+    let b = serde_json::to_value(new).expect("fingerprint");
+    let mut changes = Vec::new();
+    if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
+        for (k, v) in b {
+            let before = a.get(k).cloned().unwrap_or_default();
+            if before != *v {
+                changes.push(format!("{k}: {before} -> {v}"));
+            }
+        }
+    }
+    changes
+}
+
+/// UTC time as RFC 3339, without a date crate: civil-from-days (H. Hinnant's algorithm).
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
