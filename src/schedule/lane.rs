@@ -176,10 +176,17 @@ pub fn run_group(
         // then measured with the full protocol.
         let keep_at_least = (ctx.protocol.finalists as usize).max(1);
         let mut round = 1u32;
-        while alive.len() > keep_at_least {
+        let baselines = alive.iter().filter(|m| m.job.baseline).count();
+        while alive.len() > keep_at_least + baselines {
             alive.sort_by(|a, b| median(&a.sampling).total_cmp(&median(&b.sampling)));
             let keep = alive.len().div_ceil(ctx.eta as usize).max(keep_at_least);
-            for m in alive.drain(keep..) {
+            // The baseline is what every result is compared with: it is never pruned.
+            let (survivors, dropped): (Vec<(usize, Measured)>, Vec<(usize, Measured)>) = alive
+                .drain(..)
+                .enumerate()
+                .partition(|(rank, m)| *rank < keep || m.job.baseline);
+            alive = survivors.into_iter().map(|(_, m)| m).collect();
+            for (_, m) in dropped {
                 let stats = m.sampling.stats(false);
                 emit(Event::Job(Box::new(record(
                     &m,
@@ -188,7 +195,7 @@ pub fn run_group(
                     Some(stats),
                 ))));
             }
-            if alive.len() <= keep_at_least {
+            if alive.len() <= keep_at_least + baselines {
                 break;
             }
             round += 1;
@@ -382,5 +389,188 @@ fn retime_finalists(
             stats: s,
             tied_with_best,
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The lane against a fake backend whose kernel time is a function of the config.
+
+    use super::*;
+    use crate::backend::SampleBatch;
+    use crate::manifest::model::ToleranceFor;
+    use crate::store::CheckResult;
+    use indexmap::IndexMap;
+    use serde_json::json;
+
+    /// Time of a config: |B - 5| * 10 + 100 us, so B = 5 is best.
+    struct Fake {
+        prepared: Option<Job>,
+        checks: usize,
+    }
+
+    impl Backend for Fake {
+        fn describe(&mut self, _: &serde_json::Value) -> Result<(f64, f64), JobFailure> {
+            Ok((1e9, 1e6))
+        }
+        fn compile(&mut self, _: &Job, _: &str, _: &str) -> Result<f64, JobFailure> {
+            Ok(0.0)
+        }
+        fn check(
+            &mut self,
+            job: &Job,
+            _: &str,
+            _: &str,
+            _: ToleranceFor,
+            _: u64,
+        ) -> Result<CheckResult, JobFailure> {
+            self.checks += 1;
+            if job.config["B"] == 9 {
+                return Err(JobFailure::new(
+                    FailureClass::CompileError,
+                    "B=9 does not compile",
+                ));
+            }
+            self.prepared = Some(job.clone());
+            Ok(CheckResult {
+                passed: true,
+                elements: 1,
+                ..Default::default()
+            })
+        }
+        fn warmup(&mut self, _: &str, _: u32, _: f64) -> Result<(), JobFailure> {
+            Ok(())
+        }
+        fn sample(&mut self, job_id: &str, count: u32, _: u64) -> Result<SampleBatch, JobFailure> {
+            let job = self
+                .prepared
+                .as_ref()
+                .filter(|j| j.id == job_id)
+                .expect("sampled job is prepared");
+            let b = job.config["B"].as_f64().unwrap();
+            let t = (b - 5.0).abs() * 10.0 + 100.0;
+            Ok(SampleBatch {
+                us: vec![t; count as usize],
+                timer: "cuda_event".into(),
+                sm_clock_mhz: None,
+            })
+        }
+    }
+
+    fn group(baseline_b: i64) -> Group {
+        let jobs = (0..10)
+            .map(|b| {
+                let mut config = IndexMap::new();
+                config.insert("B".to_string(), json!(b));
+                Job {
+                    id: format!("job{b}"),
+                    shape_index: 0,
+                    method: "m".into(),
+                    shape: IndexMap::new(),
+                    config,
+                    baseline: b == baseline_b,
+                }
+            })
+            .collect();
+        Group {
+            shape: IndexMap::new(),
+            method: "m".into(),
+            kernel: "k".into(),
+            kind: "triton".into(),
+            jobs,
+        }
+    }
+
+    fn run(strategy: Strategy) -> (Vec<JobRecord>, Vec<FinalRecord>) {
+        let peak = |_: Option<&str>| 1000.0;
+        let tolerance = Tolerance {
+            atol: 0.0,
+            rtol: 0.0,
+            max_mismatch: 0.0,
+            per_dtype: IndexMap::new(),
+        };
+        let ctx = LaneContext {
+            protocol: RawProtocol {
+                finalists: 2,
+                ..RawProtocol::default()
+            },
+            tolerance,
+            strategy,
+            eta: 3,
+            run_mode: RunMode::Tune,
+            flush_bytes: 0,
+            peak_gbs: 1000.0,
+            peak_tflops: &peak,
+            compile: None,
+            lane: 0,
+        };
+        let mut backend = Fake {
+            prepared: None,
+            checks: 0,
+        };
+        let (mut jobs, mut finals) = (Vec::new(), Vec::new());
+        run_group(&ctx, &mut backend, group(0), &mut |e| match e {
+            Event::Job(r) => jobs.push(*r),
+            Event::Final(f) => finals.push(f),
+        });
+        (jobs, finals)
+    }
+
+    #[test]
+    fn grid_records_every_job_and_retimes_finalists() {
+        let (jobs, finals) = run(Strategy::Grid);
+        assert_eq!(jobs.len(), 10);
+        let failed: Vec<_> = jobs
+            .iter()
+            .filter(|j| j.status == JobStatus::Failed)
+            .collect();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(
+            failed[0].failure.as_ref().unwrap().class,
+            FailureClass::CompileError
+        );
+        assert!(failed[0].stats.is_none(), "failures are never timed");
+        let best = jobs
+            .iter()
+            .filter(|j| j.stats.is_some())
+            .min_by(|a, b| {
+                a.stats
+                    .as_ref()
+                    .unwrap()
+                    .median_us
+                    .total_cmp(&b.stats.as_ref().unwrap().median_us)
+            })
+            .unwrap();
+        assert_eq!(best.config["B"], 5);
+        assert_eq!(finals.len(), 2, "the best two are re-timed");
+        assert!(finals.iter().any(|f| f.job_id == "job5"));
+    }
+
+    #[test]
+    fn halving_keeps_the_best_and_never_prunes_the_baseline() {
+        let (jobs, _) = run(Strategy::Halving);
+        assert_eq!(jobs.len(), 10, "every job gets exactly one record");
+        let status = |id: &str| jobs.iter().find(|j| j.job_id == id).unwrap().status;
+        assert_eq!(
+            status("job5"),
+            JobStatus::Ok,
+            "the best config is fully measured"
+        );
+        assert_eq!(
+            status("job0"),
+            JobStatus::Ok,
+            "the baseline (the slowest here) is measured, not pruned"
+        );
+        let full = jobs.iter().filter(|j| j.status == JobStatus::Ok).count();
+        assert!(
+            full <= 3 + 1,
+            "at most the finalists plus the baseline are measured fully, got {full}"
+        );
+        assert!(
+            jobs.iter()
+                .filter(|j| j.status == JobStatus::Pruned)
+                .all(|j| j.stats.is_some()),
+            "pruned jobs keep their screening statistics"
+        );
     }
 }
