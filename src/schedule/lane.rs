@@ -181,9 +181,9 @@ pub fn run_group(
             alive.sort_by(|a, b| median(&a.sampling).total_cmp(&median(&b.sampling)));
             let keep = alive.len().div_ceil(ctx.eta as usize).max(keep_at_least);
             // The baseline is what every result is compared with: it is never pruned.
-            let (survivors, dropped): (Vec<(usize, Measured)>, Vec<(usize, Measured)>) = alive
-                .drain(..)
-                .enumerate()
+            let ranked: Vec<(usize, Measured)> = alive.drain(..).enumerate().collect();
+            let (survivors, dropped): (Vec<_>, Vec<_>) = ranked
+                .into_iter()
                 .partition(|(rank, m)| *rank < keep || m.job.baseline);
             alive = survivors.into_iter().map(|(_, m)| m).collect();
             for (_, m) in dropped {
