@@ -40,7 +40,7 @@ pub mod triton_mbucket;
 pub mod vllm;
 
 use std::collections::HashSet;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use indexmap::IndexMap;
 use serde_json::Value as Json;
@@ -271,28 +271,10 @@ fn group_by_path<'s, 'a>(
 }
 
 fn check_relative(path: &str) -> Result<(), EmitError> {
-    let escapes = || EmitError::PathEscapes {
-        path: path.to_string(),
-    };
-    if path.trim().is_empty() {
-        return Err(escapes());
-    }
-    let mut depth: i64 = 0;
-    for c in Path::new(path).components() {
-        match c {
-            Component::Normal(_) => depth += 1,
-            Component::CurDir => {}
-            Component::ParentDir => {
-                depth -= 1;
-                if depth < 0 {
-                    return Err(escapes());
-                }
-            }
-            Component::RootDir | Component::Prefix(_) => return Err(escapes()),
-        }
-    }
-    if depth == 0 {
-        return Err(escapes());
+    if path.trim().is_empty() || crate::manifest::model::escapes(Path::new(path)) {
+        return Err(EmitError::PathEscapes {
+            path: path.to_string(),
+        });
     }
     Ok(())
 }

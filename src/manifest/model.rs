@@ -935,7 +935,8 @@ fn check_output_path(
     Ok(())
 }
 
-fn escapes(path: &Path) -> bool {
+/// Whether a relative output path leaves (or is) the results directory itself.
+pub fn escapes(path: &Path) -> bool {
     let mut depth: i64 = 0;
     for c in path.components() {
         match c {
