@@ -833,6 +833,10 @@ fn check_protocol(p: &RawProtocol, tree: &Node) -> Result<(), Diagnostic> {
             .map(|n| n.span)
             .unwrap_or(tree.span)
     };
+    if p.hot {
+        return Err(Diagnostic::at(span("hot"), "`hot: true` (CUDA-graph timing) is not implemented yet")
+            .help("remove `hot` or set it to false; cold, L2-flushed samples are what tunelab measures today"));
+    }
     if p.batch == 0 {
         return Err(Diagnostic::at(span("batch"), "`batch` must be at least 1"));
     }

@@ -194,7 +194,7 @@ pub struct RawProtocol {
     /// Best configs per shape re-timed interleaved at the end.
     #[serde(default = "d_finalists")]
     pub finalists: u32,
-    /// Also time back-to-back launches in a CUDA graph (labelled "hot").
+    /// Reserved: timing back-to-back launches in a CUDA graph ("hot"). Not implemented; `true` is refused.
     #[serde(default)]
     pub hot: bool,
     /// Seconds a job may take (compile, check or sampling) before its worker is killed.
