@@ -370,6 +370,7 @@ class Worker:
         self.mode = mode
         self.device = torch.device("cuda" if mode == "gpu" else "cpu")
         self.prepared = None
+        self._shape_cache = None
         self.stopping = False
         self._timer = None
         self._handlers = {
@@ -474,9 +475,19 @@ class Worker:
         # Free the previous job's tensors before allocating this one's.
         self.prepared = None
         problem, method = self._problem_and_method(job)
+        # Configs of one shape arrive back to back. Their inputs and reference
+        # depend only on (problem, shape, seed), so they are built once per
+        # shape: the reference (fp32, often a slow loop) would otherwise cost
+        # more than the job. The output buffer is still new and poisoned.
+        key = (job.problem, json.dumps(job.shape, sort_keys=True), seed)
+        if self._shape_cache is None or self._shape_cache[0] != key:
+            self._shape_cache = None
+            with stage("problem"):
+                inputs = problem.inputs(seed, self.device)
+                expected = problem.reference(inputs)
+            self._shape_cache = (key, inputs, expected)
+        _, inputs, expected = self._shape_cache
         with stage("problem"):
-            inputs = problem.inputs(seed, self.device)
-            expected = problem.reference(inputs)
             flops, nbytes = float(problem.flops()), float(problem.bytes())
         if self.mode == "gpu" and hasattr(method, "compile"):
             # Compile (or find in the cache) before launching, so a compiler
@@ -496,7 +507,6 @@ class Worker:
             from tunelab.compare import compare
 
             result = compare(out, expected, atol=atol, rtol=rtol, max_mismatch=max_mismatch)
-        del expected
         if result["passed"]:
             # Failures are never timed, so only a passing job stays prepared.
             self.prepared = Prepared(job.job_id, problem, inputs, launch)
