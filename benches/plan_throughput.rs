@@ -42,6 +42,11 @@ fn peak_rss_mb() -> f64 {
 }
 
 fn main() {
+    // `cargo test --all-targets` also runs bench targets, without `--bench`:
+    // measure only when asked to (`cargo bench`).
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("tunelab-plan-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("bench.yaml");

@@ -232,3 +232,151 @@ fn a_second_run_on_a_locked_journal_is_refused() {
     assert_eq!(out.status.code(), Some(4), "{}", show(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("another tunelab run"));
 }
+
+#[test]
+fn gptoss_moe_in_the_interpreter_writes_vllm_and_aiter_files_in_their_formats() {
+    let Some(py) = python() else { return };
+    let results = tempfile::tempdir().unwrap();
+    let out = tunelab(&py, results.path(), &["run", "experiments/gptoss.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let dir = results.path().join("gptoss/cpu-interpreter");
+
+    // vLLM: E={E},N={N},device_name={name}.json, "triton_version" then M keys, six ints in order.
+    let path = dir.join("vllm/E=8,N=32,device_name=cpu.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        text.ends_with("}\n") && text.contains("\n    \"triton_version\": "),
+        "4-space indent, trailing newline:\n{text}"
+    );
+    let json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        json.keys().next().map(String::as_str),
+        Some("triton_version")
+    );
+    let ms: Vec<i64> = json
+        .keys()
+        .skip(1)
+        .map(|k| k.parse().expect("M keys are decimal strings"))
+        .collect();
+    assert_eq!(ms, vec![1, 4, 16]);
+    for (_, config) in json.iter().skip(1) {
+        let keys: Vec<&str> = config
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "BLOCK_SIZE_M",
+                "BLOCK_SIZE_N",
+                "BLOCK_SIZE_K",
+                "GROUP_SIZE_M",
+                "num_warps",
+                "num_stages"
+            ]
+        );
+        assert!(config.as_object().unwrap().values().all(|v| v.is_i64()));
+    }
+    // vLLM's loader takes the key nearest to M.
+    let nearest = |m: i64| *ms.iter().min_by_key(|k| (*k - m).abs()).unwrap();
+    assert_eq!((nearest(2), nearest(11), nearest(4096)), (1, 16, 16));
+
+    // aiter: the exact header, one row per shape, spellings as aiter writes them.
+    let csv = std::fs::read_to_string(dir.join("aiter/tuned_fmoe.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,doweight_stage1,block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,tflops,bw,_tag"
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 3);
+    for row in &rows {
+        assert_eq!(row.len(), 26);
+        let expected = [
+            "64",
+            "32",
+            "8",
+            "2",
+            "ActivationType.Silu",
+            "torch.float16",
+            "torch.float16",
+            "torch.float16",
+            "QuantType.No",
+            "1",
+            "0",
+        ];
+        assert_eq!(row[2..13], expected);
+        assert!(row[17].ends_with('%'));
+    }
+}
+
+#[test]
+fn check_and_bench_modes_and_use_best() {
+    let Some(py) = python() else { return };
+    let results = tempfile::tempdir().unwrap();
+    let dir = results.path().join("quickstart/cpu-interpreter");
+
+    let out = tunelab(
+        &py,
+        results.path(),
+        &["run", "experiments/quickstart.yaml", "--mode", "check"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let checked = jobs(&journal(&dir)).len();
+    assert!(jobs(&journal(&dir))
+        .iter()
+        .all(|j| j["status"] == "checked" && j["stats"].is_null() && j["check"]["passed"] == true));
+
+    // Bench: each method once per shape (the triton baseline, torch's one config).
+    let out = tunelab(
+        &py,
+        results.path(),
+        &["run", "experiments/quickstart.yaml", "--mode", "bench"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let timed: Vec<serde_json::Value> = jobs(&journal(&dir))
+        .into_iter()
+        .skip(checked)
+        .cloned()
+        .collect();
+    assert_eq!(timed.len(), 4, "2 shapes x (triton baseline + torch)");
+    assert!(timed
+        .iter()
+        .all(|j| j["status"] == "ok" && (j["baseline"] == true || j["method"] == "torch")));
+
+    // Tune, then re-run only the recorded bests elsewhere.
+    let out = tunelab(&py, results.path(), &["run", "experiments/quickstart.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = tunelab(
+        &py,
+        elsewhere.path(),
+        &[
+            "run",
+            "experiments/quickstart.yaml",
+            "--use-best",
+            dir.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let rerun = jobs(&journal(
+        &elsewhere.path().join("quickstart/cpu-interpreter"),
+    ))
+    .len();
+    assert!(
+        (2..=6).contains(&rerun),
+        "bests and baselines only, got {rerun}"
+    );
+}
