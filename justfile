@@ -51,3 +51,9 @@ schemas:
 # Planner throughput on a 10^7-point space (a measurement, not a test).
 bench-plan:
     cargo bench --bench plan_throughput
+
+# Writes results/bench/<gpu>/tuning_speed.{md,json}. Uses .bin/tunelab if present, else
+# target/release/tunelab (or --tunelab PATH); `--dry-run` checks all that needs no GPU.
+# Tuning speed on GPU 0: triton.autotune vs tunelab grid vs halving, same 48 configs, cold caches.
+bench-tuning *ARGS:
+    TUNELAB_PYTHON={{python}} {{python}} bench/tuning_speed.py {{ARGS}}

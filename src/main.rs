@@ -308,12 +308,22 @@ fn run_command(
     let (device, mode, gpus) = match gpu {
         Some(d) => {
             // One lane per GPU of the same model as the first.
+            // Discovery numbers the devices CUDA lets us see; a lane's
+            // CUDA_VISIBLE_DEVICES must name the same device in the parent's terms.
+            let visible: Vec<String> = match std::env::var("CUDA_VISIBLE_DEVICES") {
+                Ok(v) if !v.trim().is_empty() => {
+                    v.split(',').map(|s| s.trim().to_string()).collect()
+                }
+                _ => (0..discovery.devices.len())
+                    .map(|i| i.to_string())
+                    .collect(),
+            };
             let gpus: Vec<String> = discovery
                 .devices
                 .iter()
-                .enumerate()
-                .filter(|(_, x)| x.name == d.name)
-                .map(|(i, _)| i.to_string())
+                .zip(visible)
+                .filter(|(x, _)| x.name == d.name)
+                .map(|(_, id)| id)
                 .collect();
             (d, Mode::Gpu, gpus)
         }

@@ -81,6 +81,10 @@ impl Worker {
         if let Some(cache) = &spec.triton_cache {
             cmd.env("TRITON_CACHE_DIR", cache);
         }
+        // Its own process group: a Ctrl-C (SIGINT to the terminal's group) reaches
+        // only the runner, which finishes the job in flight and stops the workers.
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
         let mut child = cmd.spawn()?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");

@@ -178,6 +178,9 @@ pub fn run_group(
         let mut round = 1u32;
         let baselines = alive.iter().filter(|m| m.job.baseline).count();
         while alive.len() > keep_at_least + baselines {
+            if super::interrupted() {
+                return;
+            }
             alive.sort_by(|a, b| median(&a.sampling).total_cmp(&median(&b.sampling)));
             let keep = alive.len().div_ceil(ctx.eta as usize).max(keep_at_least);
             // The baseline is what every result is compared with: it is never pruned.
@@ -242,7 +245,11 @@ pub fn run_group(
         alive = done;
     }
 
-    if ctx.run_mode == RunMode::Tune && alive.len() >= 2 && ctx.protocol.finalists >= 2 {
+    if ctx.run_mode == RunMode::Tune
+        && alive.len() >= 2
+        && ctx.protocol.finalists >= 2
+        && !super::interrupted()
+    {
         retime_finalists(ctx, backend, alive, emit);
     }
 }

@@ -310,7 +310,20 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         let plan_opts = &plan_opts;
         let planner = scope.spawn(move || -> Result<(), Diagnostic> {
             let mut current: Option<Group> = None;
-            let send = |g: Group| group_tx.send(g).is_ok();
+            // Lanes stop taking groups once interrupted: never block on a full queue then.
+            let send = |mut g: Group| loop {
+                match group_tx.try_send(g) {
+                    Ok(()) => return true,
+                    Err(mpsc::TrySendError::Disconnected(_)) => return false,
+                    Err(mpsc::TrySendError::Full(back)) => {
+                        if interrupted() {
+                            return false;
+                        }
+                        g = back;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            };
             let result = plan::plan(exp, plan_opts, &mut |job| {
                 if interrupted() {
                     return ControlFlow::Break(());
