@@ -1092,13 +1092,46 @@ fn duration(seconds: f64) -> String {
     }
 }
 
+/// Seconds since the epoch of an RFC 3339 UTC time as the journal writes it (`2026-11-21T21:40:00Z`).
+fn rfc3339_seconds(t: &str) -> Option<i64> {
+    let num = |r: std::ops::Range<usize>| t.get(r).and_then(|x| x.parse::<i64>().ok());
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    // Days from civil (H. Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (mo + if mo > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    Some((era * 146_097 + doe - 719_468) * 86_400 + h * 3600 + mi * 60 + se)
+}
+
+/// Wall time of every run: from its start to the last job recorded before the next run started.
+fn run_wall_seconds(runs: &[crate::store::RunHeader], jobs: &[&JobRecord]) -> f64 {
+    let mut starts: Vec<i64> = runs
+        .iter()
+        .filter_map(|r| rfc3339_seconds(&r.started_at))
+        .collect();
+    starts.sort_unstable();
+    let mut last_in_run = vec![None::<i64>; starts.len()];
+    for j in jobs {
+        let Some(t) = rfc3339_seconds(&j.finished_at) else {
+            continue;
+        };
+        if let Some(i) = starts.iter().rposition(|s| *s <= t) {
+            last_in_run[i] = Some(last_in_run[i].map_or(t, |x: i64| x.max(t)));
+        }
+    }
+    starts
+        .iter()
+        .zip(last_in_run)
+        .filter_map(|(s, end)| end.map(|e| (e - s) as f64))
+        .sum()
+}
+
 fn counts(group: &Group, jobs: &[&JobRecord]) -> Vec<Row> {
     let count = |s: JobStatus| jobs.iter().filter(|j| j.status == s).count();
-    let measured: f64 = jobs
-        .iter()
-        .map(|j| j.duration_s)
-        .filter(|d| d.is_finite())
-        .sum();
+    let measured = run_wall_seconds(&group.results.runs, jobs);
     let job_ids: HashSet<&str> = jobs.iter().map(|j| j.job_id.as_str()).collect();
     let gpu_ms: f64 = jobs
         .iter()
@@ -1118,7 +1151,14 @@ fn counts(group: &Group, jobs: &[&JobRecord]) -> Vec<Row> {
         .iter()
         .filter(|j| group.sel.final_of(&j.job_id).is_some())
         .count();
-    let planned = group.header.planned_jobs;
+    // A resumed run plans only what is left; the first run planned everything.
+    let planned = group
+        .results
+        .runs
+        .iter()
+        .map(|r| r.planned_jobs)
+        .max()
+        .unwrap_or(group.header.planned_jobs);
     vec![
         row("Planned", planned.to_string()),
         row(
@@ -1138,7 +1178,27 @@ fn counts(group: &Group, jobs: &[&JobRecord]) -> Vec<Row> {
         row("Failed", count(JobStatus::Failed).to_string()),
         row("Pruned", count(JobStatus::Pruned).to_string()),
         row("Finalists re-timed", finalists.to_string()),
-        row("Measured time (sum of job durations)", duration(measured)),
+        row(
+            "Run wall time (all runs, start to last record)",
+            duration(measured),
+        ),
         row("GPU time in timed samples", duration(gpu_ms / 1000.0)),
     ]
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::rfc3339_seconds;
+
+    #[test]
+    fn rfc3339_times_convert_to_epoch_seconds() {
+        assert_eq!(rfc3339_seconds("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(rfc3339_seconds("2026-11-21T21:40:00Z"), Some(1_795_297_200));
+        assert_eq!(
+            rfc3339_seconds("2024-03-01T00:00:01Z").unwrap()
+                - rfc3339_seconds("2024-02-28T00:00:01Z").unwrap(),
+            2 * 86_400
+        );
+        assert_eq!(rfc3339_seconds("garbage"), None);
+    }
 }
