@@ -34,10 +34,23 @@ setup:
     test -x .venv/bin/python || python3 -m venv .venv
     .venv/bin/python -m pip install -q --disable-pip-version-check torch triton numpy pytest
 
-# Everything CI checks: formatting, lints, Rust tests, Python tests, the interpreter end to end.
-test: lint
+# Everything CI checks: formatting, lints, the HIP build, Rust tests, Python tests, the interpreter end to end.
+test: lint check-hip
     TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets
     PYTHONPATH=python {{python}} -m pytest -q python/tests
+
+# Build and lint with AMD device discovery (`hip` feature); needs HIP headers and libamdhip64
+# (Debian/Ubuntu: apt-get install libamdhip64-dev; ROCm: set HIP_PATH).
+check-hip:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    for root in "${HIP_PATH:-}" /opt/rocm /usr; do
+        if [ -n "$root" ] && [ -f "$root/include/hip/hip_runtime_api.h" ]; then
+            HIP_PATH="$root" cargo clippy --features hip --all-targets -- -D warnings
+            exit 0
+        fi
+    done
+    echo "check-hip: skipped, no HIP headers found (apt-get install libamdhip64-dev, or set HIP_PATH)"
 
 # rustfmt and clippy, warnings denied.
 lint:

@@ -16,8 +16,8 @@ pub fn discover() -> Result<Vec<DeviceInfo>, String> {
         let _ = hipDriverGetVersion(&mut driver);
         let mut devices = Vec::new();
         for ordinal in 0..count {
-            let mut props: hipDeviceProp_tR0600 = std::mem::zeroed();
-            if hipGetDevicePropertiesR0600(&mut props, ordinal) != hipError_t::hipSuccess {
+            let mut props: hipDeviceProp_t = std::mem::zeroed();
+            if hipGetDeviceProperties(&mut props, ordinal) != hipError_t::hipSuccess {
                 return Err(format!("hipGetDeviceProperties({ordinal}) failed"));
             }
             let name = std::ffi::CStr::from_ptr(props.name.as_ptr())
