@@ -96,6 +96,11 @@ pub fn run_group(
         }
     };
 
+    // Every job ends as exactly one record, sent to the journal's writer.
+    let mut finish =
+        |m: &Measured, status: JobStatus, failure: Option<JobFailure>, stats: Option<Stats>| {
+            emit(Event::Job(Box::new(record(m, status, failure, stats))))
+        };
     let mut alive: Vec<Measured> = Vec::new();
     for job in group.jobs {
         if super::interrupted() {
@@ -114,33 +119,18 @@ pub fn run_group(
             match board.wait(&m.job.id) {
                 Some(Ok(s)) => m.compile_s = Some(s),
                 Some(Err(f)) => {
-                    emit(Event::Job(Box::new(record(
-                        &m,
-                        JobStatus::Failed,
-                        Some(f),
-                        None,
-                    ))));
+                    finish(&m, JobStatus::Failed, Some(f), None);
                     continue;
                 }
                 None => {}
             }
         }
         if let Err(f) = prepare(ctx, backend, &mut m) {
-            emit(Event::Job(Box::new(record(
-                &m,
-                JobStatus::Failed,
-                Some(f),
-                None,
-            ))));
+            finish(&m, JobStatus::Failed, Some(f), None);
             continue;
         }
         if ctx.run_mode == RunMode::Check {
-            emit(Event::Job(Box::new(record(
-                &m,
-                JobStatus::Checked,
-                None,
-                None,
-            ))));
+            finish(&m, JobStatus::Checked, None, None);
             continue;
         }
         let screening = ctx.strategy == Strategy::Halving && ctx.run_mode == RunMode::Tune;
@@ -150,20 +140,10 @@ pub fn run_group(
             sample_adaptive(ctx, backend, &mut m)
         };
         match result {
-            Err(f) => emit(Event::Job(Box::new(record(
-                &m,
-                JobStatus::Failed,
-                Some(f),
-                None,
-            )))),
+            Err(f) => finish(&m, JobStatus::Failed, Some(f), None),
             Ok(capped) if !screening => {
                 let stats = m.sampling.stats(capped);
-                emit(Event::Job(Box::new(record(
-                    &m,
-                    JobStatus::Ok,
-                    None,
-                    Some(stats),
-                ))));
+                finish(&m, JobStatus::Ok, None, Some(stats));
                 alive.push(m);
             }
             Ok(_) => alive.push(m),
@@ -191,12 +171,7 @@ pub fn run_group(
             alive = survivors.into_iter().map(|(_, m)| m).collect();
             for (_, m) in dropped {
                 let stats = m.sampling.stats(false);
-                emit(Event::Job(Box::new(record(
-                    &m,
-                    JobStatus::Pruned,
-                    None,
-                    Some(stats),
-                ))));
+                finish(&m, JobStatus::Pruned, None, Some(stats));
             }
             if alive.len() <= keep_at_least + baselines {
                 break;
@@ -209,12 +184,7 @@ pub fn run_group(
                     .and_then(|_| sample_batches(ctx, backend, &mut m, batches))
                 {
                     Ok(_) => next.push(m),
-                    Err(f) => emit(Event::Job(Box::new(record(
-                        &m,
-                        JobStatus::Failed,
-                        Some(f),
-                        None,
-                    )))),
+                    Err(f) => finish(&m, JobStatus::Failed, Some(f), None),
                 }
             }
             alive = next;
@@ -226,20 +196,10 @@ pub fn run_group(
             {
                 Ok(capped) => {
                     let stats = m.sampling.stats(capped);
-                    emit(Event::Job(Box::new(record(
-                        &m,
-                        JobStatus::Ok,
-                        None,
-                        Some(stats),
-                    ))));
+                    finish(&m, JobStatus::Ok, None, Some(stats));
                     done.push(m);
                 }
-                Err(f) => emit(Event::Job(Box::new(record(
-                    &m,
-                    JobStatus::Failed,
-                    Some(f),
-                    None,
-                )))),
+                Err(f) => finish(&m, JobStatus::Failed, Some(f), None),
             }
         }
         alive = done;
