@@ -76,15 +76,24 @@ impl Layered {
         map.iter()
             .map(|(key, v)| {
                 let origin = match self.figment.find_metadata(key) {
-                    Some(meta) => match &meta.source {
-                        Some(source) => format!("{} ({source})", meta.name),
-                        None => meta.name.to_string(),
-                    },
-                    None => "default".into(),
+                    None => "built-in default".to_string(),
+                    Some(meta) => {
+                        let name = meta.name.to_string();
+                        if name.ends_with("FlagSettings") {
+                            "command-line flag".to_string()
+                        } else if name.ends_with("Settings") {
+                            "built-in default".to_string()
+                        } else if name.contains("environment") {
+                            format!("environment variable TUNELAB_{}", key.to_uppercase())
+                        } else {
+                            match &meta.source {
+                                Some(figment::Source::File(path)) => format!("{}", path.display()),
+                                Some(source) => format!("{} ({source})", meta.name),
+                                None => meta.name.to_string(),
+                            }
+                        }
+                    }
                 };
-                let origin = origin
-                    .replace("Serialized::defaults", "built-in default")
-                    .replace("Serialized::globals", "command-line flag");
                 let shown = match v {
                     serde_json::Value::String(s) => s.clone(),
                     other => other.to_string(),
