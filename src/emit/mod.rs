@@ -204,7 +204,7 @@ pub struct Group<'s, 'a> {
     pub path: String,
 }
 
-impl<'a> Group<'_, 'a> {
+impl<'s, 'a> Group<'s, 'a> {
     /// The group's jobs, in journal order.
     pub fn jobs(&self) -> Vec<&'a JobRecord> {
         let keys: HashSet<&str> = self.shapes.iter().map(|s| s.key.as_str()).collect();
@@ -222,6 +222,30 @@ impl<'a> Group<'_, 'a> {
             path: self.path.clone(),
             message: message.into(),
         }
+    }
+
+    /// Each shape's overall best, keyed by its `M`: what the M-keyed config
+    /// formats (vLLM, Triton M buckets) write. Shapes without a best are left
+    /// out; two shapes with one M in a file are an error.
+    pub fn bests_by_m(
+        &self,
+    ) -> Result<std::collections::BTreeMap<i64, (&'s ShapeOutcome<'a>, Timed<'a>)>, EmitError> {
+        let mut by_m = std::collections::BTreeMap::new();
+        for &shape in &self.shapes {
+            let Some((_, best)) = shape.overall_best() else {
+                continue;
+            };
+            let m = shape.m().ok_or_else(|| {
+                self.data_error(format!("shape {} has no integer field `M`", shape.key))
+            })?;
+            if let Some((other, _)) = by_m.insert(m, (shape, best)) {
+                return Err(self.data_error(format!(
+                    "shapes {} and {} both have M={m}; put the field that tells them apart in the path template",
+                    other.key, shape.key
+                )));
+            }
+        }
+        Ok(by_m)
     }
 }
 

@@ -110,23 +110,11 @@ pub fn buckets(
 }
 
 pub fn render(group: &Group) -> Result<Option<String>, EmitError> {
-    let mut tuned: BTreeMap<i64, IndexMap<String, Json>> = BTreeMap::new();
-    let mut owner: BTreeMap<i64, &str> = BTreeMap::new();
-    for shape in &group.shapes {
-        let Some((_, best)) = shape.overall_best() else {
-            continue;
-        };
-        let m = shape.m().ok_or_else(|| {
-            group.data_error(format!("shape {} has no integer field `M`", shape.key))
-        })?;
-        if let Some(other) = owner.insert(m, &shape.key) {
-            return Err(group.data_error(format!(
-                "shapes {other} and {} both have M={m}; put the field that tells them apart in the path template",
-                shape.key
-            )));
-        }
-        tuned.insert(m, best.job.config.clone());
-    }
+    let tuned: BTreeMap<i64, IndexMap<String, Json>> = group
+        .bests_by_m()?
+        .into_iter()
+        .map(|(m, (_, best))| (m, best.job.config.clone()))
+        .collect();
     if tuned.is_empty() {
         return Ok(None);
     }

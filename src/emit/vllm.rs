@@ -41,14 +41,8 @@ pub const REQUIRED: [&str; 6] = [
 const OPTIONAL: [&str; 3] = ["waves_per_eu", "matrix_instr_nonkdim", "kpack"];
 
 pub fn render(group: &Group) -> Result<Option<String>, EmitError> {
-    let mut by_m: BTreeMap<i64, (String, serde_json::Map<String, Json>)> = BTreeMap::new();
-    for shape in &group.shapes {
-        let Some((_, best)) = shape.overall_best() else {
-            continue;
-        };
-        let m = shape.m().ok_or_else(|| {
-            group.data_error(format!("shape {} has no integer field `M`", shape.key))
-        })?;
+    let mut by_m: BTreeMap<i64, serde_json::Map<String, Json>> = BTreeMap::new();
+    for (m, (shape, best)) in group.bests_by_m()? {
         let mut config = serde_json::Map::new();
         for field in REQUIRED.iter().chain(OPTIONAL.iter()) {
             let value = match best.job.config.get(*field) {
@@ -69,12 +63,7 @@ pub fn render(group: &Group) -> Result<Option<String>, EmitError> {
             })?;
             config.insert(field.to_string(), Json::from(int));
         }
-        if let Some((other, _)) = by_m.insert(m, (shape.key.clone(), config)) {
-            return Err(group.data_error(format!(
-                "shapes {other} and {} both have M={m}; put the field that tells them apart in the path template",
-                shape.key
-            )));
-        }
+        by_m.insert(m, config);
     }
     if by_m.is_empty() {
         return Ok(None);
@@ -88,7 +77,7 @@ pub fn render(group: &Group) -> Result<Option<String>, EmitError> {
         .clone()
         .unwrap_or_else(|| "unknown".into());
     doc.insert("triton_version".into(), Json::String(triton));
-    for (m, (_, config)) in by_m {
+    for (m, config) in by_m {
         doc.insert(m.to_string(), Json::Object(config));
     }
     Ok(Some(to_json_indent4(&Json::Object(doc)) + "\n"))
