@@ -39,6 +39,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import trace_breakdown  # noqa: E402  (bench/, next to this file)
+
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "experiments" / "bench-gemm.yaml"
 EXPECTED_CONFIGS = 48
@@ -62,6 +65,7 @@ GOALS = [
     "tunelab grid is at least 8x faster than triton.autotune, with the same winner or one within 1 %",
     "GPU busy at least 80 % of tunelab's wall time",
     "successive halving's winner within 2 % of the exhaustive (grid) best",
+    "runner overhead per job (scheduling, protocol, journal) under 1 ms",
 ]
 
 
@@ -523,7 +527,7 @@ def run_child(kind, spec, work):
 
 def tunelab_command(tunelab, strategy, results_dir):
     cmd = [str(tunelab), "run", str(MANIFEST.relative_to(REPO)), "--results-dir", str(results_dir), "--quiet",
-           "--python", worker_python()]
+           "--python", worker_python(), "--trace", str(results_dir / "trace.json")]
     if strategy != "grid":
         cmd += ["--set", f"search.strategy={strategy}"]
     return cmd
@@ -549,6 +553,16 @@ def run_tunelab(tunelab, strategy, work, gpu):
                          f"kept with --keep-work):\n{log[-3000:]}")
     journal = find_journal(results_dir)
     summary = summarize_journal(journal)
+    trace_path = results_dir / "trace.json"
+    if trace_path.exists():
+        summary["breakdown"] = trace_breakdown.breakdown(trace_path)
+        summary["breakdown_text"] = trace_breakdown.render(summary["breakdown"])
+        summary["overhead_ms_per_job"] = trace_breakdown.overhead_per_job_ms(summary["breakdown"])
+        if summary["breakdown"]["journal"]:
+            # The journal's fsync runs on the writer thread, off the lane's path; counted anyway.
+            summary["overhead_ms_per_job"] = (summary["overhead_ms_per_job"] or 0.0) + \
+                summary["breakdown"]["journal"]["ms_mean"]
+        summary["trace"] = str(trace_path)
     summary.update({
         "command": shlex.join(cmd),
         "exit_code": proc.returncode,
@@ -670,7 +684,9 @@ def assemble(shape, configs, env, results, verify, commands, errors):
                         "timed_kernel_fraction": r["timed_kernel_fraction"],
                         "timed_kernel_fraction_with_finals": r["timed_kernel_fraction_with_finals"],
                         "winner_from_final": r["winner_from_final"], "exit_code": r["exit_code"],
-                        "tunelab_log_tail": r["tunelab_log_tail"]})
+                        "tunelab_log_tail": r["tunelab_log_tail"],
+                        "overhead_ms_per_job": r.get("overhead_ms_per_job"),
+                        "breakdown": r.get("breakdown"), "breakdown_text": r.get("breakdown_text")})
         row["util_samples"], row["util_source"] = r["util"]["samples"], r["util"]["source"]
         rows[name] = row
     return {
@@ -715,6 +731,11 @@ def goal_status(rows):
     if grid and halving:
         gap = halving["gap_to_grid_pct"]
         out.append({"goal": GOALS[2], "met": gap is not None and gap <= 2.0, "measured": fmt(gap, "{:+.2f} %")})
+    for name in ("grid", "halving"):
+        overhead = (rows.get(name) or {}).get("overhead_ms_per_job")
+        if overhead is not None:
+            out.append({"goal": f"{GOALS[3]} ({name})", "met": overhead < 1.0,
+                        "measured": f"{overhead:.3f} ms per job"})
     return out
 
 
@@ -753,6 +774,7 @@ def render_markdown(f):
     add("- timed-kernel fraction: sum of the journal's job `stats.gpu_ms` / wall (finalist re-timings not included; "
         "for halving, survivors' screening samples are not in the journal either).")
     add("")
+    add_breakdown(add, f["contenders"])
     add_launch_cost(add, f.get("launch_cost"))
     add("## Goals (stated, not asserted)")
     add("")
@@ -779,6 +801,26 @@ def render_markdown(f):
     for name, cmd in f["contender_commands"].items():
         add(f"- {name}: `{cmd}`")
     return "\n".join(lines) + "\n"
+
+
+def add_breakdown(add, contenders):
+    """Each tunelab run's wall time taken apart from its trace (bench/trace_breakdown.py)."""
+    traced = {name: r for name, r in contenders.items() if r.get("breakdown_text")}
+    if not traced:
+        return
+    add("## Where tunelab's wall time goes")
+    add("")
+    add("From each run's `--trace` (kept as `journals/<contender>.trace.json`; open it in ui.perfetto.dev). "
+        "Runner overhead per job: lane time inside a group that is not a worker call, plus each call's round "
+        "trip minus the worker's own time, plus the journal append (fsync) on the writer thread.")
+    add("")
+    for name, r in traced.items():
+        add(f"**tunelab {name}**")
+        add("")
+        add("```")
+        add(r["breakdown_text"])
+        add("```")
+        add("")
 
 
 def add_launch_cost(add, lc):
@@ -875,7 +917,7 @@ def run_benchmark(args, tunelab, shape, configs):
                 else:
                     results[name] = run_tunelab(tunelab, name, work, gpu)
                     commands["contenders"][name] = results[name]["command"]
-                    keep_journal(results[name]["journal"], args.out_dir / device_dir(env["gpu"]), name)
+                    keep_journal(results[name], args.out_dir / device_dir(env["gpu"]), name)
             except BenchError as e:
                 errors.append(f"{name}: {e}")
                 print(f"tuning_speed: {name} failed: {e}", file=sys.stderr)
@@ -917,11 +959,13 @@ def run_verify(results, shape, work, errors):
         return None
 
 
-def keep_journal(journal, out_dir, name):
-    """A copy of each tunelab journal next to the results, so every number can be traced to its job."""
+def keep_journal(result, out_dir, name):
+    """A copy of each tunelab journal (and its trace) next to the results, so every number can be traced."""
     dest = out_dir / "journals"
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(journal, dest / f"{name}.journal.jsonl")
+    shutil.copyfile(result["journal"], dest / f"{name}.journal.jsonl")
+    if result.get("trace"):
+        shutil.copyfile(result["trace"], dest / f"{name}.trace.json")
 
 
 def self_command():

@@ -85,6 +85,10 @@ pub enum Command {
         /// No progress line.
         #[arg(long)]
         quiet: bool,
+        /// Write a timeline of the run (worker calls, jobs, compiles, journal
+        /// writes) to FILE as Chrome trace-event JSON; open it in ui.perfetto.dev.
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
     },
     /// Regenerate every output and the report of a results directory from its journal.
     #[command(after_help = "Example:\n  tunelab report results/quickstart/NVIDIA_H100_80GB_HBM3")]

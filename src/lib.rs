@@ -17,3 +17,4 @@ pub mod measure;
 pub mod plan;
 pub mod schedule;
 pub mod store;
+pub mod trace;

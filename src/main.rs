@@ -68,6 +68,7 @@ fn run(cli: Cli) -> Result<i32, Failure> {
             interpret,
             compile_workers,
             quiet,
+            trace,
         } => {
             let mut settings = settings;
             if interpret {
@@ -81,14 +82,26 @@ fn run(cli: Cli) -> Result<i32, Failure> {
                 ModeArg::Bench => RunMode::Bench,
                 ModeArg::Check => RunMode::Check,
             };
-            run_command(
+            if trace.is_some() {
+                tunelab::trace::enable();
+            }
+            let result = run_command(
                 &manifest,
                 &manifest_args,
                 &settings,
                 run_mode,
                 use_best.as_deref(),
                 !quiet,
-            )
+            );
+            if let Some(path) = &trace {
+                // Written even when the run failed or was interrupted: that is
+                // when a timeline helps most.
+                match tunelab::trace::write(path) {
+                    Ok(n) => eprintln!("trace: {} ({n} spans)", path.display()),
+                    Err(e) => eprintln!("warning: cannot write trace {}: {e}", path.display()),
+                }
+            }
+            result
         }
         Command::Report { results } => report_command(&results),
         Command::Devices { json } => devices_command(json),
@@ -395,7 +408,14 @@ fn run_command(
     for change in &outcome.fingerprint_changes {
         eprintln!("note: environment changed since the journal's last run: {change}");
     }
+    let outputs_started = std::time::Instant::now();
     let written = write_outputs(&outcome.dir)?;
+    tunelab::trace::span(
+        "runner",
+        "write outputs",
+        outputs_started,
+        serde_json::json!({}),
+    );
     println!(
         "{} [{}]: {} jobs run ({} ok, {} failed, {} pruned, {} checked), {} already done, {:.1} s",
         exp.name,

@@ -49,8 +49,13 @@ class WorkerProcess:
     would fill up and stall the worker).
     """
 
-    def __init__(self, *args, extra_path=(EXTPKG_DIR,)):
+    def __init__(self, *args, extra_path=(EXTPKG_DIR,), env_overrides=None):
         env = dict(os.environ)
+        for key, value in (env_overrides or {}).items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
         env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR), *map(str, extra_path)])
         env["PYTHONUNBUFFERED"] = "1"
         self._stderr = tempfile.TemporaryFile()
@@ -89,11 +94,14 @@ class WorkerProcess:
             pytest.fail(f"worker stdout carried a non-protocol line: {line!r}")
 
     def request(self, op, **fields):
+        """One request; the response without `worker_us`, which is checked here."""
         request_id = self._next_id
         self._next_id += 1
         self.send_raw((json.dumps({"id": request_id, "op": op, **fields}) + "\n").encode())
         response = self.read()
         assert response["id"] == request_id, response
+        worker_us = response.pop("worker_us")
+        assert isinstance(worker_us, float) and worker_us >= 0, response
         return response
 
     def at_eof(self, timeout=RESPONSE_TIMEOUT_S) -> bool:

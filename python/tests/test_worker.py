@@ -302,3 +302,60 @@ def test_compile_role_serves_compile_only(spawn_worker):
     assert_failed(worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE), "bad_request")
     assert worker.request("shutdown")["ok"]
     assert worker.proc.wait(timeout=30) == 0
+
+
+def _cubins(cache_dir):
+    return sorted(path.name for path in cache_dir.rglob("*.cubin"))
+
+
+def test_compile_role_with_a_target_compiles_for_a_gpu_it_cannot_see(spawn_worker, tmp_path):
+    """What the runner's compile pool relies on: sm_90 binaries with no GPU visible.
+
+    Triton's own compiler and ptxas run on the CPU; the worker must never ask a
+    driver for anything. Runs the same way with or without a GPU in the machine.
+    """
+    cache = tmp_path / "triton-cache"
+    worker = spawn_worker(
+        "--role", "compile", "--target", "cuda:90:32",
+        env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
+    )
+    hello = worker.request("hello")
+    assert hello["ok"] and hello["device"] == "compile-only for cuda:90:32" and hello["mode"] == "gpu"
+
+    compiled = worker.request("compile", job=gemm_job(dtype="bf16"))
+    assert compiled["ok"] and compiled["compiled"] is True, compiled
+    assert _cubins(cache) == ["matmul_kernel.cubin"]
+    ptx = next(cache.rglob("matmul_kernel.ptx")).read_text()
+    assert ".target sm_90a" in ptx
+
+    moe = {
+        "job_id": "moe-1", "problem": "moe",
+        "shape": {"M": 4, "E": 8, "topk": 2, "K": 128, "N": 64, "dtype": "bf16", "activation": "silu"},
+        "method": {"name": "triton", "kernel": "fused_moe"},
+        "config": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+                   "num_warps": 4, "num_stages": 2},
+    }
+    compiled = worker.request("compile", job=moe)
+    assert compiled["ok"] and compiled["compiled"] is True, compiled
+    assert {"moe_align_kernel.cubin", "moe_gemm1_kernel.cubin", "moe_gemm2_kernel.cubin",
+            "moe_sum_kernel.cubin"} <= set(_cubins(cache))
+
+    # A lane's work is refused, and a bad target is a start-up error, not a hang.
+    assert_failed(worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE), "bad_request")
+    assert worker.request("shutdown")["ok"]
+    assert worker.proc.wait(timeout=30) == 0
+
+
+def test_a_malformed_target_stops_the_worker_with_a_message(spawn_worker):
+    worker = spawn_worker("--role", "compile", "--target", "cuda:sm90:32",
+                          env_overrides={"TRITON_INTERPRET": None})
+    assert worker.at_eof()
+    assert worker.proc.wait(timeout=30) != 0
+    assert "compute capability as digits" in worker.stderr_text()
+
+
+def test_target_is_only_for_the_compile_role(spawn_worker):
+    worker = spawn_worker("--target", "cuda:90:32")
+    assert worker.at_eof()
+    assert worker.proc.wait(timeout=30) == 2
+    assert "--target is for --role compile" in worker.stderr_text()

@@ -1,11 +1,13 @@
 """The tunelab worker: one process that serves the Rust runner over JSON lines.
 
-    python -m tunelab.worker [--role lane|compile]
+    python -m tunelab.worker [--role lane|compile] [--target cuda:90:32]
 
 It builds inputs, runs methods and references, compares, and returns raw timing
 samples; the runner owns everything else (see docs/worker-protocol.md). A lane
 worker owns one GPU (or runs Triton's interpreter on the CPU); a compile worker
-only fills Triton's cache.
+only fills Triton's cache. Given a --target, a compile worker compiles for that
+GPU without touching one (see tunelab.target); the runner starts it with no
+GPU visible.
 
 The protocol stream is a private duplicate of the original stdout. At start-up
 file descriptor 1 and `sys.stdout` are both pointed at stderr, so whatever a
@@ -362,12 +364,14 @@ class Prepared:
 
 
 class Worker:
-    def __init__(self, role: str, mode: str):
+    def __init__(self, role: str, mode: str, target=None):
         import torch
 
         self.torch = torch
         self.role = role
         self.mode = mode
+        # Set for a compile worker that compiles for a GPU it cannot see.
+        self.target = target
         self.device = torch.device("cuda" if mode == "gpu" else "cpu")
         self.prepared = None
         self._shape_cache = None
@@ -387,7 +391,17 @@ class Worker:
     # ---- dispatch
 
     def handle_line(self, raw: bytes) -> dict:
-        """One request line in, one response object out; never raises."""
+        """One request line in, one response object out; never raises.
+
+        Every response carries `worker_us`, the time spent here: the runner
+        subtracts it from the round trip to see what the protocol costs.
+        """
+        started = time.perf_counter()
+        response = self._handle(raw)
+        response["worker_us"] = round((time.perf_counter() - started) * 1e6, 1)
+        return response
+
+    def _handle(self, raw: bytes) -> dict:
         try:
             request = json.loads(raw)
         except Exception as exc:
@@ -424,7 +438,12 @@ class Worker:
             triton_version = triton.__version__
         except Exception:
             triton_version = None
-        device = torch.cuda.get_device_name() if self.mode == "gpu" else "cpu"
+        if self.target is not None:
+            device = f"compile-only for {self.target}"
+        elif self.mode == "gpu":
+            device = torch.cuda.get_device_name()
+        else:
+            device = "cpu"
         return {
             "protocol": PROTOCOL_VERSION,
             "python": platform.python_version(),
@@ -656,13 +675,29 @@ def _parse_args(argv):
         default="lane",
         help="lane: check and time jobs on one device (default); compile: only fill Triton's cache",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--target",
+        help="compile role only: compile for this GPU (cuda:90:32, hip:gfx942:64) without touching one",
+    )
+    args = parser.parse_args(argv)
+    if args.target is not None and args.role != "compile":
+        parser.error("--target is for --role compile; a lane compiles for the GPU it owns")
+    return args
 
 
 def main(argv=None) -> int:
     args = _parse_args(argv)
     protocol = _claim_stdout()
-    worker = Worker(role=args.role, mode=choose_mode())
+    target = None
+    if args.target is not None:
+        from tunelab.target import compile_for, parse_target
+
+        target = parse_target(args.target)
+        mode = "gpu"  # never asks torch for a GPU: none is visible to this process
+        compile_for(target)
+    else:
+        mode = choose_mode()
+    worker = Worker(role=args.role, mode=mode, target=target)
     requests = sys.stdin.buffer
     while not worker.stopping:
         line = requests.readline()
@@ -676,4 +711,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Skip the interpreter's teardown: with torch and a CUDA context loaded it
+    # takes up to a second, and a worker has nothing left to save. Logs first.
+    sys.stderr.flush()
+    os._exit(code)

@@ -33,6 +33,7 @@ impl PythonBackend {
 
     fn worker(&mut self) -> Result<&mut Worker, JobFailure> {
         if self.worker.is_none() {
+            let started = std::time::Instant::now();
             let mut w = Worker::spawn(&self.spec).map_err(|e| {
                 JobFailure::new(
                     FailureClass::Crash,
@@ -48,6 +49,7 @@ impl PythonBackend {
                     format!("worker did not start: {e:?}"),
                 ));
             }
+            crate::trace::span(w.name(), "start-up", started, json!({"pid": w.pid()}));
             self.worker = Some(w);
         }
         Ok(self.worker.as_mut().expect("just started"))
@@ -111,6 +113,12 @@ impl PythonBackend {
 
     pub fn hello(&mut self) -> Result<Json, JobFailure> {
         self.call("hello", json!({}), Duration::from_secs(120))
+    }
+
+    /// Start the worker process now (it answers `hello` before this returns),
+    /// rather than at the first job.
+    pub fn start(&mut self) -> Result<(), JobFailure> {
+        self.worker().map(|_| ())
     }
 
     pub fn shutdown(&mut self) {

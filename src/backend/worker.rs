@@ -24,6 +24,9 @@ pub struct WorkerSpec {
     pub interpret: bool,
     /// CUDA_VISIBLE_DEVICES for a lane that owns one GPU.
     pub visible_device: Option<String>,
+    /// For a compile worker: the GPU to compile for ("cuda:90:32"). The worker
+    /// then sees no GPU at all and compiles from this alone.
+    pub target: Option<String>,
     pub triton_cache: Option<PathBuf>,
     /// Worker stderr goes here (appended), so a crash can be explained.
     pub log: PathBuf,
@@ -45,6 +48,8 @@ pub struct Worker {
     lines: Receiver<std::io::Result<String>>,
     next_id: u64,
     log: PathBuf,
+    /// The trace track: the log's file stem ("lane0", "compile3").
+    name: String,
 }
 
 /// The grace period between SIGTERM and SIGKILL.
@@ -65,8 +70,11 @@ impl Worker {
             python_path.push(existing);
         }
         let mut cmd = Command::new(&spec.python);
-        cmd.args(["-u", "-m", "tunelab.worker", "--role", &spec.role])
-            .env("PYTHONPATH", python_path)
+        cmd.args(["-u", "-m", "tunelab.worker", "--role", &spec.role]);
+        if let Some(target) = &spec.target {
+            cmd.args(["--target", target]);
+        }
+        cmd.env("PYTHONPATH", python_path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
@@ -75,7 +83,11 @@ impl Worker {
         } else {
             cmd.env_remove("TRITON_INTERPRET");
         }
-        if let Some(dev) = &spec.visible_device {
+        if spec.target.is_some() {
+            // Compiling for a named target needs no GPU; hiding them guarantees
+            // the worker never creates a context or takes device memory.
+            cmd.env("CUDA_VISIBLE_DEVICES", "");
+        } else if let Some(dev) = &spec.visible_device {
             cmd.env("CUDA_VISIBLE_DEVICES", dev);
         }
         if let Some(cache) = &spec.triton_cache {
@@ -102,6 +114,11 @@ impl Worker {
             lines: rx,
             next_id: 1,
             log: spec.log.clone(),
+            name: spec
+                .log
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| spec.role.clone()),
         })
     }
 
@@ -110,7 +127,45 @@ impl Worker {
     }
 
     /// Sends one request and waits for its response, at most `timeout`.
-    pub fn call(&mut self, op: &str, mut body: Json, timeout: Duration) -> Result<Json, CallError> {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Sends one request and waits for its response, at most `timeout`.
+    /// Traced as one span: the round trip, with the worker's own time in it.
+    pub fn call(&mut self, op: &str, body: Json, timeout: Duration) -> Result<Json, CallError> {
+        let started = Instant::now();
+        let job = body
+            .get("job_id")
+            .or_else(|| body.get("job").and_then(|j| j.get("job_id")))
+            .cloned();
+        let result = self.round_trip(op, body, timeout);
+        if crate::trace::enabled() {
+            let worker_us = result
+                .as_ref()
+                .ok()
+                .and_then(|r| r.get("worker_us").cloned());
+            let outcome = match &result {
+                Ok(r) if r.get("ok").and_then(Json::as_bool) == Some(true) => "ok",
+                Ok(_) => "failed",
+                Err(_) => "lost",
+            };
+            crate::trace::span(
+                &self.name,
+                op,
+                started,
+                json!({"job": job, "worker_us": worker_us, "outcome": outcome}),
+            );
+        }
+        result
+    }
+
+    fn round_trip(
+        &mut self,
+        op: &str,
+        mut body: Json,
+        timeout: Duration,
+    ) -> Result<Json, CallError> {
         let id = self.next_id;
         self.next_id += 1;
         body["id"] = json!(id);

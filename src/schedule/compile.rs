@@ -7,10 +7,61 @@
 //! compiles it as part of its check.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 
-use crate::backend::JobFailure;
+use crate::backend::{Backend, JobFailure, PythonBackend};
 use crate::plan::Job;
+
+/// Compile workers, started as soon as a run begins so that their start-up
+/// (importing torch and Triton) overlaps the lane worker's, each on its own
+/// thread taking jobs from the board in lane order.
+pub struct CompilePool {
+    board: Arc<CompileBoard>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl CompilePool {
+    pub fn start(workers: Vec<PythonBackend>) -> CompilePool {
+        let board = Arc::new(CompileBoard::default());
+        let threads = workers
+            .into_iter()
+            .map(|mut backend| {
+                let board = Arc::clone(&board);
+                std::thread::spawn(move || {
+                    // A worker that cannot start is retried at its first job,
+                    // where the failure is recorded against that job.
+                    let _ = backend.start();
+                    while let Some((job, kernel, kind)) = board.next() {
+                        if super::interrupted() {
+                            // Hand it back: a lane that still reaches it compiles it itself.
+                            board.requeue(&job.id);
+                            break;
+                        }
+                        let result = backend.compile(&job, &kernel, &kind);
+                        board.finish(&job.id, result);
+                    }
+                    backend.shutdown();
+                })
+            })
+            .collect();
+        CompilePool { board, threads }
+    }
+
+    pub fn board(&self) -> &CompileBoard {
+        &self.board
+    }
+}
+
+impl Drop for CompilePool {
+    /// Whatever ended the run, the workers drain the queue and exit.
+    fn drop(&mut self) {
+        self.board.close();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
 
 enum State {
     Queued,
@@ -64,6 +115,13 @@ impl CompileBoard {
             }
             inner = self.changed.wait(inner).expect("compile board");
         }
+    }
+
+    /// A job taken by `next` that will not be compiled after all.
+    pub fn requeue(&self, job_id: &str) {
+        let mut inner = self.inner.lock().expect("compile board");
+        inner.states.insert(job_id.to_string(), State::Queued);
+        self.changed.notify_all();
     }
 
     pub fn finish(&self, job_id: &str, result: Result<f64, JobFailure>) {

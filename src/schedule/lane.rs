@@ -45,6 +45,22 @@ pub fn run_group(
     group: Group,
     emit: &mut dyn FnMut(Event),
 ) {
+    let group_started = Instant::now();
+    let track = format!("lane{} jobs", ctx.lane);
+    let group_args = serde_json::json!({
+        "shape": group.shape, "method": group.method, "jobs": group.jobs.len(),
+    });
+    run_group_inner(ctx, backend, group, &track, emit);
+    crate::trace::span(&track, "group", group_started, group_args);
+}
+
+fn run_group_inner(
+    ctx: &LaneContext,
+    backend: &mut dyn Backend,
+    group: Group,
+    track: &str,
+    emit: &mut dyn FnMut(Event),
+) {
     let (flops, bytes) = match backend.describe(&serde_json::to_value(&group.shape).expect("shape"))
     {
         Ok(fb) => (Some(fb.0), Some(fb.1)),
@@ -116,7 +132,15 @@ pub fn run_group(
             started: Instant::now(),
         };
         if let Some(board) = ctx.compile {
-            match board.wait(&m.job.id) {
+            let waited = Instant::now();
+            let compiled = board.wait(&m.job.id);
+            crate::trace::span(
+                track,
+                "wait for compile",
+                waited,
+                serde_json::json!({"job": m.job.id}),
+            );
+            match compiled {
                 Some(Ok(s)) => m.compile_s = Some(s),
                 Some(Err(f)) => {
                     finish(&m, JobStatus::Failed, Some(f), None);

@@ -192,12 +192,29 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         role: role.to_string(),
         interpret: opts.mode == Mode::Interpreter,
         visible_device: device,
+        target: None,
         triton_cache: Some(triton_cache.clone()),
         log: logs.join(name),
     };
+    let timeout = Duration::from_secs_f64(protocol.timeout_s);
+
+    // The compile pool starts first: its workers import torch and Triton
+    // while the lane's worker does the same, instead of after it.
+    let use_pool =
+        opts.mode == Mode::Gpu && opts.compile_workers > 0 && opts.run_mode != RunMode::Check;
+    let pool = use_pool.then(|| {
+        let target = compile_target(&opts.device);
+        let workers = (0..opts.compile_workers)
+            .map(|i| {
+                let mut spec = spec("compile", lanes[0].clone(), format!("compile{i}.log"));
+                spec.target = target.clone();
+                PythonBackend::new(spec, &exp.problem, timeout)
+            })
+            .collect();
+        compile::CompilePool::start(workers)
+    });
 
     // Ask a worker what it runs on before anything is recorded.
-    let timeout = Duration::from_secs_f64(protocol.timeout_s);
     let mut probe = PythonBackend::new(
         spec("lane", lanes[0].clone(), "lane0.log".into()),
         &exp.problem,
@@ -280,9 +297,8 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
     } else {
         0
     };
-    let compile_board = compile::CompileBoard::default();
-    let use_pool =
-        opts.mode == Mode::Gpu && opts.compile_workers > 0 && opts.run_mode != RunMode::Check;
+    let unused_board = compile::CompileBoard::default();
+    let compile_board = pool.as_ref().map_or(&unused_board, |p| p.board());
     let (group_tx, group_rx) = mpsc::sync_channel::<Group>(2);
     let group_rx = Arc::new(Mutex::new(group_rx));
     let (event_tx, event_rx) = mpsc::channel::<Event>();
@@ -305,7 +321,7 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
 
     std::thread::scope(|scope| -> Result<(), RunError> {
         // The planner: groups in plan order, to the lanes and the compile pool.
-        let board = &compile_board;
+        let board = compile_board;
         let select = &select;
         let plan_opts = &plan_opts;
         let planner = scope.spawn(move || -> Result<(), Diagnostic> {
@@ -324,6 +340,7 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
                     }
                 }
             };
+            let plan_started = Instant::now();
             let result = plan::plan(exp, plan_opts, &mut |job| {
                 if interrupted() {
                     return ControlFlow::Break(());
@@ -363,24 +380,12 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
                 send(g);
             }
             board.close();
+            crate::trace::span("planner", "plan", plan_started, serde_json::json!({}));
             result.map(|_| ())
         });
 
-        if use_pool {
-            for i in 0..opts.compile_workers {
-                let spec = spec("compile", lanes[0].clone(), format!("compile{i}.log"));
-                let problem = exp.problem.clone();
-                scope.spawn(move || {
-                    let mut backend = PythonBackend::new(spec, &problem, timeout);
-                    while let Some((job, kernel, kind)) = board.next() {
-                        let result = backend.compile(&job, &kernel, &kind);
-                        board.finish(&job.id, result);
-                    }
-                    backend.shutdown();
-                });
-            }
-        }
-
+        // The planner: groups in plan order, to the lanes and the compile pool.
+        let board = compile_board;
         let mut probe = Some(probe);
         for (i, device) in lanes.iter().enumerate() {
             let rx = Arc::clone(&group_rx);
@@ -442,7 +447,9 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
                         JobStatus::Checked => outcome.checked += 1,
                     }
                     display.job(&record);
+                    let appended = Instant::now();
                     journal.append(&Entry::Job(record))?;
+                    crate::trace::span("journal", "append", appended, serde_json::json!({}));
                 }
                 Event::Final(f) => journal.append(&Entry::Final(f))?,
             }
@@ -454,9 +461,28 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
             .map_err(RunError::Input)?;
         Ok(())
     })?;
+    // The compile workers have drained their queue by now; wait for them to exit.
+    drop(pool);
     outcome.interrupted = interrupted();
     outcome.wall_s = started.elapsed().as_secs_f64();
     Ok(outcome)
+}
+
+/// What a compile worker compiles for, in `tunelab.target`'s syntax: the
+/// lane GPU's backend, architecture and warp size, so the worker needs no GPU.
+fn compile_target(device: &DeviceInfo) -> Option<String> {
+    match device.backend.as_str() {
+        "cuda" if device.cc_major > 0 => Some(format!(
+            "cuda:{}{}:{}",
+            device.cc_major, device.cc_minor, device.warp_size
+        )),
+        "hip" if device.arch.starts_with("gfx") => {
+            // gcnArchName may carry feature flags ("gfx942:sramecc+:xnack-").
+            let arch = device.arch.split(':').next().unwrap_or(&device.arch);
+            Some(format!("hip:{arch}:{}", device.warp_size))
+        }
+        _ => None,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

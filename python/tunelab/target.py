@@ -1,0 +1,74 @@
+"""Compiling Triton kernels for a GPU this process never touches.
+
+A compile worker only fills Triton's on-disk cache for a lane on the same
+machine. It needs the lane GPU's target (backend, architecture, warp size),
+which the runner passes as ``--target cuda:90:32`` from its own device
+discovery, and nothing else from the GPU: no driver calls, no CUDA context, no
+device memory. So sixteen compile workers cost sixteen CPU cores and nothing
+on the GPU, and they compile while the lane's worker is still starting.
+
+Triton's JIT asks its *active driver* for the current device, stream and
+target before it compiles (``kernel.warmup`` and a launch take the same path,
+which is what makes their cache keys agree). ``TargetOnlyDriver`` answers
+those three questions from the target alone; anything else a driver does
+(loading a binary, launching) is exactly what a compile worker must never do,
+so those attributes do not exist here and fail loudly if reached.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    backend: str  # "cuda" or "hip"
+    arch: object  # int compute capability (90) for cuda, "gfx942" for hip
+    warp_size: int
+
+    def __str__(self):
+        return f"{self.backend}:{self.arch}:{self.warp_size}"
+
+
+def parse_target(text: str) -> Target:
+    """``cuda:90:32`` or ``hip:gfx942:64``, as the runner writes it."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"target {text!r} must be BACKEND:ARCH:WARP_SIZE, e.g. cuda:90:32 or hip:gfx942:64")
+    backend, arch, warp = parts
+    if backend not in ("cuda", "hip"):
+        raise ValueError(f"target backend {backend!r} must be cuda or hip")
+    if backend == "cuda":
+        if not arch.isdigit():
+            raise ValueError(f"a cuda target's arch is the compute capability as digits (90 for sm_90), got {arch!r}")
+        arch = int(arch)
+    if not warp.isdigit() or int(warp) <= 0:
+        raise ValueError(f"target warp size must be a positive integer, got {warp!r}")
+    return Target(backend, arch, int(warp))
+
+
+class TargetOnlyDriver:
+    """Stands in for Triton's CUDA/HIP driver while compiling for `target`."""
+
+    def __init__(self, target: Target):
+        from triton.backends.compiler import GPUTarget
+
+        self._target = GPUTarget(target.backend, target.arch, target.warp_size)
+
+    @staticmethod
+    def is_active():
+        return True
+
+    def get_current_target(self):
+        return self._target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def compile_for(target: Target):
+    """Make Triton compile for `target` from now on, in this process."""
+    import triton.runtime
+
+    triton.runtime.driver.set_active(TargetOnlyDriver(target))
