@@ -664,6 +664,9 @@ def assemble(shape, configs, env, results, verify, commands, errors):
         row = {
             "wall_s": r["wall_s"],
             "speedup_vs_autotune": autotune_wall / r["wall_s"] if autotune_wall else None,
+            # tunelab's wall after its lane worker answered hello: what autotune's figure measures
+            # too (autotune's clock starts in a process that has imported torch already).
+            "after_startup_s": after_startup(r),
             "gpu_util": r["util"]["mean"],
             "winner": r["winner"],
             "winner_label": config_label(r["winner"]),
@@ -674,6 +677,8 @@ def assemble(shape, configs, env, results, verify, commands, errors):
             # Same config: 0 by definition, not re-timing noise. Else both re-timed with one timer in one process.
             "gap_to_grid_pct": gap_pct(key, grid_key, retimed),
         }
+        row["speedup_after_startup"] = (autotune_wall / row["after_startup_s"]
+                                        if autotune_wall and row["after_startup_s"] else None)
         if name == "autotune":
             row.update({"configs_ok": r["configs_timed"], "configs_pruned": 0, "configs_failed": r["configs_failed"],
                         "process_s": r["process_s"], "bench_time_s": r["bench_time_s"], "check": r["check"],
@@ -702,6 +707,16 @@ def assemble(shape, configs, env, results, verify, commands, errors):
     }
 
 
+def after_startup(result):
+    """Wall time from the lane worker's first answer to the end of the run (from the trace)."""
+    if "wall_s" in result and "breakdown" not in result:
+        return result["wall_s"]  # autotune: its clock already starts after the imports
+    lane = next(iter((result["breakdown"] or {}).get("lanes", {}).values()), None)
+    if not lane or lane["ready_s"] is None:
+        return None
+    return result["wall_s"] - lane["ready_s"]
+
+
 def gap_pct(key, grid_key, retimed):
     if grid_key is None:
         return None
@@ -719,11 +734,18 @@ def goal_status(rows):
     if grid and auto:
         gap = auto["gap_to_grid_pct"]
         # Either way round: autotune finding a config 1 % faster would mean the grid's pick was wrong.
-        met = grid["speedup_vs_autotune"] >= 8 and (auto["same_winner_as_grid"] or (gap is not None and abs(gap) <= 1.0))
-        out.append({"goal": GOALS[0], "met": met,
-                    "measured": f"{grid['speedup_vs_autotune']:.1f}x; autotune's winner "
-                                + ("is the same config" if auto["same_winner_as_grid"]
-                                   else f"differs, gap {fmt(auto['gap_to_grid_pct'], '{:+.2f} %')}")})
+        # gap: autotune's winner re-timed against the grid's. Positive means the grid found the faster
+        # config; only autotune winning by more than 1 % counts against the grid.
+        good_winner = auto["same_winner_as_grid"] or (gap is not None and gap >= -1.0)
+        winner_text = ("is the same config" if auto["same_winner_as_grid"]
+                       else f"differs and is {fmt(gap, '{:+.2f} %')} vs the grid's (re-timed)")
+        met = grid["speedup_vs_autotune"] >= 8 and good_winner
+        out.append({"goal": GOALS[0] + " (whole tunelab process)", "met": met,
+                    "measured": f"{grid['speedup_vs_autotune']:.1f}x; autotune's winner {winner_text}"})
+        if grid.get("speedup_after_startup"):
+            out.append({"goal": GOALS[0] + " (after worker start-up, as autotune's figure is)",
+                        "met": grid["speedup_after_startup"] >= 8 and good_winner,
+                        "measured": f"{grid['speedup_after_startup']:.1f}x ({grid['after_startup_s']:.1f} s)"})
     for name in ("grid", "halving"):
         if rows.get(name) and rows[name]["gpu_util"] is not None:
             out.append({"goal": f"{GOALS[1]} ({name})", "met": rows[name]["gpu_util"] >= 0.8,
@@ -752,12 +774,13 @@ def render_markdown(f):
     add(f"Same {p['configs']}-config space (`{p['manifest']}`) for tunelab's Triton matmul, "
         f"{p['M']}x{p['N']}x{p['K']} {p['dtype']}, each contender from a cold Triton cache, one GPU.")
     add("")
-    add("| contender | wall s | speedup vs autotune | GPU util | winner | winner µs | TFLOP/s | gap to grid winner "
-        "| winner re-timed µs | timed-kernel fraction | configs ok / pruned / failed |")
-    add("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    add("| contender | wall s | speedup vs autotune | wall after start-up s | speedup | GPU util | winner | winner µs "
+        "| TFLOP/s | gap to grid winner | winner re-timed µs | timed-kernel fraction | configs ok / pruned / failed |")
+    add("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     names = {"autotune": "triton.autotune", "grid": "tunelab grid", "halving": "tunelab halving"}
     for name, r in f["contenders"].items():
         add(f"| {names[name]} | {r['wall_s']:.1f} | {fmt(r['speedup_vs_autotune'], '{:.1f}x')} "
+            f"| {fmt(r.get('after_startup_s'), '{:.1f}')} | {fmt(r.get('speedup_after_startup'), '{:.1f}x')} "
             f"| {fmt(r['gpu_util'], '{:.0%}')} | `{r['winner_label']}` | {r['winner_us']:.1f} "
             f"| {r['winner_tflops']:.1f} | {fmt(r['gap_to_grid_pct'], '{:+.2f} %')} "
             f"| {fmt(r['winner_retimed_us'], '{:.1f}')} | {fmt(r.get('timed_kernel_fraction'), '{:.0%}')} "
@@ -767,6 +790,9 @@ def render_markdown(f):
         "torch and built the inputs"
         + (f" (whole process: {f['contenders']['autotune']['process_s']:.1f} s)" if "autotune" in f["contenders"] else "")
         + "; tunelab, the whole `tunelab run` process: start-up, workers, compile pool, checks, timing, finalists, outputs.")
+    add("- wall after start-up: tunelab's wall time from its lane worker's first answer (torch imported, CUDA "
+        "up) to the end of the run, from the trace; the same starting point as autotune's figure. For autotune "
+        "the two columns are the same figure.")
     add("- GPU util: mean NVML utilisation (share of time any kernel ran) sampled every ~50 ms over that wall time.")
     add("- winner µs: each contender's own timer (autotune: `triton.testing.do_bench` median; tunelab: its journal, "
         "the finalist re-timing where there is one). winner re-timed µs: every winner again in one process, "

@@ -5,6 +5,7 @@ runner does (docs/worker-protocol.md). Without a GPU the worker runs Triton's
 interpreter and times with the wall clock; with one it runs the GPU paths.
 """
 
+import ctypes.util
 import math
 
 import pytest
@@ -315,12 +316,19 @@ def test_compile_role_with_a_target_compiles_for_a_gpu_it_cannot_see(spawn_worke
     driver for anything. Runs the same way with or without a GPU in the machine.
     """
     cache = tmp_path / "triton-cache"
+    # It must not import torch either (seconds of start-up): a torch that
+    # refuses to import comes first on its path.
+    no_torch = tmp_path / "no-torch"
+    (no_torch / "torch").mkdir(parents=True)
+    (no_torch / "torch" / "__init__.py").write_text("raise ImportError('a compile worker imported torch')\n")
     worker = spawn_worker(
         "--role", "compile", "--target", "cuda:90:32",
+        extra_path=(no_torch,),
         env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
     )
     hello = worker.request("hello")
     assert hello["ok"] and hello["device"] == "compile-only for cuda:90:32" and hello["mode"] == "gpu"
+    assert hello["torch"] is None and hello["triton"]
 
     compiled = worker.request("compile", job=gemm_job(dtype="bf16"))
     assert compiled["ok"] and compiled["compiled"] is True, compiled
@@ -339,6 +347,9 @@ def test_compile_role_with_a_target_compiles_for_a_gpu_it_cannot_see(spawn_worke
     assert compiled["ok"] and compiled["compiled"] is True, compiled
     assert {"moe_align_kernel.cubin", "moe_gemm1_kernel.cubin", "moe_gemm2_kernel.cubin",
             "moe_sum_kernel.cubin"} <= set(_cubins(cache))
+    if ctypes.util.find_library("cuda"):
+        # With libcuda to link against, the launchers are built ahead too.
+        assert list(cache.rglob("__triton_launcher*.so")), worker.stderr_text()
 
     # A lane's work is refused, and a bad target is a start-up error, not a hang.
     assert_failed(worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE), "bad_request")

@@ -72,3 +72,39 @@ def compile_for(target: Target):
     import triton.runtime
 
     triton.runtime.driver.set_active(TargetOnlyDriver(target))
+
+
+def prebuild_host_code(compiled) -> bool:
+    """Build the C launcher of a just-compiled kernel into the shared cache.
+
+    Triton launches a kernel through a small C module generated for its
+    signature and built with the host compiler (about a second each), plus a
+    one-off `cuda_utils` module; a lane would otherwise build both at its first
+    launch, while the GPU waits. Building them needs the CUDA headers and
+    libcuda to link against, not a GPU. Only in a compile worker (a target-only
+    driver is active), only for CUDA, and best effort: these are Triton
+    internals, so a version that moved them just leaves the work to the lane.
+    """
+    import triton.runtime
+
+    driver = triton.runtime.driver.active
+    if not isinstance(driver, TargetOnlyDriver) or driver.get_current_target().backend != "cuda":
+        return False
+    global _host_code_failed
+    if compiled is None or _host_code_failed:
+        return False
+    try:
+        from triton.backends.nvidia import driver as nvidia
+
+        nvidia.CudaUtils()
+        nvidia.CudaLauncher(compiled.src, compiled.metadata)
+        return True
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        _host_code_failed = True
+        import sys
+
+        print(f"tunelab: launchers are left to the lane (prebuilding failed: {exc!r})", file=sys.stderr)
+        return False
+
+
+_host_code_failed = False

@@ -365,14 +365,19 @@ class Prepared:
 
 class Worker:
     def __init__(self, role: str, mode: str, target=None):
-        import torch
-
-        self.torch = torch
         self.role = role
         self.mode = mode
-        # Set for a compile worker that compiles for a GPU it cannot see.
+        # Set for a compile worker that compiles for a GPU it cannot see. Such
+        # a worker never imports torch (see tunelab.target and tunelab.lazy).
         self.target = target
-        self.device = torch.device("cuda" if mode == "gpu" else "cpu")
+        if target is None:
+            import torch
+
+            self.torch = torch
+            self.device = torch.device("cuda" if mode == "gpu" else "cpu")
+        else:
+            self.torch = None
+            self.device = None
         self.prepared = None
         self._shape_cache = None
         self.stopping = False
@@ -432,6 +437,12 @@ class Worker:
 
     def hello(self, request: dict) -> dict:
         torch = self.torch
+        if torch is None:
+            # A compile worker: torch is not imported, and importing it now
+            # to report its version would undo the point.
+            torch_version, cuda_version = None, None
+        else:
+            torch_version, cuda_version = str(torch.__version__), torch.version.cuda
         try:
             import triton
 
@@ -447,11 +458,11 @@ class Worker:
         return {
             "protocol": PROTOCOL_VERSION,
             "python": platform.python_version(),
-            "torch": str(torch.__version__),
+            "torch": torch_version,
             "triton": triton_version,
             "mode": self.mode,
             "device": device,
-            "cuda": torch.version.cuda,
+            "cuda": cuda_version,
         }
 
     def describe(self, request: dict) -> dict:
@@ -460,11 +471,19 @@ class Worker:
             raise bad_request("describe needs 'problem' (string) and 'shape' (object)")
         with stage("problem"):
             problem = _make_problem(name, shape)
-            return {
+            facts = {
                 "flops": float(problem.flops()),
                 "bytes": float(problem.bytes()),
                 "methods": [str(method) for method in problem.methods()],
             }
+        if "seed" in request and self.role == "lane":
+            # The runner describes a shape before its first job, which may still
+            # be compiling: build the inputs and reference now, not after that.
+            seed = _int_field(request, "seed")
+            started = time.perf_counter()
+            self._shape_data(problem, name, shape, seed)
+            facts["inputs_s"] = time.perf_counter() - started
+        return facts
 
     def compile(self, request: dict) -> dict:
         job = Job(request.get("job"))
@@ -494,18 +513,7 @@ class Worker:
         # Free the previous job's tensors before allocating this one's.
         self.prepared = None
         problem, method = self._problem_and_method(job)
-        # Configs of one shape arrive back to back. Their inputs and reference
-        # depend only on (problem, shape, seed), so they are built once per
-        # shape: the reference (fp32, often a slow loop) would otherwise cost
-        # more than the job. The output buffer is still new and poisoned.
-        key = (job.problem, json.dumps(job.shape, sort_keys=True), seed)
-        if self._shape_cache is None or self._shape_cache[0] != key:
-            self._shape_cache = None
-            with stage("problem"):
-                inputs = problem.inputs(seed, self.device)
-                expected = problem.reference(inputs)
-            self._shape_cache = (key, inputs, expected)
-        _, inputs, expected = self._shape_cache
+        inputs, expected = self._shape_data(problem, job.problem, job.shape, seed)
         with stage("problem"):
             flops, nbytes = float(problem.flops()), float(problem.bytes())
         if self.mode == "gpu" and hasattr(method, "compile"):
@@ -561,6 +569,24 @@ class Worker:
         return {}
 
     # ---- helpers
+
+    def _shape_data(self, problem, name: str, shape: dict, seed: int):
+        """(inputs, reference) for one shape, built once per (problem, shape, seed).
+
+        Configs of one shape arrive back to back and their inputs and
+        reference do not depend on the config, so they are built once per
+        shape: the reference (fp32, often a slow loop) would otherwise cost
+        more than the job. Each check still gets a new, poisoned output.
+        """
+        key = (name, json.dumps(shape, sort_keys=True), seed)
+        if self._shape_cache is None or self._shape_cache[0] != key:
+            self._shape_cache = None  # free the previous shape's tensors first
+            with stage("problem"):
+                inputs = problem.inputs(seed, self.device)
+                expected = problem.reference(inputs)
+                self._synchronize()
+            self._shape_cache = (key, inputs, expected)
+        return self._shape_cache[1], self._shape_cache[2]
 
     def _require_lane(self, op: str):
         if self.role != "lane":
@@ -692,9 +718,12 @@ def main(argv=None) -> int:
     if args.target is not None:
         from tunelab.target import compile_for, parse_target
 
+        from tunelab.dtypes import use_stand_ins
+
         target = parse_target(args.target)
         mode = "gpu"  # never asks torch for a GPU: none is visible to this process
         compile_for(target)
+        use_stand_ins()
     else:
         mode = choose_mode()
     worker = Worker(role=args.role, mode=mode, target=target)

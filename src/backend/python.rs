@@ -129,10 +129,10 @@ impl PythonBackend {
 }
 
 impl Backend for PythonBackend {
-    fn describe(&mut self, shape: &Json) -> Result<(f64, f64), JobFailure> {
+    fn describe(&mut self, shape: &Json, seed: u64) -> Result<(f64, f64), JobFailure> {
         let r = self.call(
             "describe",
-            json!({"problem": self.problem, "shape": shape}),
+            json!({"problem": self.problem, "shape": shape, "seed": seed}),
             self.timeout,
         )?;
         Ok((

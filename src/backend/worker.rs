@@ -5,10 +5,10 @@
 //! Either way the caller records the job's failure class and starts a fresh
 //! worker: nothing a kernel does can take the runner down.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value as Json};
@@ -45,7 +45,7 @@ pub enum CallError {
 pub struct Worker {
     child: Child,
     stdin: ChildStdin,
-    lines: Receiver<std::io::Result<String>>,
+    lines: LineReader,
     next_id: u64,
     log: PathBuf,
     /// The trace track: the log's file stem ("lane0", "compile3").
@@ -100,18 +100,10 @@ impl Worker {
         let mut child = cmd.spawn()?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
         Ok(Worker {
             child,
             stdin,
-            lines: rx,
+            lines: LineReader::new(stdout),
             next_id: 1,
             log: spec.log.clone(),
             name: spec
@@ -179,8 +171,8 @@ impl Worker {
         {
             return Err(self.crashed());
         }
-        match self.lines.recv_timeout(timeout) {
-            Ok(Ok(text)) => {
+        match self.lines.next_line(Instant::now() + timeout) {
+            Ok(Some(text)) => {
                 let response: Json = serde_json::from_str(&text)
                     .map_err(|e| CallError::Protocol(format!("not JSON ({e}): {text}")))?;
                 // We kill a worker on timeout, so a late answer to an earlier
@@ -192,8 +184,8 @@ impl Worker {
                     ))),
                 }
             }
-            Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => Err(self.crashed()),
-            Err(RecvTimeoutError::Timeout) => {
+            Ok(None) | Err(ReadError::Io) => Err(self.crashed()),
+            Err(ReadError::Timeout) => {
                 self.kill();
                 Err(CallError::Timeout(timeout.as_secs_f64()))
             }
@@ -245,6 +237,74 @@ impl Drop for Worker {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+    }
+}
+
+enum ReadError {
+    Timeout,
+    /// Reading the pipe failed: treated like the worker exiting.
+    Io,
+}
+
+/// Lines from the worker's stdout, read in the calling thread with a deadline.
+///
+/// `poll` waits for data, so a response reaches the waiting lane without a
+/// hand-off through a reader thread: on a host whose cores are all busy
+/// compiling, each such hand-off is a scheduler wake-up, and a lane makes
+/// several calls per job.
+struct LineReader {
+    stdout: ChildStdout,
+    buf: Vec<u8>,
+}
+
+impl LineReader {
+    fn new(stdout: ChildStdout) -> LineReader {
+        LineReader {
+            stdout,
+            buf: Vec::with_capacity(64 * 1024),
+        }
+    }
+
+    /// The next line without its newline; `None` at end of file.
+    fn next_line(&mut self, deadline: Instant) -> Result<Option<String>, ReadError> {
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=end).collect();
+                return Ok(Some(
+                    String::from_utf8_lossy(&line[..line.len() - 1]).into_owned(),
+                ));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ReadError::Timeout);
+            }
+            let mut fds = libc::pollfd {
+                fd: self.stdout.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // Round up, so a deadline less than a millisecond away still waits.
+            let wait_ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+            // SAFETY: one valid pollfd that lives across the call.
+            let ready = unsafe { libc::poll(&mut fds, 1, wait_ms) };
+            if ready < 0 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() == std::io::ErrorKind::Interrupted {
+                    continue; // Ctrl-C: the runner finishes this call first
+                }
+                return Err(ReadError::Io);
+            }
+            if ready == 0 {
+                continue; // the deadline is checked at the top
+            }
+            match self.stdout.read(&mut chunk) {
+                Ok(0) => return Ok(None),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(ReadError::Io),
+            }
         }
     }
 }

@@ -61,8 +61,8 @@ fn run_group_inner(
     track: &str,
     emit: &mut dyn FnMut(Event),
 ) {
-    let (flops, bytes) = match backend.describe(&serde_json::to_value(&group.shape).expect("shape"))
-    {
+    let shape = serde_json::to_value(&group.shape).expect("shape");
+    let (flops, bytes) = match backend.describe(&shape, ctx.protocol.seed) {
         Ok(fb) => (Some(fb.0), Some(fb.1)),
         Err(_) => (None, None),
     };
@@ -401,7 +401,7 @@ mod tests {
     }
 
     impl Backend for Fake {
-        fn describe(&mut self, _: &serde_json::Value) -> Result<(f64, f64), JobFailure> {
+        fn describe(&mut self, _: &serde_json::Value, _: u64) -> Result<(f64, f64), JobFailure> {
             Ok((1e9, 1e6))
         }
         fn compile(&mut self, _: &Job, _: &str, _: &str) -> Result<f64, JobFailure> {

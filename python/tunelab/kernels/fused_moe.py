@@ -29,13 +29,18 @@ BLOCK_SIZE_N // 2 activated columns, so the separate silu-and-mul pass and its
 `[M * topk, 2N]` round trip disappear without changing what a config means.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import functools
 import os
 
-import torch
 import triton
 import triton.language as tl
+
+from tunelab.dtypes import int32, is_fp32, pointer, torch_dtype
+from tunelab.lazy import torch
+from tunelab.target import prebuild_host_code
 
 ACT_SILU = 0
 ACT_SWIGLU_OAI = 1
@@ -333,7 +338,7 @@ class MoEPlan:
     topk: int
     K: int
     N: int
-    dtype: torch.dtype
+    dtype: object  # a torch dtype, or its stand-in in a compile worker
     activation: int
     interleaved: bool
     has_bias: bool
@@ -382,15 +387,15 @@ SUM_BLOCK = 1024
 def _launch_specs(plan: MoEPlan, b: dict):
     """[(kernel, grid, args, kwargs)] for the four Triton launches.
 
-    `b` maps buffer names to tensors, or to torch dtypes for a compile without
-    launching (Triton's warmup takes a dtype in place of a tensor). Strides are
+    `b` maps buffer names to tensors, or to pointer stand-ins for a compile without
+    launching (see tunelab.dtypes.pointer). Strides are
     those of contiguous buffers, so compile and launch share one specialization.
     """
     c = plan.config
     E, K, N = plan.E, plan.K, plan.N
     tiles = {k: c[k] for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")}
     launch = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
-    precision = "ieee" if plan.dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+    precision = "ieee" if is_fp32(plan.dtype) else "tf32"  # tf32 is ignored for 16-bit inputs
     bk = c["BLOCK_SIZE_K"]
     align = (
         moe_align_kernel,
@@ -429,14 +434,14 @@ def _launch_specs(plan: MoEPlan, b: dict):
 
 def compile_plan(plan: MoEPlan):
     """Compile the four kernels into Triton's cache without launching them."""
-    dt = plan.dtype
+    dt, i32, f32 = pointer(plan.dtype), pointer(int32()), pointer(torch_dtype("fp32"))
     b = {
         "x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "out2": dt, "out": dt,
-        "topk_ids": torch.int32, "sorted_ids": torch.int32, "expert_ids": torch.int32,
-        "num_post": torch.int32, "cursor": torch.int32, "topk_weights": torch.float32,
+        "topk_ids": i32, "sorted_ids": i32, "expert_ids": i32, "num_post": i32, "cursor": i32,
+        "topk_weights": f32,
     }
     for kernel, grid, args, kwargs in _launch_specs(plan, b):
-        kernel.warmup(*args, grid=grid, **kwargs)
+        prebuild_host_code(kernel.warmup(*args, grid=grid, **kwargs))
 
 
 def _direct_runner(kernel, grid, args, kwargs):

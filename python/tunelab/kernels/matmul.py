@@ -14,11 +14,15 @@ Addresses use 32-bit arithmetic, so each operand must hold fewer than 2**31
 elements.
 """
 
+from __future__ import annotations
+
 import os
 
-import torch
 import triton
 import triton.language as tl
+
+from tunelab.dtypes import pointer
+from tunelab.target import prebuild_host_code
 
 _LAUNCH_OPTION_DEFAULTS = {"num_warps": 4, "num_stages": 3}
 
@@ -134,21 +138,23 @@ def make_launcher(a, b, c, config: dict):
     return launch
 
 
-def compile_only(M: int, N: int, K: int, dtype: torch.dtype, config: dict) -> bool:
+def compile_only(M: int, N: int, K: int, dtype, config: dict) -> bool:
     """Compile the kernel for this shape and config without launching it.
 
     Fills Triton's cache (memory and TRITON_CACHE_DIR) so the first real launch
-    in a lane does not wait for the compiler. Dtypes stand in for tensors; Triton
-    treats them as 16-byte aligned pointers, as torch allocations are, and the
-    integer arguments are the ones a launch passes (contiguous operands), so the
-    specialisation, and with it the cache key, matches the real launch.
+    in a lane does not wait for the compiler. `dtype` is a torch dtype or, in a
+    compile worker, its stand-in (tunelab.dtypes); pointer stand-ins take the
+    tensors' place and Triton treats them as 16-byte aligned, as torch
+    allocations are. The integer arguments are the ones a launch passes
+    (contiguous operands), so the specialisation, and with it the cache key,
+    matches the real launch.
     Returns False in interpreter mode, where nothing is compiled.
     """
     if interpreting():
         return False
     constexprs, options = split_config(config)
-    matmul_kernel.warmup(
-        dtype, dtype, dtype,
+    compiled = matmul_kernel.warmup(
+        pointer(dtype), pointer(dtype), pointer(dtype),
         M, N, K,
         K, 1,
         N, 1,
@@ -157,4 +163,5 @@ def compile_only(M: int, N: int, K: int, dtype: torch.dtype, config: dict) -> bo
         **constexprs,
         **options,
     )
+    prebuild_host_code(compiled)
     return True

@@ -5,7 +5,7 @@ Methods: `matmul` (tunelab's Triton kernel, tunable) and `torch_matmul`
 (torch.matmul, a baseline; its config is ignored).
 """
 
-import torch
+from tunelab.lazy import torch
 
 from tunelab.dtypes import element_size, torch_dtype
 

@@ -18,10 +18,12 @@ Routing (topk_ids, topk_weights) is part of the inputs, not of the timed call;
 the token-to-expert alignment is part of the timed call, as in vLLM.
 """
 
+from __future__ import annotations
+
 import math
 import os
 
-import torch
+from tunelab.lazy import torch
 
 from tunelab.dtypes import element_size, torch_dtype
 
