@@ -16,5 +16,6 @@ pub mod manifest;
 pub mod measure;
 pub mod plan;
 pub mod schedule;
+pub mod search;
 pub mod store;
 pub mod trace;

@@ -417,7 +417,7 @@ fn run_command(
         serde_json::json!({}),
     );
     println!(
-        "{} [{}]: {} jobs run ({} ok, {} failed, {} pruned, {} checked), {} already done, {:.1} s",
+        "{} [{}]: {} jobs run ({} ok, {} failed, {} pruned, {} checked){}, {} already done, {:.1} s",
         exp.name,
         if mode == Mode::Interpreter {
             "interpreter"
@@ -429,6 +429,10 @@ fn run_command(
         outcome.failed,
         outcome.pruned,
         outcome.checked,
+        match outcome.skipped_by_search {
+            0 => String::new(),
+            n => format!(", {n} left unmeasured by the surrogate search"),
+        },
         outcome.skipped,
         outcome.wall_s
     );

@@ -15,6 +15,7 @@ those three questions from the target alone; anything else a driver does
 so those attributes do not exist here and fail loudly if reached.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 
@@ -93,18 +94,48 @@ def prebuild_host_code(compiled) -> bool:
     global _host_code_failed
     if compiled is None or _host_code_failed:
         return False
-    try:
-        from triton.backends.nvidia import driver as nvidia
+    # One builder at a time: in a cold cache every worker's first kernel needs
+    # the same modules, and sixteen host compilers building one file at once
+    # take each other's cores. A worker that finds the lock taken skips this
+    # kernel's launcher; a later kernel with the same signature (or the lane)
+    # finds it built.
+    with _host_code_lock() as mine:
+        if not mine:
+            return False
+        try:
+            from triton.backends.nvidia import driver as nvidia
 
-        nvidia.CudaUtils()
-        nvidia.CudaLauncher(compiled.src, compiled.metadata)
-        return True
-    except Exception as exc:  # noqa: BLE001 - see the docstring
-        _host_code_failed = True
-        import sys
+            nvidia.CudaUtils()
+            nvidia.CudaLauncher(compiled.src, compiled.metadata)
+            return True
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            _host_code_failed = True
+            import sys
 
-        print(f"tunelab: launchers are left to the lane (prebuilding failed: {exc!r})", file=sys.stderr)
-        return False
+            print(f"tunelab: launchers are left to the lane (prebuilding failed: {exc!r})", file=sys.stderr)
+            return False
 
 
 _host_code_failed = False
+
+
+@contextlib.contextmanager
+def _host_code_lock():
+    """Yields True while holding the cache's host-code lock, False if another worker holds it."""
+    import fcntl
+    import os
+
+    from triton import knobs
+
+    cache_dir = knobs.cache.dir or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(os.path.join(cache_dir, "tunelab-host-code.lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

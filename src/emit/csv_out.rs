@@ -123,6 +123,7 @@ fn status_name(s: JobStatus) -> &'static str {
         JobStatus::Checked => "checked",
         JobStatus::Failed => "failed",
         JobStatus::Pruned => "pruned",
+        JobStatus::Skipped => "skipped",
     }
 }
 

@@ -409,6 +409,7 @@ fn baseline_status(job: Option<&JobRecord>) -> String {
             (JobStatus::Failed, Some(f)) => format!("failed: {}", f.class.as_str()),
             (JobStatus::Failed, None) => "failed".into(),
             (JobStatus::Pruned, _) => "pruned".into(),
+            (JobStatus::Skipped, _) => "skipped".into(),
             (JobStatus::Checked, _) => "checked only".into(),
             (JobStatus::Ok, _) => "not timed".into(),
         },
@@ -424,6 +425,7 @@ fn status_summary(jobs: &[&JobRecord]) -> String {
             JobStatus::Checked => "checked",
             JobStatus::Failed => "failed",
             JobStatus::Pruned => "pruned",
+            JobStatus::Skipped => "skipped",
         };
         *counts.entry(s).or_default() += 1;
     }
@@ -1177,6 +1179,10 @@ fn counts(group: &Group, jobs: &[&JobRecord]) -> Vec<Row> {
         row("Checked only", count(JobStatus::Checked).to_string()),
         row("Failed", count(JobStatus::Failed).to_string()),
         row("Pruned", count(JobStatus::Pruned).to_string()),
+        row(
+            "Skipped (surrogate budget spent)",
+            count(JobStatus::Skipped).to_string(),
+        ),
         row("Finalists re-timed", finalists.to_string()),
         row(
             "Run wall time (all runs, start to last record)",

@@ -880,6 +880,13 @@ fn check_search(s: &RawSearch, tree: &Node) -> Result<(), Diagnostic> {
                 .help("add `budget: 64` (configs per shape and method) under `search`"),
         );
     }
+    if s.strategy == Strategy::Surrogate && s.budget == Some(0) {
+        return Err(Diagnostic::at(
+            span("budget"),
+            "a surrogate search needs a budget of at least 1",
+        )
+        .help("give configs per shape and method, or leave `budget` out for 30 % of each group"));
+    }
     if s.eta < 2 {
         return Err(Diagnostic::at(
             span("eta"),

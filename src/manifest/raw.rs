@@ -235,6 +235,10 @@ pub enum Strategy {
     Random,
     /// Successive halving: time every config briefly, keep the best 1/eta, repeat with more samples.
     Halving,
+    /// Model-based: a Gaussian-process surrogate of log latency picks each next
+    /// config by expected improvement, until `budget` configs are measured
+    /// (default: 30 % of each (shape, method) group, at least 8).
+    Surrogate,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -242,7 +246,8 @@ pub enum Strategy {
 pub struct RawSearch {
     #[serde(default = "d_strategy")]
     pub strategy: Strategy,
-    /// Configs per (shape, method) for `random`; ignored by the others.
+    /// Configs per (shape, method) measured by `random` (required) and
+    /// `surrogate` (optional); ignored by grid and halving.
     #[serde(default)]
     pub budget: Option<u64>,
     #[serde(default)]

@@ -8,7 +8,7 @@
 
 pub mod filter;
 mod rng;
-pub use rng::SplitMix64;
+pub use rng::{hash_str, SplitMix64};
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -222,6 +222,10 @@ fn strategy_label(exp: &Experiment, mode: Mode) -> String {
             exp.search.seed
         ),
         (_, Strategy::Halving) => format!("halving (eta {})", exp.search.eta),
+        (_, Strategy::Surrogate) => match exp.search.budget {
+            Some(b) => format!("surrogate (budget {b} per group)"),
+            None => "surrogate (budget 30 % of each group, at least 8)".into(),
+        },
     }
 }
 

@@ -26,6 +26,10 @@ pub struct LaneContext<'a> {
     pub peak_tflops: &'a dyn Fn(Option<&str>) -> f64,
     pub compile: Option<&'a CompileBoard>,
     pub lane: u32,
+    /// `search.budget`: configs per group for the surrogate search.
+    pub budget: Option<u64>,
+    /// `search.seed`: the surrogate's first pick.
+    pub search_seed: u64,
 }
 
 /// A job's progress through the lane before it becomes a record.
@@ -118,7 +122,22 @@ fn run_group_inner(
             emit(Event::Job(Box::new(record(m, status, failure, stats))))
         };
     let mut alive: Vec<Measured> = Vec::new();
-    for job in group.jobs {
+    let surrogate = ctx.strategy == Strategy::Surrogate && ctx.run_mode == RunMode::Tune;
+    let jobs = if surrogate {
+        alive = surrogate_search(
+            ctx,
+            backend,
+            group.jobs,
+            &group.kernel,
+            &group.kind,
+            track,
+            &mut finish,
+        );
+        Vec::new()
+    } else {
+        group.jobs
+    };
+    for job in jobs {
         if super::interrupted() {
             return;
         }
@@ -236,6 +255,139 @@ fn run_group_inner(
     {
         retime_finalists(ctx, backend, alive, emit);
     }
+}
+
+/// The model-based search over one group: baselines first, then a maximin
+/// initial design, then one config at a time by expected improvement under a
+/// Gaussian-process surrogate (see `crate::search`), each measured fully,
+/// until the budget is spent. The rest are recorded as skipped. Returns the
+/// jobs measured successfully, for the finalists' re-timing.
+fn surrogate_search(
+    ctx: &LaneContext,
+    backend: &mut dyn Backend,
+    jobs: Vec<Job>,
+    kernel: &str,
+    kind: &str,
+    track: &str,
+    finish: &mut dyn FnMut(&Measured, JobStatus, Option<JobFailure>, Option<Stats>),
+) -> Vec<Measured> {
+    let new = |job: Job| Measured {
+        job,
+        kernel: kernel.to_string(),
+        kind: kind.to_string(),
+        sampling: Sampling::default(),
+        check: None,
+        compile_s: None,
+        started: Instant::now(),
+    };
+    let mut alive = Vec::new();
+    let (baselines, candidates): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.baseline);
+    for job in baselines {
+        if super::interrupted() {
+            return alive;
+        }
+        let mut m = new(job);
+        match measure_fully(ctx, backend, &mut m, track) {
+            Ok(capped) => {
+                finish(&m, JobStatus::Ok, None, Some(m.sampling.stats(capped)));
+                alive.push(m);
+            }
+            Err(f) => finish(&m, JobStatus::Failed, Some(f), None),
+        }
+    }
+    if candidates.is_empty() {
+        return alive;
+    }
+    let maps: Vec<serde_json::Map<String, serde_json::Value>> = candidates
+        .iter()
+        .map(|j| {
+            j.config
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .collect();
+    let x = crate::search::features(&maps.iter().collect::<Vec<_>>());
+    let budget = ctx
+        .budget
+        .map(|b| b as usize)
+        .unwrap_or_else(|| crate::search::default_budget(candidates.len()))
+        .min(candidates.len());
+    let design = crate::search::initial_design_size(budget);
+    let mut slots: Vec<Option<Job>> = candidates.into_iter().map(Some).collect();
+    let mut rest: Vec<usize> = (0..slots.len()).collect();
+    let mut chosen: Vec<usize> = Vec::new();
+    // (index, ln median µs) of measured configs; failures get a penalty when the model is fitted.
+    let mut seen: Vec<(usize, Option<f64>)> = Vec::new();
+    // Seeded per group (by its first candidate's id), so groups do not all start alike.
+    let first_id = slots[0].as_ref().map(|j| j.id.clone()).unwrap_or_default();
+    let mut rng = crate::plan::SplitMix64::new(ctx.search_seed ^ crate::plan::hash_str(&first_id));
+    while chosen.len() < budget && !super::interrupted() {
+        let next = if chosen.is_empty() {
+            rest[rng.below(rest.len() as u64) as usize]
+        } else if chosen.len() < design {
+            crate::search::farthest(&x, &chosen, &rest).expect("candidates left")
+        } else {
+            let worst = seen
+                .iter()
+                .filter_map(|(_, y)| *y)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let penalty = if worst.is_finite() { worst + 1.0 } else { 0.0 };
+            let observed: Vec<(usize, f64)> = seen
+                .iter()
+                .map(|(i, y)| (*i, y.unwrap_or(penalty)))
+                .collect();
+            crate::search::next_by_ei(&x, &observed, &rest).expect("candidates left")
+        };
+        rest.retain(|&i| i != next);
+        chosen.push(next);
+        let mut m = new(slots[next].take().expect("each config is picked once"));
+        match measure_fully(ctx, backend, &mut m, track) {
+            Ok(capped) => {
+                let stats = m.sampling.stats(capped);
+                seen.push((next, Some(stats.median_us.max(1e-9).ln())));
+                finish(&m, JobStatus::Ok, None, Some(stats));
+                alive.push(m);
+            }
+            Err(f) => {
+                seen.push((next, None));
+                finish(&m, JobStatus::Failed, Some(f), None);
+            }
+        }
+    }
+    if super::interrupted() {
+        return alive; // unmeasured configs stay unrecorded and run on resume
+    }
+    for job in slots.into_iter().flatten() {
+        finish(&new(job), JobStatus::Skipped, None, None);
+    }
+    alive
+}
+
+/// Wait for the job's compile, check, warm up and time it with the full protocol.
+fn measure_fully(
+    ctx: &LaneContext,
+    backend: &mut dyn Backend,
+    m: &mut Measured,
+    track: &str,
+) -> Result<bool, JobFailure> {
+    if let Some(board) = ctx.compile {
+        let waited = Instant::now();
+        let compiled = board.wait(&m.job.id);
+        crate::trace::span(
+            track,
+            "wait for compile",
+            waited,
+            serde_json::json!({"job": m.job.id}),
+        );
+        match compiled {
+            Some(Ok(s)) => m.compile_s = Some(s),
+            Some(Err(f)) => return Err(f),
+            None => {}
+        }
+    }
+    prepare(ctx, backend, m)?;
+    sample_adaptive(ctx, backend, m)
 }
 
 fn median(s: &Sampling) -> f64 {
@@ -473,6 +625,13 @@ mod tests {
     }
 
     fn run(strategy: Strategy) -> (Vec<JobRecord>, Vec<FinalRecord>) {
+        run_with_budget(strategy, None)
+    }
+
+    fn run_with_budget(
+        strategy: Strategy,
+        budget: Option<u64>,
+    ) -> (Vec<JobRecord>, Vec<FinalRecord>) {
         let peak = |_: Option<&str>| 1000.0;
         let tolerance = Tolerance {
             atol: 0.0,
@@ -494,6 +653,8 @@ mod tests {
             peak_tflops: &peak,
             compile: None,
             lane: 0,
+            budget,
+            search_seed: 0,
         };
         let mut backend = Fake {
             prepared: None,
@@ -563,5 +724,34 @@ mod tests {
                 .all(|j| j.stats.is_some()),
             "pruned jobs keep their screening statistics"
         );
+    }
+
+    #[test]
+    fn surrogate_measures_its_budget_finds_the_best_and_records_the_rest_as_skipped() {
+        let (jobs, finals) = run_with_budget(Strategy::Surrogate, Some(6));
+        assert_eq!(jobs.len(), 10, "every job gets exactly one record");
+        let status = |id: &str| jobs.iter().find(|j| j.job_id == id).unwrap().status;
+        assert_eq!(
+            status("job0"),
+            JobStatus::Ok,
+            "the baseline is always measured"
+        );
+        let measured = jobs
+            .iter()
+            .filter(|j| !j.baseline && j.status != JobStatus::Skipped)
+            .count();
+        assert_eq!(measured, 6, "exactly the budget, besides the baseline");
+        assert_eq!(
+            jobs.iter()
+                .filter(|j| j.status == JobStatus::Skipped)
+                .count(),
+            3
+        );
+        assert!(jobs
+            .iter()
+            .filter(|j| j.status == JobStatus::Skipped)
+            .all(|j| j.stats.is_none() && j.check.is_none()));
+        assert_eq!(status("job5"), JobStatus::Ok, "the model found the minimum");
+        assert!(finals.iter().any(|f| f.job_id == "job5"));
     }
 }

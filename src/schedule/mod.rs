@@ -46,6 +46,11 @@ impl RunMode {
     }
 }
 
+/// Groups the planner may queue ahead of the lanes (and so the compile pool
+/// ahead of the GPU): enough to keep 16 compile workers busy on spaces of a
+/// few dozen configs, few enough to hold in memory on any plan.
+const GROUPS_AHEAD: usize = 16;
+
 /// All jobs of one method at one shape: the unit a lane takes.
 pub struct Group {
     pub shape: Shape,
@@ -85,6 +90,8 @@ pub struct RunOutcome {
     pub ok: u64,
     pub failed: u64,
     pub pruned: u64,
+    /// Never run: the surrogate spent its budget on other configs.
+    pub skipped_by_search: u64,
     pub checked: u64,
     pub interrupted: bool,
     pub fingerprint_changes: Vec<String>,
@@ -214,29 +221,20 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         compile::CompilePool::start(workers)
     });
 
-    // Ask a worker what it runs on before anything is recorded.
-    let mut probe = PythonBackend::new(
-        spec("lane", lanes[0].clone(), "lane0.log".into()),
-        &exp.problem,
-        timeout,
-    );
-    let hello = probe.hello().map_err(|f| {
-        RunError::Environment(format!(
-            "the Python worker did not start ({}): {}\n  = help: run `tunelab doctor`",
-            f.class.as_str(),
-            f.message
-        ))
-    })?;
-    let mut fingerprint = fingerprint_base;
-    fingerprint.python = hello["python"].as_str().map(str::to_string);
-    fingerprint.torch = hello["torch"].as_str().map(str::to_string);
-    fingerprint.triton = hello["triton"].as_str().map(str::to_string);
-    fingerprint.cuda = hello["cuda"].as_str().map(str::to_string);
-    let fingerprint_changes = previous
-        .header
-        .as_ref()
-        .map(|h| diff_fingerprint(&h.fingerprint, &fingerprint))
-        .unwrap_or_default();
+    // The first lane's worker starts now (importing torch takes seconds) and
+    // says what it runs on; meanwhile the plan is counted and the compile
+    // pool is fed. Nothing is recorded before its answer.
+    let probe = {
+        let mut backend = PythonBackend::new(
+            spec("lane", lanes[0].clone(), "lane0.log".into()),
+            &exp.problem,
+            timeout,
+        );
+        std::thread::spawn(move || {
+            let hello = backend.hello();
+            (backend, hello)
+        })
+    };
 
     // Count first, so progress has a total; then stream.
     let select = Selection {
@@ -260,36 +258,6 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
     })
     .map_err(RunError::Input)?;
 
-    let header = RunHeader {
-        experiment: exp.name.clone(),
-        description: exp.description.clone(),
-        problem: exp.problem.clone(),
-        mode: if opts.mode == Mode::Interpreter {
-            "interpreter".into()
-        } else {
-            "gpu".into()
-        },
-        run_mode: opts.run_mode.as_str().into(),
-        device: opts.device.clone(),
-        outputs: exp
-            .outputs
-            .iter()
-            .map(|o| OutputSpec {
-                format: o.format,
-                path: o.path.clone(),
-                method: o.method.clone(),
-                legacy_keys: o.legacy_keys,
-            })
-            .collect(),
-        protocol: protocol.clone(),
-        search: format!("{:?}", exp.search.strategy).to_lowercase(),
-        tolerance: serde_json::to_value(&tolerance).expect("tolerance serialises"),
-        fingerprint,
-        started_at: now_rfc3339(),
-        planned_jobs: planned,
-    };
-    journal.append(&Entry::Run(Box::new(header)))?;
-
     let flush_bytes = if protocol.flush_l2 && opts.mode == Mode::Gpu {
         protocol
             .flush_bytes
@@ -299,7 +267,9 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
     };
     let unused_board = compile::CompileBoard::default();
     let compile_board = pool.as_ref().map_or(&unused_board, |p| p.board());
-    let (group_tx, group_rx) = mpsc::sync_channel::<Group>(2);
+    // Groups queued ahead of the lanes; the compile pool sees their jobs as
+    // soon as they are queued, so this is also how far ahead it can compile.
+    let (group_tx, group_rx) = mpsc::sync_channel::<Group>(GROUPS_AHEAD);
     let group_rx = Arc::new(Mutex::new(group_rx));
     let (event_tx, event_rx) = mpsc::channel::<Event>();
     let peak = |dtype: Option<&str>| -> f64 {
@@ -314,7 +284,6 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         dir: dir.clone(),
         planned,
         skipped,
-        fingerprint_changes,
         ..Default::default()
     };
     let mut display = progress::Progress::new(planned, opts.progress);
@@ -384,8 +353,61 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
             result.map(|_| ())
         });
 
-        // The planner: groups in plan order, to the lanes and the compile pool.
-        let board = compile_board;
+        let (probe, hello) = probe.join().expect("lane start-up thread");
+        let hello = match hello {
+            Ok(h) => h,
+            Err(f) => {
+                // Unblock and stop the planner before leaving the scope.
+                drop(group_rx);
+                let _ = planner.join();
+                return Err(RunError::Environment(format!(
+                    "the Python worker did not start ({}): {}\n  = help: run `tunelab doctor`",
+                    f.class.as_str(),
+                    f.message
+                )));
+            }
+        };
+        let mut fingerprint = fingerprint_base;
+        fingerprint.python = hello["python"].as_str().map(str::to_string);
+        fingerprint.torch = hello["torch"].as_str().map(str::to_string);
+        fingerprint.triton = hello["triton"].as_str().map(str::to_string);
+        fingerprint.cuda = hello["cuda"].as_str().map(str::to_string);
+        outcome.fingerprint_changes = previous
+            .header
+            .as_ref()
+            .map(|h| diff_fingerprint(&h.fingerprint, &fingerprint))
+            .unwrap_or_default();
+
+        let header = RunHeader {
+            experiment: exp.name.clone(),
+            description: exp.description.clone(),
+            problem: exp.problem.clone(),
+            mode: if opts.mode == Mode::Interpreter {
+                "interpreter".into()
+            } else {
+                "gpu".into()
+            },
+            run_mode: opts.run_mode.as_str().into(),
+            device: opts.device.clone(),
+            outputs: exp
+                .outputs
+                .iter()
+                .map(|o| OutputSpec {
+                    format: o.format,
+                    path: o.path.clone(),
+                    method: o.method.clone(),
+                    legacy_keys: o.legacy_keys,
+                })
+                .collect(),
+            protocol: protocol.clone(),
+            search: format!("{:?}", exp.search.strategy).to_lowercase(),
+            tolerance: serde_json::to_value(&tolerance).expect("tolerance serialises"),
+            fingerprint,
+            started_at: now_rfc3339(),
+            planned_jobs: planned,
+        };
+        journal.append(&Entry::Run(Box::new(header)))?;
+
         let mut probe = Some(probe);
         for (i, device) in lanes.iter().enumerate() {
             let rx = Arc::clone(&group_rx);
@@ -404,6 +426,8 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
             let board = if use_pool { Some(board) } else { None };
             let strategy = exp.search.strategy;
             let eta = exp.search.eta;
+            let budget = exp.search.budget;
+            let search_seed = exp.search.seed;
             let run_mode = opts.run_mode;
             let peak_gbs = opts.device.peak_gbs;
             scope.spawn(move || {
@@ -418,6 +442,8 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
                     peak_tflops: peak,
                     compile: board,
                     lane: i as u32,
+                    budget,
+                    search_seed,
                 };
                 loop {
                     let group = match rx.lock().expect("group queue").recv() {
@@ -444,6 +470,7 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
                         JobStatus::Ok => outcome.ok += 1,
                         JobStatus::Failed => outcome.failed += 1,
                         JobStatus::Pruned => outcome.pruned += 1,
+                        JobStatus::Skipped => outcome.skipped_by_search += 1,
                         JobStatus::Checked => outcome.checked += 1,
                     }
                     display.job(&record);

@@ -93,6 +93,8 @@ pub enum JobStatus {
     Failed,
     /// Timed briefly and dropped by successive halving.
     Pruned,
+    /// Never run: the search strategy (surrogate) spent its budget elsewhere.
+    Skipped,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
