@@ -257,6 +257,9 @@ fn run_group_inner(
     }
 }
 
+/// Turns a job's outcome into its record and sends it on.
+type RecordJob<'a> = dyn FnMut(&Measured, JobStatus, Option<JobFailure>, Option<Stats>) + 'a;
+
 /// The model-based search over one group: baselines first, then a maximin
 /// initial design, then one config at a time by expected improvement under a
 /// Gaussian-process surrogate (see `crate::search`), each measured fully,
@@ -269,7 +272,7 @@ fn surrogate_search(
     kernel: &str,
     kind: &str,
     track: &str,
-    finish: &mut dyn FnMut(&Measured, JobStatus, Option<JobFailure>, Option<Stats>),
+    finish: &mut RecordJob,
 ) -> Vec<Measured> {
     let new = |job: Job| Measured {
         job,
