@@ -1,6 +1,6 @@
 """Where a tunelab run's wall time went, from its trace (`tunelab run --trace FILE`).
 
-    python bench/trace_breakdown.py TRACE.json [--json]
+    python bench/trace_breakdown.py TRACE.json[.gz] [--json]
 
 The trace has one track per worker (its calls, each with the round trip and
 the worker's own `worker_us`), one per lane's jobs (groups, waits for the
@@ -19,6 +19,7 @@ Used by bench/tuning_speed.py; standalone for any run.
 """
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -26,7 +27,9 @@ from collections import defaultdict
 
 
 def load(path):
-    doc = json.loads(open(path).read())
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        doc = json.load(f)
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     spans = defaultdict(list)
