@@ -70,3 +70,8 @@ bench-plan:
 # Tuning speed on GPU 0: triton.autotune vs tunelab grid vs halving, same 48 configs, cold caches.
 bench-tuning *ARGS:
     TUNELAB_PYTHON={{python}} {{python}} bench/tuning_speed.py {{ARGS}}
+
+# Search strategies (grid, random, surrogate, halving) against the exhaustive
+# best on gpt-oss MoE shapes (default --only E=32,N=2880); needs a GPU.
+bench-strategies *ARGS: build
+    TUNELAB_PYTHON={{python}} {{python}} bench/strategies.py --tunelab target/release/tunelab {{ARGS}}
