@@ -142,3 +142,19 @@ def test_compile_fills_the_cache_entry_the_launch_uses(device):
     _, result = run_method(problem, "matmul", config, device)
     assert result["passed"], result
     assert len(kernels) == before, "the launch compiled a kernel that compile() had not"
+
+
+@pytest.mark.skipif(INTERPRET, reason="direct launch is GPU-only")
+def test_direct_and_jit_launch_agree(device):
+    from tunelab.kernels.matmul import make_launcher
+
+    a = torch.randn(300, 200, device=device, dtype=torch.float16)
+    b = torch.randn(200, 100, device=device, dtype=torch.float16)
+    config = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 4}
+    outs = []
+    for direct in (True, False):
+        c = torch.full((300, 100), float("nan"), device=device, dtype=torch.float16)
+        make_launcher(a, b, c, config, direct=direct)()
+        outs.append(c)
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.isnan(outs[0]).any()

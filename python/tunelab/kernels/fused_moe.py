@@ -14,10 +14,10 @@ config tuned here means the same thing there:
 4. `moe_sum_kernel`: the sum over topk into `out [M, K]` (faster than
    torch.sum over the middle dimension: 36 vs 55 us at M=4096 on an H200).
 
-A bound launch calls the compiled kernels directly (see `_direct_runner`):
+A bound launch calls the compiled kernels directly (see tunelab.kernels.launch):
 Triton's ordinary `kernel[grid](...)` path costs about 17 us of host time per
 launch, which at decode sizes is as long as the kernels run, so timings taken
-with events would measure the host. `TUNELAB_MOE_DIRECT_LAUNCH=0` turns this off.
+with events would measure the host. `TUNELAB_DIRECT_LAUNCH=0` turns this off.
 
 Tile semantics match vLLM's GEMM 1: a program owns BLOCK_SIZE_N rows of w1
 (of 2N). Its columns pair up as (gate, up): column j holds activation column
@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import triton
 import triton.language as tl
 
 from tunelab.dtypes import int32, is_fp32, pointer, torch_dtype
+from tunelab.kernels.launch import direct_launch_enabled, direct_runner
 from tunelab.lazy import torch
 from tunelab.target import prebuild_host_code
 
@@ -444,24 +444,6 @@ def compile_plan(plan: MoEPlan):
         prebuild_host_code(kernel.warmup(*args, grid=grid, **kwargs))
 
 
-def _direct_runner(kernel, grid, args, kwargs):
-    """A launcher that skips Triton's per-call argument binding and cache lookup.
-
-    `kernel[grid](...)` re-derives the specialization of every argument on each
-    call (about as long as a decode-size kernel runs); the buffers of a bound
-    launch never change, so look the compiled kernel up once and call it
-    directly. Returns None where that is not possible (the caller then uses the
-    ordinary launch).
-    """
-    compiled = kernel.warmup(*args, grid=grid, **kwargs)
-    if compiled is None:
-        return None
-    names = [p.name for p in kernel.params]
-    full = list(args) + [kwargs[name] for name in names[len(args):]]
-    run = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the compiled runner indexes all three
-    return lambda: run(*full)
-
-
 class FusedMoELaunch:
     """A bound fused-MoE call: buffers preallocated, `__call__` computes into `out`.
 
@@ -490,10 +472,10 @@ class FusedMoELaunch:
                     cursor=self.cursor, inter=self.inter, out2=self.out2, out=self.out)
         specs = _launch_specs(plan, bufs)
         if direct is None:
-            direct = dev.type == "cuda" and os.environ.get("TUNELAB_MOE_DIRECT_LAUNCH", "1") != "0"
+            direct = direct_launch_enabled(dev)
         self.direct = False
         if direct:
-            runners = [_direct_runner(*spec) for spec in specs]
+            runners = [direct_runner(*spec) for spec in specs]
             if all(r is not None for r in runners):
                 self._runners, self.direct = runners, True
         if not self.direct:

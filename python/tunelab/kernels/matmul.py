@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from tunelab.dtypes import pointer
+from tunelab.kernels.launch import direct_launch_enabled, direct_runner
 from tunelab.target import prebuild_host_code
 
 _LAUNCH_OPTION_DEFAULTS = {"num_warps": 4, "num_stages": 3}
@@ -117,11 +118,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def make_launcher(a, b, c, config: dict):
+def make_launcher(a, b, c, config: dict, direct: bool | None = None):
     """Return a no-argument callable that computes c = a @ b with this config.
 
     Everything that does not change between launches (grid, strides, the split
-    config) is worked out once here, so a timed launch does only the launch.
+    config, on a GPU the compiled kernel itself) is worked out once here, so a
+    timed launch does only the launch (see tunelab.kernels.launch).
     """
     M, K = a.shape
     K2, N = b.shape
@@ -131,6 +133,12 @@ def make_launcher(a, b, c, config: dict):
     launch_grid = grid(M, N, constexprs)
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     kwargs = {**constexprs, **options}
+    if direct is None:
+        direct = direct_launch_enabled(c.device)
+    if direct:
+        run = direct_runner(matmul_kernel, launch_grid, args, kwargs)
+        if run is not None:
+            return run
 
     def launch():
         matmul_kernel[launch_grid](*args, **kwargs)
