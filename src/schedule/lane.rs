@@ -43,6 +43,20 @@ struct Measured {
     started: Instant,
 }
 
+impl Measured {
+    fn new(job: Job, kernel: &str, kind: &str) -> Measured {
+        Measured {
+            job,
+            kernel: kernel.to_string(),
+            kind: kind.to_string(),
+            sampling: Sampling::default(),
+            check: None,
+            compile_s: None,
+            started: Instant::now(),
+        }
+    }
+}
+
 pub fn run_group(
     ctx: &LaneContext,
     backend: &mut dyn Backend,
@@ -141,32 +155,10 @@ fn run_group_inner(
         if super::interrupted() {
             return;
         }
-        let mut m = Measured {
-            job,
-            kernel: group.kernel.clone(),
-            kind: group.kind.clone(),
-            sampling: Sampling::default(),
-            check: None,
-            compile_s: None,
-            started: Instant::now(),
-        };
-        if let Some(board) = ctx.compile {
-            let waited = Instant::now();
-            let compiled = board.wait(&m.job.id);
-            crate::trace::span(
-                track,
-                "wait for compile",
-                waited,
-                serde_json::json!({"job": m.job.id}),
-            );
-            match compiled {
-                Some(Ok(s)) => m.compile_s = Some(s),
-                Some(Err(f)) => {
-                    finish(&m, JobStatus::Failed, Some(f), None);
-                    continue;
-                }
-                None => {}
-            }
+        let mut m = Measured::new(job, &group.kernel, &group.kind);
+        if let Err(f) = wait_for_compile(ctx, &mut m, track) {
+            finish(&m, JobStatus::Failed, Some(f), None);
+            continue;
         }
         if let Err(f) = prepare(ctx, backend, &mut m) {
             finish(&m, JobStatus::Failed, Some(f), None);
@@ -274,15 +266,7 @@ fn surrogate_search(
     track: &str,
     finish: &mut RecordJob,
 ) -> Vec<Measured> {
-    let new = |job: Job| Measured {
-        job,
-        kernel: kernel.to_string(),
-        kind: kind.to_string(),
-        sampling: Sampling::default(),
-        check: None,
-        compile_s: None,
-        started: Instant::now(),
-    };
+    let new = |job: Job| Measured::new(job, kernel, kind);
     let mut alive = Vec::new();
     let (baselines, candidates): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.baseline);
     for job in baselines {
@@ -374,23 +358,33 @@ fn measure_fully(
     m: &mut Measured,
     track: &str,
 ) -> Result<bool, JobFailure> {
-    if let Some(board) = ctx.compile {
-        let waited = Instant::now();
-        let compiled = board.wait(&m.job.id);
-        crate::trace::span(
-            track,
-            "wait for compile",
-            waited,
-            serde_json::json!({"job": m.job.id}),
-        );
-        match compiled {
-            Some(Ok(s)) => m.compile_s = Some(s),
-            Some(Err(f)) => return Err(f),
-            None => {}
-        }
-    }
+    wait_for_compile(ctx, m, track)?;
     prepare(ctx, backend, m)?;
     sample_adaptive(ctx, backend, m)
+}
+
+/// The compile pool's result for the job (waiting while it compiles); a job
+/// the pool has not reached is left for `prepare` to compile in the lane.
+fn wait_for_compile(ctx: &LaneContext, m: &mut Measured, track: &str) -> Result<(), JobFailure> {
+    let Some(board) = ctx.compile else {
+        return Ok(());
+    };
+    let waited = Instant::now();
+    let compiled = board.wait(&m.job.id);
+    crate::trace::span(
+        track,
+        "wait for compile",
+        waited,
+        serde_json::json!({"job": m.job.id}),
+    );
+    match compiled {
+        Some(Ok(s)) => {
+            m.compile_s = Some(s);
+            Ok(())
+        }
+        Some(Err(f)) => Err(f),
+        None => Ok(()),
+    }
 }
 
 fn median(s: &Sampling) -> f64 {
