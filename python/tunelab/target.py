@@ -99,21 +99,21 @@ def prebuild_host_code(compiled) -> bool:
     # take each other's cores. A worker that finds the lock taken skips this
     # kernel's launcher; a later kernel with the same signature (or the lane)
     # finds it built.
-    with _host_code_lock() as mine:
-        if not mine:
-            return False
-        try:
+    try:
+        with _host_code_lock() as mine:
+            if not mine:
+                return False
             from triton.backends.nvidia import driver as nvidia
 
             nvidia.CudaUtils()
             nvidia.CudaLauncher(compiled.src, compiled.metadata)
             return True
-        except Exception as exc:  # noqa: BLE001 - see the docstring
-            _host_code_failed = True
-            import sys
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        _host_code_failed = True
+        import sys
 
-            print(f"tunelab: launchers are left to the lane (prebuilding failed: {exc!r})", file=sys.stderr)
-            return False
+        print(f"tunelab: launchers are left to the lane (prebuilding failed: {exc!r})", file=sys.stderr)
+        return False
 
 
 _host_code_failed = False

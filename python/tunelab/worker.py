@@ -481,6 +481,7 @@ class Worker:
             # be compiling: build the inputs and reference now, not after that.
             seed = _int_field(request, "seed")
             started = time.perf_counter()
+            self.prepared = None  # never hold two shapes' buffers at once
             self._shape_data(problem, name, shape, seed)
             facts["inputs_s"] = time.perf_counter() - started
         return facts
@@ -711,6 +712,18 @@ def _parse_args(argv):
     return args
 
 
+class _RefuseImport:
+    """A meta-path finder that makes `import NAME` (and its submodules) fail."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.name or fullname.startswith(self.name + "."):
+            raise ImportError(f"a compile worker does not import {fullname}")
+        return None
+
+
 def main(argv=None) -> int:
     args = _parse_args(argv)
     protocol = _claim_stdout()
@@ -720,6 +733,11 @@ def main(argv=None) -> int:
 
         from tunelab.dtypes import use_stand_ins
 
+        # Triton's native argument specialiser imports torch the first time it
+        # runs when torch is installed (five seconds on an H100 host, for
+        # nothing: the stand-ins are not tensors). Refusing the import makes
+        # Triton go without it, as on a machine with no torch.
+        sys.meta_path.insert(0, _RefuseImport("torch"))
         target = parse_target(args.target)
         mode = "gpu"  # never asks torch for a GPU: none is visible to this process
         compile_for(target)

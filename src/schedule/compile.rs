@@ -54,9 +54,10 @@ impl CompilePool {
 }
 
 impl Drop for CompilePool {
-    /// Whatever ended the run, the workers drain the queue and exit.
+    /// Whatever ended the run, nothing queued is compiled any more: the
+    /// workers finish the compile in hand and exit.
     fn drop(&mut self) {
-        self.board.close();
+        self.board.abandon();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -92,6 +93,23 @@ impl CompileBoard {
             .queue
             .push_back((job, kernel.to_string(), kind.to_string()));
         self.changed.notify_all();
+    }
+
+    /// Drop everything still queued and close: for the end of a run.
+    pub fn abandon(&self) {
+        let mut inner = self.inner.lock().expect("compile board");
+        inner.queue.clear();
+        inner.closed = true;
+        self.changed.notify_all();
+    }
+
+    /// The lane will not run this job (a search strategy skipped it): the
+    /// pool need not compile it.
+    pub fn cancel(&self, job_id: &str) {
+        let mut inner = self.inner.lock().expect("compile board");
+        if matches!(inner.states.get(job_id), Some(State::Queued)) {
+            inner.states.insert(job_id.to_string(), State::Claimed);
+        }
     }
 
     /// No more jobs will be pushed; idle compile workers may exit.
@@ -145,5 +163,50 @@ impl CompileBoard {
                 Some(State::Claimed) => return None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use indexmap::IndexMap;
+
+    fn job(id: &str) -> Job {
+        Job {
+            id: id.into(),
+            shape_index: 0,
+            method: "m".into(),
+            shape: IndexMap::new(),
+            config: IndexMap::new(),
+            baseline: false,
+        }
+    }
+
+    #[test]
+    fn cancelled_jobs_are_not_compiled_and_abandon_drops_the_queue() {
+        let board = CompileBoard::default();
+        for id in ["a", "b", "c", "d"] {
+            board.push(job(id), "k", "triton");
+        }
+        board.cancel("b");
+        assert_eq!(board.next().map(|j| j.0.id), Some("a".into()));
+        assert_eq!(
+            board.next().map(|j| j.0.id),
+            Some("c".into()),
+            "b was cancelled"
+        );
+        board.abandon();
+        assert!(board.next().is_none(), "d was dropped with the queue");
+        // The lane still gets an answer for every job: compile it yourself.
+        assert!(board.wait("d").is_none());
+    }
+
+    #[test]
+    fn a_requeued_job_goes_back_to_the_lane() {
+        let board = CompileBoard::default();
+        board.push(job("a"), "k", "triton");
+        let (taken, _, _) = board.next().unwrap();
+        board.requeue(&taken.id);
+        assert!(board.wait("a").is_none(), "the lane claims it");
     }
 }

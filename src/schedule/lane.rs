@@ -332,7 +332,10 @@ fn surrogate_search(
         match measure_fully(ctx, backend, &mut m, track) {
             Ok(capped) => {
                 let stats = m.sampling.stats(capped);
-                seen.push((next, Some(stats.median_us.max(1e-9).ln())));
+                // A median that is not a positive time says nothing about speed.
+                let y = (stats.median_us.is_finite() && stats.median_us > 0.0)
+                    .then(|| stats.median_us.ln());
+                seen.push((next, y));
                 finish(&m, JobStatus::Ok, None, Some(stats));
                 alive.push(m);
             }
@@ -346,6 +349,9 @@ fn surrogate_search(
         return alive; // unmeasured configs stay unrecorded and run on resume
     }
     for job in slots.into_iter().flatten() {
+        if let Some(board) = ctx.compile {
+            board.cancel(&job.id);
+        }
         finish(&new(job), JobStatus::Skipped, None, None);
     }
     alive
@@ -382,8 +388,18 @@ fn wait_for_compile(ctx: &LaneContext, m: &mut Measured, track: &str) -> Result<
             m.compile_s = Some(s);
             Ok(())
         }
-        Some(Err(f)) => Err(f),
-        None => Ok(()),
+        // The compiler's verdict is the job's. Anything else (a compile worker
+        // that crashed, hung or could not start) says nothing about the job:
+        // the lane compiles it itself in `prepare`.
+        Some(Err(f))
+            if matches!(
+                f.class,
+                FailureClass::CompileError | FailureClass::OutOfResources
+            ) =>
+        {
+            Err(f)
+        }
+        Some(Err(_)) | None => Ok(()),
     }
 }
 
@@ -629,6 +645,14 @@ mod tests {
         strategy: Strategy,
         budget: Option<u64>,
     ) -> (Vec<JobRecord>, Vec<FinalRecord>) {
+        run_full(strategy, budget, None)
+    }
+
+    fn run_full(
+        strategy: Strategy,
+        budget: Option<u64>,
+        compile: Option<&CompileBoard>,
+    ) -> (Vec<JobRecord>, Vec<FinalRecord>) {
         let peak = |_: Option<&str>| 1000.0;
         let tolerance = Tolerance {
             atol: 0.0,
@@ -648,7 +672,7 @@ mod tests {
             flush_bytes: 0,
             peak_gbs: 1000.0,
             peak_tflops: &peak,
-            compile: None,
+            compile,
             lane: 0,
             budget,
             search_seed: 0,
@@ -750,5 +774,37 @@ mod tests {
             .all(|j| j.stats.is_none() && j.check.is_none()));
         assert_eq!(status("job5"), JobStatus::Ok, "the model found the minimum");
         assert!(finals.iter().any(|f| f.job_id == "job5"));
+    }
+
+    /// The compiler's verdict from the pool is the job's; a compile worker
+    /// that crashed says nothing about the job, which the lane then compiles.
+    #[test]
+    fn a_pool_crash_is_not_the_jobs_failure_but_a_compile_error_is() {
+        let board = CompileBoard::default();
+        for job in group(0).jobs {
+            board.push(job, "k", "triton");
+        }
+        board.close();
+        while let Some((job, _, _)) = board.next() {
+            let result = match job.id.as_str() {
+                "job3" => Err(JobFailure::new(FailureClass::Crash, "worker died")),
+                "job4" => Err(JobFailure::new(FailureClass::CompileError, "ptxas said no")),
+                _ => Ok(0.1),
+            };
+            board.finish(&job.id, result);
+        }
+        let (jobs, _) = run_full(Strategy::Grid, None, Some(&board));
+        let get = |id: &str| jobs.iter().find(|j| j.job_id == id).unwrap();
+        assert_eq!(
+            get("job3").status,
+            JobStatus::Ok,
+            "the lane compiled it itself"
+        );
+        assert_eq!(get("job4").status, JobStatus::Failed);
+        assert_eq!(
+            get("job4").failure.as_ref().unwrap().message,
+            "ptxas said no"
+        );
+        assert_eq!(get("job5").compile_s, Some(0.1));
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, PythonBackend, WorkerSpec};
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
-use crate::manifest::raw::{MethodKind, RawProtocol};
+use crate::manifest::raw::{MethodKind, RawProtocol, Strategy};
 use crate::manifest::{Experiment, Shape};
 use crate::plan::{self, Filter, Job, Mode, PlanOptions};
 use crate::store::{
@@ -173,7 +173,12 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         .jobs
         .iter()
         .filter(|r| match opts.run_mode {
-            RunMode::Check => true,
+            RunMode::Check => r.status != JobStatus::Skipped,
+            // A config the surrogate skipped was never run: only another
+            // surrogate search may leave it unrun.
+            _ if r.status == JobStatus::Skipped => {
+                opts.run_mode == RunMode::Tune && exp.search.strategy == Strategy::Surrogate
+            }
             _ => r.status != JobStatus::Checked,
         })
         .map(|r| r.job_id.clone())
@@ -210,7 +215,10 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
     let use_pool =
         opts.mode == Mode::Gpu && opts.compile_workers > 0 && opts.run_mode != RunMode::Check;
     let pool = use_pool.then(|| {
-        let target = compile_target(&opts.device);
+        // Only tunelab's own problems are known to compile without torch; a
+        // user's problem gets compile workers that see the GPU, as lanes do.
+        let builtin = matches!(exp.problem.as_str(), "gemm" | "moe");
+        let target = compile_target(&opts.device).filter(|_| builtin);
         let workers = (0..opts.compile_workers)
             .map(|i| {
                 let mut spec = spec("compile", lanes[0].clone(), format!("compile{i}.log"));
@@ -503,11 +511,10 @@ fn compile_target(device: &DeviceInfo) -> Option<String> {
             "cuda:{}{}:{}",
             device.cc_major, device.cc_minor, device.warp_size
         )),
-        "hip" if device.arch.starts_with("gfx") => {
-            // gcnArchName may carry feature flags ("gfx942:sramecc+:xnack-").
-            let arch = device.arch.split(':').next().unwrap_or(&device.arch);
-            Some(format!("hip:{arch}:{}", device.warp_size))
-        }
+        // Not HIP yet: Triton's HIP specialisation asks each pointer for its
+        // allocation's range (buffer ops), which pointer stand-ins cannot
+        // answer, so the keys would differ from the lane's. HIP compile
+        // workers see the GPU instead.
         _ => None,
     }
 }
