@@ -355,6 +355,82 @@ fn run_command(
         }
     };
     let exp = load_experiment(path, args, &device)?;
+    let mut code = run_experiment(
+        &exp, path, args, settings, &device, mode, &gpus, run_mode, use_best, progress,
+    )?;
+    for companion in &exp.companions {
+        if code == exit::INTERRUPTED {
+            break;
+        }
+        let shown = companion.display();
+        if use_best.is_some() {
+            eprintln!(
+                "note: companion {shown} not run: --use-best names this experiment's results only"
+            );
+            continue;
+        }
+        let companion_exp = match load_experiment(companion, args, &device) {
+            Ok(e) => e,
+            // An override written for the main experiment may not fit a
+            // companion; a companion that is broken on its own is an error.
+            Err(err) if !args.set.is_empty() => {
+                let plain = ManifestArgs {
+                    set: Vec::new(),
+                    ..args.clone()
+                };
+                load_experiment(companion, &plain, &device)?;
+                eprintln!(
+                    "note: companion {shown} not run: a --set override does not apply to it ({})",
+                    err.message.lines().next().unwrap_or("")
+                );
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        let filter = Filter::parse(args.only.as_deref().unwrap_or(""))?;
+        let opts = PlanOptions {
+            device: &device,
+            filter: &filter,
+            mode,
+        };
+        if !plan::filter_applies(&companion_exp, &opts) {
+            eprintln!("note: companion {shown} not run: --only names fields it does not have");
+            continue;
+        }
+        eprintln!("tunelab: companion {shown}");
+        let next = run_experiment(
+            &companion_exp,
+            companion,
+            args,
+            settings,
+            &device,
+            mode,
+            &gpus,
+            run_mode,
+            None,
+            progress,
+        )?;
+        code = code.max(next);
+    }
+    Ok(code)
+}
+
+/// Run one experiment on the chosen devices, then write its outputs.
+#[allow(clippy::too_many_arguments)]
+fn run_experiment(
+    exp: &tunelab::manifest::Experiment,
+    path: &Path,
+    args: &ManifestArgs,
+    settings: &Settings,
+    device: &DeviceInfo,
+    mode: Mode,
+    gpus: &[String],
+    run_mode: RunMode,
+    use_best: Option<&Path>,
+    progress: bool,
+) -> Result<i32, Failure> {
+    let device = device.clone();
+    let gpus = gpus.to_vec();
     if mode == Mode::Interpreter && exp.interpreter.is_none() {
         eprintln!("warning: {} has no `interpreter:` section; running its full shape set in the interpreter will be slow", path.display());
     }
@@ -387,7 +463,7 @@ fn run_command(
         ..Default::default()
     };
     let opts = RunOptions {
-        exp: &exp,
+        exp,
         device: device.clone(),
         gpus,
         mode,

@@ -122,6 +122,12 @@ bad_input!(
     "unknown_value.yaml:7:20"
 );
 
+bad_input!(
+    missing_companion_manifest,
+    "missing_companion.yaml",
+    "missing_companion.yaml:8:"
+);
+
 #[test]
 fn bad_set_override_is_an_input_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))

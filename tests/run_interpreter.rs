@@ -312,6 +312,61 @@ fn gptoss_moe_in_the_interpreter_writes_vllm_and_aiter_files_in_their_formats() 
         assert_eq!(row[2..13], expected);
         assert!(row[17].ends_with('%'));
     }
+
+    // The companion experiment (the attention GEMMs) ran next, into its own directory.
+    let attention = results.path().join("gptoss-attention/cpu-interpreter");
+    assert!(attention.join("report.md").is_file(), "{}", show(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("companion"));
+}
+
+#[test]
+fn an_only_filter_for_moe_fields_leaves_the_attention_companion_out() {
+    let Some(py) = python() else { return };
+    let results = tempfile::tempdir().unwrap();
+    let out = tunelab(
+        &py,
+        results.path(),
+        &[
+            "run",
+            "experiments/gptoss.yaml",
+            "--only",
+            "M=1",
+            "--mode",
+            "check",
+        ],
+    )
+    .output()
+    .unwrap();
+    // M is a field of both: the companion runs too.
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(results
+        .path()
+        .join("gptoss-attention/cpu-interpreter")
+        .is_dir());
+
+    let results = tempfile::tempdir().unwrap();
+    let out = tunelab(
+        &py,
+        results.path(),
+        &[
+            "run",
+            "experiments/gptoss.yaml",
+            "--only",
+            "E=8",
+            "--mode",
+            "check",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("gptoss-attention.yaml not run: --only names fields it does not have"),
+        "{}",
+        show(&out)
+    );
+    assert!(!results.path().join("gptoss-attention").exists());
 }
 
 #[test]

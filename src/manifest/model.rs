@@ -39,6 +39,8 @@ pub struct Experiment {
     pub search: RawSearch,
     pub outputs: Vec<Output>,
     pub interpreter: Option<InterpreterPlan>,
+    /// Manifests run after this one (`companions:`), resolved and checked to exist.
+    pub companions: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -261,6 +263,25 @@ pub fn validate(
         });
     }
 
+    let base = manifest_path.parent().unwrap_or(Path::new("."));
+    let mut companions = Vec::new();
+    for (i, c) in raw.companions.iter().enumerate() {
+        let at = span(&format!("companions[{i}]"));
+        let path = base.join(c);
+        if !path.is_file() {
+            return Err(
+                Diagnostic::at(at, format!("companion manifest `{c}` not found")).help(format!(
+                    "paths are relative to this manifest: looked for {}",
+                    path.display()
+                )),
+            );
+        }
+        if path.canonicalize().ok() == manifest_path.canonicalize().ok() {
+            return Err(Diagnostic::at(at, "a manifest cannot be its own companion"));
+        }
+        companions.push(path);
+    }
+
     let canonical = serde_json::to_string(&raw).expect("manifest serialises");
     Ok(Experiment {
         name: raw.experiment.clone(),
@@ -276,6 +297,7 @@ pub fn validate(
         search: raw.search,
         outputs,
         interpreter,
+        companions,
     })
 }
 

@@ -38,6 +38,12 @@ pub struct RawManifest {
     /// What to run instead when no GPU is found (Triton's interpreter on the CPU).
     #[serde(default)]
     pub interpreter: Option<RawInterpreter>,
+    /// Manifests `tunelab run` runs after this one, each into its own results
+    /// directory (paths relative to this file): experiments of another problem
+    /// that belong to the same job, such as a model's attention GEMMs next to
+    /// its MoE. `--only` and `--set` reach a companion only where they fit it.
+    #[serde(default)]
+    pub companions: Vec<String>,
 }
 
 /// The shape set: the union of `list`, the `product` of axes and the `csv`

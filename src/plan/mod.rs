@@ -79,6 +79,16 @@ pub struct PlanOptions<'a> {
     pub mode: Mode,
 }
 
+/// Whether every `--only` key names something the experiment has (a shape
+/// field, `method`, a space parameter): a companion experiment runs only then.
+pub fn filter_applies(exp: &Experiment, opts: &PlanOptions) -> bool {
+    let shapes: &[Shape] = match (opts.mode, &exp.interpreter) {
+        (Mode::Interpreter, Some(i)) => &i.shapes,
+        _ => &exp.shapes,
+    };
+    opts.filter.check_keys(exp, shapes).is_ok()
+}
+
 /// Streams every job to `sink`; returns the counts. `sink` may stop early.
 pub fn plan(
     exp: &Experiment,

@@ -458,10 +458,13 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
                         Ok(g) => g,
                         Err(_) => break,
                     };
+                    // The journal's writer stops at its first failed write; a
+                    // result nobody can record is not worth measuring.
+                    let mut writer_gone = false;
                     lane::run_group(&ctx, &mut backend as &mut dyn Backend, group, &mut |e| {
-                        let _ = events.send(e);
+                        writer_gone |= events.send(e).is_err();
                     });
-                    if interrupted() {
+                    if interrupted() || writer_gone {
                         break;
                     }
                 }
