@@ -435,3 +435,58 @@ fn check_and_bench_modes_and_use_best() {
         "bests and baselines only, got {rerun}"
     );
 }
+
+/// A surrogate search records the configs it did not measure as skipped; a
+/// later grid run measures exactly those, and a later surrogate run does not.
+#[test]
+fn configs_the_surrogate_skipped_run_under_grid_later() {
+    let Some(py) = python() else { return };
+    let results = tempfile::tempdir().unwrap();
+    let dir = results.path().join("quickstart/cpu-interpreter");
+    let run = |strategy: &str| {
+        let set = format!("search.strategy={strategy}");
+        let out = tunelab(
+            &py,
+            results.path(),
+            &[
+                "run",
+                "experiments/quickstart.yaml",
+                "--set",
+                &set,
+                "--set",
+                "search.budget=1",
+            ],
+        )
+        .output()
+        .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        journal(&dir)
+            .into_iter()
+            .filter(|r| r["type"] == "job")
+            .collect::<Vec<_>>()
+    };
+    let first = run("surrogate");
+    let skipped: Vec<&serde_json::Value> =
+        first.iter().filter(|r| r["status"] == "skipped").collect();
+    assert!(!skipped.is_empty(), "budget 1 leaves configs unmeasured");
+    assert!(skipped
+        .iter()
+        .all(|r| r["stats"].is_null() && r["check"].is_null()));
+
+    assert_eq!(
+        run("surrogate").len(),
+        first.len(),
+        "nothing new for the surrogate"
+    );
+
+    let after_grid = run("grid");
+    for s in &skipped {
+        let id = &s["job_id"];
+        let last = after_grid
+            .iter()
+            .rev()
+            .find(|r| &r["job_id"] == id)
+            .unwrap();
+        assert_eq!(last["status"], "ok", "grid measured the skipped job {id}");
+    }
+}
