@@ -30,6 +30,24 @@ pub struct LaneContext<'a> {
     pub budget: Option<u64>,
     /// `search.seed`: the surrogate's first pick.
     pub search_seed: u64,
+    /// What earlier runs measured, by `group_key`: a resumed surrogate search
+    /// counts those against its budget and learns from them.
+    pub prior: Option<&'a HashMap<String, Vec<PriorObservation>>>,
+}
+
+/// A config an earlier run measured (or saw fail) in the same group.
+pub struct PriorObservation {
+    pub config: serde_json::Map<String, serde_json::Value>,
+    /// ln of the median time in µs; None for a failure.
+    pub ln_median_us: Option<f64>,
+}
+
+/// The (method, shape) a job belongs to, as a map key.
+pub fn group_key(method: &str, shape: &crate::manifest::Shape) -> String {
+    format!(
+        "{method}\u{1}{}",
+        serde_json::to_string(shape).expect("shape serialises")
+    )
 }
 
 /// A job's progress through the lane before it becomes a record.
@@ -285,7 +303,13 @@ fn surrogate_search(
     if candidates.is_empty() {
         return alive;
     }
-    let maps: Vec<serde_json::Map<String, serde_json::Value>> = candidates
+    // Configs an earlier run of this group measured: resuming continues the
+    // same search rather than starting a new one with a fresh budget.
+    let prior: &[PriorObservation] = ctx
+        .prior
+        .and_then(|p| p.get(&group_key(&candidates[0].method, &candidates[0].shape)))
+        .map_or(&[], Vec::as_slice);
+    let mut maps: Vec<serde_json::Map<String, serde_json::Value>> = candidates
         .iter()
         .map(|j| {
             j.config
@@ -294,18 +318,26 @@ fn surrogate_search(
                 .collect()
         })
         .collect();
+    maps.extend(prior.iter().map(|p| p.config.clone()));
     let x = crate::search::features(&maps.iter().collect::<Vec<_>>());
+    let group_size = candidates.len() + prior.len();
     let budget = ctx
         .budget
         .map(|b| b as usize)
-        .unwrap_or_else(|| crate::search::default_budget(candidates.len()))
-        .min(candidates.len());
+        .unwrap_or_else(|| crate::search::default_budget(group_size))
+        .min(group_size);
     let design = crate::search::initial_design_size(budget);
+    let n_candidates = candidates.len();
     let mut slots: Vec<Option<Job>> = candidates.into_iter().map(Some).collect();
-    let mut rest: Vec<usize> = (0..slots.len()).collect();
-    let mut chosen: Vec<usize> = Vec::new();
+    let mut rest: Vec<usize> = (0..n_candidates).collect();
+    // Indices into `x`: candidates first, then the earlier run's configs.
+    let mut chosen: Vec<usize> = (n_candidates..group_size).collect();
     // (index, ln median µs) of measured configs; failures get a penalty when the model is fitted.
-    let mut seen: Vec<(usize, Option<f64>)> = Vec::new();
+    let mut seen: Vec<(usize, Option<f64>)> = prior
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (n_candidates + i, p.ln_median_us))
+        .collect();
     // Seeded per group (by its first candidate's id), so groups do not all start alike.
     let first_id = slots[0].as_ref().map(|j| j.id.clone()).unwrap_or_default();
     let mut rng = crate::plan::SplitMix64::new(ctx.search_seed ^ crate::plan::hash_str(&first_id));
@@ -645,13 +677,15 @@ mod tests {
         strategy: Strategy,
         budget: Option<u64>,
     ) -> (Vec<JobRecord>, Vec<FinalRecord>) {
-        run_full(strategy, budget, None)
+        run_full(strategy, budget, None, None, group(0))
     }
 
     fn run_full(
         strategy: Strategy,
         budget: Option<u64>,
         compile: Option<&CompileBoard>,
+        prior: Option<&HashMap<String, Vec<PriorObservation>>>,
+        group: Group,
     ) -> (Vec<JobRecord>, Vec<FinalRecord>) {
         let peak = |_: Option<&str>| 1000.0;
         let tolerance = Tolerance {
@@ -676,13 +710,14 @@ mod tests {
             lane: 0,
             budget,
             search_seed: 0,
+            prior,
         };
         let mut backend = Fake {
             prepared: None,
             checks: 0,
         };
         let (mut jobs, mut finals) = (Vec::new(), Vec::new());
-        run_group(&ctx, &mut backend, group(0), &mut |e| match e {
+        run_group(&ctx, &mut backend, group, &mut |e| match e {
             Event::Job(r) => jobs.push(*r),
             Event::Final(f) => finals.push(f),
         });
@@ -793,7 +828,7 @@ mod tests {
             };
             board.finish(&job.id, result);
         }
-        let (jobs, _) = run_full(Strategy::Grid, None, Some(&board));
+        let (jobs, _) = run_full(Strategy::Grid, None, Some(&board), None, group(0));
         let get = |id: &str| jobs.iter().find(|j| j.job_id == id).unwrap();
         assert_eq!(
             get("job3").status,
@@ -806,5 +841,42 @@ mod tests {
             "ptxas said no"
         );
         assert_eq!(get("job5").compile_s, Some(0.1));
+    }
+
+    /// A resumed surrogate search counts what the earlier run measured
+    /// against its budget instead of starting over.
+    #[test]
+    fn a_resumed_surrogate_search_spends_only_what_is_left_of_its_budget() {
+        let mut g = group(0);
+        let done: Vec<Job> = g
+            .jobs
+            .iter()
+            .filter(|j| ["job1", "job2", "job3"].contains(&j.id.as_str()))
+            .cloned()
+            .collect();
+        g.jobs
+            .retain(|j| !["job1", "job2", "job3"].contains(&j.id.as_str()));
+        let observations = done
+            .iter()
+            .map(|j| PriorObservation {
+                config: j
+                    .config
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                ln_median_us: Some(
+                    ((j.config["B"].as_f64().unwrap() - 5.0).abs() * 10.0 + 100.0).ln(),
+                ),
+            })
+            .collect();
+        let mut prior = HashMap::new();
+        prior.insert(group_key("m", &IndexMap::new()), observations);
+        let (jobs, _) = run_full(Strategy::Surrogate, Some(6), None, Some(&prior), g);
+        let measured = jobs
+            .iter()
+            .filter(|j| !j.baseline && j.status != JobStatus::Skipped)
+            .count();
+        assert_eq!(measured, 3, "6 in the budget, 3 already measured");
+        assert_eq!(jobs.len(), 7, "every job of this run gets one record");
     }
 }

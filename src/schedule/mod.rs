@@ -184,6 +184,34 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         .map(|r| r.job_id.clone())
         .collect();
 
+    // A resumed surrogate search learns from what earlier runs measured.
+    let prior: std::collections::HashMap<String, Vec<lane::PriorObservation>> =
+        if exp.search.strategy == Strategy::Surrogate && opts.run_mode == RunMode::Tune {
+            let mut map: std::collections::HashMap<String, Vec<lane::PriorObservation>> =
+                Default::default();
+            for r in previous.jobs.iter().filter(|r| !r.baseline) {
+                let ln_median_us = match (r.status, &r.stats) {
+                    (JobStatus::Ok, Some(st)) if st.median_us.is_finite() && st.median_us > 0.0 => {
+                        Some(st.median_us.ln())
+                    }
+                    (JobStatus::Failed, _) => None,
+                    _ => continue,
+                };
+                map.entry(lane::group_key(&r.method, &r.shape))
+                    .or_default()
+                    .push(lane::PriorObservation {
+                        config: r
+                            .config
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect(),
+                        ln_median_us,
+                    });
+            }
+            map
+        } else {
+            Default::default()
+        };
     let protocol = effective_protocol(&exp.protocol, opts.mode);
     let tolerance = match (opts.mode, &exp.interpreter) {
         (Mode::Interpreter, Some(i)) => {
@@ -436,6 +464,7 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
             let eta = exp.search.eta;
             let budget = exp.search.budget;
             let search_seed = exp.search.seed;
+            let prior = &prior;
             let run_mode = opts.run_mode;
             let peak_gbs = opts.device.peak_gbs;
             scope.spawn(move || {
@@ -452,6 +481,7 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
                     lane: i as u32,
                     budget,
                     search_seed,
+                    prior: Some(prior),
                 };
                 loop {
                     let group = match rx.lock().expect("group queue").recv() {
