@@ -18,6 +18,7 @@
 //!   seen plus one e-fold), so the model steers away from their region.
 //! - Acquisition: expected improvement over the best observation.
 
+use indexmap::IndexMap;
 use serde_json::Value as Json;
 
 /// Length scales tried when fitting, in units of the [0, 1] feature range.
@@ -26,7 +27,7 @@ const LENGTH_SCALES: [f64; 5] = [0.1, 0.2, 0.35, 0.6, 1.0];
 const NOISE: f64 = 1e-3;
 
 /// One coordinate vector per config, in the configs' order.
-pub fn features(configs: &[&serde_json::Map<String, Json>]) -> Vec<Vec<f64>> {
+pub fn features(configs: &[&IndexMap<String, Json>]) -> Vec<Vec<f64>> {
     let mut keys: Vec<&String> = configs.iter().flat_map(|c| c.keys()).collect();
     keys.sort();
     keys.dedup();
@@ -283,11 +284,11 @@ mod tests {
         let a = json!({"BLOCK": 16, "w": 4, "kind": "a"});
         let b = json!({"BLOCK": 64, "w": 4, "kind": "b"});
         let c = json!({"BLOCK": 256, "w": 4, "kind": "a"});
-        let configs: Vec<_> = [&a, &b, &c]
-            .iter()
-            .map(|v| v.as_object().unwrap())
+        let maps: Vec<IndexMap<String, Json>> = [a, b, c]
+            .into_iter()
+            .map(|v| serde_json::from_value(v).unwrap())
             .collect();
-        let f = features(&configs);
+        let f = features(&maps.iter().collect::<Vec<_>>());
         // keys sorted: BLOCK, kind (w is constant and dropped)
         assert_eq!(f[0], vec![0.0, 0.0]);
         assert_eq!(f[1], vec![0.5, 1.0]); // log2 64 is halfway between log2 16 and log2 256

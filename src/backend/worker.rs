@@ -127,10 +127,14 @@ impl Worker {
     /// Traced as one span: the round trip, with the worker's own time in it.
     pub fn call(&mut self, op: &str, body: Json, timeout: Duration) -> Result<Json, CallError> {
         let started = Instant::now();
-        let job = body
-            .get("job_id")
-            .or_else(|| body.get("job").and_then(|j| j.get("job_id")))
-            .cloned();
+        // Only a traced run pays for naming the job.
+        let job = crate::trace::enabled()
+            .then(|| {
+                body.get("job_id")
+                    .or_else(|| body.get("job").and_then(|j| j.get("job_id")))
+                    .cloned()
+            })
+            .flatten();
         let result = self.round_trip(op, body, timeout);
         if crate::trace::enabled() {
             let worker_us = result

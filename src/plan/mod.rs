@@ -82,11 +82,17 @@ pub struct PlanOptions<'a> {
 /// Whether every `--only` key names something the experiment has (a shape
 /// field, `method`, a space parameter): a companion experiment runs only then.
 pub fn filter_applies(exp: &Experiment, opts: &PlanOptions) -> bool {
-    let shapes: &[Shape] = match (opts.mode, &exp.interpreter) {
+    opts.filter
+        .check_keys(exp, shapes_for(exp, opts.mode))
+        .is_ok()
+}
+
+/// The shapes a mode runs: the interpreter's own set when there is one.
+fn shapes_for(exp: &Experiment, mode: Mode) -> &[Shape] {
+    match (mode, &exp.interpreter) {
         (Mode::Interpreter, Some(i)) => &i.shapes,
         _ => &exp.shapes,
-    };
-    opts.filter.check_keys(exp, shapes).is_ok()
+    }
 }
 
 /// Streams every job to `sink`; returns the counts. `sink` may stop early.
@@ -95,10 +101,7 @@ pub fn plan(
     opts: &PlanOptions,
     sink: &mut dyn FnMut(Job) -> ControlFlow<()>,
 ) -> Result<PlanSummary, Diagnostic> {
-    let shapes: &[Shape] = match (opts.mode, &exp.interpreter) {
-        (Mode::Interpreter, Some(i)) => &i.shapes,
-        _ => &exp.shapes,
-    };
+    let shapes = shapes_for(exp, opts.mode);
     opts.filter.check_keys(exp, shapes)?;
     let selected: Vec<(usize, &Shape)> = shapes
         .iter()

@@ -3,6 +3,8 @@
 //! overlaps, because one lane owns it.
 
 use std::collections::HashMap;
+
+use indexmap::IndexMap;
 use std::time::Instant;
 
 use crate::backend::{Backend, JobFailure};
@@ -37,9 +39,31 @@ pub struct LaneContext<'a> {
 
 /// A config an earlier run measured (or saw fail) in the same group.
 pub struct PriorObservation {
-    pub config: serde_json::Map<String, serde_json::Value>,
+    pub config: IndexMap<String, serde_json::Value>,
     /// ln of the median time in µs; None for a failure.
     pub ln_median_us: Option<f64>,
+}
+
+/// What an earlier run of a surrogate search measured, by group: every
+/// measured or failed non-baseline job of `records`.
+pub fn prior_observations(records: &[JobRecord]) -> HashMap<String, Vec<PriorObservation>> {
+    let mut map: HashMap<String, Vec<PriorObservation>> = HashMap::new();
+    for r in records.iter().filter(|r| !r.baseline) {
+        let ln_median_us = match (r.status, &r.stats) {
+            (JobStatus::Ok, Some(st)) if st.median_us.is_finite() && st.median_us > 0.0 => {
+                Some(st.median_us.ln())
+            }
+            (JobStatus::Failed, _) => None,
+            _ => continue,
+        };
+        map.entry(group_key(&r.method, &r.shape))
+            .or_default()
+            .push(PriorObservation {
+                config: r.config.clone(),
+                ln_median_us,
+            });
+    }
+    map
 }
 
 /// The (method, shape) a job belongs to, as a map key.
@@ -309,17 +333,12 @@ fn surrogate_search(
         .prior
         .and_then(|p| p.get(&group_key(&candidates[0].method, &candidates[0].shape)))
         .map_or(&[], Vec::as_slice);
-    let mut maps: Vec<serde_json::Map<String, serde_json::Value>> = candidates
+    let configs: Vec<&IndexMap<String, serde_json::Value>> = candidates
         .iter()
-        .map(|j| {
-            j.config
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
+        .map(|j| &j.config)
+        .chain(prior.iter().map(|p| &p.config))
         .collect();
-    maps.extend(prior.iter().map(|p| p.config.clone()));
-    let x = crate::search::features(&maps.iter().collect::<Vec<_>>());
+    let x = crate::search::features(&configs);
     let group_size = candidates.len() + prior.len();
     let budget = ctx
         .budget
@@ -859,11 +878,7 @@ mod tests {
         let observations = done
             .iter()
             .map(|j| PriorObservation {
-                config: j
-                    .config
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
+                config: j.config.clone(),
                 ln_median_us: Some(
                     ((j.config["B"].as_f64().unwrap() - 5.0).abs() * 10.0 + 100.0).ln(),
                 ),

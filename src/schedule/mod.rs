@@ -185,33 +185,11 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         .collect();
 
     // A resumed surrogate search learns from what earlier runs measured.
-    let prior: std::collections::HashMap<String, Vec<lane::PriorObservation>> =
-        if exp.search.strategy == Strategy::Surrogate && opts.run_mode == RunMode::Tune {
-            let mut map: std::collections::HashMap<String, Vec<lane::PriorObservation>> =
-                Default::default();
-            for r in previous.jobs.iter().filter(|r| !r.baseline) {
-                let ln_median_us = match (r.status, &r.stats) {
-                    (JobStatus::Ok, Some(st)) if st.median_us.is_finite() && st.median_us > 0.0 => {
-                        Some(st.median_us.ln())
-                    }
-                    (JobStatus::Failed, _) => None,
-                    _ => continue,
-                };
-                map.entry(lane::group_key(&r.method, &r.shape))
-                    .or_default()
-                    .push(lane::PriorObservation {
-                        config: r
-                            .config
-                            .iter()
-                            .map(|(k, v)| (k.clone(), v.clone()))
-                            .collect(),
-                        ln_median_us,
-                    });
-            }
-            map
-        } else {
-            Default::default()
-        };
+    let prior = if exp.search.strategy == Strategy::Surrogate && opts.run_mode == RunMode::Tune {
+        lane::prior_observations(&previous.jobs)
+    } else {
+        Default::default()
+    };
     let protocol = effective_protocol(&exp.protocol, opts.mode);
     let tolerance = match (opts.mode, &exp.interpreter) {
         (Mode::Interpreter, Some(i)) => {
