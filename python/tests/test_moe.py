@@ -263,6 +263,18 @@ def test_bytes_distinct_experts():
     assert u.bytes() == 12 * (3 * 32 * 64) * 4 + 2 * 3 * 64 * 4
 
 
+def test_bytes_for_counts_the_experts_the_routing_selects():
+    p = FusedMoE({"M": 4, "E": 16, "topk": 2, "K": 64, "N": 32, "dtype": "fp32"})
+    inputs = p.inputs(0, "cpu")
+    act = 2 * 4 * 64 * 4
+    # Hand-made routing: tokens share experts 3 and 5, so two experts are read, not ~6.
+    inputs["topk_ids"] = torch.tensor([[3, 5], [5, 3], [3, 5], [5, 3]], dtype=torch.int32)
+    assert p.bytes_for(inputs) == 2 * p.expert_bytes() + act
+    inputs["topk_ids"] = torch.arange(8, dtype=torch.int32).reshape(4, 2)
+    assert p.bytes_for(inputs) == 8 * p.expert_bytes() + act
+    assert p.expected_distinct_experts() == pytest.approx(16 * (1 - (14 / 16) ** 4))
+
+
 def test_inputs_deterministic_and_routed(device):
     p = FusedMoE(shape(M=9, topk=3, routing="random"))
     a, b, c = p.inputs(7, device), p.inputs(7, device), p.inputs(8, device)

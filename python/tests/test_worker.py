@@ -182,8 +182,11 @@ def test_protocol_end_to_end(spawn_worker):
     warm = worker.request("warmup", job_id=job["job_id"], min_launches=2, min_ms=0.0)
     assert warm["ok"] and warm["launches"] >= 2 and warm["ms"] > 0
 
-    sampled = worker.request("sample", job_id=job["job_id"], count=3, flush_bytes=1 << 20)
-    assert sampled["ok"] and len(sampled["us"]) == 3 and all(t > 0 for t in sampled["us"])
+    for flush_with in ("read", "memset"):
+        sampled = worker.request("sample", job_id=job["job_id"], count=3, flush_bytes=1 << 20, flush_with=flush_with)
+        assert sampled["ok"] and len(sampled["us"]) == 3 and all(t > 0 for t in sampled["us"])
+    assert_failed(worker.request("sample", job_id=job["job_id"], count=1, flush_bytes=64, flush_with="evict"),
+                  "bad_request")
     assert sampled["timer"] == ("cuda_event" if MODE == "gpu" else "wall")
     if MODE == "interpreter":
         assert sampled["sm_clock_mhz"] is None

@@ -70,6 +70,7 @@ _MESSAGE_LINES = 8
 _MESSAGE_CHARS = 800
 
 _MAX_SAMPLES = 1_000_000
+FLUSH_WITH = ("read", "memset")  # how a sample's L2 flush evicts the cache
 
 
 # --------------------------------------------------------------------------
@@ -203,7 +204,7 @@ class WallTimer:
             if launches >= min_launches and ms >= min_ms:
                 return launches, ms
 
-    def sample(self, launch, count: int, flush_bytes: int):
+    def sample(self, launch, count: int, flush_bytes: int, flush_with: str = "read"):
         us = []
         for _ in range(count):
             started = time.perf_counter()
@@ -246,12 +247,31 @@ class CudaEventTimer:
         return self._starts[:count], self._ends[:count]
 
     def _flush_buffer(self, nbytes: int):
+        """The first `nbytes` (rounded up to whole int32 words) of the flush buffer, as int32."""
         if nbytes <= 0:
             return None
-        if self._flush is None or self._flush.numel() < nbytes:
+        words = (nbytes + 3) // 4
+        if self._flush is None or self._flush.numel() < words:
             self._flush = None  # free the smaller buffer before allocating the larger
-            self._flush = self._torch.empty(nbytes, dtype=self._torch.uint8, device="cuda")
-        return self._flush[:nbytes]
+            # Zeroed once so a read flush never reads uninitialised memory.
+            self._flush = self._torch.zeros(words, dtype=self._torch.int32, device="cuda")
+        return self._flush[:words]
+
+    def _flusher(self, nbytes: int, flush_with: str):
+        """A callable that evicts L2 before a sample, or None.
+
+        "read" reduces the buffer to one value, leaving L2 full of clean lines;
+        "memset" writes it, leaving L2 full of dirty lines whose write-back the
+        next kernel pays for (about 10 µs per call for a memory-bound fused MoE
+        on an H100, see FlushWith in src/manifest/raw.rs).
+        """
+        buf = self._flush_buffer(nbytes)
+        if buf is None:
+            return None
+        if flush_with == "memset":
+            return buf.zero_
+        torch = self._torch
+        return lambda: torch.amax(buf)
 
     def _hold_gpu(self, count: int):
         """Queue a spin kernel long enough for the host to queue `count` samples behind it.
@@ -288,15 +308,15 @@ class CudaEventTimer:
             needed = math.ceil((min_ms - ms) / per_launch) if per_launch > 0 else 2 * batch
             batch = max(1, min(needed, 4 * batch, self._MAX_WARMUP_BATCH))
 
-    def sample(self, launch, count: int, flush_bytes: int):
+    def sample(self, launch, count: int, flush_bytes: int, flush_with: str = "read"):
         torch = self._torch
-        flush = self._flush_buffer(flush_bytes)
+        flush = self._flusher(flush_bytes, flush_with)
         starts, ends = self._events(count)
         self._hold_gpu(count)
         queued_at = time.perf_counter()
         for start, end in zip(starts, ends):
             if flush is not None:
-                flush.zero_()  # a memset over more than L2 evicts the previous sample's data
+                flush()  # touches more than L2 holds: evicts the previous sample's data
             start.record()
             launch()
             end.record()
@@ -482,8 +502,10 @@ class Worker:
             seed = _int_field(request, "seed")
             started = time.perf_counter()
             self.prepared = None  # never hold two shapes' buffers at once
-            self._shape_data(problem, name, shape, seed)
+            inputs, _ = self._shape_data(problem, name, shape, seed)
             facts["inputs_s"] = time.perf_counter() - started
+            with stage("problem"):
+                facts["bytes"] = _bytes_for(problem, inputs)
         return facts
 
     def compile(self, request: dict) -> dict:
@@ -516,7 +538,7 @@ class Worker:
         problem, method = self._problem_and_method(job)
         inputs, expected = self._shape_data(problem, job.problem, job.shape, seed)
         with stage("problem"):
-            flops, nbytes = float(problem.flops()), float(problem.bytes())
+            flops, nbytes = float(problem.flops()), _bytes_for(problem, inputs)
         if self.mode == "gpu" and hasattr(method, "compile"):
             # Compile (or find in the cache) before launching, so a compiler
             # failure is reported as compile_error and never as launch_error.
@@ -555,9 +577,12 @@ class Worker:
         prepared = self._prepared_for(request)
         count = _int_field(request, "count", minimum=1, maximum=_MAX_SAMPLES)
         flush_bytes = _int_field(request, "flush_bytes", default=0, minimum=0)
+        flush_with = request.get("flush_with", "read")
+        if flush_with not in FLUSH_WITH:
+            raise bad_request(f"sample: flush_with must be one of {list(FLUSH_WITH)}, got {flush_with!r}")
         timer = self._timing()
         with stage("launch"):
-            us, clock = timer.sample(prepared.launch, count, flush_bytes)
+            us, clock = timer.sample(prepared.launch, count, flush_bytes, flush_with)
         return {"us": us, "timer": timer.name, "sm_clock_mhz": clock}
 
     def release(self, request: dict) -> dict:
@@ -672,6 +697,13 @@ def choose_mode() -> str:
         return "gpu"
     os.environ["TRITON_INTERPRET"] = "1"
     return "interpreter"
+
+
+def _bytes_for(problem, inputs) -> float:
+    """The problem's minimal bytes for these inputs where it can count them
+    (`bytes_for`, e.g. the experts a routing selects), else its `bytes()`."""
+    bytes_for = getattr(problem, "bytes_for", None)
+    return float(bytes_for(inputs) if bytes_for is not None else problem.bytes())
 
 
 def _encode(response: dict) -> bytes:

@@ -9,6 +9,7 @@ pub use python::PythonBackend;
 pub use worker::{CallError, Worker, WorkerSpec};
 
 use crate::manifest::model::ToleranceFor;
+use crate::manifest::raw::FlushWith;
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass};
 
@@ -36,6 +37,20 @@ pub struct SampleBatch {
     pub sm_clock_mhz: Option<f64>,
 }
 
+/// The L2 flush before every sample of a batch; `bytes == 0` means none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flush {
+    pub bytes: u64,
+    pub with: FlushWith,
+}
+
+impl Flush {
+    pub const NONE: Flush = Flush {
+        bytes: 0,
+        with: FlushWith::Read,
+    };
+}
+
 /// What the scheduler asks of a backend. The backend never decides how many
 /// samples to take; the scheduler does (see `measure`).
 pub trait Backend {
@@ -54,10 +69,6 @@ pub trait Backend {
         seed: u64,
     ) -> Result<CheckResult, JobFailure>;
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure>;
-    fn sample(
-        &mut self,
-        job_id: &str,
-        count: u32,
-        flush_bytes: u64,
-    ) -> Result<SampleBatch, JobFailure>;
+    fn sample(&mut self, job_id: &str, count: u32, flush: Flush)
+        -> Result<SampleBatch, JobFailure>;
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{json, Value as Json};
 
 use super::worker::{CallError, Worker, WorkerSpec};
-use super::{Backend, JobFailure, SampleBatch};
+use super::{Backend, Flush, JobFailure, SampleBatch};
 use crate::manifest::model::ToleranceFor;
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass};
@@ -185,11 +185,16 @@ impl Backend for PythonBackend {
         &mut self,
         job_id: &str,
         count: u32,
-        flush_bytes: u64,
+        flush: Flush,
     ) -> Result<SampleBatch, JobFailure> {
         let r = self.call(
             "sample",
-            json!({"job_id": job_id, "count": count, "flush_bytes": flush_bytes}),
+            json!({
+                "job_id": job_id,
+                "count": count,
+                "flush_bytes": flush.bytes,
+                "flush_with": flush.with.as_str(),
+            }),
             self.timeout,
         )?;
         let us: Vec<f64> = r["us"]

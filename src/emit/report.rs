@@ -25,6 +25,7 @@ use super::num::{self, compact_config, json_text, DASH};
 use super::select::{shape_key, ShapeFields, ShapeOutcome, Timed};
 use super::{EmitError, Group};
 use crate::store::{FailureClass, JobRecord, JobStatus, Stats};
+use crate::manifest::raw::FlushWith;
 
 const TEMPLATE: &str = include_str!("templates/report.md.j2");
 
@@ -982,11 +983,16 @@ fn protocol(group: &Group) -> Vec<Row> {
     let h = group.header;
     let p = &h.protocol;
     let flush = if p.flush_l2 {
+        // Journals from before `flush_with` existed flushed with a memset.
+        let with = match p.flush_with.unwrap_or(FlushWith::Memset) {
+            FlushWith::Read => "a read of",
+            FlushWith::Memset => "a memset of",
+        };
         match p.flush_bytes {
-            Some(b) => format!("before every sample, {}", bytes(b)),
+            Some(b) => format!("before every sample, {with} {}", bytes(b)),
             None => {
                 let b = (2 * h.device.l2_bytes).max(32 << 20);
-                format!("before every sample, max(2 × L2, 32 MiB) = {}", bytes(b))
+                format!("before every sample, {with} max(2 × L2, 32 MiB) = {}", bytes(b))
             }
         }
     } else {

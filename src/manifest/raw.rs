@@ -167,6 +167,32 @@ pub struct RawToleranceOverride {
     pub max_mismatch: Option<f64>,
 }
 
+/// How the L2 flush before each cold sample evicts the cache.
+///
+/// A memset leaves L2 full of dirty lines, and writing them back to memory
+/// competes with the timed kernel's own traffic: on an H100 (2026-11-22,
+/// bench/moe_breakdown.py) it added about 10 µs to every memory-bound fused-MoE
+/// call, 95.9 against 86.2 µs at M=1. A read of the same buffer leaves the cache
+/// just as cold but clean, which is the state a kernel meets in a model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushWith {
+    /// Read the flush buffer (a max-reduction): L2 ends up holding clean lines.
+    #[default]
+    Read,
+    /// Write the flush buffer (a memset), as triton.testing.do_bench does.
+    Memset,
+}
+
+impl FlushWith {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlushWith::Read => "read",
+            FlushWith::Memset => "memset",
+        }
+    }
+}
+
 /// How every job is timed. Defaults follow DESIGN.md's measurement protocol.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -178,9 +204,13 @@ pub struct RawProtocol {
     /// Cold samples: evict L2 before every sample.
     #[serde(default = "d_true")]
     pub flush_l2: bool,
-    /// Bytes written to evict L2; default max(2 x L2 size, 32 MiB).
+    /// Size of the buffer that evicts L2; default max(2 x L2 size, 32 MiB).
     #[serde(default)]
     pub flush_bytes: Option<u64>,
+    /// How the flush evicts L2: `read` (default) or `memset`. A journal
+    /// header without it comes from a run that flushed with a memset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_with: Option<FlushWith>,
     /// Samples queued per host synchronisation.
     #[serde(default = "d_batch")]
     pub batch: u32,
@@ -218,6 +248,7 @@ impl Default for RawProtocol {
             warmup_ms: d_warmup_ms(),
             flush_l2: true,
             flush_bytes: None,
+            flush_with: None,
             batch: d_batch(),
             min_samples: d_min_samples(),
             max_samples: d_max_samples(),

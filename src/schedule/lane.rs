@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use indexmap::IndexMap;
 use std::time::Instant;
 
-use crate::backend::{Backend, JobFailure};
+use crate::backend::{Backend, Flush, JobFailure};
 use crate::manifest::model::{shape_dtype, Tolerance};
 use crate::manifest::raw::{RawProtocol, Strategy};
 use crate::measure::{self, Decision, Sampling};
@@ -23,7 +23,7 @@ pub struct LaneContext<'a> {
     pub strategy: Strategy,
     pub eta: u32,
     pub run_mode: RunMode,
-    pub flush_bytes: u64,
+    pub flush: Flush,
     pub peak_gbs: f64,
     pub peak_tflops: &'a dyn Fn(Option<&str>) -> f64,
     pub compile: Option<&'a CompileBoard>,
@@ -504,7 +504,7 @@ fn take_batch(
     m: &mut Measured,
 ) -> Result<(), JobFailure> {
     let start = Instant::now();
-    let batch = backend.sample(&m.job.id, ctx.protocol.batch, ctx.flush_bytes)?;
+    let batch = backend.sample(&m.job.id, ctx.protocol.batch, ctx.flush)?;
     m.sampling.wall_ms += start.elapsed().as_secs_f64() * 1e3;
     m.sampling.samples_us.extend(batch.us);
     m.sampling.timer = batch.timer;
@@ -648,7 +648,7 @@ mod tests {
         fn warmup(&mut self, _: &str, _: u32, _: f64) -> Result<(), JobFailure> {
             Ok(())
         }
-        fn sample(&mut self, job_id: &str, count: u32, _: u64) -> Result<SampleBatch, JobFailure> {
+        fn sample(&mut self, job_id: &str, count: u32, _: Flush) -> Result<SampleBatch, JobFailure> {
             let job = self
                 .prepared
                 .as_ref()
@@ -722,7 +722,7 @@ mod tests {
             strategy,
             eta: 3,
             run_mode: RunMode::Tune,
-            flush_bytes: 0,
+            flush: Flush::NONE,
             peak_gbs: 1000.0,
             peak_tflops: &peak,
             compile,

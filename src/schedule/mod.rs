@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, PythonBackend, WorkerSpec};
+use crate::backend::{Backend, Flush, PythonBackend, WorkerSpec};
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
 use crate::manifest::raw::{MethodKind, RawProtocol, Strategy};
@@ -144,7 +144,11 @@ pub fn results_dir(
 /// timings mean nothing and each launch takes seconds.
 pub fn effective_protocol(p: &RawProtocol, mode: Mode) -> RawProtocol {
     match mode {
-        Mode::Gpu => p.clone(),
+        // Resolved here so the journal header says how this run flushed.
+        Mode::Gpu => RawProtocol {
+            flush_with: Some(p.flush_with.unwrap_or_default()),
+            ..p.clone()
+        },
         Mode::Interpreter => RawProtocol {
             warmup_launches: 1,
             warmup_ms: 0.0,
@@ -272,12 +276,15 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
     })
     .map_err(RunError::Input)?;
 
-    let flush_bytes = if protocol.flush_l2 && opts.mode == Mode::Gpu {
-        protocol
-            .flush_bytes
-            .unwrap_or((2 * opts.device.l2_bytes).max(32 << 20))
+    let flush = if protocol.flush_l2 && opts.mode == Mode::Gpu {
+        Flush {
+            bytes: protocol
+                .flush_bytes
+                .unwrap_or((2 * opts.device.l2_bytes).max(32 << 20)),
+            with: protocol.flush_with.unwrap_or_default(),
+        }
     } else {
-        0
+        Flush::NONE
     };
     let unused_board = compile::CompileBoard::default();
     let compile_board = pool.as_ref().map_or(&unused_board, |p| p.board());
@@ -452,7 +459,7 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
                     strategy,
                     eta,
                     run_mode,
-                    flush_bytes,
+                    flush,
                     peak_gbs,
                     peak_tflops: peak,
                     compile: board,
@@ -601,4 +608,28 @@ pub fn now_rfc3339() -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::raw::FlushWith;
+
+    #[test]
+    fn a_gpu_run_records_how_it_flushes() {
+        let unset = RawProtocol::default();
+        assert_eq!(unset.flush_with, None);
+        let gpu = effective_protocol(&unset, Mode::Gpu);
+        assert_eq!(gpu.flush_with, Some(FlushWith::Read));
+        let memset = RawProtocol {
+            flush_with: Some(FlushWith::Memset),
+            ..RawProtocol::default()
+        };
+        assert_eq!(
+            effective_protocol(&memset, Mode::Gpu).flush_with,
+            Some(FlushWith::Memset)
+        );
+        // The interpreter never flushes.
+        assert!(!effective_protocol(&unset, Mode::Interpreter).flush_l2);
+    }
 }
