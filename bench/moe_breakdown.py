@@ -5,7 +5,9 @@ For each shape (default: gpt-oss-120b, E=128 N=2880, M = 1, 2, 4, 8) and its
 tuned config (from a vLLM config file written by `just tune gptoss`, else
 vLLM's default), this times:
 
-- the whole call (alignment, GEMM 1, GEMM 2, top-k sum), and each kernel alone;
+- tunelab's whole call as it runs by default, and the plain four-kernel call
+  (alignment, GEMM 1, GEMM 2, top-k sum, no dependent launches) with each of
+  its kernels alone;
 - a plain streaming read of exactly the expert weights the call must read
   (the selected experts' w1 and w2): the bandwidth this GPU delivers to a
   kernel that does nothing else, the practical ceiling for the GEMMs;
@@ -139,8 +141,13 @@ def tuned_config(config_dir, M, E, N, device_name):
 def measure(shape, config, timer, samples, peak):
     problem = FusedMoE(shape)
     inputs = problem.inputs(seed=0, device="cuda")
+    # tunelab's call as it runs by default, and the plain four-kernel call
+    # (alignment, GEMM 1, GEMM 2, sum; no dependent launches) whose kernels
+    # are also timed one by one.
     launch = FusedMoELaunch(make_plan(problem, config), inputs)
-    launch()
+    four = FusedMoELaunch(make_plan(problem, config, self_align_max=0, pdl=False), inputs)
+    for call in (launch, four):
+        call()
     torch.cuda.synchronize()
     experts = torch.unique(inputs["topk_ids"].reshape(-1)).to(torch.int32)
     distinct = experts.numel()
@@ -156,10 +163,10 @@ def measure(shape, config, timer, samples, peak):
         read1()
         read2()
 
-    parts = dict(zip(KERNELS, launch._runners))
+    parts = dict(zip(KERNELS, four._runners))
     rows = {}
     for mode in FLUSH_MODES:
-        row = {"call": timer.time(launch, mode, samples)}
+        row = {"call": timer.time(launch, mode, samples), "four": timer.time(four, mode, samples)}
         for name, run in parts.items():
             row[name] = timer.time(run, mode, samples)
         row["read_w1"] = timer.time(read1, mode, samples)
@@ -176,6 +183,7 @@ def measure(shape, config, timer, samples, peak):
         "w1_bytes": w1_bytes,
         "w2_bytes": w2_bytes,
         "bound_us": total / peak / 1e3,
+        "plan": {"kernels": len(launch._runners), "pdl": launch.plan.pdl, "self_align": bool(launch.plan.self_align)},
         "times_us": rows,
         "graph_us": hot,
     }
@@ -191,7 +199,8 @@ def markdown(results, meta):
                f"`{meta['command']}`. Medians of {meta['samples']} samples, µs. Peak bandwidth used: {peak:.0f} GB/s.")
     out.append("Bytes: the experts this routing selects (w1 + w2) plus the activations in and out. "
                "L2 before each sample: *write* = after a memset of 2×L2 (the runner's cold samples), "
-               "*read* = after a read of 2×L2 (clean lines), *none* = no flush.")
+               "*read* = after a read of 2×L2 (clean lines), *none* = no flush (then a kernel shorter than its "
+               "host launch cost, like align or sum alone, is timed with launch latency in it).")
     out.append("")
     for r in results:
         s, c = r["shape"], r["config"]
@@ -200,17 +209,22 @@ def markdown(results, meta):
                    f"(expected {r['expected_distinct_experts']:.2f}), {r['bytes'] / 1e6:.1f} MB, "
                    f"bound {r['bound_us']:.1f} µs")
         out.append("")
-        out.append(f"Config ({r['config_source']}): {cfg}. CUDA graph, hot, per call: {r['graph_us']:.1f} µs "
+        plan = r["plan"]
+        parts = ["alignment in the GEMMs" if plan["self_align"] else "alignment kernel",
+                 "dependent launches" if plan["pdl"] else "plain launches"]
+        out.append(f"Config ({r['config_source']}): {cfg}. tunelab's call: {plan['kernels']} kernels "
+                   f"({', '.join(parts)}); in a CUDA graph, hot: {r['graph_us']:.1f} µs "
                    f"({100 * r['bound_us'] / r['graph_us']:.1f} % of bound).")
         out.append("")
-        out.append("| L2 before | call | % of bound | align | gemm1 | gemm2 | sum | read w1 | read w2 | read both | read GB/s |")
-        out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        out.append("| L2 before | call | % of bound | 4-kernel call | align | gemm1 | gemm2 | sum | read w1 | read w2 "
+                   "| read both | read GB/s |")
+        out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for mode in FLUSH_MODES:
             t = r["times_us"][mode]
             read_gbs = (r["w1_bytes"] + r["w2_bytes"]) / t["read_both"] / 1e3
-            out.append(f"| {mode} | {t['call']:.1f} | {100 * r['bound_us'] / t['call']:.1f} | {t['align']:.1f} | "
-                       f"{t['gemm1']:.1f} | {t['gemm2']:.1f} | {t['sum']:.1f} | {t['read_w1']:.1f} | "
-                       f"{t['read_w2']:.1f} | {t['read_both']:.1f} | {read_gbs:.0f} |")
+            out.append(f"| {mode} | {t['call']:.1f} | {100 * r['bound_us'] / t['call']:.1f} | {t['four']:.1f} | "
+                       f"{t['align']:.1f} | {t['gemm1']:.1f} | {t['gemm2']:.1f} | {t['sum']:.1f} | "
+                       f"{t['read_w1']:.1f} | {t['read_w2']:.1f} | {t['read_both']:.1f} | {read_gbs:.0f} |")
         out.append("")
     return "\n".join(out) + "\n"
 

@@ -14,8 +14,10 @@ if not torch.cuda.is_available():  # before triton is imported (conftest does th
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
-from tunelab.kernels.fused_moe import align_sizes, moe_align_block_size  # noqa: E402
+from tunelab.kernels.fused_moe import _self_aligned_block, align_sizes, moe_align_block_size  # noqa: E402
 from tunelab.problems import resolve  # noqa: E402
 from tunelab.problems.moe import FusedMoE, vllm_default_config  # noqa: E402
 
@@ -41,6 +43,14 @@ def run_fused(problem, inputs, config=CFG, poison_buffers=False):
     return launch
 
 
+@pytest.fixture(params=["kernel", "self"])
+def align(request, monkeypatch):
+    """Both ways a call finds its blocks: the alignment kernel, or (the default
+    for a few tokens) GEMMs that derive them from topk_ids."""
+    monkeypatch.setenv("TUNELAB_MOE_SELF_ALIGN_MAX", "0" if request.param == "kernel" else str(1 << 20))
+    return request.param
+
+
 def assert_close(out, ref, dtype_name):
     assert not torch.isnan(out).any(), "output left partly unwritten (NaN poison survived)"
     torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype_name])
@@ -49,10 +59,11 @@ def assert_close(out, ref, dtype_name):
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 @pytest.mark.parametrize("routing", ["random", "uniform"])
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-def test_fused_moe_matches_reference(activation, routing, dtype, device):
+def test_fused_moe_matches_reference(activation, routing, dtype, align, device):
     p = FusedMoE(shape(activation=activation, routing=routing, dtype=dtype))
     inputs = p.inputs(0, device)
     launch = run_fused(p, inputs, poison_buffers=True)
+    assert launch.plan.self_align == (32 if align == "self" else 0)  # 13 tokens x 2 slots, padded to 32
     assert_close(launch.out, p.reference(inputs), dtype)
 
 
@@ -65,7 +76,7 @@ def test_fused_moe_decode_sizes(M, activation, device):
 
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-def test_fused_moe_tails(activation, device):
+def test_fused_moe_tails(activation, align, device):
     # K and N not multiples of the tiles: masked K loop, partial last column
     # tiles, BLOCK_SIZE_N 16 (8 activated columns a tile), GROUP_SIZE_M > blocks.
     p = FusedMoE(shape(M=5, E=4, K=48, N=24, dtype="fp32", activation=activation))
@@ -74,7 +85,7 @@ def test_fused_moe_tails(activation, device):
     assert_close(run_fused(p, inputs, cfg).out, p.reference(inputs), "fp32")
 
 
-def test_fused_moe_topk1_and_all_experts(device):
+def test_fused_moe_topk1_and_all_experts(align, device):
     p = FusedMoE(shape(M=6, E=2, topk=1, K=32, N=16))
     inputs = p.inputs(3, device)
     cfg = dict(CFG, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16)
@@ -90,15 +101,20 @@ def test_direct_and_ordinary_launch_agree(device):
 
     p = FusedMoE(shape(M=21, activation="swiglu_oai"))
     inputs = p.inputs(9, device)
-    plan = make_plan(p, CFG)
     outs = []
-    for direct in (True, False):
-        launch = FusedMoELaunch(plan, inputs, direct=direct)
-        assert launch.direct == direct
-        launch.out.fill_(float("nan"))
-        launch()
-        outs.append(launch.out.clone())
-    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+    # Direct and JIT launches, with and without dependent launches, with and
+    # without the alignment kernel.
+    for self_align_max in (0, 64):
+        for pdl in (False, True):
+            plan = make_plan(p, CFG, self_align_max=self_align_max, pdl=pdl)
+            for direct in (True, False):
+                launch = FusedMoELaunch(plan, inputs, direct=direct)
+                assert launch.direct == direct
+                launch.out.fill_(float("nan"))
+                launch()
+                outs.append(launch.out.clone())
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=0, rtol=0)
 
 
 def check_alignment(topk_ids, num_experts, bm, sorted_ids, expert_ids, num_post):
@@ -140,7 +156,53 @@ def test_alignment(M, E, topk, bm, device):
     check_alignment(topk_ids, E, bm, *moe_align_block_size(topk_ids, E, bm))
 
 
-def test_alignment_inside_launch(device):
+@triton.jit
+def _self_align_probe(topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, numel, num_experts,
+                      BLOCK_SIZE_M: tl.constexpr, NUMEL_PAD: tl.constexpr):
+    pid = tl.program_id(0)
+    slots, expert = _self_aligned_block(topk_ids_ptr, numel, num_experts, pid, BLOCK_SIZE_M, NUMEL_PAD)
+    tl.store(sorted_ids_ptr + pid * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M), slots)
+    tl.store(expert_ids_ptr + pid, expert)
+
+
+@pytest.mark.parametrize("bm", [16, 32])
+@pytest.mark.parametrize("M,E,topk", [(1, 8, 2), (1, 128, 4), (3, 4, 2), (16, 8, 4), (9, 64, 4), (5, 3, 3)])
+def test_self_aligned_blocks_match_the_alignment_kernel(M, E, topk, bm, device):
+    gen = torch.Generator().manual_seed(M * 1000 + E)
+    topk_ids = torch.stack([torch.randperm(E, generator=gen)[:topk] for _ in range(M)]).to(torch.int32)
+    if M == 16:
+        topk_ids[:, 0] = 5  # one expert takes every token: full blocks and a padded one
+    topk_ids = topk_ids.to(device)
+    numel = M * topk
+    max_blocks, max_padded = align_sizes(numel, E, bm)
+    sorted_ids = torch.full((max_padded,), -7, dtype=torch.int32, device=device)
+    expert_ids = torch.full((max_blocks,), -7, dtype=torch.int32, device=device)
+    numel_pad = max(2, 1 << (numel - 1).bit_length())
+    _self_align_probe[(max_blocks,)](topk_ids, sorted_ids, expert_ids, numel, E, BLOCK_SIZE_M=bm, NUMEL_PAD=numel_pad)
+    num_post = torch.tensor([int((expert_ids >= 0).sum()) * bm])
+    check_alignment(topk_ids, E, bm, sorted_ids, expert_ids, num_post)
+    # The same layout as the alignment kernel: same expert per block, and each
+    # expert's run holds the same slots (their order inside a run is free).
+    k_sorted, k_experts, k_post = moe_align_block_size(topk_ids, E, bm)
+    assert int(k_post[0]) == int(num_post[0])
+    assert torch.equal(k_experts.cpu(), expert_ids.cpu())
+    mine, theirs = sorted_ids.cpu(), k_sorted.cpu()
+    for e in expert_ids.unique().tolist():
+        if e >= 0:
+            rows = (expert_ids.cpu() == e).repeat_interleave(bm)
+            assert sorted(mine[rows].tolist()) == sorted(theirs[rows].tolist())
+    # Stable: inside a run, slots are in increasing order (so both GEMMs agree).
+    real = mine[mine != numel]
+    for e in expert_ids.unique().tolist():
+        if e >= 0:
+            run = mine[(expert_ids.cpu() == e).repeat_interleave(bm)]
+            run = run[run != numel]
+            assert (run[1:] > run[:-1]).all()
+    assert real.numel() == numel
+
+
+def test_alignment_inside_launch(device, monkeypatch):
+    monkeypatch.setenv("TUNELAB_MOE_SELF_ALIGN_MAX", "0")
     p = FusedMoE(shape(M=9, E=8, topk=2))
     inputs = p.inputs(4, device)
     launch = run_fused(p, inputs, poison_buffers=True)

@@ -348,8 +348,14 @@ def test_compile_role_with_a_target_compiles_for_a_gpu_it_cannot_see(spawn_worke
     }
     compiled = worker.request("compile", job=moe)
     assert compiled["ok"] and compiled["compiled"] is True, compiled
-    assert {"moe_align_kernel.cubin", "moe_gemm1_kernel.cubin", "moe_gemm2_kernel.cubin",
-            "moe_sum_kernel.cubin"} <= set(_cubins(cache))
+    # 8 slots: the GEMMs align their own blocks, no alignment kernel.
+    assert {"moe_gemm1_kernel.cubin", "moe_gemm2_kernel.cubin", "moe_sum_kernel.cubin"} <= set(_cubins(cache))
+    assert "moe_align_kernel.cubin" not in _cubins(cache)
+    # sm_90 gets dependent launches: GEMM 2 waits for GEMM 1 in-kernel.
+    assert "griddepcontrol.wait" in next(cache.rglob("moe_gemm2_kernel.ptx")).read_text()
+    compiled = worker.request("compile", job=dict(moe, job_id="moe-2", shape=dict(moe["shape"], M=40)))
+    assert compiled["ok"] and compiled["compiled"] is True, compiled
+    assert "moe_align_kernel.cubin" in _cubins(cache)
     if ctypes.util.find_library("cuda"):
         # With libcuda to link against, the launchers are built ahead too.
         assert list(cache.rglob("__triton_launcher*.so")), worker.stderr_text()

@@ -1,7 +1,7 @@
 """Triton fused mixture-of-experts, structured like vLLM's fused MoE.
 
-Four steps per call, the same work split as vLLM's `fused_experts` so that a
-config tuned here means the same thing there:
+Four steps per call (three for a few tokens, see below), the same work split
+as vLLM's `fused_experts` so that a config tuned here means the same thing there:
 
 1. `moe_align_kernel` (one program): sorts the flattened (token, k) slots by
    expert, pads each expert's run to a multiple of BLOCK_SIZE_M with the
@@ -13,6 +13,24 @@ config tuned here means the same thing there:
    routing weight, written to `[M * topk, K]`.
 4. `moe_sum_kernel`: the sum over topk into `out [M, K]` (faster than
    torch.sum over the middle dimension: 36 vs 55 us at M=4096 on an H200).
+
+Decode sizes (measured on an H100, 2026-11-22, bench/moe_breakdown.py and
+gpt-oss shapes; figures are µs per call with clean-L2 cold samples):
+
+- Dependent launches (CUDA, sm_90+): GEMM 1 (after the alignment), GEMM 2 and
+  the sum are programmatic dependent launches. Each is placed on the SMs while
+  the kernel before it finishes and waits for that kernel's writes in-kernel
+  (griddepcontrol.wait), which hides launch latency and the drain between
+  kernels: 85.3 -> 81.9 at M=1, 151.9 -> 147.8 at M=2 (E=128, N=2880).
+- Up to SELF_ALIGN_MAX_NUMEL (token, k) slots, the GEMMs compute their blocks
+  from topk_ids themselves (`_self_aligned_block`) and the alignment kernel
+  is not launched: 81.9 -> 80.6 at M=1. With more slots every program pays
+  that prologue once per wave of programs, and it costs more than it saves
+  (M=4: 277.6 -> 280.4).
+- Tried and not kept: GEMM 2 writing the top-k sum itself (arrival counters,
+  the last program of a token sums its rows) saved 0.4 at M=1 and cost 1 to
+  3 % from M=4 up; prefetching GEMM 2's first weight lines into L2 before its
+  wait was within ±1.5 µs with 8 lines a row (H200) and slower with more.
 
 A bound launch calls the compiled kernels directly (see tunelab.kernels.launch):
 Triton's ordinary `kernel[grid](...)` path costs about 17 us of host time per
@@ -33,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import triton
 import triton.language as tl
@@ -65,7 +84,12 @@ def moe_align_kernel(
     E_PAD: tl.constexpr,  # power of two > num_experts: bin num_experts takes masked lanes
     CHUNK: tl.constexpr,
     BCHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:
+        # GEMM 1 may be placed on the SMs now; it waits for this kernel's
+        # writes with griddepcontrol.wait before reading them.
+        tl.extra.cuda.gdc_launch_dependents()
     offs = tl.arange(0, CHUNK)
 
     # Sentinel everywhere first; the scatter below overwrites the real slots.
@@ -132,6 +156,37 @@ def _block_coords(num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 
 
 @triton.jit
+def _self_aligned_block(topk_ids_ptr, numel, num_experts, pid_m,
+                        BLOCK_SIZE_M: tl.constexpr, NUMEL_PAD: tl.constexpr):
+    """(slots, expert) of row block `pid_m` for a few tokens, from topk_ids alone.
+
+    The same layout as moe_align_kernel (slots grouped by expert in expert
+    order, each run padded to BLOCK_SIZE_M with the sentinel `numel`), computed
+    in registers with [NUMEL_PAD, NUMEL_PAD] comparisons, stable by slot so that
+    both GEMMs derive the same blocks. `expert` is -1 past the padded count.
+    Used when numel <= NUMEL_PAD is small: it saves the alignment launch.
+    """
+    i = tl.arange(0, NUMEL_PAD)
+    valid = i < numel
+    ids = tl.load(topk_ids_ptr + i, mask=valid, other=0)
+    ids = tl.where(valid, ids, num_experts)  # padding lanes match no real expert
+    same = ids[:, None] == ids[None, :]
+    rank = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), axis=1)  # my expert's slots before me
+    count = tl.sum(same.to(tl.int32), axis=1)  # my expert's slots
+    padded = (count + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M * BLOCK_SIZE_M
+    lead = valid & (rank == 0)  # one lane per selected expert
+    # My expert's run starts after the padded runs of the selected experts with smaller ids.
+    before = lead[None, :] & (ids[None, :] < ids[:, None])
+    pos = tl.sum(tl.where(before, padded[None, :], 0), axis=1) + rank
+    rows = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    match = (pos[None, :] == rows[:, None]) & valid[None, :]
+    slots = tl.sum(tl.where(match, i[None, :], 0), axis=1)
+    slots = tl.where(tl.max(match.to(tl.int32), axis=1) > 0, slots, numel)
+    expert = tl.max(tl.max(tl.where(match, ids[None, :], -1), axis=1), axis=0)
+    return slots, expert
+
+
+@triton.jit
 def moe_gemm1_kernel(
     x_ptr,  # [M, K]
     w1_ptr,  # [E, 2N, K]
@@ -140,9 +195,11 @@ def moe_gemm1_kernel(
     sorted_ids_ptr,
     expert_ids_ptr,
     num_post_ptr,
+    topk_ids_ptr,  # read only when SELF_ALIGN
     N,
     K,
     numel,
+    num_experts,
     num_pid_m,
     stride_xm,
     stride_we,
@@ -159,18 +216,34 @@ def moe_gemm1_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
+    SELF_ALIGN: tl.constexpr,  # 0, or NUMEL_PAD: derive the block from topk_ids (no alignment kernel)
+    USE_PDL: tl.constexpr,
 ):
     HALF: tl.constexpr = BLOCK_SIZE_N // 2
     num_pid_n = tl.cdiv(2 * N, BLOCK_SIZE_N)
     pid_m, pid_n = _block_coords(num_pid_m, num_pid_n, GROUP_SIZE_M)
-    num_post = tl.load(num_post_ptr)
-    if pid_m * BLOCK_SIZE_M >= num_post:
-        return
-
-    slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    if SELF_ALIGN:
+        if USE_PDL:
+            # This kernel reads nothing an earlier kernel of the call wrote, so GEMM 2
+            # may be placed as soon as every program here has started.
+            tl.extra.cuda.gdc_launch_dependents()
+        slots, expert = _self_aligned_block(topk_ids_ptr, numel, num_experts, pid_m, BLOCK_SIZE_M, SELF_ALIGN)
+        if expert < 0:
+            return
+        expert = expert.to(tl.int64)
+    else:
+        if USE_PDL:
+            # Wait for the alignment kernel's writes, then let GEMM 2 be placed: it
+            # reads the alignment (complete by now) before its own wait.
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        num_post = tl.load(num_post_ptr)
+        if pid_m * BLOCK_SIZE_M >= num_post:
+            return
+        slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     tok_mask = slots < numel
     rows = (slots // TOPK).to(tl.int64)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
     offs_j = tl.arange(0, BLOCK_SIZE_N)
     # `% N` keeps the tail tile's loads in bounds; those columns are not stored.
@@ -226,9 +299,11 @@ def moe_gemm2_kernel(
     sorted_ids_ptr,
     expert_ids_ptr,
     num_post_ptr,
+    topk_ids_ptr,  # read only when SELF_ALIGN
     N_OUT,  # hidden size K
     K_RED,  # intermediate size N
     numel,
+    num_experts,
     num_pid_m,
     stride_im,
     stride_we,
@@ -242,21 +317,36 @@ def moe_gemm2_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
+    SELF_ALIGN: tl.constexpr,  # 0, or NUMEL_PAD (see moe_gemm1_kernel)
+    USE_PDL: tl.constexpr,
 ):
     num_pid_n = tl.cdiv(N_OUT, BLOCK_SIZE_N)
     pid_m, pid_n = _block_coords(num_pid_m, num_pid_n, GROUP_SIZE_M)
-    num_post = tl.load(num_post_ptr)
-    if pid_m * BLOCK_SIZE_M >= num_post:
-        return
-
-    slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    # The block's slots and expert come from the alignment (written before GEMM 1
+    # passed its wait, see there) or from topk_ids: neither waits for GEMM 1.
+    if SELF_ALIGN:
+        slots, expert = _self_aligned_block(topk_ids_ptr, numel, num_experts, pid_m, BLOCK_SIZE_M, SELF_ALIGN)
+        if expert < 0:
+            return
+        expert = expert.to(tl.int64)
+    else:
+        num_post = tl.load(num_post_ptr)
+        if pid_m * BLOCK_SIZE_M >= num_post:
+            return
+        slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     tok_mask = slots < numel
     slots64 = slots.to(tl.int64)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
     offs_n_raw = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_n = offs_n_raw % N_OUT
     offs_k = tl.arange(0, BLOCK_SIZE_K)
+    if USE_PDL:
+        # Pulling the first lines of this program's w2 rows into L2 before the
+        # wait (they do not depend on GEMM 1) was measured on an H200: within
+        # ±1.5 µs with 8 lines a row, slower with 32 or more. Not done.
+        tl.extra.cuda.gdc_wait()  # GEMM 1's intermediate is complete and visible
+        tl.extra.cuda.gdc_launch_dependents()
     a_ptrs = inter_ptr + slots64[:, None] * stride_im + offs_k[None, :]
     b_ptrs = w2_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
 
@@ -290,7 +380,10 @@ def moe_sum_kernel(
     K,
     TOPK: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # GEMM 2's output is complete and visible
     m = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < K
@@ -329,6 +422,34 @@ def _align_meta(numel: int, num_experts: int, max_padded: int):
     return {"E_PAD": e_pad, "CHUNK": chunk, "BCHUNK": bchunk, "num_warps": 8 if chunk >= 4096 else 4}
 
 
+# Up to this many (token, k) slots, the GEMMs derive their blocks from topk_ids
+# themselves and the alignment kernel is not launched (see _self_aligned_block).
+SELF_ALIGN_MAX_NUMEL = 8
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def pdl_supported() -> bool:
+    """Programmatic dependent launch: CUDA, compute capability 9.0 or newer.
+
+    Asks Triton's active driver, so a compile worker (tunelab.target) answers
+    for the lane's GPU without touching one."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    import triton.runtime
+
+    target = triton.runtime.driver.active.get_current_target()
+    return target.backend == "cuda" and int(target.arch) >= 90
+
+
 @dataclasses.dataclass(frozen=True)
 class MoEPlan:
     """Everything a launch needs that depends on the shape and config only."""
@@ -349,9 +470,19 @@ class MoEPlan:
     align_meta: dict
     grid1: tuple
     grid2: tuple
+    # NUMEL_PAD when the GEMMs align their own blocks (no alignment launch), else 0.
+    self_align: int
+    # Launch GEMM 1 (after the alignment), GEMM 2 and the sum as programmatic
+    # dependent launches: each is placed on the SMs while the previous kernel
+    # finishes and waits for its writes in-kernel.
+    pdl: bool
 
 
-def make_plan(problem, config: dict) -> MoEPlan:
+def make_plan(problem, config: dict, *, self_align_max: int | None = None, pdl: bool | None = None) -> MoEPlan:
+    """The launch plan. The keyword knobs default to the environment
+    (TUNELAB_MOE_SELF_ALIGN_MAX, TUNELAB_MOE_PDL=0|1), then to the measured
+    defaults; compile workers and lanes see the same environment, so they
+    build the same kernels."""
     bm, bn, bk = (int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
     for name, v in (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk)):
         if v < 16 or v & (v - 1):
@@ -360,6 +491,10 @@ def make_plan(problem, config: dict) -> MoEPlan:
         raise ValueError(f"GROUP_SIZE_M must be >= 1, got {config['GROUP_SIZE_M']}")
     numel = problem.M * problem.topk
     max_blocks, max_padded = align_sizes(numel, problem.E, bm)
+    if self_align_max is None:
+        self_align_max = _env_int("TUNELAB_MOE_SELF_ALIGN_MAX", SELF_ALIGN_MAX_NUMEL)
+    if pdl is None:
+        pdl = _env_int("TUNELAB_MOE_PDL", 1) != 0 and pdl_supported()
     return MoEPlan(
         M=problem.M,
         E=problem.E,
@@ -378,6 +513,8 @@ def make_plan(problem, config: dict) -> MoEPlan:
         align_meta=_align_meta(numel, problem.E, max_padded),
         grid1=(max_blocks * triton.cdiv(2 * problem.N, bn),),
         grid2=(max_blocks * triton.cdiv(problem.K, bn),),
+        self_align=max(2, _next_pow2(numel)) if numel <= self_align_max else 0,
+        pdl=bool(pdl),
     )
 
 
@@ -385,7 +522,8 @@ SUM_BLOCK = 1024
 
 
 def _launch_specs(plan: MoEPlan, b: dict):
-    """[(kernel, grid, args, kwargs)] for the four Triton launches.
+    """[(kernel, grid, args, kwargs)] for the Triton launches, in order: the
+    alignment (unless the GEMMs align themselves), GEMM 1, GEMM 2, the sum.
 
     `b` maps buffer names to tensors, or to pointer stand-ins for a compile without
     launching (see tunelab.dtypes.pointer). Strides are
@@ -397,43 +535,50 @@ def _launch_specs(plan: MoEPlan, b: dict):
     launch = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
     precision = "ieee" if is_fp32(plan.dtype) else "tf32"  # tf32 is ignored for 16-bit inputs
     bk = c["BLOCK_SIZE_K"]
-    align = (
-        moe_align_kernel,
-        (1,),
-        (b["topk_ids"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"],
-         plan.numel, E, plan.max_padded, plan.max_blocks),
-        dict(BLOCK_SIZE_M=c["BLOCK_SIZE_M"], **plan.align_meta),
-    )
-    gemm1 = (
+    # A dependent launch only where an earlier kernel of the call precedes it:
+    # the call's first kernel follows the timer's event and the L2 flush.
+    dependent = {"launch_pdl": True} if plan.pdl else {}
+    specs = []
+    if not plan.self_align:
+        specs.append((
+            moe_align_kernel,
+            (1,),
+            (b["topk_ids"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"],
+             plan.numel, E, plan.max_padded, plan.max_blocks),
+            dict(BLOCK_SIZE_M=c["BLOCK_SIZE_M"], USE_PDL=plan.pdl, **plan.align_meta),
+        ))
+    specs.append((
         moe_gemm1_kernel,
         plan.grid1,
         (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], b["inter"],
-         b["sorted_ids"], b["expert_ids"], b["num_post"],
-         N, K, plan.numel, plan.max_blocks,
+         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
+         N, K, plan.numel, E, plan.max_blocks,
          K, 2 * N * K, K, 2 * N, N),
         dict(TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation,
-             HAS_BIAS=plan.has_bias, EVEN_K=K % bk == 0, PRECISION=precision, **tiles, **launch),
-    )
-    gemm2 = (
+             HAS_BIAS=plan.has_bias, EVEN_K=K % bk == 0, PRECISION=precision, SELF_ALIGN=plan.self_align,
+             USE_PDL=plan.pdl, **tiles, **launch, **({} if plan.self_align else dependent)),
+    ))
+    specs.append((
         moe_gemm2_kernel,
         plan.grid2,
         (b["inter"], b["w2"], b["b2"] if plan.has_bias else b["inter"], b["out2"], b["topk_weights"],
-         b["sorted_ids"], b["expert_ids"], b["num_post"],
-         K, N, plan.numel, plan.max_blocks,
+         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
+         K, N, plan.numel, E, plan.max_blocks,
          N, K * N, N, K, K),
-        dict(HAS_BIAS=plan.has_bias, EVEN_K=N % bk == 0, PRECISION=precision, **tiles, **launch),
-    )
-    msum = (
+        dict(HAS_BIAS=plan.has_bias, EVEN_K=N % bk == 0, PRECISION=precision, SELF_ALIGN=plan.self_align,
+             USE_PDL=plan.pdl, **tiles, **launch, **dependent),
+    ))
+    specs.append((
         moe_sum_kernel,
         (plan.M, triton.cdiv(K, SUM_BLOCK)),
         (b["out2"], b["out"], K),
-        dict(TOPK=plan.topk, BLOCK=SUM_BLOCK, num_warps=4),
-    )
-    return [align, gemm1, gemm2, msum]
+        dict(TOPK=plan.topk, BLOCK=SUM_BLOCK, USE_PDL=plan.pdl, num_warps=4, **dependent),
+    ))
+    return specs
 
 
 def compile_plan(plan: MoEPlan):
-    """Compile the four kernels into Triton's cache without launching them."""
+    """Compile the plan's kernels into Triton's cache without launching them."""
     dt, i32, f32 = pointer(plan.dtype), pointer(int32()), pointer(torch_dtype("fp32"))
     b = {
         "x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "out2": dt, "out": dt,
@@ -499,5 +644,5 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size_m:
     num_post = torch.empty(1, dtype=torch.int32, device=dev)
     cursor = torch.empty(meta["E_PAD"], dtype=torch.int32, device=dev)
     moe_align_kernel[(1,)](ids, sorted_ids, expert_ids, num_post, cursor, numel, num_experts, max_padded,
-                           max_blocks, BLOCK_SIZE_M=block_size_m, **meta)
+                           max_blocks, BLOCK_SIZE_M=block_size_m, USE_PDL=False, **meta)
     return sorted_ids, expert_ids, num_post
