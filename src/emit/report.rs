@@ -24,8 +24,8 @@ use serde_json::Value as Json;
 use super::num::{self, compact_config, json_text, DASH};
 use super::select::{shape_key, ShapeFields, ShapeOutcome, Timed};
 use super::{EmitError, Group};
-use crate::store::{FailureClass, JobRecord, JobStatus, Stats};
 use crate::manifest::raw::FlushWith;
+use crate::store::{FailureClass, JobRecord, JobStatus, Stats};
 
 const TEMPLATE: &str = include_str!("templates/report.md.j2");
 
@@ -992,7 +992,10 @@ fn protocol(group: &Group) -> Vec<Row> {
             Some(b) => format!("before every sample, {with} {}", bytes(b)),
             None => {
                 let b = (2 * h.device.l2_bytes).max(32 << 20);
-                format!("before every sample, {with} max(2 × L2, 32 MiB) = {}", bytes(b))
+                format!(
+                    "before every sample, {with} max(2 × L2, 32 MiB) = {}",
+                    bytes(b)
+                )
             }
         }
     } else {

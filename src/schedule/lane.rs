@@ -648,7 +648,12 @@ mod tests {
         fn warmup(&mut self, _: &str, _: u32, _: f64) -> Result<(), JobFailure> {
             Ok(())
         }
-        fn sample(&mut self, job_id: &str, count: u32, _: Flush) -> Result<SampleBatch, JobFailure> {
+        fn sample(
+            &mut self,
+            job_id: &str,
+            count: u32,
+            _: Flush,
+        ) -> Result<SampleBatch, JobFailure> {
             let job = self
                 .prepared
                 .as_ref()
