@@ -12,9 +12,9 @@ vLLM's default), this times:
   (the selected experts' w1 and w2): the bandwidth this GPU delivers to a
   kernel that does nothing else, the practical ceiling for the GEMMs;
 - each of these under three L2 states before every sample: after a memset of
-  the flush buffer (the runner's cold samples: L2 full of dirty lines that must
-  be written back while the kernel runs), after a read of it (L2 full of clean
-  lines) and with no flush at all;
+  the flush buffer (`flush_with: memset`: L2 full of dirty lines that must be
+  written back while the kernel runs), after a read of it (the runner's
+  default: L2 full of clean lines) and with no flush at all;
 - the call replayed back to back in a CUDA graph (hot, launch gaps hidden).
 
 Byte counts use the experts this routing actually selects, not the expected
@@ -44,7 +44,7 @@ from tunelab.kernels.fused_moe import FusedMoELaunch, make_plan  # noqa: E402
 from tunelab.problems.moe import CONFIG_KEYS, FusedMoE, vllm_default_config  # noqa: E402
 
 PEAK_GBS = {"H100": 3350.0, "H200": 4800.0}
-FLUSH_MODES = ("write", "read", "none")
+FLUSH_MODES = ("memset", "read", "none")
 KERNELS = ("align", "gemm1", "gemm2", "sum")
 
 
@@ -80,7 +80,7 @@ class ColdTimer:
         self.flush_words = self.flush.view(torch.int32)
 
     def _treat(self, mode):
-        if mode == "write":
+        if mode == "memset":
             self.flush.zero_()
         elif mode == "read":
             torch.amax(self.flush_words)
@@ -198,8 +198,8 @@ def markdown(results, meta):
     out.append(f"Measured {meta['date']} on {meta['device']} (torch {meta['torch']}, Triton {meta['triton']}), "
                f"`{meta['command']}`. Medians of {meta['samples']} samples, µs. Peak bandwidth used: {peak:.0f} GB/s.")
     out.append("Bytes: the experts this routing selects (w1 + w2) plus the activations in and out. "
-               "L2 before each sample: *write* = after a memset of 2×L2 (the runner's cold samples), "
-               "*read* = after a read of 2×L2 (clean lines), *none* = no flush (then a kernel shorter than its "
+               "L2 before each sample: *memset* = after a memset of 2×L2 (`flush_with: memset`, the protocol before 2026-11-22), "
+               "*read* = after a read of 2×L2 (clean lines; the runner's default), *none* = no flush (then a kernel shorter than its "
                "host launch cost, like align or sum alone, is timed with launch latency in it).")
     out.append("")
     for r in results:
@@ -255,7 +255,7 @@ def main():
         r = measure(shape, config, timer, args.samples, peak)
         r["config_source"] = source
         results.append(r)
-        print(f"M={M}: call {r['times_us']['write']['call']:.1f} µs (write) "
+        print(f"M={M}: call {r['times_us']['memset']['call']:.1f} µs (memset) "
               f"{r['times_us']['read']['call']:.1f} µs (read)", file=sys.stderr, flush=True)
     meta = {
         "device": name,

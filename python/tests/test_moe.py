@@ -47,7 +47,10 @@ def run_fused(problem, inputs, config=CFG, poison_buffers=False):
 def align(request, monkeypatch):
     """Both ways a call finds its blocks: the alignment kernel, or (the default
     for a few tokens) GEMMs that derive them from topk_ids."""
-    monkeypatch.setenv("TUNELAB_MOE_SELF_ALIGN_MAX", "0" if request.param == "kernel" else str(1 << 20))
+    from tunelab.kernels import fused_moe
+
+    limit = 0 if request.param == "kernel" else fused_moe.SELF_ALIGN_LIMIT
+    monkeypatch.setattr(fused_moe, "SELF_ALIGN_MAX_NUMEL", limit)
     return request.param
 
 
@@ -165,8 +168,8 @@ def _self_align_probe(topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, numel, num_e
     tl.store(expert_ids_ptr + pid, expert)
 
 
-@pytest.mark.parametrize("bm", [16, 32])
-@pytest.mark.parametrize("M,E,topk", [(1, 8, 2), (1, 128, 4), (3, 4, 2), (16, 8, 4), (9, 64, 4), (5, 3, 3)])
+@pytest.mark.parametrize("bm", [16, 64])
+@pytest.mark.parametrize("M,E,topk", [(1, 8, 1), (1, 128, 4), (3, 4, 2), (16, 8, 4), (9, 64, 4), (5, 3, 3)])
 def test_self_aligned_blocks_match_the_alignment_kernel(M, E, topk, bm, device):
     gen = torch.Generator().manual_seed(M * 1000 + E)
     topk_ids = torch.stack([torch.randperm(E, generator=gen)[:topk] for _ in range(M)]).to(torch.int32)
@@ -201,8 +204,35 @@ def test_self_aligned_blocks_match_the_alignment_kernel(M, E, topk, bm, device):
     assert real.numel() == numel
 
 
+@pytest.mark.parametrize("M", [1, 2, 40])
+def test_dependent_launches_follow_an_earlier_kernel_of_the_call(M):
+    """Where each kernel may start early, checked on the plan (no GPU needed):
+    the call's first kernel is an ordinary launch (it follows the timer's event
+    and the flush), every later one a dependent launch that waits in-kernel."""
+    from tunelab.dtypes import int32, pointer, torch_dtype
+    from tunelab.kernels.fused_moe import _launch_specs, make_plan
+
+    p = FusedMoE(shape(M=M, E=8, topk=4, dtype="fp16"))
+    names = ["x", "w1", "b1", "w2", "b2", "inter", "out2", "out", "topk_ids", "sorted_ids", "expert_ids",
+             "num_post", "cursor", "topk_weights"]
+    bufs = {n: pointer(torch_dtype("fp16")) for n in names}
+    for n in ("topk_ids", "sorted_ids", "expert_ids", "num_post", "cursor"):
+        bufs[n] = pointer(int32())
+    for pdl in (False, True):
+        specs = _launch_specs(make_plan(p, CFG, pdl=pdl), bufs)
+        kernels = [spec[0].fn.__name__ if hasattr(spec[0], "fn") else spec[0].__name__ for spec in specs]
+        expected = ["moe_gemm1_kernel", "moe_gemm2_kernel", "moe_sum_kernel"]
+        assert kernels == (expected if M * 4 <= 8 else ["moe_align_kernel"] + expected)
+        assert "launch_pdl" not in specs[0][3]
+        for _, _, _, kwargs in specs[1:]:
+            assert kwargs.get("launch_pdl", False) == pdl
+        assert all(kwargs["USE_PDL"] == pdl for _, _, _, kwargs in specs)
+
+
 def test_alignment_inside_launch(device, monkeypatch):
-    monkeypatch.setenv("TUNELAB_MOE_SELF_ALIGN_MAX", "0")
+    from tunelab.kernels import fused_moe
+
+    monkeypatch.setattr(fused_moe, "SELF_ALIGN_MAX_NUMEL", 0)
     p = FusedMoE(shape(M=9, E=8, topk=2))
     inputs = p.inputs(4, device)
     launch = run_fused(p, inputs, poison_buffers=True)

@@ -268,6 +268,24 @@ def test_a_faulting_launch_is_a_launch_error(shared_worker):
     assert "Traceback" not in response["message"]
 
 
+def test_a_lane_counts_the_bytes_of_the_inputs_it_built(shared_worker):
+    """describe with a seed builds the shape's inputs; the MoE's bytes are then
+    those of the experts its routing selects, and check reports the same."""
+    from tunelab.problems.moe import FusedMoE
+
+    shape = {"M": 3, "E": 64, "topk": 2, "K": 32, "N": 16, "dtype": "fp32"}
+    plain = shared_worker.request("describe", problem="moe", shape=shape)
+    seeded = shared_worker.request("describe", problem="moe", shape=shape, seed=4)
+    problem = FusedMoE(shape)
+    assert plain["bytes"] == problem.bytes()
+    inputs = problem.inputs(4, "cuda" if MODE == "gpu" else "cpu")
+    assert seeded["bytes"] == problem.bytes_for(inputs) != plain["bytes"]
+    job = {"job_id": "moe-bytes", "problem": "moe", "shape": shape, "method": {"name": "torch", "kernel": "torch"},
+           "config": {}}
+    checked = shared_worker.request("check", job=job, seed=4, tolerance=TOLERANCE)
+    assert checked["ok"] and checked["passed"] and checked["bytes"] == seeded["bytes"], checked
+
+
 def test_a_kernel_the_compiler_rejects_is_a_compile_error(shared_worker):
     # Not a power of two: Triton rejects tl.arange(0, 24), compiled or interpreted.
     job = gemm_job("gemm-bad-block", BLOCK_SIZE_M=24)
@@ -356,6 +374,11 @@ def test_compile_role_with_a_target_compiles_for_a_gpu_it_cannot_see(spawn_worke
     compiled = worker.request("compile", job=dict(moe, job_id="moe-2", shape=dict(moe["shape"], M=40)))
     assert compiled["ok"] and compiled["compiled"] is True, compiled
     assert "moe_align_kernel.cubin" in _cubins(cache)
+    # After the alignment kernel, GEMM 1 lets GEMM 2 be placed only once it has
+    # waited for the alignment: GEMM 2 reads the alignment before its own wait.
+    gemm1 = [f.read_text() for f in cache.rglob("moe_gemm1_kernel.ptx") if "griddepcontrol.wait" in f.read_text()]
+    assert len(gemm1) == 1
+    assert gemm1[0].index("griddepcontrol.wait") < gemm1[0].index("griddepcontrol.launch_dependents")
     if ctypes.util.find_library("cuda"):
         # With libcuda to link against, the launchers are built ahead too.
         assert list(cache.rglob("__triton_launcher*.so")), worker.stderr_text()

@@ -502,10 +502,8 @@ class Worker:
             seed = _int_field(request, "seed")
             started = time.perf_counter()
             self.prepared = None  # never hold two shapes' buffers at once
-            inputs, _ = self._shape_data(problem, name, shape, seed)
+            _, _, facts["bytes"] = self._shape_data(problem, name, shape, seed)
             facts["inputs_s"] = time.perf_counter() - started
-            with stage("problem"):
-                facts["bytes"] = _bytes_for(problem, inputs)
         return facts
 
     def compile(self, request: dict) -> dict:
@@ -536,9 +534,9 @@ class Worker:
         # Free the previous job's tensors before allocating this one's.
         self.prepared = None
         problem, method = self._problem_and_method(job)
-        inputs, expected = self._shape_data(problem, job.problem, job.shape, seed)
+        inputs, expected, nbytes = self._shape_data(problem, job.problem, job.shape, seed)
         with stage("problem"):
-            flops, nbytes = float(problem.flops()), _bytes_for(problem, inputs)
+            flops = float(problem.flops())
         if self.mode == "gpu" and hasattr(method, "compile"):
             # Compile (or find in the cache) before launching, so a compiler
             # failure is reported as compile_error and never as launch_error.
@@ -597,7 +595,7 @@ class Worker:
     # ---- helpers
 
     def _shape_data(self, problem, name: str, shape: dict, seed: int):
-        """(inputs, reference) for one shape, built once per (problem, shape, seed).
+        """(inputs, reference, bytes) for one shape, built once per (problem, shape, seed).
 
         Configs of one shape arrive back to back and their inputs and
         reference do not depend on the config, so they are built once per
@@ -610,9 +608,10 @@ class Worker:
             with stage("problem"):
                 inputs = problem.inputs(seed, self.device)
                 expected = problem.reference(inputs)
+                nbytes = _bytes_for(problem, inputs)
                 self._synchronize()
-            self._shape_cache = (key, inputs, expected)
-        return self._shape_cache[1], self._shape_cache[2]
+            self._shape_cache = (key, inputs, expected, nbytes)
+        return self._shape_cache[1:]
 
     def _require_lane(self, op: str):
         if self.role != "lane":
@@ -701,9 +700,18 @@ def choose_mode() -> str:
 
 def _bytes_for(problem, inputs) -> float:
     """The problem's minimal bytes for these inputs where it can count them
-    (`bytes_for`, e.g. the experts a routing selects), else its `bytes()`."""
+    (`bytes_for`, e.g. the experts a routing selects), else its `bytes()`.
+
+    A `bytes_for` that fails costs only the refinement: the shape is still
+    described and its jobs still run, with `bytes()`; the reason goes to stderr."""
     bytes_for = getattr(problem, "bytes_for", None)
-    return float(bytes_for(inputs) if bytes_for is not None else problem.bytes())
+    if bytes_for is not None:
+        try:
+            return float(bytes_for(inputs))
+        except Exception as exc:  # noqa: BLE001 - a user's problem may raise anything
+            print(f"tunelab worker: {type(problem).__name__}.bytes_for failed ({type(exc).__name__}: {exc}); "
+                  "using bytes()", file=sys.stderr, flush=True)
+    return float(problem.bytes())
 
 
 def _encode(response: dict) -> bytes:

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, Flush, PythonBackend, WorkerSpec};
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
-use crate::manifest::raw::{MethodKind, RawProtocol, Strategy};
+use crate::manifest::raw::{FlushWith, MethodKind, RawProtocol, Strategy};
 use crate::manifest::{Experiment, Shape};
 use crate::plan::{self, Filter, Job, Mode, PlanOptions};
 use crate::store::{
@@ -195,6 +195,17 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         Default::default()
     };
     let protocol = effective_protocol(&exp.protocol, opts.mode);
+    if let Some(h) = &previous.header {
+        if let Some(message) = flush_conflict(&h.protocol, &protocol) {
+            return Err(RunError::Input(
+                Diagnostic::in_file(&exp.manifest_path, message).help(format!(
+                    "set `protocol: {{flush_with: {}}}` to go on with {}, or pass a fresh --results-dir",
+                    h.protocol.flush_with.unwrap_or(FlushWith::Memset).as_str(),
+                    dir.display()
+                )),
+            ));
+        }
+    }
     let tolerance = match (opts.mode, &exp.interpreter) {
         (Mode::Interpreter, Some(i)) => {
             i.tolerance.clone().unwrap_or_else(|| exp.tolerance.clone())
@@ -571,6 +582,27 @@ impl Selection<'_> {
     }
 }
 
+/// Why a run must not add samples to a journal whose samples were taken after
+/// another kind of L2 flush (a memset's write-back costs a memory-bound kernel
+/// about 10 %), or None. A header without `flush_with` is from a memset run.
+fn flush_conflict(before: &RawProtocol, now: &RawProtocol) -> Option<String> {
+    if !(before.flush_l2 && now.flush_l2) {
+        return None;
+    }
+    let (was, is) = (
+        before.flush_with.unwrap_or(FlushWith::Memset),
+        now.flush_with.unwrap_or_default(),
+    );
+    (was != is).then(|| {
+        format!(
+            "the journal's jobs were timed after a {} flush of L2 and this run would flush with a {}: \
+             one report would mix the two",
+            was.as_str(),
+            is.as_str()
+        )
+    })
+}
+
 fn diff_fingerprint(old: &Fingerprint, new: &Fingerprint) -> Vec<String> {
     let a = serde_json::to_value(old).expect("fingerprint");
     let b = serde_json::to_value(new).expect("fingerprint");
@@ -613,7 +645,30 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::raw::FlushWith;
+
+    #[test]
+    fn a_run_does_not_mix_flushes_in_one_journal() {
+        let old_journal = RawProtocol::default(); // no flush_with: a memset run
+        let now = effective_protocol(&RawProtocol::default(), Mode::Gpu);
+        let message = flush_conflict(&old_journal, &now).expect("memset journal, read run");
+        assert!(
+            message.contains("memset") && message.contains("read"),
+            "{message}"
+        );
+        let memset = effective_protocol(
+            &RawProtocol {
+                flush_with: Some(FlushWith::Memset),
+                ..RawProtocol::default()
+            },
+            Mode::Gpu,
+        );
+        assert_eq!(flush_conflict(&old_journal, &memset), None);
+        assert_eq!(flush_conflict(&now, &now), None);
+        assert!(flush_conflict(&now, &memset).is_some());
+        // An interpreter run flushes nothing, so any journal suits it.
+        let interp = effective_protocol(&RawProtocol::default(), Mode::Interpreter);
+        assert_eq!(flush_conflict(&old_journal, &interp), None);
+    }
 
     #[test]
     fn a_gpu_run_records_how_it_flushes() {

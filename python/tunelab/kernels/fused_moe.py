@@ -330,11 +330,14 @@ def moe_gemm2_kernel(
             return
         expert = expert.to(tl.int64)
     else:
-        num_post = tl.load(num_post_ptr)
+        # Read before this kernel's wait: GEMM 1 let it be placed only after its
+        # own wait for the alignment, so these are complete. .cg reads them
+        # from L2, never from a line this SM's L1 held before they were written.
+        num_post = tl.load(num_post_ptr, cache_modifier=".cg")
         if pid_m * BLOCK_SIZE_M >= num_post:
             return
-        slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
-        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M), cache_modifier=".cg")
+        expert = tl.load(expert_ids_ptr + pid_m, cache_modifier=".cg").to(tl.int64)
     tok_mask = slots < numel
     slots64 = slots.to(tl.int64)
 
@@ -425,16 +428,8 @@ def _align_meta(numel: int, num_experts: int, max_padded: int):
 # Up to this many (token, k) slots, the GEMMs derive their blocks from topk_ids
 # themselves and the alignment kernel is not launched (see _self_aligned_block).
 SELF_ALIGN_MAX_NUMEL = 8
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+# The prologue compares every pair of slots in registers: keep it small.
+SELF_ALIGN_LIMIT = 64
 
 
 def pdl_supported() -> bool:
@@ -479,10 +474,11 @@ class MoEPlan:
 
 
 def make_plan(problem, config: dict, *, self_align_max: int | None = None, pdl: bool | None = None) -> MoEPlan:
-    """The launch plan. The keyword knobs default to the environment
-    (TUNELAB_MOE_SELF_ALIGN_MAX, TUNELAB_MOE_PDL=0|1), then to the measured
-    defaults; compile workers and lanes see the same environment, so they
-    build the same kernels."""
+    """The launch plan. The keyword knobs are for benchmarks and tests
+    (bench/moe_breakdown.py times the plain four-kernel call with
+    `self_align_max=0, pdl=False`); a run always uses the defaults, so a
+    journal's timings all come from one plan: SELF_ALIGN_MAX_NUMEL, and
+    dependent launches wherever the target supports them."""
     bm, bn, bk = (int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
     for name, v in (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk)):
         if v < 16 or v & (v - 1):
@@ -492,9 +488,11 @@ def make_plan(problem, config: dict, *, self_align_max: int | None = None, pdl: 
     numel = problem.M * problem.topk
     max_blocks, max_padded = align_sizes(numel, problem.E, bm)
     if self_align_max is None:
-        self_align_max = _env_int("TUNELAB_MOE_SELF_ALIGN_MAX", SELF_ALIGN_MAX_NUMEL)
+        self_align_max = SELF_ALIGN_MAX_NUMEL
+    if not 0 <= self_align_max <= SELF_ALIGN_LIMIT:
+        raise ValueError(f"self_align_max must be in [0, {SELF_ALIGN_LIMIT}], got {self_align_max}")
     if pdl is None:
-        pdl = _env_int("TUNELAB_MOE_PDL", 1) != 0 and pdl_supported()
+        pdl = pdl_supported()
     return MoEPlan(
         M=problem.M,
         E=problem.E,
@@ -592,8 +590,8 @@ def compile_plan(plan: MoEPlan):
 class FusedMoELaunch:
     """A bound fused-MoE call: buffers preallocated, `__call__` computes into `out`.
 
-    Alignment runs inside every call (vLLM's timed call includes it); only
-    allocation and kernel lookup happen here.
+    Alignment runs inside every call, as its own kernel or inside the GEMMs
+    (vLLM's timed call includes it); only allocation and kernel lookup happen here.
     """
 
     def __init__(self, plan: MoEPlan, inputs: dict, direct: bool | None = None):
