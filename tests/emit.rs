@@ -606,3 +606,18 @@ fn best_job_ids_hold_winners_and_baselines() {
         .filter(|j| j.status == JobStatus::Pruned)
         .all(|j| !ids.contains(&j.job_id)));
 }
+
+#[test]
+fn the_report_says_how_l2_was_flushed() {
+    use tunelab::manifest::raw::FlushWith;
+    // The fixture journals predate `flush_with`: their runs flushed with a memset.
+    let mut results = load("gemm.jsonl");
+    assert!(render(&results)["report.md"]
+        .contains("| L2 flush | before every sample, a memset of max(2 × L2, 32 MiB)"));
+    results.header.as_mut().unwrap().protocol.flush_with = Some(FlushWith::Read);
+    assert!(render(&results)["report.md"]
+        .contains("| L2 flush | before every sample, a read of max(2 × L2, 32 MiB)"));
+    let header = results.header.as_mut().unwrap();
+    header.protocol.flush_l2 = false;
+    assert!(render(&results)["report.md"].contains("| L2 flush | off (warm-cache samples) |"));
+}
