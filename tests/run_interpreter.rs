@@ -322,44 +322,34 @@ fn gptoss_moe_in_the_interpreter_writes_vllm_and_aiter_files_in_their_formats() 
 #[test]
 fn an_only_filter_for_moe_fields_leaves_the_attention_companion_out() {
     let Some(py) = python() else { return };
-    let results = tempfile::tempdir().unwrap();
-    let out = tunelab(
-        &py,
-        results.path(),
-        &[
-            "run",
-            "experiments/gptoss.yaml",
-            "--only",
-            "M=1",
-            "--mode",
-            "check",
-        ],
-    )
-    .output()
-    .unwrap();
+    let check_only = |filter: &str| {
+        let results = tempfile::tempdir().unwrap();
+        let out = tunelab(
+            &py,
+            results.path(),
+            &[
+                "run",
+                "experiments/gptoss.yaml",
+                "--only",
+                filter,
+                "--mode",
+                "check",
+            ],
+        )
+        .output()
+        .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        (results, out)
+    };
+
     // M is a field of both: the companion runs too.
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let (results, _) = check_only("M=1");
     assert!(results
         .path()
         .join("gptoss-attention/cpu-interpreter")
         .is_dir());
 
-    let results = tempfile::tempdir().unwrap();
-    let out = tunelab(
-        &py,
-        results.path(),
-        &[
-            "run",
-            "experiments/gptoss.yaml",
-            "--only",
-            "E=8",
-            "--mode",
-            "check",
-        ],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let (results, out) = check_only("E=8");
     assert!(
         String::from_utf8_lossy(&out.stderr)
             .contains("gptoss-attention.yaml not run: --only names fields it does not have"),
