@@ -51,13 +51,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import triton
 import triton.language as tl
 
 from tunelab.dtypes import int32, is_fp32, pointer, torch_dtype
-from tunelab.kernels.launch import direct_launch_enabled, direct_runner
+from tunelab.kernels.launch import direct_launch_enabled, direct_runner, interpreting
 from tunelab.lazy import torch
 from tunelab.target import prebuild_host_code
 
@@ -437,7 +436,7 @@ def pdl_supported() -> bool:
 
     Asks Triton's active driver, so a compile worker (tunelab.target) answers
     for the lane's GPU without touching one."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if interpreting():
         return False
     import triton.runtime
 

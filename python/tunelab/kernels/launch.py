@@ -11,6 +11,11 @@ compiled runner called directly: 7.6 µs on the same host.
 import os
 
 
+def interpreting() -> bool:
+    """Triton's interpreter runs the kernels (TRITON_INTERPRET=1): nothing is compiled."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def direct_launch_enabled(device) -> bool:
     return device.type == "cuda" and os.environ.get("TUNELAB_DIRECT_LAUNCH", "1") != "0"
 

@@ -16,13 +16,12 @@ elements.
 
 from __future__ import annotations
 
-import os
 
 import triton
 import triton.language as tl
 
 from tunelab.dtypes import pointer
-from tunelab.kernels.launch import direct_launch_enabled, direct_runner
+from tunelab.kernels.launch import direct_launch_enabled, direct_runner, interpreting
 from tunelab.target import prebuild_host_code
 
 _LAUNCH_OPTION_DEFAULTS = {"num_warps": 4, "num_stages": 3}
@@ -112,10 +111,6 @@ def split_config(config: dict):
 def grid(M: int, N: int, constexprs: dict):
     """One program per output tile, in a 1-D grid so _tile_coords can reorder them."""
     return (triton.cdiv(M, constexprs["BLOCK_SIZE_M"]) * triton.cdiv(N, constexprs["BLOCK_SIZE_N"]),)
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def make_launcher(a, b, c, config: dict, direct: bool | None = None):

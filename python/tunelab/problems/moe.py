@@ -21,11 +21,11 @@ the token-to-expert alignment is part of the timed call, as in vLLM.
 from __future__ import annotations
 
 import math
-import os
 
 from tunelab.lazy import torch
 
 from tunelab.dtypes import element_size, torch_dtype
+from tunelab.kernels.launch import interpreting
 
 ACTIVATIONS = ("silu", "swiglu_oai")
 ROUTINGS = ("random", "uniform")
@@ -53,10 +53,6 @@ def vllm_default_config(M: int, E: int) -> dict:
         "num_warps": 4 if M <= 128 else 8,
         "num_stages": 4 if M <= 32 else 3,
     }
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 class FusedMoE:
@@ -231,7 +227,7 @@ class TritonFusedMoE:
 
         Needs no GPU: a compile worker runs with none visible (see tunelab.target).
         Returns False in interpreter mode, where nothing is compiled ahead."""
-        if _interpreting():
+        if interpreting():
             return False
         from tunelab.kernels.fused_moe import compile_plan, make_plan
 
