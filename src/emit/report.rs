@@ -983,8 +983,7 @@ fn protocol(group: &Group) -> Vec<Row> {
     let h = group.header;
     let p = &h.protocol;
     let flush = if p.flush_l2 {
-        // Journals from before `flush_with` existed flushed with a memset.
-        let with = match p.flush_with.unwrap_or(FlushWith::Memset) {
+        let with = match p.recorded_flush() {
             FlushWith::Read => "a read of",
             FlushWith::Memset => "a memset of",
         };

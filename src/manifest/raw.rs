@@ -241,6 +241,14 @@ pub struct RawProtocol {
     pub seed: u64,
 }
 
+impl RawProtocol {
+    /// How the run this protocol was recorded for flushed L2: a journal header
+    /// from before `flush_with` existed is from a memset run.
+    pub fn recorded_flush(&self) -> FlushWith {
+        self.flush_with.unwrap_or(FlushWith::Memset)
+    }
+}
+
 impl Default for RawProtocol {
     fn default() -> Self {
         RawProtocol {

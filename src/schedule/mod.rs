@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, Flush, PythonBackend, WorkerSpec};
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
-use crate::manifest::raw::{FlushWith, MethodKind, RawProtocol, Strategy};
+use crate::manifest::raw::{MethodKind, RawProtocol, Strategy};
 use crate::manifest::{Experiment, Shape};
 use crate::plan::{self, Filter, Job, Mode, PlanOptions};
 use crate::store::{
@@ -200,7 +200,7 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
             return Err(RunError::Input(
                 Diagnostic::in_file(&exp.manifest_path, message).help(format!(
                     "set `protocol: {{flush_with: {}}}` to go on with {}, or pass a fresh --results-dir",
-                    h.protocol.flush_with.unwrap_or(FlushWith::Memset).as_str(),
+                    h.protocol.recorded_flush().as_str(),
                     dir.display()
                 )),
             ));
@@ -589,10 +589,7 @@ fn flush_conflict(before: &RawProtocol, now: &RawProtocol) -> Option<String> {
     if !(before.flush_l2 && now.flush_l2) {
         return None;
     }
-    let (was, is) = (
-        before.flush_with.unwrap_or(FlushWith::Memset),
-        now.flush_with.unwrap_or_default(),
-    );
+    let (was, is) = (before.recorded_flush(), now.flush_with.unwrap_or_default());
     (was != is).then(|| {
         format!(
             "the journal's jobs were timed after a {} flush of L2 and this run would flush with a {}: \
@@ -645,6 +642,7 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::manifest::raw::FlushWith;
 
     #[test]
     fn a_run_does_not_mix_flushes_in_one_journal() {
