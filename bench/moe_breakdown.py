@@ -42,6 +42,7 @@ import triton.language as tl  # noqa: E402
 
 from tunelab.kernels.fused_moe import FusedMoELaunch, make_plan  # noqa: E402
 from tunelab.problems.moe import CONFIG_KEYS, FusedMoE, vllm_default_config  # noqa: E402
+from tunelab.worker import CudaEventTimer  # noqa: E402
 
 PEAK_GBS = {"H100": 3350.0, "H200": 4800.0}
 FLUSH_MODES = ("memset", "read", "none")
@@ -73,34 +74,24 @@ def stream_read(weights, experts, block=1024, iters=16):
 
 
 class ColdTimer:
-    """CUDA-event samples, each after the chosen L2 treatment, queued in batches."""
+    """Medians of the runner's own timer (tunelab.worker.CudaEventTimer: events
+    around each launch, batches of 32 behind a spin kernel so the host never
+    paces the GPU), under a chosen L2 treatment before every sample."""
+
+    BATCH = 32
 
     def __init__(self, l2_bytes):
-        self.flush = torch.empty(max(2 * l2_bytes, 32 << 20), dtype=torch.uint8, device="cuda")
-        self.flush_words = self.flush.view(torch.int32)
+        self.timer = CudaEventTimer(torch)
+        self.flush_bytes = max(2 * l2_bytes, 32 << 20)
 
-    def _treat(self, mode):
-        if mode == "memset":
-            self.flush.zero_()
-        elif mode == "read":
-            torch.amax(self.flush_words)
-
-    def time(self, fn, mode, samples, batch=50):
-        for _ in range(5):
-            self._treat(mode)
-            fn()
-        torch.cuda.synchronize()
+    def time(self, fn, mode, samples):
+        flush_bytes = 0 if mode == "none" else self.flush_bytes
+        flush_with = "read" if mode == "none" else mode
+        self.timer.warmup(fn, 5, 5.0)
         times = []
         while len(times) < samples:
-            n = min(batch, samples - len(times))
-            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-            for start, end in ev:
-                self._treat(mode)
-                start.record()
-                fn()
-                end.record()
-            torch.cuda.synchronize()
-            times += [s.elapsed_time(e) * 1e3 for s, e in ev]
+            us, _ = self.timer.sample(fn, min(self.BATCH, samples - len(times)), flush_bytes, flush_with)
+            times += us
         return statistics.median(times)
 
 
@@ -199,8 +190,7 @@ def markdown(results, meta):
                f"`{meta['command']}`. Medians of {meta['samples']} samples, µs. Peak bandwidth used: {peak:.0f} GB/s.")
     out.append("Bytes: the experts this routing selects (w1 + w2) plus the activations in and out. "
                "L2 before each sample: *memset* = after a memset of 2×L2 (`flush_with: memset`, the protocol before 2026-11-22), "
-               "*read* = after a read of 2×L2 (clean lines; the runner's default), *none* = no flush (then a kernel shorter than its "
-               "host launch cost, like align or sum alone, is timed with launch latency in it).")
+               "*read* = after a read of 2×L2 (clean lines; the runner's default), *none* = no flush.")
     out.append("")
     for r in results:
         s, c = r["shape"], r["config"]

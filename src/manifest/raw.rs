@@ -172,7 +172,7 @@ pub struct RawToleranceOverride {
 /// A memset leaves L2 full of dirty lines, and writing them back to memory
 /// competes with the timed kernel's own traffic: on an H100 (2026-11-22,
 /// bench/moe_breakdown.py) it added about 10 µs to every memory-bound fused-MoE
-/// call, 95.9 against 86.2 µs at M=1. A read of the same buffer leaves the cache
+/// call, 96.4 against 86.7 µs at M=1. A read of the same buffer leaves the cache
 /// just as cold but clean, which is the state a kernel meets in a model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]

@@ -14,8 +14,8 @@ as vLLM's `fused_experts` so that a config tuned here means the same thing there
 4. `moe_sum_kernel`: the sum over topk into `out [M, K]` (faster than
    torch.sum over the middle dimension: 36 vs 55 us at M=4096 on an H200).
 
-Decode sizes (measured on an H100, 2026-11-22, bench/moe_breakdown.py and
-gpt-oss shapes; figures are µs per call with clean-L2 cold samples):
+Decode sizes (measured on an H100, 2026-11-22; figures are µs per call with
+clean-L2 cold samples, from results/bench/*/moe_variants.json):
 
 - Dependent launches (CUDA, sm_90+): GEMM 1 (after the alignment), GEMM 2 and
   the sum are programmatic dependent launches. Each is placed on the SMs while
@@ -28,8 +28,8 @@ gpt-oss shapes; figures are µs per call with clean-L2 cold samples):
   that prologue once per wave of programs, and it costs more than it saves
   (M=4: 277.6 -> 280.4).
 - Tried and not kept: GEMM 2 writing the top-k sum itself (arrival counters,
-  the last program of a token sums its rows) saved 0.4 at M=1 and cost 1 to
-  3 % from M=4 up; prefetching GEMM 2's first weight lines into L2 before its
+  the last program of a token sums its rows) saved 0.4 at M=1 and cost 0.5
+  to 1.3 % from M=4 to M=1024; prefetching GEMM 2's first weight lines into L2 before its
   wait was within ±1.5 µs with 8 lines a row (H200) and slower with more.
 
 A bound launch calls the compiled kernels directly (see tunelab.kernels.launch):
