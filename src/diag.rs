@@ -19,6 +19,17 @@ pub struct SourceFile {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct FileId(u32);
 
+impl FileId {
+    /// The registry index, for carrying a span through serde.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+
+    pub fn from_raw(index: u32) -> FileId {
+        FileId(index)
+    }
+}
+
 fn registry() -> &'static Mutex<Vec<Arc<SourceFile>>> {
     static FILES: OnceLock<Mutex<Vec<Arc<SourceFile>>>> = OnceLock::new();
     FILES.get_or_init(|| Mutex::new(Vec::new()))

@@ -9,7 +9,7 @@ use indexmap::IndexMap;
 use serde_json::Value as Json;
 
 use tunelab::emit::{self, triton_mbucket, Rendered};
-use tunelab::store::{Entry, JobStatus, Results};
+use tunelab::store::{JobStatus, Results};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -17,35 +17,11 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Reads a journal the way the store does: last header, latest record per job id, latest final per job.
+/// Reads a fixture journal with the store's own reader (they are of format 1).
 fn load(name: &str) -> Results {
-    let text = std::fs::read_to_string(fixture(name)).unwrap();
-    let mut results = Results::default();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Entry>(line)
-            .unwrap_or_else(|e| panic!("{name}:{}: {e}", n + 1))
-        {
-            Entry::Run(h) => {
-                results.runs.push((*h).clone());
-                results.header = Some(*h);
-            }
-            Entry::Job(j) => match index.get(&j.job_id) {
-                Some(&i) => results.jobs[i] = *j,
-                None => {
-                    index.insert(j.job_id.clone(), results.jobs.len());
-                    results.jobs.push(*j);
-                }
-            },
-            Entry::Final(f) => {
-                results.finals.retain(|x| x.job_id != f.job_id);
-                results.finals.push(f);
-            }
-        }
-    }
+    let (results, warnings) = tunelab::store::journal::read_file(&fixture(name))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(warnings.is_empty(), "{name}: {warnings:?}");
     results
 }
 
@@ -546,7 +522,7 @@ fn interpreter_mode_report_carries_the_warning() {
     let mut results = load("gemm.jsonl");
     let gpu = render(&results)["report.md"].clone();
     assert!(!gpu.contains("[!WARNING]"));
-    results.header.as_mut().unwrap().mode = "interpreter".into();
+    results.header.as_mut().unwrap().mode = tunelab::plan::Mode::Interpreter;
     let report = render(&results)["report.md"].clone();
     assert!(report.contains("> [!WARNING]"));
     assert!(report.contains("timings are interpreted wall-clock, not GPU timings; tuned files are for format checks only"));
@@ -556,11 +532,11 @@ fn interpreter_mode_report_carries_the_warning() {
 fn interpreter_report_on_the_cpu_profile_shows_dashes_not_figures() {
     let mut results = load("moe.jsonl");
     let header = results.header.as_mut().unwrap();
-    header.mode = "interpreter".into();
+    header.mode = tunelab::plan::Mode::Interpreter;
     header.device = tunelab::device::profile("cpu").unwrap();
     for j in &mut results.jobs {
         if let Some(s) = &mut j.stats {
-            s.timer = "wall".into();
+            s.timer = tunelab::measure::Timer::Wall;
         }
     }
     let out = render(&results);
@@ -609,15 +585,16 @@ fn best_job_ids_hold_winners_and_baselines() {
 
 #[test]
 fn the_report_says_how_l2_was_flushed() {
-    use tunelab::manifest::raw::FlushWith;
-    // The fixture journals predate `flush_with`: their runs flushed with a memset.
+    use tunelab::measure::L2Flush;
+    // The fixture journals are of format 1, from before `flush_with`: their
+    // runs flushed with a memset, and reading them says so.
     let mut results = load("gemm.jsonl");
     assert!(render(&results)["report.md"]
         .contains("| L2 flush | before every sample, a memset of max(2 × L2, 32 MiB)"));
-    results.header.as_mut().unwrap().protocol.flush_with = Some(FlushWith::Read);
+    results.header.as_mut().unwrap().protocol.flush = L2Flush::Read;
     assert!(render(&results)["report.md"]
         .contains("| L2 flush | before every sample, a read of max(2 × L2, 32 MiB)"));
     let header = results.header.as_mut().unwrap();
-    header.protocol.flush_l2 = false;
+    header.protocol.flush = L2Flush::Off;
     assert!(render(&results)["report.md"].contains("| L2 flush | off (warm-cache samples) |"));
 }

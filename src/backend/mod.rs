@@ -8,8 +8,8 @@ pub mod worker;
 pub use python::PythonBackend;
 pub use worker::{CallError, Worker, WorkerSpec};
 
-use crate::manifest::model::ToleranceFor;
-use crate::manifest::raw::FlushWith;
+use crate::manifest::ToleranceFor;
+use crate::measure::{L2Flush, Timer};
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass};
 
@@ -33,21 +33,22 @@ impl JobFailure {
 #[derive(Debug, Clone)]
 pub struct SampleBatch {
     pub us: Vec<f64>,
-    pub timer: String,
+    pub timer: Timer,
     pub sm_clock_mhz: Option<f64>,
 }
 
-/// The L2 flush before every sample of a batch; `bytes == 0` means none.
+/// The L2 flush before every sample of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flush {
+    pub with: L2Flush,
+    /// Size of the buffer it reads or writes; 0 when off.
     pub bytes: u64,
-    pub with: FlushWith,
 }
 
 impl Flush {
     pub const NONE: Flush = Flush {
+        with: L2Flush::Off,
         bytes: 0,
-        with: FlushWith::Read,
     };
 }
 

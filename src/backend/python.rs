@@ -3,20 +3,71 @@
 
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
 use super::worker::{CallError, Worker, WorkerSpec};
 use super::{Backend, Flush, JobFailure, SampleBatch};
-use crate::manifest::model::ToleranceFor;
+use crate::manifest::ToleranceFor;
+use crate::measure::{L2Flush, Timer};
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass};
+
+/// The worker protocol this runner speaks (docs/worker-protocol.md). A worker
+/// that answers `hello` with another version is refused at start-up.
+pub const PROTOCOL_VERSION: u32 = 1;
 
 /// How long a new worker may take to import torch and Triton and answer `hello`.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// A worker's answer to `hello`: what it runs on.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Hello {
+    pub protocol: u32,
+    pub python: String,
+    pub torch: Option<String>,
+    pub triton: Option<String>,
+    pub cuda: Option<String>,
+    /// "gpu" or "interpreter".
+    pub mode: String,
+    pub device: String,
+}
+
+#[derive(Deserialize)]
+struct DescribeReply {
+    flops: f64,
+    bytes: f64,
+}
+
+#[derive(Deserialize)]
+struct CompileReply {
+    seconds: f64,
+}
+
+#[derive(Deserialize)]
+struct CheckReply {
+    passed: bool,
+    max_abs_err: Option<f64>,
+    max_rel_err: Option<f64>,
+    mismatch_frac: f64,
+    nan_count: u64,
+    inf_count: u64,
+    elements: u64,
+}
+
+#[derive(Deserialize)]
+struct SampleReply {
+    us: Vec<f64>,
+    timer: Timer,
+    sm_clock_mhz: Option<f64>,
+}
+
 pub struct PythonBackend {
     spec: WorkerSpec,
     worker: Option<Worker>,
+    /// The last started worker's `hello`.
+    hello: Option<Hello>,
     problem: String,
     timeout: Duration,
 }
@@ -26,6 +77,7 @@ impl PythonBackend {
         PythonBackend {
             spec,
             worker: None,
+            hello: None,
             problem: problem.to_string(),
             timeout,
         }
@@ -42,12 +94,31 @@ impl PythonBackend {
             })?;
             // Importing torch and Triton takes seconds, more on a loaded machine:
             // wait for the worker to be ready so start-up never eats a job's timeout.
-            if let Err(e) = w.call("hello", serde_json::json!({}), STARTUP_TIMEOUT) {
-                w.kill();
-                return Err(JobFailure::new(
-                    FailureClass::Crash,
-                    format!("worker did not start: {e:?}"),
-                ));
+            let hello = w
+                .call("hello", serde_json::json!({}), STARTUP_TIMEOUT)
+                .map_err(|e| e.to_string())
+                .and_then(|reply| {
+                    let hello: Hello = serde_json::from_value(reply)
+                        .map_err(|e| format!("its answer to `hello` is not understood ({e})"))?;
+                    if hello.protocol != PROTOCOL_VERSION {
+                        return Err(format!(
+                            "it speaks worker protocol {}, and this tunelab speaks protocol {PROTOCOL_VERSION}: \
+                             the Python package ({}) and the binary come from different versions of tunelab",
+                            hello.protocol,
+                            self.spec.python_path.display()
+                        ));
+                    }
+                    Ok(hello)
+                });
+            match hello {
+                Ok(h) => self.hello = Some(h),
+                Err(why) => {
+                    w.kill();
+                    return Err(JobFailure::new(
+                        FailureClass::Crash,
+                        format!("the worker did not start: {why}"),
+                    ));
+                }
             }
             crate::trace::span(w.name(), "start-up", started, json!({"pid": w.pid()}));
             self.worker = Some(w);
@@ -69,10 +140,7 @@ impl PythonBackend {
                         FailureClass::Timeout,
                         format!("no answer to `{op}` within {s:.0} s; worker killed"),
                     ),
-                    CallError::Crash(m) => JobFailure::new(FailureClass::Crash, m),
-                    CallError::Protocol(m) => {
-                        JobFailure::new(FailureClass::Crash, format!("protocol error: {m}"))
-                    }
+                    e => JobFailure::new(FailureClass::Crash, e.to_string()),
                 });
             }
         };
@@ -111,8 +179,31 @@ impl PythonBackend {
         })
     }
 
-    pub fn hello(&mut self) -> Result<Json, JobFailure> {
-        self.call("hello", json!({}), Duration::from_secs(120))
+    /// Starts the worker (if needed) and returns its `hello`: what it runs on.
+    pub fn hello(&mut self) -> Result<Hello, JobFailure> {
+        self.worker()?;
+        Ok(self.hello.clone().expect("a started worker said hello"))
+    }
+
+    /// One call whose reply must have the fields of `T`: a missing or
+    /// mistyped field is the worker's failure, never a zero.
+    fn call_for<T: DeserializeOwned>(
+        &mut self,
+        op: &str,
+        body: Json,
+        timeout: Duration,
+    ) -> Result<T, JobFailure> {
+        let reply = self.call(op, body, timeout)?;
+        serde_json::from_value(reply).map_err(|e| {
+            // A worker that answers out of protocol is not trusted with the next job.
+            if let Some(mut w) = self.worker.take() {
+                w.kill();
+            }
+            JobFailure::new(
+                FailureClass::Crash,
+                format!("protocol error: the worker's answer to `{op}` does not fit ({e})"),
+            )
+        })
     }
 
     /// Start the worker process now (it answers `hello` before this returns),
@@ -130,21 +221,18 @@ impl PythonBackend {
 
 impl Backend for PythonBackend {
     fn describe(&mut self, shape: &Json, seed: u64) -> Result<(f64, f64), JobFailure> {
-        let r = self.call(
+        let r: DescribeReply = self.call_for(
             "describe",
             json!({"problem": self.problem, "shape": shape, "seed": seed}),
             self.timeout,
         )?;
-        Ok((
-            r["flops"].as_f64().unwrap_or(0.0),
-            r["bytes"].as_f64().unwrap_or(0.0),
-        ))
+        Ok((r.flops, r.bytes))
     }
 
     fn compile(&mut self, job: &Job, kernel: &str, kind: &str) -> Result<f64, JobFailure> {
         let body = json!({"job": self.job_json(job, kernel, kind)});
-        let r = self.call("compile", body, self.timeout)?;
-        Ok(r["seconds"].as_f64().unwrap_or(0.0))
+        let r: CompileReply = self.call_for("compile", body, self.timeout)?;
+        Ok(r.seconds)
     }
 
     fn check(
@@ -160,15 +248,15 @@ impl Backend for PythonBackend {
             "seed": seed,
             "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "max_mismatch": tol.max_mismatch},
         });
-        let r = self.call("check", body, self.timeout)?;
+        let r: CheckReply = self.call_for("check", body, self.timeout)?;
         Ok(CheckResult {
-            passed: r["passed"].as_bool().unwrap_or(false),
-            max_abs_err: r["max_abs_err"].as_f64(),
-            max_rel_err: r["max_rel_err"].as_f64(),
-            mismatch_frac: r["mismatch_frac"].as_f64().unwrap_or(1.0),
-            nan_count: r["nan_count"].as_u64().unwrap_or(0),
-            inf_count: r["inf_count"].as_u64().unwrap_or(0),
-            elements: r["elements"].as_u64().unwrap_or(0),
+            passed: r.passed,
+            max_abs_err: r.max_abs_err,
+            max_rel_err: r.max_rel_err,
+            mismatch_frac: r.mismatch_frac,
+            nan_count: r.nan_count,
+            inf_count: r.inf_count,
+            elements: r.elements,
         })
     }
 
@@ -187,24 +275,35 @@ impl Backend for PythonBackend {
         count: u32,
         flush: Flush,
     ) -> Result<SampleBatch, JobFailure> {
-        let r = self.call(
+        // Protocol 1 knows a read and a memset; no flush is a size of zero.
+        let (bytes, with) = match flush.with {
+            L2Flush::Off => (0, "read"),
+            L2Flush::Read => (flush.bytes, "read"),
+            L2Flush::Memset => (flush.bytes, "memset"),
+        };
+        let r: SampleReply = self.call_for(
             "sample",
             json!({
                 "job_id": job_id,
                 "count": count,
-                "flush_bytes": flush.bytes,
-                "flush_with": flush.with.as_str(),
+                "flush_bytes": bytes,
+                "flush_with": with,
             }),
             self.timeout,
         )?;
-        let us: Vec<f64> = r["us"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Json::as_f64).collect())
-            .unwrap_or_default();
+        if r.us.len() != count as usize || r.us.iter().any(|t| !t.is_finite()) {
+            return Err(JobFailure::new(
+                FailureClass::Crash,
+                format!(
+                    "protocol error: asked for {count} samples, got {} (or a non-finite one)",
+                    r.us.len()
+                ),
+            ));
+        }
         Ok(SampleBatch {
-            us,
-            timer: r["timer"].as_str().unwrap_or("unknown").to_string(),
-            sm_clock_mhz: r["sm_clock_mhz"].as_f64(),
+            us: r.us,
+            timer: r.timer,
+            sm_clock_mhz: r.sm_clock_mhz,
         })
     }
 }

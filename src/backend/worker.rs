@@ -42,6 +42,16 @@ pub enum CallError {
     Protocol(String),
 }
 
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Timeout(s) => write!(f, "no answer within {s:.0} s"),
+            CallError::Crash(m) => f.write_str(m),
+            CallError::Protocol(m) => write!(f, "protocol error: {m}"),
+        }
+    }
+}
+
 pub struct Worker {
     child: Child,
     stdin: ChildStdin,

@@ -165,7 +165,7 @@ pub fn jobs_csv(group: &Group) -> Result<String, EmitError> {
         let mut row: Vec<String> = vec![
             j.job_id.clone(),
             j.method.clone(),
-            j.kind.clone(),
+            j.kind.as_str().to_string(),
             j.kernel.clone(),
         ];
         row.extend(
@@ -217,8 +217,8 @@ pub fn jobs_csv(group: &Group) -> Result<String, EmitError> {
                 ] {
                     row.push(exact(v));
                 }
-                row.push(s.flags.join("|"));
-                row.push(s.timer.clone());
+                row.push(flag_text(&s.flags));
+                row.push(s.timer.as_str().to_string());
                 row.push(exact_opt(s.sm_clock_mhz));
             }
             None => row.resize(row.len() + 12, String::new()),
@@ -286,7 +286,7 @@ pub fn best_csv(group: &Group) -> Result<String, EmitError> {
                 .map(|f| s.shape.get(*f).map(json_cell).unwrap_or_default())
                 .collect();
             row.push(m.method.to_string());
-            row.push(m.kind.to_string());
+            row.push(m.kind.as_str().to_string());
             row.push(b.job.job_id.clone());
             row.push(
                 serde_json::to_string(&b.job.config)
@@ -303,9 +303,18 @@ pub fn best_csv(group: &Group) -> Result<String, EmitError> {
             row.push(m.baseline.map(|t| t.job.job_id.clone()).unwrap_or_default());
             row.push(exact_opt(m.baseline.map(|t| t.time_us())));
             row.push(exact_opt(m.speedup()));
-            row.push(b.stats.flags.join("|"));
+            row.push(flag_text(&b.stats.flags));
             w.write_record(&row).map_err(|e| csv_error(group, e))?;
         }
     }
     finish(group, w)
+}
+
+/// Flags as CSV cells write them: `NOISY|DRIFT`.
+fn flag_text(flags: &[crate::measure::Flag]) -> String {
+    flags
+        .iter()
+        .map(|f| f.as_str())
+        .collect::<Vec<_>>()
+        .join("|")
 }

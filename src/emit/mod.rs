@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use indexmap::IndexMap;
 use serde_json::Value as Json;
 
-use crate::manifest::raw::OutputFormat;
+use crate::manifest::{MethodKind, OutputFormat};
 use crate::store::{JobRecord, OutputSpec, Results, RunHeader};
 
 pub use select::{
@@ -114,8 +114,8 @@ pub fn render_outputs(results: &Results) -> Result<Vec<Rendered>, EmitError> {
             if let Some(first) = seen.insert(r.path.clone(), r.format) {
                 return Err(EmitError::SamePath {
                     path: r.path.display().to_string(),
-                    first: format_name(first),
-                    second: format_name(r.format),
+                    first: first.name(),
+                    second: r.format.name(),
                 });
             }
             out.push(r);
@@ -162,19 +162,6 @@ pub fn render_output(
     Ok(out)
 }
 
-/// The format's name as manifests spell it.
-pub fn format_name(format: OutputFormat) -> &'static str {
-    match format {
-        OutputFormat::JobsCsv => "jobs_csv",
-        OutputFormat::JobsJson => "jobs_json",
-        OutputFormat::BestCsv => "best_csv",
-        OutputFormat::TritonMbucket => "triton_mbucket",
-        OutputFormat::VllmMoeJson => "vllm_moe_json",
-        OutputFormat::AiterFmoeCsv => "aiter_fmoe_csv",
-        OutputFormat::Report => "report",
-    }
-}
-
 /// Whether a job feeds an output, by the rule in the module documentation.
 fn feeds(spec: &OutputSpec, job: &JobRecord) -> bool {
     if let Some(m) = &spec.method {
@@ -189,7 +176,7 @@ fn feeds(spec: &OutputSpec, job: &JobRecord) -> bool {
         OutputFormat::AiterFmoeCsv => &aiter::REQUIRED,
         OutputFormat::TritonMbucket => &[],
     };
-    job.kind != "torch" && needs.iter().all(|f| job.config.contains_key(*f))
+    job.kind != MethodKind::Torch && needs.iter().all(|f| job.config.contains_key(*f))
 }
 
 /// What one writer gets: the shapes of one rendered path, and everything around them.
@@ -218,7 +205,7 @@ impl<'s, 'a> Group<'s, 'a> {
 
     pub fn data_error(&self, message: impl Into<String>) -> EmitError {
         EmitError::Data {
-            format: format_name(self.spec.format),
+            format: self.spec.format.name(),
             path: self.path.clone(),
             message: message.into(),
         }
@@ -264,7 +251,7 @@ fn group_by_path<'s, 'a>(
             .unwrap_or_else(|| e.to_string()),
     };
     let tmpl = env.template_from_str(&spec.path).map_err(template_error)?;
-    let device = Json::Object(crate::manifest::model::device_fields(&header.device));
+    let device = Json::Object(crate::manifest::device_fields(&header.device));
     let render = |shape: Option<&select::ShapeFields>| -> Result<String, EmitError> {
         let mut ctx = serde_json::Map::new();
         if let Some(shape) = shape {
@@ -295,7 +282,7 @@ fn group_by_path<'s, 'a>(
 }
 
 fn check_relative(path: &str) -> Result<(), EmitError> {
-    if path.trim().is_empty() || crate::manifest::model::escapes(Path::new(path)) {
+    if path.trim().is_empty() || crate::manifest::escapes(Path::new(path)) {
         return Err(EmitError::PathEscapes {
             path: path.to_string(),
         });

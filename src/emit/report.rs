@@ -24,8 +24,11 @@ use serde_json::Value as Json;
 use super::num::{self, compact_config, json_text, DASH};
 use super::select::{shape_key, ShapeFields, ShapeOutcome, Timed};
 use super::{EmitError, Group};
-use crate::manifest::raw::FlushWith;
-use crate::store::{FailureClass, JobRecord, JobStatus, Stats};
+use crate::manifest::{MethodKind, Tolerance};
+use crate::measure::Stats;
+use crate::measure::{Flag, L2Flush, Timer};
+use crate::plan::Mode;
+use crate::store::{FailureClass, JobRecord, JobStatus};
 
 const TEMPLATE: &str = include_str!("templates/report.md.j2");
 
@@ -33,15 +36,6 @@ const TEMPLATE: &str = include_str!("templates/report.md.j2");
 pub const INTERPRETER_WARNING: &str =
     "timings are interpreted wall-clock, not GPU timings; tuned files are for format checks only";
 
-const FLAG_ORDER: &[&str] = &[
-    "NOISY",
-    "OUTLIERS",
-    "SLOW_START",
-    "DRIFT",
-    "THROTTLED",
-    "TIMER_LIMITED",
-    "CAP_HIT",
-];
 /// Line colours of the charts, and their names for the legend.
 const PALETTE: &[(&str, &str)] = &[
     ("#2563eb", "blue"),
@@ -300,7 +294,7 @@ fn context(group: &Group) -> Ctx {
     Ctx {
         title: h.experiment.clone(),
         description: h.description.clone().filter(|d| !d.trim().is_empty()),
-        interpreter: h.mode == "interpreter",
+        interpreter: h.mode == Mode::Interpreter,
         interpreter_warning: INTERPRETER_WARNING,
         summary: summary(group, &methods),
         fixed_fields: labels.fixed_text(),
@@ -377,8 +371,8 @@ fn winner(
             baseline_status(m.jobs.iter().copied().find(|j| j.baseline))
         ));
     }
-    notes.extend(b.stats.flags.iter().cloned());
-    if b.stats.timer == "wall" {
+    notes.extend(b.stats.flags.iter().map(|f| f.as_str().to_string()));
+    if b.stats.timer == Timer::Wall {
         notes.push("wall-clock".into());
     }
     let config = if b.job.config.is_empty() {
@@ -448,7 +442,7 @@ fn ci(s: &Stats) -> String {
 fn comparison_table(
     labels: &ShapeLabels,
     shapes: &[&ShapeOutcome],
-    methods: &[(&str, &str)],
+    methods: &[(&str, MethodKind)],
 ) -> Table {
     let mut columns = vec!["Shape".to_string()];
     columns.extend(methods.iter().map(|(m, _)| format!("{} µs", cell(m))));
@@ -479,7 +473,7 @@ fn comparison_table(
 fn bandwidth_table(
     group: &Group,
     labels: &ShapeLabels,
-    methods: &[(&str, &str)],
+    methods: &[(&str, MethodKind)],
 ) -> (Option<Table>, Option<String>) {
     let peak = group.header.device.peak_gbs;
     if peak.is_nan() || peak <= 0.0 {
@@ -549,7 +543,7 @@ fn median(values: &mut [f64]) -> Option<f64> {
     })
 }
 
-fn summary(group: &Group, methods: &[(&str, &str)]) -> Vec<String> {
+fn summary(group: &Group, methods: &[(&str, MethodKind)]) -> Vec<String> {
     let mut lines = Vec::new();
     let n_shapes = group.shapes.len();
     let with_best = group
@@ -663,7 +657,7 @@ fn charts(group: &Group, labels: &ShapeLabels, moe: bool) -> Vec<Chart> {
         // Series: (label, per-shape time).
         let mut series: Vec<(String, Vec<Option<f64>>)> = Vec::new();
         for (m, kind) in &methods {
-            if moe && *kind == "torch" {
+            if moe && *kind == MethodKind::Torch {
                 continue;
             }
             let outcomes: Vec<Option<&super::MethodOutcome>> =
@@ -803,7 +797,8 @@ fn failures(labels: &ShapeLabels, jobs: &[&JobRecord]) -> Vec<FailureRow> {
 }
 
 fn flags(group: &Group, jobs: &[&JobRecord]) -> Vec<FlagRow> {
-    let mut by_flag: HashMap<&str, Vec<&str>> = HashMap::new();
+    // Flags order themselves as reports list them (`Flag::ALL`).
+    let mut by_flag: BTreeMap<Flag, Vec<&str>> = BTreeMap::new();
     for j in jobs {
         let stats = group
             .sel
@@ -813,20 +808,13 @@ fn flags(group: &Group, jobs: &[&JobRecord]) -> Vec<FlagRow> {
         let Some(stats) = stats else { continue };
         let mut seen = HashSet::new();
         for f in &stats.flags {
-            if seen.insert(f.as_str()) {
-                by_flag.entry(f.as_str()).or_default().push(&j.job_id);
+            if seen.insert(*f) {
+                by_flag.entry(*f).or_default().push(&j.job_id);
             }
         }
     }
-    let rank = |f: &str| {
-        FLAG_ORDER
-            .iter()
-            .position(|x| *x == f)
-            .unwrap_or(FLAG_ORDER.len())
-    };
-    let mut rows: Vec<(&str, Vec<&str>)> = by_flag.into_iter().collect();
-    rows.sort_by(|a, b| (rank(a.0), a.0).cmp(&(rank(b.0), b.0)));
-    rows.into_iter()
+    by_flag
+        .into_iter()
         .map(|(flag, ids)| {
             let mut shown: Vec<String> = ids
                 .iter()
@@ -837,7 +825,7 @@ fn flags(group: &Group, jobs: &[&JobRecord]) -> Vec<FlagRow> {
                 shown.push(format!("… and {} more", ids.len() - MAX_FLAG_JOBS));
             }
             FlagRow {
-                flag: cell(flag),
+                flag: flag.as_str().to_string(),
                 count: ids.len(),
                 jobs: shown.join(", "),
             }
@@ -906,9 +894,9 @@ fn environment(group: &Group) -> Vec<Row> {
     } else {
         "dense, published for the part".to_string()
     };
-    let mode = match h.mode.as_str() {
-        "interpreter" => "interpreter (Triton's TRITON_INTERPRET=1 on the CPU)".to_string(),
-        other => other.to_string(),
+    let mode = match h.mode {
+        Mode::Interpreter => "interpreter (Triton's TRITON_INTERPRET=1 on the CPU)".to_string(),
+        Mode::Gpu => "gpu".to_string(),
     };
     vec![
         row("Device", d.name.clone()),
@@ -960,8 +948,8 @@ fn environment(group: &Group) -> Vec<Row> {
         row("torch", opt(&fp.torch)),
         row("Triton", opt(&fp.triton)),
         row("Mode", mode),
-        row("Run mode", h.run_mode.clone()),
-        row("Search", h.search.clone()),
+        row("Run mode", h.run_mode.as_str()),
+        row("Search", h.search.label()),
         row("Problem", h.problem.clone()),
         row(
             "Manifest hash",
@@ -982,11 +970,12 @@ fn environment(group: &Group) -> Vec<Row> {
 fn protocol(group: &Group) -> Vec<Row> {
     let h = group.header;
     let p = &h.protocol;
-    let flush = if p.flush_l2 {
-        let with = match p.recorded_flush() {
-            FlushWith::Read => "a read of",
-            FlushWith::Memset => "a memset of",
-        };
+    let with = match p.flush {
+        L2Flush::Read => Some("a read of"),
+        L2Flush::Memset => Some("a memset of"),
+        L2Flush::Off => None,
+    };
+    let flush = if let Some(with) = with {
         match p.flush_bytes {
             Some(b) => format!("before every sample, {with} {}", bytes(b)),
             None => {
@@ -1041,14 +1030,7 @@ fn protocol(group: &Group) -> Vec<Row> {
                 "none".into()
             },
         ),
-        row(
-            "Hot number",
-            if p.hot {
-                "CUDA graph of back-to-back launches, labelled hot"
-            } else {
-                "off"
-            },
-        ),
+        row("Hot number", "off"),
         row("Timeout", format!("{} s per job", trim_float(p.timeout_s))),
         row("Seed", p.seed.to_string()),
         row("Tolerance", tolerance(&h.tolerance)),
@@ -1060,7 +1042,8 @@ fn trim_float(x: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-fn tolerance(t: &Json) -> String {
+fn tolerance(t: &Tolerance) -> String {
+    let t = serde_json::to_value(t).expect("tolerance serialises");
     fn flat(prefix: &str, v: &Json, out: &mut Vec<String>) {
         match v {
             Json::Object(m) => {
@@ -1078,7 +1061,7 @@ fn tolerance(t: &Json) -> String {
         }
     }
     let mut parts = Vec::new();
-    flat("", t, &mut parts);
+    flat("", &t, &mut parts);
     if parts.is_empty() {
         DASH.into()
     } else {

@@ -27,7 +27,9 @@ use indexmap::IndexMap;
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use crate::store::{FinalRecord, JobRecord, JobStatus, Results, Stats};
+use crate::manifest::MethodKind;
+use crate::measure::Stats;
+use crate::store::{FinalRecord, JobRecord, JobStatus, Results};
 
 /// Shape fields in a stable order, as job records carry them.
 pub type ShapeFields = IndexMap<String, Json>;
@@ -92,7 +94,7 @@ impl<'a> Timed<'a> {
 #[derive(Debug, Clone)]
 pub struct MethodOutcome<'a> {
     pub method: &'a str,
-    pub kind: &'a str,
+    pub kind: MethodKind,
     /// Every job of this (shape, method), in journal order.
     pub jobs: Vec<&'a JobRecord>,
     pub best: Option<Timed<'a>>,
@@ -111,7 +113,7 @@ impl MethodOutcome<'_> {
     }
 
     pub fn is_torch(&self) -> bool {
-        self.kind == "torch"
+        self.kind == MethodKind::Torch
     }
 }
 
@@ -221,8 +223,8 @@ impl<'a> Selection<'a> {
     }
 
     /// Method names in display order (tuned first, torch last, then by name).
-    pub fn methods(&self) -> Vec<(&'a str, &'a str)> {
-        let mut seen: Vec<(&str, &str)> = Vec::new();
+    pub fn methods(&self) -> Vec<(&'a str, MethodKind)> {
+        let mut seen: Vec<(&str, MethodKind)> = Vec::new();
         for s in &self.shapes {
             for m in &s.methods {
                 if !seen.iter().any(|(n, _)| *n == m.method) {
@@ -230,7 +232,8 @@ impl<'a> Selection<'a> {
                 }
             }
         }
-        seen.sort_by(|a, b| (a.1 == "torch", a.0).cmp(&(b.1 == "torch", b.0)));
+        let torch = |k: MethodKind| k == MethodKind::Torch;
+        seen.sort_by(|a, b| (torch(a.1), a.0).cmp(&(torch(b.1), b.0)));
         seen
     }
 }
@@ -302,7 +305,7 @@ fn outcome<'a>(
     }
     MethodOutcome {
         method,
-        kind: jobs.first().map(|j| j.kind.as_str()).unwrap_or(""),
+        kind: jobs.first().map_or(MethodKind::Python, |j| j.kind),
         jobs,
         best,
         baseline,

@@ -1,13 +1,19 @@
 //! The raw mirror of a manifest file: what serde reads, before cross-checks.
+//! Private to `manifest/`: the rest of the program sees the resolved
+//! [`Experiment`](super::Experiment).
 //!
-//! These types are also the source of `schemas/manifest.schema.json`. Fields
-//! whose YAML can take several forms (space values, baselines, shape values)
-//! stay as JSON values here and are interpreted, with spans, in `model.rs`.
+//! These types are also the source of `schemas/manifest.schema.json`. Values
+//! that errors point at are [`Spanned`]; fields whose YAML can take several
+//! forms (space values, baselines, shape values) stay as spanned YAML
+//! [`Node`]s and are interpreted, spans and all, in `validate.rs`.
 
 use indexmap::IndexMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value as Json;
+
+use super::de::Spanned;
+use super::model::{MethodKind, OutputFormat};
+use super::yaml::Node;
 
 /// One experiment: which problem, at which shapes, with which methods and
 /// search spaces, checked against which tolerance, timed how, written where.
@@ -15,24 +21,24 @@ use serde_json::Value as Json;
 #[serde(deny_unknown_fields)]
 pub struct RawManifest {
     /// Name of the experiment; names the results directory. Letters, digits, `-` and `_`.
-    pub experiment: String,
+    pub experiment: Spanned<String>,
     #[serde(default)]
     pub description: Option<String>,
     /// Manifests this one builds on, merged first (later wins; mappings merge key by key, lists are replaced).
     #[serde(default)]
     #[schemars(schema_with = "one_or_many_strings")]
-    pub extends: Option<Json>,
+    pub extends: Option<Node>,
     /// A builtin problem (`gemm`, `moe`) or a Python class as `"module.path:ClassName"`.
-    pub problem: String,
-    pub shapes: RawShapes,
+    pub problem: Spanned<String>,
+    pub shapes: Spanned<RawShapes>,
     /// Implementations of the problem, by name.
-    pub methods: IndexMap<String, RawMethod>,
+    pub methods: Spanned<IndexMap<Spanned<String>, Spanned<RawMethod>>>,
     #[serde(default)]
-    pub tolerance: RawTolerance,
+    pub tolerance: Spanned<RawTolerance>,
     #[serde(default)]
-    pub protocol: RawProtocol,
+    pub protocol: Spanned<RawProtocol>,
     #[serde(default)]
-    pub search: RawSearch,
+    pub search: Spanned<RawSearch>,
     #[serde(default)]
     pub outputs: Vec<RawOutput>,
     /// What to run instead when no GPU is found (Triton's interpreter on the CPU).
@@ -43,8 +49,11 @@ pub struct RawManifest {
     /// that belong to the same job, such as a model's attention GEMMs next to
     /// its MoE. `--only` and `--set` reach a companion only where they fit it.
     #[serde(default)]
-    pub companions: Vec<String>,
+    pub companions: Vec<Spanned<String>>,
 }
+
+/// A mapping of field to value, names and values with their places.
+pub type RawFields = IndexMap<Spanned<String>, Node>;
 
 /// The shape set: the union of `list`, the `product` of axes and the `csv`
 /// rows, each completed with `fixed`.
@@ -54,19 +63,21 @@ pub struct RawShapes {
     /// YAML files whose mapping is merged under this one (shared shape sets).
     #[serde(default)]
     #[schemars(schema_with = "one_or_many_strings")]
-    pub include: Option<Json>,
+    pub include: Option<Node>,
     /// Explicit shapes, each a mapping of field to value.
     #[serde(default)]
-    pub list: Option<Vec<IndexMap<String, Json>>>,
+    #[schemars(schema_with = "scalar_map_list")]
+    pub list: Option<Vec<Spanned<RawFields>>>,
     /// Axes whose cartesian product gives shapes. An axis is a list of values,
     /// a list of records (mappings whose fields all join the shape), `{range: [start, end, step]}`
     /// (end inclusive) or `{pow2: [from, to]}`.
     #[serde(default)]
     #[schemars(schema_with = "axis_map")]
-    pub product: Option<IndexMap<String, Json>>,
+    pub product: Option<Spanned<IndexMap<Spanned<String>, Node>>>,
     /// Fields added to every shape.
     #[serde(default)]
-    pub fixed: Option<IndexMap<String, Json>>,
+    #[schemars(schema_with = "scalar_map")]
+    pub fixed: Option<IndexMap<Spanned<String>, Node>>,
     /// Shapes read from a CSV file (an aiter untuned CSV works).
     #[serde(default)]
     pub csv: Option<RawCsvShapes>,
@@ -76,23 +87,13 @@ pub struct RawShapes {
 #[serde(deny_unknown_fields)]
 pub struct RawCsvShapes {
     /// Path relative to the manifest.
-    pub path: String,
+    pub path: Spanned<String>,
     /// Shape field -> CSV column name. Fields not listed are read from the column of the same name.
     #[serde(default)]
-    pub columns: IndexMap<String, String>,
+    pub columns: IndexMap<String, Spanned<String>>,
     /// Shape fields to take from the CSV; default: every key of `columns`.
     #[serde(default)]
     pub fields: Option<Vec<String>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum MethodKind {
-    Triton,
-    Torch,
-    Cuda,
-    Hip,
-    Python,
 }
 
 /// One implementation of the problem and, optionally, the space to tune it over.
@@ -102,34 +103,35 @@ pub struct RawMethod {
     /// YAML files whose mapping is merged under this method (shared spaces).
     #[serde(default)]
     #[schemars(schema_with = "one_or_many_strings")]
-    pub include: Option<Json>,
+    pub include: Option<Node>,
     pub kind: MethodKind,
     /// The kernel or function the problem exposes under this name.
     pub kernel: String,
     /// Source file of the kernel (relative to the manifest); its hash is part of every job id.
     #[serde(default)]
-    pub source: Option<String>,
+    pub source: Option<Spanned<String>>,
     /// Bump to give this method's jobs new ids (for code tunelab cannot hash).
     #[serde(default)]
     pub version: Option<String>,
     /// Fixed parameters passed with every config.
     #[serde(default)]
-    pub params: IndexMap<String, Json>,
+    #[schemars(schema_with = "scalar_map")]
+    pub params: IndexMap<Spanned<String>, Node>,
     /// Tunable parameters: a list, `{range: [start, end, step]}` or `{pow2: [from, to]}` each.
     #[serde(default)]
     #[schemars(schema_with = "axis_map")]
-    pub space: IndexMap<String, Json>,
+    pub space: IndexMap<Spanned<String>, Node>,
     /// Expressions over shape fields, parameters, derived values and `device.*`; a config is kept when all are true.
     #[serde(default)]
-    pub constraints: Vec<String>,
+    pub constraints: Spanned<Vec<Spanned<String>>>,
     /// Parameters computed from others by expression, in order.
     #[serde(default)]
-    pub derived: IndexMap<String, String>,
+    pub derived: IndexMap<Spanned<String>, Spanned<String>>,
     /// The config to compare with: a builtin rule name (`vllm_moe_default`) or a mapping of
     /// parameter to value or expression. It is run as an extra job per shape.
     #[serde(default)]
     #[schemars(schema_with = "baseline_schema")]
-    pub baseline: Option<Json>,
+    pub baseline: Option<Node>,
 }
 
 /// Numerical tolerance: an element mismatches when |out - ref| > atol + rtol * |ref|.
@@ -137,15 +139,15 @@ pub struct RawMethod {
 #[serde(deny_unknown_fields)]
 pub struct RawTolerance {
     #[serde(default = "default_atol")]
-    pub atol: f64,
+    pub atol: Spanned<f64>,
     #[serde(default = "default_rtol")]
-    pub rtol: f64,
+    pub rtol: Spanned<f64>,
     /// Fraction of elements allowed to mismatch (0 = none).
-    #[serde(default)]
-    pub max_mismatch: f64,
+    #[serde(default = "default_max_mismatch")]
+    pub max_mismatch: Spanned<f64>,
     /// Overrides by shape dtype, e.g. `{fp32: {atol: 1e-4}}`.
     #[serde(default)]
-    pub per_dtype: IndexMap<String, RawToleranceOverride>,
+    pub per_dtype: IndexMap<Spanned<String>, RawToleranceOverride>,
 }
 
 impl Default for RawTolerance {
@@ -153,7 +155,7 @@ impl Default for RawTolerance {
         RawTolerance {
             atol: default_atol(),
             rtol: default_rtol(),
-            max_mismatch: 0.0,
+            max_mismatch: default_max_mismatch(),
             per_dtype: IndexMap::new(),
         }
     }
@@ -162,18 +164,18 @@ impl Default for RawTolerance {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawToleranceOverride {
-    pub atol: Option<f64>,
-    pub rtol: Option<f64>,
-    pub max_mismatch: Option<f64>,
+    pub atol: Option<Spanned<f64>>,
+    pub rtol: Option<Spanned<f64>>,
+    pub max_mismatch: Option<Spanned<f64>>,
 }
 
 /// How the L2 flush before each cold sample evicts the cache.
 ///
 /// A memset leaves L2 full of dirty lines, and writing them back to memory
 /// competes with the timed kernel's own traffic: on an H100 (2026-11-22,
-/// bench/moe_breakdown.py) it added about 10 µs to every memory-bound fused-MoE
-/// call, 96.4 against 86.7 µs at M=1. A read of the same buffer leaves the cache
-/// just as cold but clean, which is the state a kernel meets in a model.
+/// bench/moe_breakdown.py) it added about 10 µs to every memory-bound
+/// fused-MoE call. A read of the same buffer leaves the cache just as cold
+/// but clean, which is the state a kernel meets in a model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FlushWith {
@@ -184,43 +186,33 @@ pub enum FlushWith {
     Memset,
 }
 
-impl FlushWith {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FlushWith::Read => "read",
-            FlushWith::Memset => "memset",
-        }
-    }
-}
-
-/// How every job is timed. Defaults follow DESIGN.md's measurement protocol.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+/// How every job is timed. The defaults are the protocol `README.md` describes.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawProtocol {
     #[serde(default = "d_warmup_launches")]
     pub warmup_launches: u32,
     #[serde(default = "d_warmup_ms")]
-    pub warmup_ms: f64,
+    pub warmup_ms: Spanned<f64>,
     /// Cold samples: evict L2 before every sample.
     #[serde(default = "d_true")]
     pub flush_l2: bool,
     /// Size of the buffer that evicts L2; default max(2 x L2 size, 32 MiB).
     #[serde(default)]
     pub flush_bytes: Option<u64>,
-    /// How the flush evicts L2: `read` (default) or `memset`. A journal
-    /// header without it comes from a run that flushed with a memset.
+    /// How the flush evicts L2: `read` (default) or `memset`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flush_with: Option<FlushWith>,
     /// Samples queued per host synchronisation.
     #[serde(default = "d_batch")]
-    pub batch: u32,
+    pub batch: Spanned<u32>,
     #[serde(default = "d_min_samples")]
-    pub min_samples: u32,
+    pub min_samples: Spanned<u32>,
     #[serde(default = "d_max_samples")]
     pub max_samples: u32,
     /// Stop once the 95 % confidence interval of the median is within this fraction of it.
     #[serde(default = "d_target_ci")]
-    pub target_ci: f64,
+    pub target_ci: Spanned<f64>,
     /// Cap on summed kernel time per job.
     #[serde(default = "d_max_gpu_ms")]
     pub max_gpu_ms: f64,
@@ -232,21 +224,13 @@ pub struct RawProtocol {
     pub finalists: u32,
     /// Reserved: timing back-to-back launches in a CUDA graph ("hot"). Not implemented; `true` is refused.
     #[serde(default)]
-    pub hot: bool,
+    pub hot: Spanned<bool>,
     /// Seconds a job may take (compile, check or sampling) before its worker is killed.
     #[serde(default = "d_timeout_s")]
-    pub timeout_s: f64,
+    pub timeout_s: Spanned<f64>,
     /// Seed for inputs and random search.
     #[serde(default)]
     pub seed: u64,
-}
-
-impl RawProtocol {
-    /// How the run this protocol was recorded for flushed L2: a journal header
-    /// from before `flush_with` existed is from a memset run.
-    pub fn recorded_flush(&self) -> FlushWith {
-        self.flush_with.unwrap_or(FlushWith::Memset)
-    }
 }
 
 impl Default for RawProtocol {
@@ -264,7 +248,7 @@ impl Default for RawProtocol {
             max_gpu_ms: d_max_gpu_ms(),
             max_wall_ms: d_max_wall_ms(),
             finalists: d_finalists(),
-            hot: false,
+            hot: unspanned(false),
             timeout_s: d_timeout_s(),
             seed: 0,
         }
@@ -273,7 +257,8 @@ impl Default for RawProtocol {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum Strategy {
+#[schemars(rename = "Strategy")]
+pub enum RawStrategy {
     /// Every config that passes the constraints.
     Grid,
     /// `budget` configs drawn without replacement, seeded.
@@ -290,22 +275,22 @@ pub enum Strategy {
 #[serde(deny_unknown_fields)]
 pub struct RawSearch {
     #[serde(default = "d_strategy")]
-    pub strategy: Strategy,
+    pub strategy: Spanned<RawStrategy>,
     /// Configs per (shape, method) measured by `random` (required) and
     /// `surrogate` (optional); ignored by grid and halving.
     #[serde(default)]
-    pub budget: Option<u64>,
+    pub budget: Option<Spanned<u64>>,
     #[serde(default)]
     pub seed: u64,
     /// Halving keeps 1/eta of the configs each round.
     #[serde(default = "d_eta")]
-    pub eta: u32,
+    pub eta: Spanned<u32>,
 }
 
 impl Default for RawSearch {
     fn default() -> Self {
         RawSearch {
-            strategy: Strategy::Grid,
+            strategy: d_strategy(),
             budget: None,
             seed: 0,
             eta: d_eta(),
@@ -313,23 +298,15 @@ impl Default for RawSearch {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum OutputFormat {
-    /// Every job: config, check result, timing statistics (like aiter's --profile_file).
-    JobsCsv,
-    /// Every job as JSON.
-    JobsJson,
-    /// The best config per (shape, method).
-    BestCsv,
-    /// Triton configs keyed by M bucket, one file per (N, K).
-    TritonMbucket,
-    /// vLLM fused-MoE config files, one per (E, N).
-    VllmMoeJson,
-    /// aiter tuned_fmoe.csv rows.
-    AiterFmoeCsv,
-    /// Markdown report.
-    Report,
+/// M-bucket key scheme of `triton_mbucket` files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[schemars(rename = "MbucketKeys")]
+pub enum RawKeys {
+    /// `M_LEQ_x`, `M_GEQ_x`, `any` (aiter's current keys).
+    Current,
+    /// `small`, `medium_M32`, ..., `any` (the older scheme).
+    Legacy,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -337,54 +314,72 @@ pub enum OutputFormat {
 pub struct RawOutput {
     pub format: OutputFormat,
     /// minijinja template relative to the results directory; shape fields and `device.*` are available.
-    pub path: String,
+    pub path: Spanned<String>,
     /// Only results of this method (default: every tuned method).
     #[serde(default)]
-    pub method: Option<String>,
+    pub method: Option<Spanned<String>>,
     /// M-bucket key scheme for `triton_mbucket`: `current` (M_LEQ_x) or `legacy` (small, medium_M32, ...).
     #[serde(default)]
-    pub keys: Option<String>,
+    pub keys: Option<RawKeys>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawInterpreter {
     /// Shapes to run in interpreter mode instead of `shapes`.
-    pub shapes: RawShapes,
+    pub shapes: Spanned<RawShapes>,
     /// At most this many configs per (shape, method), chosen by the search seed.
     #[serde(default = "d_interp_configs")]
     pub max_configs: u64,
     /// Tolerance used in interpreter mode instead of `tolerance`.
     #[serde(default)]
-    pub tolerance: Option<RawTolerance>,
+    pub tolerance: Option<Spanned<RawTolerance>>,
 }
 
-fn default_atol() -> f64 {
-    1e-2
+/// A default value: it was not written, so it has no place in the file
+/// (validation points at the enclosing section instead).
+fn unspanned<T>(value: T) -> Spanned<T> {
+    Spanned {
+        value,
+        span: crate::diag::Span::default(),
+    }
 }
-fn default_rtol() -> f64 {
-    1e-2
+
+impl<T: Default> Default for Spanned<T> {
+    fn default() -> Self {
+        unspanned(T::default())
+    }
+}
+
+fn default_atol() -> Spanned<f64> {
+    unspanned(1e-2)
+}
+fn default_max_mismatch() -> Spanned<f64> {
+    unspanned(0.0)
+}
+fn default_rtol() -> Spanned<f64> {
+    unspanned(1e-2)
 }
 fn d_warmup_launches() -> u32 {
     3
 }
-fn d_warmup_ms() -> f64 {
-    5.0
+fn d_warmup_ms() -> Spanned<f64> {
+    unspanned(5.0)
 }
 fn d_true() -> bool {
     true
 }
-fn d_batch() -> u32 {
-    32
+fn d_batch() -> Spanned<u32> {
+    unspanned(32)
 }
-fn d_min_samples() -> u32 {
-    20
+fn d_min_samples() -> Spanned<u32> {
+    unspanned(20)
 }
 fn d_max_samples() -> u32 {
     2000
 }
-fn d_target_ci() -> f64 {
-    0.005
+fn d_target_ci() -> Spanned<f64> {
+    unspanned(0.005)
 }
 fn d_max_gpu_ms() -> f64 {
     100.0
@@ -395,14 +390,14 @@ fn d_max_wall_ms() -> f64 {
 fn d_finalists() -> u32 {
     5
 }
-fn d_timeout_s() -> f64 {
-    60.0
+fn d_timeout_s() -> Spanned<f64> {
+    unspanned(60.0)
 }
-fn d_strategy() -> Strategy {
-    Strategy::Grid
+fn d_strategy() -> Spanned<RawStrategy> {
+    unspanned(RawStrategy::Grid)
 }
-fn d_eta() -> u32 {
-    3
+fn d_eta() -> Spanned<u32> {
+    unspanned(3)
 }
 fn d_interp_configs() -> u64 {
     4
@@ -427,6 +422,22 @@ fn axis_map(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema 
                  "required": ["pow2"], "additionalProperties": false}
             ]
         }
+    }))
+    .expect("static schema")
+}
+
+fn scalar_map(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+    serde_json::from_value(serde_json::json!({
+        "type": "object",
+        "additionalProperties": {"type": ["string", "number", "boolean"]}
+    }))
+    .expect("static schema")
+}
+
+fn scalar_map_list(gen: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+    serde_json::from_value(serde_json::json!({
+        "type": "array",
+        "items": scalar_map(gen)
     }))
     .expect("static schema")
 }

@@ -49,6 +49,7 @@ impl Node {
         }
     }
 
+    #[cfg(test)]
     pub fn get(&self, key: &str) -> Option<&Node> {
         match &self.value {
             Value::Map(entries) => entries.iter().find(|(k, _)| k.name == key).map(|(_, v)| v),
@@ -56,6 +57,7 @@ impl Node {
         }
     }
 
+    #[cfg(test)]
     pub fn key_span(&self, key: &str) -> Option<Span> {
         match &self.value {
             Value::Map(entries) => entries
@@ -73,6 +75,34 @@ impl Node {
         }
     }
 
+    /// The value as JSON, spans dropped. A NaN or infinite float becomes null.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as Json;
+        match &self.value {
+            Value::Null => Json::Null,
+            Value::Bool(b) => Json::Bool(*b),
+            Value::Int(i) => Json::from(*i),
+            Value::Float(f) => serde_json::Number::from_f64(*f).map_or(Json::Null, Json::Number),
+            Value::Str(s) => Json::String(s.clone()),
+            Value::Seq(items) => Json::Array(items.iter().map(Node::to_json).collect()),
+            Value::Map(entries) => Json::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.name.clone(), v.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Whether the value is a number, string or boolean.
+    pub fn is_scalar(&self) -> bool {
+        matches!(
+            self.value,
+            Value::Bool(_) | Value::Int(_) | Value::Float(_) | Value::Str(_)
+        )
+    }
+
+    #[cfg(test)]
     /// Follows a dotted path with `[i]` indices: `methods.triton.constraints[0]`.
     pub fn at_path(&self, path: &str) -> Option<&Node> {
         let mut node = self;

@@ -5,8 +5,7 @@ use std::collections::HashSet;
 use serde_json::Value as Json;
 
 use crate::diag::{did_you_mean, Diagnostic};
-use crate::manifest::model::scalar_text;
-use crate::manifest::{Experiment, Shape};
+use crate::manifest::{scalar_text, Experiment, Shape};
 
 /// Conditions by key; values of the same key are alternatives.
 #[derive(Debug, Clone, Default)]

@@ -7,22 +7,19 @@
 //! ten-million-point space plans in constant memory.
 
 pub mod filter;
-mod rng;
-pub use rng::{hash_str, SplitMix64};
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 
 use indexmap::IndexMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
 use crate::expr::{self, Compiled, Scope, Val};
-use crate::manifest::model::{shape_label, BaselineValue, Expr};
-use crate::manifest::raw::Strategy;
-use crate::manifest::{Experiment, Method, Shape};
+use crate::manifest::{shape_label, BaselineValue, Experiment, Expr, Method, Shape};
+use crate::rng;
 pub use filter::Filter;
 
 /// One unit of work: a config of a method at a shape.
@@ -66,11 +63,44 @@ pub struct PlanSummary {
     pub jobs: u64,
 }
 
-/// Which shapes and how many configs to take: the manifest's, or the interpreter's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a run executes, which decides its shapes and configs: the
+/// manifest's on a GPU, the `interpreter:` section's in Triton's interpreter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     Gpu,
     Interpreter,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Gpu => "gpu",
+            Mode::Interpreter => "interpreter",
+        }
+    }
+}
+
+/// What a run does with each job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunMode {
+    /// Search each method's space (the default).
+    Tune,
+    /// Each method at its baseline or best-known config: the method comparison.
+    Bench,
+    /// Correctness only, no timing.
+    Check,
+}
+
+impl RunMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunMode::Tune => "tune",
+            RunMode::Bench => "bench",
+            RunMode::Check => "check",
+        }
+    }
 }
 
 pub struct PlanOptions<'a> {
@@ -108,7 +138,22 @@ pub fn plan(
         .enumerate()
         .filter(|(_, s)| opts.filter.keeps_shape(s))
         .collect();
-    let strategy = strategy_label(exp, opts.mode);
+    let strategy = exp.search.strategy(exp.protocol.finalists);
+    // Random search draws its sample here; the interpreter takes a few configs.
+    let sample = match opts.mode {
+        Mode::Interpreter => Some((
+            exp.interpreter.as_ref().map_or(4, |i| i.max_configs),
+            exp.search.seed,
+        )),
+        Mode::Gpu => strategy.sample_per_group(),
+    };
+    let strategy = match opts.mode {
+        Mode::Interpreter => format!(
+            "interpreter sample ({} configs per shape)",
+            sample.map_or(4, |(n, _)| n)
+        ),
+        Mode::Gpu => crate::search::describe(strategy.name(), &exp.search.params()),
+    };
     let mut summary = PlanSummary {
         experiment: exp.name.clone(),
         device: opts.device.name.clone(),
@@ -140,13 +185,6 @@ pub fn plan(
                 break;
             }
             let space = SpacePlan::new(exp, method, shape, &constants, &env, opts.filter)?;
-            let limit = match (opts.mode, exp.search.strategy) {
-                (Mode::Interpreter, _) => {
-                    Some(exp.interpreter.as_ref().map_or(4, |i| i.max_configs))
-                }
-                (Mode::Gpu, Strategy::Random) => exp.search.budget,
-                _ => None,
-            };
             let mut emit = |job: Job| -> ControlFlow<()> {
                 let flow = sink(job);
                 if flow.is_break() {
@@ -163,7 +201,7 @@ pub fn plan(
                     break;
                 }
             }
-            match limit {
+            match sample {
                 None => {
                     space.walk(&mut counts, &mut |job_slots| {
                         counts_job_skip(
@@ -175,11 +213,10 @@ pub fn plan(
                         )
                     })?;
                 }
-                Some(budget) => {
+                Some((budget, seed)) => {
                     // Seeded reservoir sample: `budget` configs drawn uniformly, without keeping the space.
-                    let seed = exp.search.seed
-                        ^ rng::hash_str(&shape_label(shape))
-                        ^ rng::hash_str(&method.name);
+                    let seed =
+                        seed ^ rng::hash_str(&shape_label(shape)) ^ rng::hash_str(&method.name);
                     let mut rng = rng::SplitMix64::new(seed);
                     let mut reservoir: Vec<Vec<Val>> = Vec::new();
                     let mut seen = 0u64;
@@ -220,26 +257,6 @@ pub fn plan(
         summary.methods.push(counts);
     }
     Ok(summary)
-}
-
-fn strategy_label(exp: &Experiment, mode: Mode) -> String {
-    match (mode, exp.search.strategy) {
-        (Mode::Interpreter, _) => format!(
-            "interpreter sample ({} configs per shape)",
-            exp.interpreter.as_ref().map_or(4, |i| i.max_configs)
-        ),
-        (_, Strategy::Grid) => "grid".into(),
-        (_, Strategy::Random) => format!(
-            "random (budget {}, seed {})",
-            exp.search.budget.unwrap_or(0),
-            exp.search.seed
-        ),
-        (_, Strategy::Halving) => format!("halving (eta {})", exp.search.eta),
-        (_, Strategy::Surrogate) => match exp.search.budget {
-            Some(b) => format!("surrogate (budget {b} per group)"),
-            None => "surrogate (budget 30 % of each group, at least 8)".into(),
-        },
-    }
 }
 
 /// Emits one job unless it is the baseline already emitted. Returns (flow, whether it was emitted).
@@ -309,7 +326,7 @@ fn reject_all(method: &Method, counts: &MethodCounts) -> Diagnostic {
 }
 
 pub fn device_constants(device: &DeviceInfo) -> HashMap<String, Val> {
-    crate::manifest::model::device_fields(device)
+    crate::manifest::device_fields(device)
         .into_iter()
         .map(|(k, v)| (format!("device.{k}"), Val::from_json(&v)))
         .collect()

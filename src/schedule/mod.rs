@@ -2,49 +2,40 @@
 //! GPU, a compile pool works ahead of the lanes, and every finished job comes
 //! back as an event that the journal, the progress display and the final
 //! outputs consume. Timed work on one GPU never overlaps; CPU work does.
+//!
+//! [`run`] reads as its phases:
+//! 1. [`Resume::read`]: what the results directory already holds;
+//! 2. [`count_plan`]: the jobs to run (a bad `--only` or manifest stops here);
+//! 3. [`Workers::start`]: the compile pool and the first lane's worker, which
+//!    must answer before anything is written;
+//! 4. [`Journal::open`]: the results directory and its lock, the run header;
+//! 5. [`drain`]: planner, lanes and the journal's single writer until done;
+//! 6. the outputs, regenerated from the journal.
 
 pub mod compile;
 pub mod lane;
 pub mod progress;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, Flush, PythonBackend, WorkerSpec};
+use crate::backend::python::Hello;
+use crate::backend::{Backend, Flush, JobFailure, PythonBackend, WorkerSpec};
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
-use crate::manifest::raw::{MethodKind, RawProtocol, Strategy};
-use crate::manifest::{Experiment, Shape};
-use crate::plan::{self, Filter, Job, Mode, PlanOptions};
+use crate::manifest::{Experiment, MethodKind, Shape, Tolerance};
+use crate::measure::{L2Flush, Protocol};
+use crate::plan::{self, Filter, Job, Mode, PlanOptions, RunMode};
+use crate::search::{PriorObservation, Strategy};
 use crate::store::{
-    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, OutputSpec, RunHeader,
-    StoreError,
+    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, OutputSpec, Results, RunHeader,
+    SearchRecord, StoreError, FORMAT_VERSION,
 };
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunMode {
-    /// Search each method's space (the default).
-    Tune,
-    /// Each method at its baseline or best-known config: the method comparison.
-    Bench,
-    /// Correctness only, no timing.
-    Check,
-}
-
-impl RunMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunMode::Tune => "tune",
-            RunMode::Bench => "bench",
-            RunMode::Check => "check",
-        }
-    }
-}
 
 /// Groups the planner may queue ahead of the lanes (and so the compile pool
 /// ahead of the GPU): enough to keep 16 compile workers busy on spaces of a
@@ -56,7 +47,7 @@ pub struct Group {
     pub shape: Shape,
     pub method: String,
     pub kernel: String,
-    pub kind: String,
+    pub kind: MethodKind,
     pub jobs: Vec<Job>,
 }
 
@@ -95,6 +86,8 @@ pub struct RunOutcome {
     pub checked: u64,
     pub interrupted: bool,
     pub fingerprint_changes: Vec<String>,
+    /// What opening the journal repaired, and other things worth a line.
+    pub notices: Vec<String>,
     pub wall_s: f64,
 }
 
@@ -127,12 +120,7 @@ fn install_interrupt_handler() {
 }
 
 /// The directory a run writes: `results/<experiment>/<device>/`.
-pub fn results_dir(
-    base: &std::path::Path,
-    exp: &Experiment,
-    device: &DeviceInfo,
-    mode: Mode,
-) -> PathBuf {
+pub fn results_dir(base: &Path, exp: &Experiment, device: &DeviceInfo, mode: Mode) -> PathBuf {
     let device_dir = match mode {
         Mode::Interpreter => "cpu-interpreter".to_string(),
         Mode::Gpu => device.vllm_name.clone(),
@@ -140,25 +128,12 @@ pub fn results_dir(
     base.join(&exp.name).join(device_dir)
 }
 
-/// The protocol actually used: the interpreter gets a token one, since its
-/// timings mean nothing and each launch takes seconds.
-pub fn effective_protocol(p: &RawProtocol, mode: Mode) -> RawProtocol {
+/// The protocol a run actually uses: the interpreter gets a token one, since
+/// its timings mean nothing and each launch takes seconds.
+pub fn effective_protocol(p: &Protocol, mode: Mode) -> Protocol {
     match mode {
-        // Resolved here so the journal header says how this run flushed.
-        Mode::Gpu => RawProtocol {
-            flush_with: Some(p.flush_with.unwrap_or_default()),
-            ..p.clone()
-        },
-        Mode::Interpreter => RawProtocol {
-            warmup_launches: 1,
-            warmup_ms: 0.0,
-            flush_l2: false,
-            batch: 2,
-            min_samples: 2,
-            max_samples: 2,
-            finalists: 0,
-            ..p.clone()
-        },
+        Mode::Gpu => p.clone(),
+        Mode::Interpreter => p.for_interpreter(),
     }
 }
 
@@ -166,108 +141,13 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
     let started = Instant::now();
     install_interrupt_handler();
     let exp = opts.exp;
-    let dir = results_dir(&opts.results_dir, exp, &opts.device, opts.mode);
-    let mut journal = Journal::open(&dir)?;
-    // A missing journal is a first run.
-    let (previous, warnings) = crate::store::journal::read(&dir).unwrap_or_default();
-    for w in warnings {
-        eprintln!("warning: {w}");
-    }
-    let done: HashSet<String> = previous
-        .jobs
-        .iter()
-        .filter(|r| match opts.run_mode {
-            RunMode::Check => r.status != JobStatus::Skipped,
-            // A config the surrogate skipped was never run: only another
-            // surrogate search may leave it unrun.
-            _ if r.status == JobStatus::Skipped => {
-                opts.run_mode == RunMode::Tune && exp.search.strategy == Strategy::Surrogate
-            }
-            _ => r.status != JobStatus::Checked,
-        })
-        .map(|r| r.job_id.clone())
-        .collect();
-
-    // A resumed surrogate search learns from what earlier runs measured.
-    let prior = if exp.search.strategy == Strategy::Surrogate && opts.run_mode == RunMode::Tune {
-        lane::prior_observations(&previous.jobs)
-    } else {
-        Default::default()
-    };
+    let strategy = exp.search.strategy(exp.protocol.finalists);
     let protocol = effective_protocol(&exp.protocol, opts.mode);
-    if let Some(h) = &previous.header {
-        if let Some(message) = flush_conflict(&h.protocol, &protocol) {
-            return Err(RunError::Input(
-                Diagnostic::in_file(&exp.manifest_path, message).help(format!(
-                    "set `protocol: {{flush_with: {}}}` to go on with {}, or pass a fresh --results-dir",
-                    h.protocol.recorded_flush().as_str(),
-                    dir.display()
-                )),
-            ));
-        }
-    }
-    let tolerance = match (opts.mode, &exp.interpreter) {
-        (Mode::Interpreter, Some(i)) => {
-            i.tolerance.clone().unwrap_or_else(|| exp.tolerance.clone())
-        }
-        _ => exp.tolerance.clone(),
-    };
-    let lanes = if opts.mode == Mode::Interpreter || opts.gpus.is_empty() {
-        vec![None]
-    } else {
-        opts.gpus.iter().cloned().map(Some).collect()
-    };
-    let logs = dir.join("logs");
-    let triton_cache = dir.join(".cache").join("triton");
-    let spec = |role: &str, device: Option<String>, name: String| WorkerSpec {
-        python: opts.python.clone(),
-        python_path: opts.python_path.clone(),
-        role: role.to_string(),
-        interpret: opts.mode == Mode::Interpreter,
-        visible_device: device,
-        target: None,
-        triton_cache: Some(triton_cache.clone()),
-        log: logs.join(name),
-    };
-    let timeout = Duration::from_secs_f64(protocol.timeout_s);
+    let dir = results_dir(&opts.results_dir, exp, &opts.device, opts.mode);
 
-    // The compile pool starts first: its workers import torch and Triton
-    // while the lane's worker does the same, instead of after it.
-    let use_pool =
-        opts.mode == Mode::Gpu && opts.compile_workers > 0 && opts.run_mode != RunMode::Check;
-    let pool = use_pool.then(|| {
-        // Only tunelab's own problems are known to compile without torch; a
-        // user's problem gets compile workers that see the GPU, as lanes do.
-        let builtin = matches!(exp.problem.as_str(), "gemm" | "moe");
-        let target = compile_target(&opts.device).filter(|_| builtin);
-        let workers = (0..opts.compile_workers)
-            .map(|i| {
-                let mut spec = spec("compile", lanes[0].clone(), format!("compile{i}.log"));
-                spec.target = target.clone();
-                PythonBackend::new(spec, &exp.problem, timeout)
-            })
-            .collect();
-        compile::CompilePool::start(workers)
-    });
-
-    // The first lane's worker starts now (importing torch takes seconds) and
-    // says what it runs on; meanwhile the plan is counted and the compile
-    // pool is fed. Nothing is recorded before its answer.
-    let probe = {
-        let mut backend = PythonBackend::new(
-            spec("lane", lanes[0].clone(), "lane0.log".into()),
-            &exp.problem,
-            timeout,
-        );
-        std::thread::spawn(move || {
-            let hello = backend.hello();
-            (backend, hello)
-        })
-    };
-
-    // Count first, so progress has a total; then stream.
+    let resume = Resume::read(&dir, strategy.as_ref(), opts.run_mode, &protocol, exp)?;
     let select = Selection {
-        done: &done,
+        done: &resume.done,
         run_mode: opts.run_mode,
         only: opts.only_jobs.as_ref(),
     };
@@ -276,8 +156,133 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         filter: &opts.filter,
         mode: opts.mode,
     };
+    let (planned, skipped) = count_plan(exp, &plan_opts, &select)?;
+
+    let timeout = Duration::from_secs_f64(protocol.timeout_s);
+    let workers = Workers::start(&opts, &dir, timeout)?;
+    let (mut journal, repaired) = Journal::open(&dir)?;
+
+    let mut outcome = RunOutcome {
+        dir: dir.clone(),
+        planned,
+        skipped,
+        notices: resume.warnings.clone(),
+        ..Default::default()
+    };
+    outcome.notices.extend(repaired);
+    let mut fingerprint = fingerprint_base;
+    fingerprint.python = Some(workers.hello.python.clone());
+    fingerprint.torch = workers.hello.torch.clone();
+    fingerprint.triton = workers.hello.triton.clone();
+    fingerprint.cuda = workers.hello.cuda.clone();
+    outcome.fingerprint_changes = resume
+        .previous
+        .header
+        .as_ref()
+        .map(|h| diff_fingerprint(&h.fingerprint, &fingerprint))
+        .unwrap_or_default();
+    let tolerance = match (opts.mode, &exp.interpreter) {
+        (Mode::Interpreter, Some(i)) => {
+            i.tolerance.clone().unwrap_or_else(|| exp.tolerance.clone())
+        }
+        _ => exp.tolerance.clone(),
+    };
+    journal.append(&Entry::Run(Box::new(run_header(
+        &opts,
+        &protocol,
+        &tolerance,
+        fingerprint,
+        planned,
+    ))))?;
+
+    let run = Drain {
+        opts: &opts,
+        protocol,
+        tolerance,
+        strategy: strategy.as_ref(),
+        prior: &resume.prior,
+        select: &select,
+        plan_opts: &plan_opts,
+    };
+    drain(&run, workers, &mut journal, &mut outcome)?;
+    drop(journal);
+    outcome.interrupted = interrupted();
+    outcome.wall_s = started.elapsed().as_secs_f64();
+    Ok(outcome)
+}
+
+/// What a results directory already holds, read before anything is written.
+struct Resume {
+    previous: Results,
+    warnings: Vec<String>,
+    /// Jobs this run need not run again.
+    done: HashSet<String>,
+    /// What earlier runs measured, by group, for a strategy that learns from it.
+    prior: HashMap<String, Vec<PriorObservation>>,
+}
+
+impl Resume {
+    fn read(
+        dir: &Path,
+        strategy: &dyn Strategy,
+        run_mode: RunMode,
+        protocol: &Protocol,
+        exp: &Experiment,
+    ) -> Result<Resume, RunError> {
+        // A first run has no journal yet.
+        let (previous, warnings) = if crate::store::journal::exists(dir) {
+            crate::store::journal::read(dir)?
+        } else {
+            Default::default()
+        };
+        if let Some(h) = &previous.header {
+            if let Some(message) = flush_conflict(h.protocol.flush, protocol.flush) {
+                return Err(RunError::Input(
+                    Diagnostic::in_file(&exp.manifest_path, message).help(format!(
+                        "set `protocol: {{flush_with: {}}}` to go on with {}, or pass a fresh --results-dir",
+                        h.protocol.flush.as_str(),
+                        dir.display()
+                    )),
+                ));
+            }
+        }
+        let done = previous
+            .jobs
+            .iter()
+            .filter(|r| match run_mode {
+                RunMode::Check => r.status != JobStatus::Skipped,
+                // A config a strategy skipped was never run: only a strategy
+                // that keeps its skips leaves it unrun.
+                _ if r.status == JobStatus::Skipped => {
+                    run_mode == RunMode::Tune && strategy.keeps_skipped()
+                }
+                _ => r.status != JobStatus::Checked,
+            })
+            .map(|r| r.job_id.clone())
+            .collect();
+        let prior = if strategy.learns_from_earlier_runs() && run_mode == RunMode::Tune {
+            lane::prior_observations(&previous.jobs)
+        } else {
+            HashMap::new()
+        };
+        Ok(Resume {
+            previous,
+            warnings,
+            done,
+            prior,
+        })
+    }
+}
+
+/// Plans once to count the jobs to run and those already done, so progress
+/// has a total and a bad filter or space stops the run before it starts.
+fn count_plan(
+    exp: &Experiment,
+    plan_opts: &PlanOptions,
+    select: &Selection,
+) -> Result<(u64, u64), RunError> {
     let (mut planned, mut skipped) = (0u64, 0u64);
-    plan::plan(exp, &plan_opts, &mut |job| {
+    plan::plan(exp, plan_opts, &mut |job| {
         match select.keep(&job, exp) {
             Keep::Run => planned += 1,
             Keep::Done => skipped += 1,
@@ -286,24 +291,161 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         ControlFlow::Continue(())
     })
     .map_err(RunError::Input)?;
+    Ok((planned, skipped))
+}
 
-    let flush = if protocol.flush_l2 && opts.mode == Mode::Gpu {
-        Flush {
-            bytes: protocol
-                .flush_bytes
-                .unwrap_or((2 * opts.device.l2_bytes).max(32 << 20)),
-            with: protocol.flush_with.unwrap_or_default(),
-        }
-    } else {
-        Flush::NONE
+/// How a worker of a role, for a device, logging to a file, is started.
+type SpecFor = dyn Fn(&str, Option<String>, String) -> WorkerSpec;
+
+/// The Python workers of a run: a compile pool and the first lane's worker,
+/// which has answered `hello`.
+struct Workers {
+    pool: Option<compile::CompilePool>,
+    first_lane: PythonBackend,
+    hello: Hello,
+    /// Starts the worker of every further lane.
+    spec: Box<SpecFor>,
+    lanes: Vec<Option<String>>,
+    timeout: Duration,
+}
+
+impl Workers {
+    /// Starts the compile pool first (its workers import Triton while the
+    /// lane's worker imports torch), then waits for the first lane's worker.
+    fn start(opts: &RunOptions, dir: &Path, timeout: Duration) -> Result<Workers, RunError> {
+        let exp = opts.exp;
+        let lanes: Vec<Option<String>> = if opts.mode == Mode::Interpreter || opts.gpus.is_empty() {
+            vec![None]
+        } else {
+            opts.gpus.iter().cloned().map(Some).collect()
+        };
+        let logs = dir.join("logs");
+        let triton_cache = dir.join(".cache").join("triton");
+        let (python, python_path) = (opts.python.clone(), opts.python_path.clone());
+        let interpret = opts.mode == Mode::Interpreter;
+        let spec = move |role: &str, device: Option<String>, name: String| WorkerSpec {
+            python: python.clone(),
+            python_path: python_path.clone(),
+            role: role.to_string(),
+            interpret,
+            visible_device: device,
+            target: None,
+            triton_cache: Some(triton_cache.clone()),
+            log: logs.join(name),
+        };
+        let use_pool =
+            opts.mode == Mode::Gpu && opts.compile_workers > 0 && opts.run_mode != RunMode::Check;
+        let pool = use_pool.then(|| {
+            // Only tunelab's own problems are known to compile without torch; a
+            // user's problem gets compile workers that see the GPU, as lanes do.
+            let target = compile_target(&opts.device).filter(|_| exp.builtin_problem());
+            let workers = (0..opts.compile_workers)
+                .map(|i| {
+                    let mut s = spec("compile", lanes[0].clone(), format!("compile{i}.log"));
+                    s.target = target.clone();
+                    PythonBackend::new(s, &exp.problem, timeout)
+                })
+                .collect();
+            compile::CompilePool::start(workers)
+        });
+        let mut first_lane = PythonBackend::new(
+            spec("lane", lanes[0].clone(), "lane0.log".into()),
+            &exp.problem,
+            timeout,
+        );
+        let hello = first_lane.hello().map_err(|f: JobFailure| {
+            RunError::Environment(format!(
+                "the Python worker did not start ({}): {}\n  = help: run `tunelab doctor`",
+                f.class.as_str(),
+                f.message
+            ))
+        })?;
+        Ok(Workers {
+            pool,
+            first_lane,
+            hello,
+            spec: Box::new(spec),
+            lanes,
+            timeout,
+        })
+    }
+}
+
+/// The journal header of this run.
+fn run_header(
+    opts: &RunOptions,
+    protocol: &Protocol,
+    tolerance: &Tolerance,
+    fingerprint: Fingerprint,
+    planned: u64,
+) -> RunHeader {
+    let exp = opts.exp;
+    RunHeader {
+        format: FORMAT_VERSION,
+        experiment: exp.name.clone(),
+        description: exp.description.clone(),
+        problem: exp.problem.clone(),
+        mode: opts.mode,
+        run_mode: opts.run_mode,
+        device: opts.device.clone(),
+        outputs: exp
+            .outputs
+            .iter()
+            .map(|o| OutputSpec {
+                format: o.format,
+                path: o.path.clone(),
+                method: o.method.clone(),
+                legacy_keys: o.legacy_keys,
+            })
+            .collect(),
+        protocol: protocol.clone(),
+        search: SearchRecord::from(&exp.search),
+        tolerance: tolerance.clone(),
+        fingerprint,
+        started_at: now_rfc3339(),
+        planned_jobs: planned,
+    }
+}
+
+/// Everything the drain phase shares with its threads.
+struct Drain<'a> {
+    opts: &'a RunOptions<'a>,
+    protocol: Protocol,
+    tolerance: Tolerance,
+    strategy: &'a dyn Strategy,
+    prior: &'a HashMap<String, Vec<PriorObservation>>,
+    select: &'a Selection<'a>,
+    plan_opts: &'a PlanOptions<'a>,
+}
+
+/// Runs the plan to the end (or to Ctrl-C): the planner feeds groups to the
+/// lanes and jobs to the compile pool; each lane measures its groups; this
+/// thread is the journal's single writer, so every record is on disk before
+/// the next is read.
+fn drain(
+    run: &Drain,
+    workers: Workers,
+    journal: &mut Journal,
+    outcome: &mut RunOutcome,
+) -> Result<(), RunError> {
+    let opts = run.opts;
+    let Workers {
+        pool,
+        first_lane,
+        spec,
+        lanes,
+        timeout,
+        ..
+    } = workers;
+    let flush = match (opts.mode, run.protocol.flush) {
+        (Mode::Gpu, L2Flush::Read | L2Flush::Memset) => Flush {
+            with: run.protocol.flush,
+            bytes: run.protocol.flush_bytes_for(opts.device.l2_bytes),
+        },
+        _ => Flush::NONE,
     };
     let unused_board = compile::CompileBoard::default();
-    let compile_board = pool.as_ref().map_or(&unused_board, |p| p.board());
-    // Groups queued ahead of the lanes; the compile pool sees their jobs as
-    // soon as they are queued, so this is also how far ahead it can compile.
-    let (group_tx, group_rx) = mpsc::sync_channel::<Group>(GROUPS_AHEAD);
-    let group_rx = Arc::new(Mutex::new(group_rx));
-    let (event_tx, event_rx) = mpsc::channel::<Event>();
+    let board = pool.as_ref().map_or(&unused_board, |p| p.board());
     let peak = |dtype: Option<&str>| -> f64 {
         match dtype {
             Some("fp32") => opts.device.peak_tflops_fp32,
@@ -312,173 +454,40 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
             _ => opts.device.peak_tflops_bf16,
         }
     };
-    let mut outcome = RunOutcome {
-        dir: dir.clone(),
-        planned,
-        skipped,
-        ..Default::default()
-    };
-    let mut display = progress::Progress::new(planned, opts.progress);
+    // Groups queued ahead of the lanes; the compile pool sees their jobs as
+    // soon as they are queued, so this is also how far ahead it can compile.
+    let (group_tx, group_rx) = mpsc::sync_channel::<Group>(GROUPS_AHEAD);
+    let group_rx = Arc::new(Mutex::new(group_rx));
+    let (event_tx, event_rx) = mpsc::channel::<Event>();
+    let mut display = progress::Progress::new(outcome.planned, opts.progress);
+    let use_pool = pool.is_some();
 
     std::thread::scope(|scope| -> Result<(), RunError> {
-        // The planner: groups in plan order, to the lanes and the compile pool.
-        let board = compile_board;
-        let select = &select;
-        let plan_opts = &plan_opts;
-        let planner = scope.spawn(move || -> Result<(), Diagnostic> {
-            let mut current: Option<Group> = None;
-            // Lanes stop taking groups once interrupted: never block on a full queue then.
-            let send = |mut g: Group| loop {
-                match group_tx.try_send(g) {
-                    Ok(()) => return true,
-                    Err(mpsc::TrySendError::Disconnected(_)) => return false,
-                    Err(mpsc::TrySendError::Full(back)) => {
-                        if interrupted() {
-                            return false;
-                        }
-                        g = back;
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                }
-            };
-            let plan_started = Instant::now();
-            let result = plan::plan(exp, plan_opts, &mut |job| {
-                if interrupted() {
-                    return ControlFlow::Break(());
-                }
-                if select.keep(&job, exp) != Keep::Run {
-                    return ControlFlow::Continue(());
-                }
-                let method = exp
-                    .methods
-                    .iter()
-                    .find(|m| m.name == job.method)
-                    .expect("planned method exists");
-                let same = current
-                    .as_ref()
-                    .is_some_and(|g| g.method == job.method && g.shape == job.shape);
-                if !same {
-                    if let Some(g) = current.take() {
-                        if !send(g) {
-                            return ControlFlow::Break(());
-                        }
-                    }
-                    current = Some(Group {
-                        shape: job.shape.clone(),
-                        method: job.method.clone(),
-                        kernel: method.kernel.clone(),
-                        kind: format!("{:?}", method.kind).to_lowercase(),
-                        jobs: Vec::new(),
-                    });
-                }
-                if use_pool && method.kind == MethodKind::Triton {
-                    board.push(job.clone(), &method.kernel, "triton");
-                }
-                current.as_mut().expect("group").jobs.push(job);
-                ControlFlow::Continue(())
-            });
-            if let Some(g) = current.take() {
-                send(g);
-            }
-            board.close();
-            crate::trace::span("planner", "plan", plan_started, serde_json::json!({}));
-            result.map(|_| ())
-        });
-
-        let (probe, hello) = probe.join().expect("lane start-up thread");
-        let hello = match hello {
-            Ok(h) => h,
-            Err(f) => {
-                // Unblock and stop the planner before leaving the scope.
-                drop(group_rx);
-                let _ = planner.join();
-                return Err(RunError::Environment(format!(
-                    "the Python worker did not start ({}): {}\n  = help: run `tunelab doctor`",
-                    f.class.as_str(),
-                    f.message
-                )));
-            }
-        };
-        let mut fingerprint = fingerprint_base;
-        fingerprint.python = hello["python"].as_str().map(str::to_string);
-        fingerprint.torch = hello["torch"].as_str().map(str::to_string);
-        fingerprint.triton = hello["triton"].as_str().map(str::to_string);
-        fingerprint.cuda = hello["cuda"].as_str().map(str::to_string);
-        outcome.fingerprint_changes = previous
-            .header
-            .as_ref()
-            .map(|h| diff_fingerprint(&h.fingerprint, &fingerprint))
-            .unwrap_or_default();
-
-        let header = RunHeader {
-            experiment: exp.name.clone(),
-            description: exp.description.clone(),
-            problem: exp.problem.clone(),
-            mode: if opts.mode == Mode::Interpreter {
-                "interpreter".into()
-            } else {
-                "gpu".into()
-            },
-            run_mode: opts.run_mode.as_str().into(),
-            device: opts.device.clone(),
-            outputs: exp
-                .outputs
-                .iter()
-                .map(|o| OutputSpec {
-                    format: o.format,
-                    path: o.path.clone(),
-                    method: o.method.clone(),
-                    legacy_keys: o.legacy_keys,
-                })
-                .collect(),
-            protocol: protocol.clone(),
-            search: format!("{:?}", exp.search.strategy).to_lowercase(),
-            tolerance: serde_json::to_value(&tolerance).expect("tolerance serialises"),
-            fingerprint,
-            started_at: now_rfc3339(),
-            planned_jobs: planned,
-        };
-        journal.append(&Entry::Run(Box::new(header)))?;
-
-        let mut probe = Some(probe);
+        let planner = spawn_planner(scope, run, group_tx, use_pool.then_some(board));
+        let mut first = Some(first_lane);
         for (i, device) in lanes.iter().enumerate() {
+            let mut backend = first.take().unwrap_or_else(|| {
+                PythonBackend::new(
+                    spec("lane", device.clone(), format!("lane{i}.log")),
+                    &opts.exp.problem,
+                    timeout,
+                )
+            });
             let rx = Arc::clone(&group_rx);
             let events = event_tx.clone();
-            let mut backend = match (i, probe.take()) {
-                (0, Some(p)) => p,
-                _ => PythonBackend::new(
-                    spec("lane", device.clone(), format!("lane{i}.log")),
-                    &exp.problem,
-                    timeout,
-                ),
+            let ctx = lane::LaneContext {
+                protocol: run.protocol.clone(),
+                tolerance: run.tolerance.clone(),
+                strategy: run.strategy,
+                run_mode: opts.run_mode,
+                flush,
+                peak_gbs: opts.device.peak_gbs,
+                peak_tflops: &peak,
+                compile: use_pool.then_some(board),
+                lane: i as u32,
+                prior: run.prior,
             };
-            let protocol = protocol.clone();
-            let tolerance = tolerance.clone();
-            let peak = &peak;
-            let board = if use_pool { Some(board) } else { None };
-            let strategy = exp.search.strategy;
-            let eta = exp.search.eta;
-            let budget = exp.search.budget;
-            let search_seed = exp.search.seed;
-            let prior = &prior;
-            let run_mode = opts.run_mode;
-            let peak_gbs = opts.device.peak_gbs;
             scope.spawn(move || {
-                let ctx = lane::LaneContext {
-                    protocol,
-                    tolerance,
-                    strategy,
-                    eta,
-                    run_mode,
-                    flush,
-                    peak_gbs,
-                    peak_tflops: peak,
-                    compile: board,
-                    lane: i as u32,
-                    budget,
-                    search_seed,
-                    prior: Some(prior),
-                };
                 loop {
                     let group = match rx.lock().expect("group queue").recv() {
                         Ok(g) => g,
@@ -499,7 +508,6 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         }
         drop(event_tx);
 
-        // The journal's single writer: every event is on disk before the next is read.
         for event in event_rx {
             match event {
                 Event::Job(record) => {
@@ -522,14 +530,79 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         planner
             .join()
             .expect("planner thread")
-            .map_err(RunError::Input)?;
-        Ok(())
+            .map_err(RunError::Input)
     })?;
     // The compile workers have drained their queue by now; wait for them to exit.
     drop(pool);
-    outcome.interrupted = interrupted();
-    outcome.wall_s = started.elapsed().as_secs_f64();
-    Ok(outcome)
+    Ok(())
+}
+
+/// The planner thread: jobs in plan order, grouped by (shape, method), to the
+/// lanes and (Triton jobs) to the compile pool.
+fn spawn_planner<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    run: &'env Drain<'env>,
+    group_tx: mpsc::SyncSender<Group>,
+    board: Option<&'env compile::CompileBoard>,
+) -> std::thread::ScopedJoinHandle<'scope, Result<(), Diagnostic>> {
+    let exp = run.opts.exp;
+    scope.spawn(move || {
+        let mut current: Option<Group> = None;
+        // Lanes stop taking groups once interrupted: never block on a full queue then.
+        let send = |mut g: Group| loop {
+            match group_tx.try_send(g) {
+                Ok(()) => return true,
+                Err(mpsc::TrySendError::Disconnected(_)) => return false,
+                Err(mpsc::TrySendError::Full(back)) => {
+                    if interrupted() {
+                        return false;
+                    }
+                    g = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        };
+        let plan_started = Instant::now();
+        let result = plan::plan(exp, run.plan_opts, &mut |job| {
+            if interrupted() {
+                return ControlFlow::Break(());
+            }
+            if run.select.keep(&job, exp) != Keep::Run {
+                return ControlFlow::Continue(());
+            }
+            let method = exp.method(&job.method).expect("planned method exists");
+            let same = current
+                .as_ref()
+                .is_some_and(|g| g.method == job.method && g.shape == job.shape);
+            if !same {
+                if let Some(g) = current.take() {
+                    if !send(g) {
+                        return ControlFlow::Break(());
+                    }
+                }
+                current = Some(Group {
+                    shape: job.shape.clone(),
+                    method: job.method.clone(),
+                    kernel: method.kernel.clone(),
+                    kind: method.kind,
+                    jobs: Vec::new(),
+                });
+            }
+            if let (Some(board), MethodKind::Triton) = (board, method.kind) {
+                board.push(job.clone(), &method.kernel, method.kind.as_str());
+            }
+            current.as_mut().expect("group").jobs.push(job);
+            ControlFlow::Continue(())
+        });
+        if let Some(g) = current.take() {
+            send(g);
+        }
+        if let Some(board) = board {
+            board.close();
+        }
+        crate::trace::span("planner", "plan", plan_started, serde_json::json!({}));
+        result.map(|_| ())
+    })
 }
 
 /// What a compile worker compiles for, in `tunelab.target`'s syntax: the
@@ -555,6 +628,7 @@ enum Keep {
     No,
 }
 
+/// Which planned jobs this run runs.
 struct Selection<'a> {
     done: &'a HashSet<String>,
     run_mode: RunMode,
@@ -567,8 +641,7 @@ impl Selection<'_> {
             (_, Some(ids)) => job.baseline || ids.contains(&job.id),
             (RunMode::Bench, None) => {
                 // A method's one config: its baseline, or the single point of a method without a space.
-                let method = exp.methods.iter().find(|m| m.name == job.method);
-                job.baseline || method.is_some_and(|m| m.axes.is_empty())
+                job.baseline || exp.method(&job.method).is_some_and(|m| m.axes.is_empty())
             }
             _ => true,
         };
@@ -584,20 +657,17 @@ impl Selection<'_> {
 
 /// Why a run must not add samples to a journal whose samples were taken after
 /// another kind of L2 flush (a memset's write-back costs a memory-bound kernel
-/// about 10 %), or None. A header without `flush_with` is from a memset run.
-fn flush_conflict(before: &RawProtocol, now: &RawProtocol) -> Option<String> {
-    if !(before.flush_l2 && now.flush_l2) {
+/// about 10 %), or None. A run without a flush suits any journal.
+fn flush_conflict(before: L2Flush, now: L2Flush) -> Option<String> {
+    if before == L2Flush::Off || now == L2Flush::Off || before == now {
         return None;
     }
-    let (was, is) = (before.recorded_flush(), now.flush_with.unwrap_or_default());
-    (was != is).then(|| {
-        format!(
-            "the journal's jobs were timed after a {} flush of L2 and this run would flush with a {}: \
-             one report would mix the two",
-            was.as_str(),
-            is.as_str()
-        )
-    })
+    Some(format!(
+        "the journal's jobs were timed after a {} flush of L2 and this run would flush with a {}: \
+         one report would mix the two",
+        before.as_str(),
+        now.as_str()
+    ))
 }
 
 fn diff_fingerprint(old: &Fingerprint, new: &Fingerprint) -> Vec<String> {
@@ -642,47 +712,34 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::raw::FlushWith;
 
     #[test]
     fn a_run_does_not_mix_flushes_in_one_journal() {
-        let old_journal = RawProtocol::default(); // no flush_with: a memset run
-        let now = effective_protocol(&RawProtocol::default(), Mode::Gpu);
-        let message = flush_conflict(&old_journal, &now).expect("memset journal, read run");
+        let message = flush_conflict(L2Flush::Memset, L2Flush::Read).expect("memset then read");
         assert!(
             message.contains("memset") && message.contains("read"),
             "{message}"
         );
-        let memset = effective_protocol(
-            &RawProtocol {
-                flush_with: Some(FlushWith::Memset),
-                ..RawProtocol::default()
-            },
-            Mode::Gpu,
-        );
-        assert_eq!(flush_conflict(&old_journal, &memset), None);
-        assert_eq!(flush_conflict(&now, &now), None);
-        assert!(flush_conflict(&now, &memset).is_some());
+        assert_eq!(flush_conflict(L2Flush::Memset, L2Flush::Memset), None);
+        assert_eq!(flush_conflict(L2Flush::Read, L2Flush::Read), None);
+        assert!(flush_conflict(L2Flush::Read, L2Flush::Memset).is_some());
         // An interpreter run flushes nothing, so any journal suits it.
-        let interp = effective_protocol(&RawProtocol::default(), Mode::Interpreter);
-        assert_eq!(flush_conflict(&old_journal, &interp), None);
+        assert_eq!(flush_conflict(L2Flush::Memset, L2Flush::Off), None);
+        assert_eq!(flush_conflict(L2Flush::Off, L2Flush::Read), None);
     }
 
     #[test]
-    fn a_gpu_run_records_how_it_flushes() {
-        let unset = RawProtocol::default();
-        assert_eq!(unset.flush_with, None);
-        let gpu = effective_protocol(&unset, Mode::Gpu);
-        assert_eq!(gpu.flush_with, Some(FlushWith::Read));
-        let memset = RawProtocol {
-            flush_with: Some(FlushWith::Memset),
-            ..RawProtocol::default()
-        };
+    fn the_interpreter_never_flushes() {
+        let p = crate::manifest::default_protocol();
         assert_eq!(
-            effective_protocol(&memset, Mode::Gpu).flush_with,
-            Some(FlushWith::Memset)
+            p.flush,
+            L2Flush::Read,
+            "a GPU run reads to flush by default"
         );
-        // The interpreter never flushes.
-        assert!(!effective_protocol(&unset, Mode::Interpreter).flush_l2);
+        assert_eq!(effective_protocol(&p, Mode::Gpu), p);
+        assert_eq!(
+            effective_protocol(&p, Mode::Interpreter).flush,
+            L2Flush::Off
+        );
     }
 }

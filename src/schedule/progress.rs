@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
-use crate::manifest::model::shape_label;
+use crate::manifest::shape_label;
 use crate::store::{JobRecord, JobStatus};
 
 pub struct Progress {

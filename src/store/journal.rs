@@ -1,17 +1,26 @@
-//! The append-only journal (`journal.jsonl`), its lock, and reading it back.
+//! The append-only journal, its lock, and reading it back.
 //!
-//! Each entry is one JSON line, written and synced to disk before the next job
-//! starts, so a run killed at any moment loses at most the job in flight. A
-//! torn last line (the process died mid-write) is ignored on reading and
-//! overwritten by nothing: new entries start on a fresh line.
+//! A live run appends to `journal.jsonl`: each entry one JSON line, written
+//! and synced to disk before the next job starts, so a run killed at any
+//! moment loses at most the job in flight. A torn last line (the process died
+//! mid-write) is cut off when the next run opens the journal, with a notice.
+//!
+//! Committed results keep their journal compressed as `journal.jsonl.gz`
+//! (`tunelab pack DIR`). A directory may hold both: the compressed journal
+//! holds the earlier entries and `journal.jsonl` those appended since, and
+//! readers read them in that order. Nothing is ever rewritten in place.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::record::{Entry, Results};
+use super::record::{Entry, Results, FORMAT_VERSION};
+use super::v1::RunHeaderV1;
 
+/// The live journal.
 pub const JOURNAL: &str = "journal.jsonl";
+/// The packed journal: the same lines, gzip-compressed.
+pub const PACKED_JOURNAL: &str = "journal.jsonl.gz";
 const LOCK: &str = ".lock";
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +32,19 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: journal format {found} is newer than this tunelab reads (format {FORMAT_VERSION}); upgrade tunelab to read it")]
+    NewerFormat {
+        path: PathBuf,
+        line: usize,
+        found: u32,
+    },
+    #[error("no journal in {0} (journal.jsonl or journal.jsonl.gz)")]
+    Missing(PathBuf),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -30,6 +52,18 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+fn read_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Read {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Whether `dir` holds a journal, live or packed.
+pub fn exists(dir: &Path) -> bool {
+    dir.join(JOURNAL).is_file() || dir.join(PACKED_JOURNAL).is_file()
 }
 
 /// An open journal with its lock held.
@@ -40,27 +74,42 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Creates the directory if needed, takes the lock, opens for appending.
-    pub fn open(dir: &Path) -> Result<Journal, StoreError> {
+    /// Creates the directory if needed, takes the lock, repairs a torn last
+    /// line, opens for appending. Returns the journal and a notice when it
+    /// repaired something.
+    pub fn open(dir: &Path) -> Result<(Journal, Option<String>), StoreError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let lock = dir.join(LOCK);
         acquire(&lock, dir)?;
         let path = dir.join(JOURNAL);
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .create(true)
             .append(true)
             .read(true)
             .open(&path)
             .map_err(io(&path))?;
-        // If the last run died mid-line, start ours on a new line.
-        let len = file.metadata().map_err(io(&path))?.len();
-        if len > 0 {
-            let text = std::fs::read(&path).map_err(io(&path))?;
-            if text.last() != Some(&b'\n') {
-                file.write_all(b"\n").map_err(io(&path))?;
-            }
+        let journal = Journal { file, path, lock };
+        let notice = journal.repair_torn_line()?;
+        Ok((journal, notice))
+    }
+
+    /// A run that died mid-write leaves a last line without its newline: an
+    /// entry that was never whole. Cut it off, so every later reader sees
+    /// only whole entries and the next entry starts on its own line.
+    fn repair_torn_line(&self) -> Result<Option<String>, StoreError> {
+        let text = std::fs::read(&self.path).map_err(io(&self.path))?;
+        if text.is_empty() || text.last() == Some(&b'\n') {
+            return Ok(None);
         }
-        Ok(Journal { file, path, lock })
+        let keep = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let line = text[..keep].iter().filter(|&&b| b == b'\n').count() + 1;
+        self.file.set_len(keep as u64).map_err(io(&self.path))?;
+        self.file.sync_data().map_err(io(&self.path))?;
+        Ok(Some(format!(
+            "{}:{line}: removed a torn last entry ({} bytes) left by a run that stopped mid-write; every whole entry is kept",
+            self.path.display(),
+            text.len() - keep
+        )))
     }
 
     pub fn append(&mut self, entry: &Entry) -> Result<(), StoreError> {
@@ -119,41 +168,188 @@ fn alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// Reads a journal. Later records of a job id replace earlier ones; unreadable
-/// lines are skipped and counted in the returned warnings.
+/// Reads a journal: the packed entries, then the live ones. Later records of
+/// a job id replace earlier ones; unreadable lines are skipped and counted in
+/// the returned warnings; a header of a newer format is an error.
 pub fn read(dir: &Path) -> Result<(Results, Vec<String>), StoreError> {
-    let path = dir.join(JOURNAL);
-    let file = File::open(&path).map_err(io(&path))?;
-    let mut results = Results::default();
-    let mut warnings = Vec::new();
-    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for (n, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(io(&path))?;
-        if line.trim().is_empty() {
-            continue;
+    let mut sources: Vec<(PathBuf, Box<dyn Read>)> = Vec::new();
+    let packed = dir.join(PACKED_JOURNAL);
+    if packed.is_file() {
+        let f = File::open(&packed).map_err(read_err(&packed))?;
+        sources.push((packed, Box::new(flate2::read::MultiGzDecoder::new(f))));
+    }
+    let live = dir.join(JOURNAL);
+    if live.is_file() {
+        let f = File::open(&live).map_err(read_err(&live))?;
+        sources.push((live, Box::new(f)));
+    }
+    if sources.is_empty() {
+        return Err(StoreError::Missing(dir.to_path_buf()));
+    }
+    let mut reader = Reader::default();
+    for (path, source) in sources {
+        reader.read(&path, source)?;
+    }
+    Ok((reader.results, reader.warnings))
+}
+
+/// Reads one journal file, packed (`.gz`) or not, as [`read`] does a directory.
+pub fn read_file(path: &Path) -> Result<(Results, Vec<String>), StoreError> {
+    let f = File::open(path).map_err(read_err(path))?;
+    let source: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(flate2::read::MultiGzDecoder::new(f))
+    } else {
+        Box::new(f)
+    };
+    let mut reader = Reader::default();
+    reader.read(path, source)?;
+    Ok((reader.results, reader.warnings))
+}
+
+#[derive(Default)]
+struct Reader {
+    results: Results,
+    warnings: Vec<String>,
+    index: std::collections::HashMap<String, usize>,
+}
+
+impl Reader {
+    fn read(&mut self, path: &Path, source: Box<dyn Read>) -> Result<(), StoreError> {
+        for (n, line) in BufReader::new(source).lines().enumerate() {
+            let line = line.map_err(read_err(path))?;
+            self.line(path, n + 1, &line)?;
         }
-        match serde_json::from_str::<Entry>(&line) {
-            Ok(Entry::Run(h)) => {
-                results.runs.push((*h).clone());
-                results.header = Some(*h);
+        Ok(())
+    }
+
+    fn line(&mut self, path: &Path, n: usize, line: &str) -> Result<(), StoreError> {
+        if line.trim().is_empty() {
+            return Ok(());
+        }
+        let entry = match serde_json::from_str::<Entry>(line) {
+            Ok(Entry::Run(h)) if h.format > FORMAT_VERSION => {
+                return Err(StoreError::NewerFormat {
+                    path: path.to_path_buf(),
+                    line: n,
+                    found: h.format,
+                })
             }
-            Ok(Entry::Job(j)) => match index.get(&j.job_id) {
-                Some(&i) => results.jobs[i] = *j,
+            Ok(e) => e,
+            Err(e) => match older_header(line) {
+                Some(Ok(h)) => Entry::Run(Box::new(h)),
+                Some(Err(why)) => {
+                    self.warn(path, n, &why);
+                    return Ok(());
+                }
                 None => {
-                    index.insert(j.job_id.clone(), results.jobs.len());
-                    results.jobs.push(*j);
+                    if let Some(found) = newer_format(line) {
+                        return Err(StoreError::NewerFormat {
+                            path: path.to_path_buf(),
+                            line: n,
+                            found,
+                        });
+                    }
+                    self.warn(path, n, &e.to_string());
+                    return Ok(());
                 }
             },
-            Ok(Entry::Final(f)) => {
-                results.finals.retain(|x| x.job_id != f.job_id);
-                results.finals.push(f);
+        };
+        match entry {
+            Entry::Run(h) => {
+                self.results.runs.push((*h).clone());
+                self.results.header = Some(*h);
             }
-            Err(e) => warnings.push(format!(
-                "{}:{}: skipped an unreadable entry ({e})",
-                path.display(),
-                n + 1
-            )),
+            Entry::Job(j) => match self.index.get(&j.job_id) {
+                Some(&i) => self.results.jobs[i] = *j,
+                None => {
+                    self.index.insert(j.job_id.clone(), self.results.jobs.len());
+                    self.results.jobs.push(*j);
+                }
+            },
+            Entry::Final(f) => {
+                self.results.finals.retain(|x| x.job_id != f.job_id);
+                self.results.finals.push(f);
+            }
+        }
+        Ok(())
+    }
+
+    fn warn(&mut self, path: &Path, n: usize, why: &str) {
+        self.warnings.push(format!(
+            "{}:{n}: skipped an unreadable entry ({why})",
+            path.display()
+        ));
+    }
+}
+
+/// A run header without a `format` field is format 1: migrated, or the
+/// reason it cannot be. `None`: not such a header.
+fn older_header(line: &str) -> Option<Result<super::record::RunHeader, String>> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    if value.get("type")?.as_str()? != "run" || value.get("format").is_some() {
+        return None;
+    }
+    let v1: RunHeaderV1 = match serde_json::from_value(value) {
+        Ok(h) => h,
+        Err(e) => return Some(Err(format!("a format-1 run header: {e}"))),
+    };
+    Some(
+        v1.migrate()
+            .map_err(|e| format!("a format-1 run header: {}", e.0)),
+    )
+}
+
+/// The format of a run header this build cannot read, if it is newer.
+fn newer_format(line: &str) -> Option<u32> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    let format = value.get("format")?.as_u64()? as u32;
+    (value.get("type")?.as_str()? == "run" && format > FORMAT_VERSION).then_some(format)
+}
+
+/// Compresses a results directory's journal for committing: the packed and
+/// live entries, in order, into a new `journal.jsonl.gz` (written beside and
+/// renamed into place), then removes `journal.jsonl`. Returns the bytes
+/// before and after. Refuses while a run holds the lock.
+pub fn pack(dir: &Path) -> Result<(u64, u64), StoreError> {
+    let lock = dir.join(LOCK);
+    acquire(&lock, dir)?;
+    let result = pack_locked(dir);
+    let _ = std::fs::remove_file(&lock);
+    result
+}
+
+fn pack_locked(dir: &Path) -> Result<(u64, u64), StoreError> {
+    let packed = dir.join(PACKED_JOURNAL);
+    let live = dir.join(JOURNAL);
+    if !live.is_file() {
+        return match packed.metadata() {
+            Ok(m) => Ok((m.len(), m.len())),
+            Err(_) => Err(StoreError::Missing(dir.to_path_buf())),
+        };
+    }
+    let mut text = Vec::new();
+    if packed.is_file() {
+        let f = File::open(&packed).map_err(read_err(&packed))?;
+        flate2::read::MultiGzDecoder::new(f)
+            .read_to_end(&mut text)
+            .map_err(read_err(&packed))?;
+        if !text.is_empty() && text.last() != Some(&b'\n') {
+            text.push(b'\n');
         }
     }
-    Ok((results, warnings))
+    let live_text = std::fs::read(&live).map_err(read_err(&live))?;
+    text.extend_from_slice(&live_text);
+    let tmp = dir.join(format!("{PACKED_JOURNAL}.tmp"));
+    {
+        let f = File::create(&tmp).map_err(io(&tmp))?;
+        let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::best());
+        gz.write_all(&text).map_err(io(&tmp))?;
+        let f = gz.finish().map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+    }
+    std::fs::rename(&tmp, &packed).map_err(io(&packed))?;
+    // Only now, with every entry safely in the packed file, is the live one removed.
+    std::fs::remove_file(&live).map_err(io(&live))?;
+    let after = packed.metadata().map_err(read_err(&packed))?.len();
+    Ok((text.len() as u64, after))
 }

@@ -1,7 +1,9 @@
-//! The journal: append-only records of every run and job, resume, lock, fingerprint.
+//! The journal: append-only, versioned records of every run and job; resume,
+//! lock, environment fingerprint, packing for commits.
 
 pub mod journal;
 pub mod record;
+mod v1;
 
-pub use journal::{Journal, StoreError, JOURNAL};
+pub use journal::{Journal, StoreError, JOURNAL, PACKED_JOURNAL};
 pub use record::*;

@@ -1,13 +1,26 @@
-//! What the journal holds: one header per run, one record per finished job,
-//! one record per finalist re-timing. Every output and the report are made
-//! from these records alone (`tunelab report` regenerates them).
+//! What the journal holds, format 2: one header per run, one record per
+//! finished job, one record per finalist re-timing. Every output and the
+//! report are made from these records alone (`tunelab report` regenerates
+//! them).
+//!
+//! These types are the on-disk format. Every field is written out (no serde
+//! defaults), so a changed default elsewhere cannot change what a journal
+//! says; a change to any of these types is a new format: bump
+//! [`FORMAT_VERSION`], keep the old reader in its own module (as `v1.rs`) and
+//! migrate. `tests/journal_format.rs` pins the serialised form.
 
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use crate::device::DeviceInfo;
-use crate::manifest::raw::{OutputFormat, RawProtocol};
+use crate::manifest::{MethodKind, OutputFormat, Tolerance};
+use crate::measure::{Protocol, Stats};
+use crate::plan::{Mode, RunMode};
+use crate::search::{Search, StrategyName};
+
+/// The journal format this build writes, and the newest it reads.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Why a job has no timing. Failed jobs are never chosen as best.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -57,32 +70,7 @@ pub struct CheckResult {
     pub elements: u64,
 }
 
-/// Timing statistics of one job, in microseconds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct Stats {
-    pub n: u64,
-    pub median_us: f64,
-    /// 95 % confidence interval of the median (order statistics).
-    pub ci_low_us: f64,
-    pub ci_high_us: f64,
-    pub min_us: f64,
-    pub q1_us: f64,
-    pub q3_us: f64,
-    pub mean_us: f64,
-    /// Coefficient of variation (stddev / mean).
-    pub cv: f64,
-    /// NOISY, OUTLIERS, SLOW_START, DRIFT, THROTTLED, TIMER_LIMITED, CAP_HIT.
-    pub flags: Vec<String>,
-    /// "cuda_event" or "wall" (interpreter: never written as tuned configs).
-    pub timer: String,
-    pub sm_clock_mhz: Option<f64>,
-    /// Sum of the timed samples.
-    pub gpu_ms: f64,
-    /// Wall time spent sampling.
-    pub wall_ms: f64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobStatus {
     /// Checked and timed.
@@ -97,11 +85,24 @@ pub enum JobStatus {
     Skipped,
 }
 
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Ok => "ok",
+            JobStatus::Checked => "checked",
+            JobStatus::Failed => "failed",
+            JobStatus::Pruned => "pruned",
+            JobStatus::Skipped => "skipped",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct JobRecord {
     pub job_id: String,
     pub method: String,
-    pub kind: String,
+    pub kind: MethodKind,
     pub kernel: String,
     pub shape: IndexMap<String, Json>,
     pub config: IndexMap<String, Json>,
@@ -127,6 +128,7 @@ pub struct JobRecord {
 
 /// A finalist re-timed interleaved with the other finalists of its shape.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct FinalRecord {
     pub job_id: String,
     pub stats: Stats,
@@ -136,25 +138,55 @@ pub struct FinalRecord {
 
 /// Everything about a run that outputs need and that is not in a job record.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct RunHeader {
+    /// The format of this header and of the records after it.
+    pub format: u32,
     pub experiment: String,
     pub description: Option<String>,
     pub problem: String,
-    /// "gpu" or "interpreter".
-    pub mode: String,
-    /// "tune", "bench" or "check".
-    pub run_mode: String,
+    pub mode: Mode,
+    pub run_mode: RunMode,
     pub device: DeviceInfo,
     pub outputs: Vec<OutputSpec>,
-    pub protocol: RawProtocol,
-    pub search: String,
-    pub tolerance: Json,
+    /// The protocol the run's samples were taken under, resolved.
+    pub protocol: Protocol,
+    pub search: SearchRecord,
+    pub tolerance: Tolerance,
     pub fingerprint: Fingerprint,
     pub started_at: String,
     pub planned_jobs: u64,
 }
 
+/// How a run searched: the strategy, and its parameters as the run used them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SearchRecord {
+    pub strategy: StrategyName,
+    /// budget, eta, seed: whichever the strategy has. Journals of format 1
+    /// recorded the strategy alone, so theirs are empty (or hold the eta
+    /// where the format-1 text named it).
+    pub params: IndexMap<String, u64>,
+}
+
+impl From<&Search> for SearchRecord {
+    fn from(s: &Search) -> Self {
+        SearchRecord {
+            strategy: s.kind.name(),
+            params: s.params(),
+        }
+    }
+}
+
+impl SearchRecord {
+    /// `grid`, `halving (eta 3)`, `random (budget 9, seed 0)`, ...
+    pub fn label(&self) -> String {
+        crate::search::describe(self.strategy, &self.params)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct OutputSpec {
     pub format: OutputFormat,
     pub path: String,
@@ -164,6 +196,7 @@ pub struct OutputSpec {
 
 /// What a result depends on besides the job itself; a change is reported on resume.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct Fingerprint {
     pub tunelab: String,
     pub git_commit: Option<String>,

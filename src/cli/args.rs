@@ -1,4 +1,4 @@
-//! Command-line interface (clap).
+//! The command line: clap definitions of every command and flag.
 
 use std::path::PathBuf;
 
@@ -92,7 +92,19 @@ pub enum Command {
     },
     /// Regenerate every output and the report of a results directory from its journal.
     #[command(after_help = "Example:\n  tunelab report results/quickstart/NVIDIA_H100_80GB_HBM3")]
-    Report { results: PathBuf },
+    Report {
+        /// A results directory (holding journal.jsonl or journal.jsonl.gz).
+        results: PathBuf,
+    },
+    /// Compress a results directory's journal for committing (journal.jsonl -> journal.jsonl.gz).
+    #[command(
+        after_help = "Example:\n  tunelab pack results/gptoss/NVIDIA_H100_80GB_HBM3\n\nEvery command reads packed journals; a run that resumes in a packed directory\nappends to a new journal.jsonl beside the packed one. Packing again merges them."
+    )]
+    Pack {
+        /// Results directories.
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+    },
     /// List the GPUs tunelab can see, with the facts it uses.
     Devices {
         #[arg(long)]
@@ -121,4 +133,14 @@ pub struct ManifestArgs {
     /// Only these shapes/methods/params: --only E=32,N=2880,method=triton.
     #[arg(long, value_name = "KEY=VALUE,...")]
     pub only: Option<String>,
+}
+
+impl From<ModeArg> for crate::plan::RunMode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Tune => crate::plan::RunMode::Tune,
+            ModeArg::Bench => crate::plan::RunMode::Bench,
+            ModeArg::Check => crate::plan::RunMode::Check,
+        }
+    }
 }

@@ -1,10 +1,9 @@
-//! The model-based search strategy (`search.strategy: surrogate`).
-//!
-//! A Gaussian-process surrogate of log latency over a group's configs picks
-//! which config to measure next by expected improvement, so a budget of a
-//! third of a space is spent mostly near its fast corner. Everything here is
-//! pure arithmetic on small matrices (a group has tens of configs, a budget
-//! tens of measurements); the lane owns the measuring.
+//! The surrogate strategy's model (`search.strategy: surrogate`, see
+//! `surrogate.rs`): a Gaussian process of log latency over a group's configs
+//! that picks which config to measure next by expected improvement, so a
+//! budget of a third of a space is spent mostly near its fast corner.
+//! Everything here is pure arithmetic on small matrices (a group has tens of
+//! configs, a budget tens of measurements); the lane owns the measuring.
 //!
 //! - Features: each config key becomes one coordinate in [0, 1]: log2 of the
 //!   value when every value of that key is a positive number (tile sizes and

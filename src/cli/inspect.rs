@@ -1,0 +1,145 @@
+//! `tunelab validate` and `tunelab plan`: everything about a manifest that
+//! needs no GPU and runs nothing.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use super::args::ManifestArgs;
+use super::Failure;
+use crate::config::Settings;
+use crate::device::{self, DeviceInfo};
+use crate::exit;
+use crate::manifest::{self, Experiment};
+use crate::plan::{self, Filter, Mode, PlanOptions, PlanSummary};
+
+/// The device facts used to plan without touching a GPU.
+pub(super) fn planning_device(settings: &Settings) -> Result<DeviceInfo, Failure> {
+    device::profile(&settings.device_profile).ok_or_else(|| {
+        Failure::bad_input(format!(
+            "error: unknown device profile `{}`\n  = help: use one of: {}",
+            settings.device_profile,
+            device::PROFILE_NAMES.join(", ")
+        ))
+    })
+}
+
+pub(super) fn load_experiment(
+    path: &Path,
+    args: &ManifestArgs,
+    device: &DeviceInfo,
+) -> Result<Experiment, Failure> {
+    Ok(manifest::load(path, &args.set, device)?)
+}
+
+pub(super) fn validate(
+    paths: &[PathBuf],
+    args: &ManifestArgs,
+    settings: &Settings,
+) -> Result<i32, Failure> {
+    let device = planning_device(settings)?;
+    let filter = Filter::parse(args.only.as_deref().unwrap_or(""))?;
+    let mut failed = 0;
+    for path in paths {
+        // Validation includes planning: a constraint set that rejects everything is an input error.
+        let result = load_experiment(path, args, &device).and_then(|exp| {
+            let opts = PlanOptions {
+                device: &device,
+                filter: &filter,
+                mode: Mode::Gpu,
+            };
+            Ok(plan::plan(&exp, &opts, &mut |_| ControlFlow::Continue(()))?)
+        });
+        match result {
+            Ok(summary) => println!(
+                "ok  {}  ({} shapes, {} jobs)",
+                path.display(),
+                summary.shapes,
+                summary.jobs
+            ),
+            Err(f) => {
+                failed += 1;
+                eprint!("{}", f.message);
+            }
+        }
+    }
+    Ok(if failed > 0 {
+        exit::BAD_INPUT
+    } else {
+        exit::OK
+    })
+}
+
+pub(super) fn plan(
+    path: &Path,
+    args: &ManifestArgs,
+    settings: &Settings,
+    json: bool,
+    jobs: bool,
+    interpret: bool,
+) -> Result<i32, Failure> {
+    let device = if interpret {
+        device::profile("cpu").expect("cpu profile")
+    } else {
+        planning_device(settings)?
+    };
+    let exp = load_experiment(path, args, &device)?;
+    let filter = Filter::parse(args.only.as_deref().unwrap_or(""))?;
+    let opts = PlanOptions {
+        device: &device,
+        filter: &filter,
+        mode: if interpret {
+            Mode::Interpreter
+        } else {
+            Mode::Gpu
+        },
+    };
+    if jobs {
+        use std::io::Write;
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        plan::plan(&exp, &opts, &mut |job| {
+            let line = serde_json::to_string(&job).expect("job serialises");
+            // A closed pipe (`| head`) ends the stream quietly.
+            match writeln!(out, "{line}") {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(_) => ControlFlow::Break(()),
+            }
+        })?;
+        let _ = out.flush();
+        return Ok(exit::OK);
+    }
+    let summary = plan::plan(&exp, &opts, &mut |_| ControlFlow::Continue(()))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary).expect("summary serialises")
+        );
+    } else {
+        print!("{}", render_summary(&summary, &device));
+    }
+    Ok(exit::OK)
+}
+
+fn render_summary(s: &PlanSummary, device: &DeviceInfo) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "experiment {}  ·  device {} ({})  ·  search {}",
+        s.experiment, device.name, device.source, s.strategy
+    );
+    for m in &s.methods {
+        let _ = writeln!(
+            out,
+            "\nmethod {}: {} shapes x {} points = {} points",
+            m.method, m.shapes, m.space_points, m.points
+        );
+        for (constraint, removed) in &m.removed {
+            let _ = writeln!(out, "  - {removed:>10}  removed by `{constraint}`");
+        }
+        let _ = writeln!(out, "  = {:>10}  valid", m.valid);
+        let _ = writeln!(out, "  jobs: {} ({} baseline)", m.jobs, m.baseline_jobs);
+    }
+    let _ = writeln!(out, "\ntotal: {} jobs over {} shapes", s.jobs, s.shapes);
+    out
+}

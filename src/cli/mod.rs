@@ -1,0 +1,169 @@
+//! The `tunelab` command: parse the arguments, load the layered settings, run
+//! one command, map what went wrong to a documented exit code (`exit.rs`).
+//! `src/main.rs` only calls [`main`]; so does the Python package's console
+//! entry point, through the extension module.
+//!
+//! One file per group of commands:
+//! - `run.rs`: `run` (with companions);
+//! - `inspect.rs`: `validate`, `plan`;
+//! - `results.rs`: `report`, `pack`;
+//! - `environment.rs`: `devices`, `doctor`, `config`, `schema`, and where the
+//!   worker's Python package is.
+
+pub mod args;
+mod environment;
+mod inspect;
+mod results;
+mod run;
+
+use std::ffi::OsString;
+
+use clap::Parser;
+
+use crate::config::{self, FlagSettings, Settings};
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::exit;
+use args::{Cli, Command, GlobalArgs};
+
+/// Runs the command line `args` (program name first) and returns the exit code.
+pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print and succeed; a usage error is bad input.
+            let _ = e.print();
+            return if e.use_stderr() {
+                exit::BAD_INPUT
+            } else {
+                exit::OK
+            };
+        }
+    };
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(failure) => {
+            eprint!("{}", failure.message);
+            if !failure.message.ends_with('\n') {
+                eprintln!();
+            }
+            failure.code
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<i32, Failure> {
+    let settings = load_settings(&cli.global)?;
+    match cli.command {
+        Command::Validate {
+            manifests,
+            manifest: args,
+        } => inspect::validate(&manifests, &args, &settings),
+        Command::Plan {
+            manifest,
+            manifest_args,
+            json,
+            jobs,
+            interpret,
+        } => inspect::plan(&manifest, &manifest_args, &settings, json, jobs, interpret),
+        Command::Run {
+            manifest,
+            manifest_args,
+            mode,
+            use_best,
+            interpret,
+            compile_workers,
+            quiet,
+            trace,
+        } => {
+            let mut settings = settings;
+            settings.interpret |= interpret;
+            if let Some(n) = compile_workers {
+                settings.compile_workers = n;
+            }
+            let request = run::Request {
+                manifest: &manifest,
+                args: &manifest_args,
+                settings: &settings,
+                run_mode: mode.into(),
+                use_best: use_best.as_deref(),
+                progress: !quiet,
+            };
+            run::run_traced(&request, trace.as_deref())
+        }
+        Command::Report { results } => results::report(&results),
+        Command::Pack { results } => results::pack(&results),
+        Command::Devices { json } => environment::devices(json),
+        Command::Doctor => environment::doctor(&settings),
+        Command::Schema => {
+            print!("{}", crate::manifest::json_schema());
+            Ok(exit::OK)
+        }
+        Command::Config => environment::config(&cli.global),
+    }
+}
+
+/// An error on its way out, with the exit code it maps to.
+pub struct Failure {
+    pub code: i32,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn bad_input(message: impl Into<String>) -> Failure {
+        Failure {
+            code: exit::BAD_INPUT,
+            message: message.into(),
+        }
+    }
+
+    pub fn environment(message: impl Into<String>) -> Failure {
+        Failure {
+            code: exit::ENVIRONMENT,
+            message: message.into(),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Failure {
+        Failure {
+            code: exit::INTERNAL,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Diagnostic> for Failure {
+    fn from(d: Diagnostic) -> Self {
+        Failure::bad_input(d.to_string())
+    }
+}
+
+impl From<Diagnostics> for Failure {
+    fn from(d: Diagnostics) -> Self {
+        let mut message = d.to_string();
+        if d.0.len() > 1 {
+            message.push_str(&format!("\n{} errors\n", d.0.len()));
+        }
+        Failure::bad_input(message)
+    }
+}
+
+fn flags(global: &GlobalArgs) -> FlagSettings {
+    FlagSettings {
+        python: global.python.clone(),
+        results_dir: global.results_dir.clone(),
+        device_profile: global.device.clone(),
+        ..Default::default()
+    }
+}
+
+fn settings_error(e: Box<figment::Error>) -> Failure {
+    Failure::bad_input(format!(
+        "error: invalid settings: {e}\n  = help: check tunelab.toml and TUNELAB_* variables"
+    ))
+}
+
+fn load_settings(global: &GlobalArgs) -> Result<Settings, Failure> {
+    Ok(config::load(global.config.as_ref(), &flags(global))
+        .map_err(settings_error)?
+        .settings)
+}

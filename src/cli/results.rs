@@ -1,0 +1,56 @@
+//! `tunelab report` and `tunelab pack`: what is done with a results
+//! directory after its runs.
+
+use std::path::{Path, PathBuf};
+
+use super::Failure;
+use crate::exit;
+use crate::store;
+
+/// Reads a results directory's journal and writes every output it lists.
+pub(super) fn write_outputs(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
+    let (results, warnings) =
+        store::journal::read(dir).map_err(|e| Failure::environment(format!("error: {e}")))?;
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    crate::emit::write_outputs(&results, dir)
+        .map_err(|e| Failure::internal(format!("error: writing outputs: {e}")))
+}
+
+fn require_journal(dir: &Path) -> Result<(), Failure> {
+    if store::journal::exists(dir) {
+        return Ok(());
+    }
+    Err(Failure::bad_input(format!(
+        "error: no journal in {}\n  = help: pass a results directory such as results/quickstart/NVIDIA_H100_80GB_HBM3",
+        dir.display()
+    )))
+}
+
+pub(super) fn report(dir: &Path) -> Result<i32, Failure> {
+    require_journal(dir)?;
+    for p in write_outputs(dir)? {
+        println!("{}", p.display());
+    }
+    Ok(exit::OK)
+}
+
+pub(super) fn pack(dirs: &[PathBuf]) -> Result<i32, Failure> {
+    for dir in dirs {
+        require_journal(dir)?;
+    }
+    for dir in dirs {
+        let (before, after) =
+            store::journal::pack(dir).map_err(|e| Failure::environment(format!("error: {e}")))?;
+        println!(
+            "{}: {} -> {} ({:.1} MB -> {:.1} MB)",
+            dir.display(),
+            store::JOURNAL,
+            store::PACKED_JOURNAL,
+            before as f64 / 1e6,
+            after as f64 / 1e6
+        );
+    }
+    Ok(exit::OK)
+}

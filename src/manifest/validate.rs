@@ -1,0 +1,841 @@
+//! Raw manifest -> validated [`Experiment`]: every cross-field rule is checked
+//! here, with errors pointing at the manifest line that needs changing.
+//!
+//! Independent parts (the name, the problem, the shape set, each method, the
+//! tolerance, the protocol, the search, each output, each companion) are
+//! checked one after another and every error found is reported together;
+//! within one part, the first error stops that part, since what follows
+//! usually depends on it.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use indexmap::IndexMap;
+use serde_json::Value as Json;
+
+use super::de::Spanned;
+use super::model::{
+    builtin_baseline, device_fields, escapes, Axis, Baseline, BaselineValue, DtypeOverride,
+    Experiment, Expr, InterpreterPlan, Method, Output, Shape, Tolerance, BUILTIN_BASELINES,
+    BUILTIN_PROBLEMS, DTYPES,
+};
+use super::raw::{
+    FlushWith, RawInterpreter, RawKeys, RawManifest, RawMethod, RawProtocol, RawSearch,
+    RawStrategy, RawTolerance,
+};
+use super::shapes;
+use super::yaml::{Node, Value};
+use crate::device::DeviceInfo;
+use crate::diag::{did_you_mean, Diagnostic, Diagnostics, Span};
+use crate::expr;
+use crate::measure::{L2Flush, Protocol};
+use crate::search::{Search, SearchKind};
+
+/// Checks a raw manifest against itself and the device facts. `root` is the
+/// manifest's first line: where an error about a value nobody wrote (a
+/// default) points.
+pub fn validate(
+    raw: RawManifest,
+    root: Span,
+    manifest_path: &Path,
+    device: &DeviceInfo,
+) -> Result<Experiment, Diagnostics> {
+    let mut found = Found::default();
+    let base_dir = manifest_path.parent().unwrap_or(Path::new("."));
+    let env = expr::environment();
+
+    found.take(check_name(&raw.experiment));
+    found.take(check_problem(&raw.problem));
+    let shapes = found.take(shapes::expand(&raw.shapes, base_dir));
+    let interpreter = raw
+        .interpreter
+        .as_ref()
+        .and_then(|i| found.take(interpreter_plan(i, base_dir, root)));
+    let tolerance = found.take(tolerance(&raw.tolerance, root));
+    let protocol = found.take(protocol(&raw.protocol, root));
+    let search = found.take(search(&raw.search, root));
+
+    let mut methods = Vec::new();
+    if raw.methods.is_empty() {
+        found.push(
+            Diagnostic::at(place(raw.methods.span, root), "`methods` is empty")
+                .help("declare at least one method, e.g. `triton: {kind: triton, kernel: matmul}`"),
+        );
+    }
+    if let Some(shapes) = &shapes {
+        let shape_fields: Vec<String> = shapes[0].keys().cloned().collect();
+        for (name, m) in raw.methods.iter() {
+            if let Some(method) = found.take(method(name, m, &shape_fields, &env, device, base_dir))
+            {
+                methods.push(method);
+            }
+        }
+    }
+
+    let method_names: Vec<&str> = raw.methods.keys().map(|k| k.as_str()).collect();
+    let mut outputs = Vec::new();
+    for o in &raw.outputs {
+        let checked = (|| {
+            if let Some(m) = &o.method {
+                if !method_names.contains(&m.as_str()) {
+                    return Err(unknown(m.span, "method", m, &method_names));
+                }
+            }
+            if let Some(shapes) = &shapes {
+                check_output_path(&o.path, &env, shapes, device)?;
+            }
+            Ok(Output {
+                format: o.format,
+                path: o.path.value.clone(),
+                method: o.method.as_ref().map(|m| m.value.clone()),
+                legacy_keys: o.keys == Some(RawKeys::Legacy),
+                span: o.path.span,
+            })
+        })();
+        if let Some(out) = found.take(checked) {
+            outputs.push(out);
+        }
+    }
+
+    let mut companions = Vec::new();
+    for c in &raw.companions {
+        let path = base_dir.join(c.as_str());
+        if !path.is_file() {
+            found.push(
+                Diagnostic::at(
+                    c.span,
+                    format!("companion manifest `{}` not found", c.value),
+                )
+                .help(format!(
+                    "paths are relative to this manifest: looked for {}",
+                    path.display()
+                )),
+            );
+        } else if path.canonicalize().ok() == manifest_path.canonicalize().ok() {
+            found.push(Diagnostic::at(
+                c.span,
+                "a manifest cannot be its own companion",
+            ));
+        } else {
+            companions.push(path);
+        }
+    }
+
+    if !found.errors.is_empty() {
+        return Err(Diagnostics(found.errors));
+    }
+    let (Some(shapes), Some(tolerance), Some(protocol), Some(search)) =
+        (shapes, tolerance, protocol, search)
+    else {
+        unreachable!("a part that failed left an error");
+    };
+    let canonical = serde_json::to_string(&raw).expect("manifest serialises");
+    Ok(Experiment {
+        name: raw.experiment.value.clone(),
+        description: raw.description.clone(),
+        problem: raw.problem.value.clone(),
+        problem_span: raw.problem.span,
+        manifest_path: manifest_path.to_path_buf(),
+        manifest_hash: blake3::hash(canonical.as_bytes()).to_hex()[..16].to_string(),
+        shapes,
+        shapes_span: raw.shapes.span,
+        methods,
+        tolerance,
+        protocol,
+        search,
+        outputs,
+        interpreter,
+        companions,
+    })
+}
+
+/// The errors found so far.
+#[derive(Default)]
+struct Found {
+    errors: Vec<Diagnostic>,
+}
+
+impl Found {
+    fn take<T>(&mut self, r: Result<T, Diagnostic>) -> Option<T> {
+        r.map_err(|e| self.errors.push(e)).ok()
+    }
+
+    fn push(&mut self, d: Diagnostic) {
+        self.errors.push(d);
+    }
+}
+
+/// A span, or `fallback` for a value that was not written (a default).
+fn place(span: Span, fallback: Span) -> Span {
+    if span.line == 0 {
+        fallback
+    } else {
+        span
+    }
+}
+
+/// The resolved protocol when the manifest says nothing: the defaults.
+pub fn default_protocol() -> Protocol {
+    protocol(&Spanned::default(), Span::default()).expect("the defaults are valid")
+}
+
+pub(super) fn unknown(span: Span, what: &str, name: &str, known: &[&str]) -> Diagnostic {
+    let help = match did_you_mean(name, known.iter().copied()) {
+        Some(s) => format!("did you mean `{s}`?"),
+        None => format!("known {what}s: {}", known.join(", ")),
+    };
+    Diagnostic::at(span, format!("unknown {what} `{name}`")).help(help)
+}
+
+fn check_name(name: &Spanned<String>) -> Result<(), Diagnostic> {
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if plain {
+        return Ok(());
+    }
+    Err(Diagnostic::at(
+        name.span,
+        format!("experiment name `{}` is not a plain name", name.value),
+    )
+    .help("use letters, digits, `-` and `_` only; it names the results directory"))
+}
+
+fn check_problem(problem: &Spanned<String>) -> Result<(), Diagnostic> {
+    if BUILTIN_PROBLEMS.contains(&problem.as_str()) {
+        return Ok(());
+    }
+    if let Some((module, class)) = problem.split_once(':') {
+        let ident = |s: &str| {
+            !s.is_empty()
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !s.starts_with(|c: char| c.is_ascii_digit())
+        };
+        if module.split('.').all(ident) && ident(class) {
+            return Ok(());
+        }
+    }
+    Err(
+        unknown(problem.span, "problem", problem, BUILTIN_PROBLEMS).help(format!(
+            "use a builtin ({}) or a Python class as \"module.path:ClassName\"",
+            BUILTIN_PROBLEMS.join(", ")
+        )),
+    )
+}
+
+fn interpreter_plan(
+    i: &RawInterpreter,
+    base_dir: &Path,
+    root: Span,
+) -> Result<InterpreterPlan, Diagnostic> {
+    Ok(InterpreterPlan {
+        shapes: shapes::expand(&i.shapes, base_dir)?,
+        max_configs: i.max_configs.max(1),
+        tolerance: i
+            .tolerance
+            .as_ref()
+            .map(|t| tolerance(t, root))
+            .transpose()?,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Axis values
+
+/// The rough type of a value, for messages and for checking that one axis
+/// holds values of one type.
+fn value_kind(v: &Node) -> &'static str {
+    match v.value {
+        Value::Int(_) | Value::Float(_) => "a number",
+        Value::Str(_) => "a string",
+        Value::Bool(_) => "a boolean",
+        _ => v.kind(),
+    }
+}
+
+/// Values of one axis or space parameter: a list, `{range: [a, b, step]}` or
+/// `{pow2: [lo, hi]}`. `allow_records`: list items may be mappings of
+/// scalars (shape product axes).
+pub(super) fn axis_values(
+    node: &Node,
+    name: &str,
+    allow_records: bool,
+) -> Result<Vec<Json>, Diagnostic> {
+    let single = |key: &str| match &node.value {
+        Value::Map(entries) if entries.len() == 1 && entries[0].0.name == key => {
+            Some(&entries[0].1)
+        }
+        _ => None,
+    };
+    let values: Vec<Json> = if let Value::Seq(items) = &node.value {
+        for item in items {
+            let record_ok = allow_records
+                && matches!(&item.value, Value::Map(e) if !e.is_empty() && e.iter().all(|(_, v)| v.is_scalar()));
+            if !item.is_scalar() && !record_ok {
+                let what = if allow_records {
+                    "numbers, strings, booleans or records of them"
+                } else {
+                    "numbers, strings or booleans"
+                };
+                return Err(Diagnostic::at(
+                    item.span,
+                    format!("`{name}` holds {}, expected {what}", item.kind()),
+                ));
+            }
+        }
+        items.iter().map(Node::to_json).collect()
+    } else if let Some(r) = single("range") {
+        let r = int_list(r, name, "range", 3)?;
+        let (start, end, step) = (r[0], r[1], r[2]);
+        if step <= 0 {
+            return Err(Diagnostic::at(
+                node.span,
+                format!("`{name}`: range step must be positive, found {step}"),
+            )
+            .help("write {range: [start, end, step]} with step > 0"));
+        }
+        (0..)
+            .map(|i| start + i * step)
+            .take_while(|v| *v <= end)
+            .map(Json::from)
+            .collect()
+    } else if let Some(r) = single("pow2") {
+        let r = int_list(r, name, "pow2", 2)?;
+        let (lo, hi) = (r[0], r[1]);
+        let pow2 = |x: i64| x > 0 && x & (x - 1) == 0;
+        if !pow2(lo) || !pow2(hi) {
+            return Err(Diagnostic::at(
+                node.span,
+                format!("`{name}`: pow2 bounds must be powers of two, found [{lo}, {hi}]"),
+            )
+            .help("write {pow2: [16, 256]}"));
+        }
+        std::iter::successors(Some(lo), |v| v.checked_mul(2))
+            .take_while(|v| *v <= hi)
+            .map(Json::from)
+            .collect()
+    } else {
+        let written = node.to_json();
+        return Err(Diagnostic::at(
+            node.span,
+            format!(
+                "`{name}` must be a list of values, {{range: [start, end, step]}} or {{pow2: [from, to]}}, found {}",
+                node.kind()
+            ),
+        )
+        .help(format!("for a single value write `{name}: [{written}]`")));
+    };
+    if values.is_empty() {
+        return Err(Diagnostic::at(node.span, format!("`{name}` has no values"))
+            .help("give at least one value, or remove the axis"));
+    }
+    Ok(values)
+}
+
+/// A space parameter's values all share one type (numbers, strings or
+/// booleans): a stray `"x"` among numbers is a typo, and found here it
+/// points at its own line instead of failing jobs at run time.
+fn check_one_type(node: &Node, name: &str) -> Result<(), Diagnostic> {
+    let Value::Seq(items) = &node.value else {
+        return Ok(()); // range and pow2 are integers
+    };
+    let Some(first) = items.first() else {
+        return Ok(());
+    };
+    for item in &items[1..] {
+        if value_kind(item) != value_kind(first) {
+            return Err(Diagnostic::at(
+                item.span,
+                format!(
+                    "`{name}` mixes types: this value is {}, the first ({}) is {}",
+                    value_kind(item),
+                    first.to_json(),
+                    value_kind(first)
+                ),
+            )
+            .help("every value of one parameter has the same type; quote all or none"));
+        }
+    }
+    Ok(())
+}
+
+fn int_list(node: &Node, name: &str, form: &str, len: usize) -> Result<Vec<i64>, Diagnostic> {
+    let items: Option<Vec<i64>> = match &node.value {
+        Value::Seq(items) if items.len() == len => items
+            .iter()
+            .map(|i| match i.value {
+                Value::Int(v) => Some(v),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    };
+    items.ok_or_else(|| {
+        Diagnostic::at(
+            node.span,
+            format!("`{name}`: `{form}` takes {len} integers"),
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Methods and expressions
+
+fn method(
+    name: &Spanned<String>,
+    m: &Spanned<RawMethod>,
+    shape_fields: &[String],
+    env: &minijinja::Environment<'static>,
+    device: &DeviceInfo,
+    base_dir: &Path,
+) -> Result<Method, Diagnostic> {
+    // Every name a config can carry, with where it was declared, to catch clashes.
+    let mut declared: IndexMap<String, (Span, &'static str)> = IndexMap::new();
+    for f in shape_fields {
+        declared.insert(f.clone(), (m.span, "shape field"));
+    }
+    for k in m.params.keys() {
+        declare(&mut declared, k, "parameter")?;
+    }
+    let params = shapes::scalar_fields(&m.params, "parameter")?;
+    let mut axes = Vec::new();
+    for (k, v) in &m.space {
+        declare(&mut declared, k, "space parameter")?;
+        let values = axis_values(v, k, false)?;
+        check_one_type(v, k)?;
+        axes.push(Axis {
+            name: k.value.clone(),
+            values,
+        });
+    }
+
+    let mut known: Vec<String> = declared.keys().cloned().collect();
+    let mut derived = Vec::new();
+    for (k, source) in &m.derived {
+        let e = Expr {
+            source: source.value.clone(),
+            span: source.span,
+        };
+        check_expr(&e, env, &known, device)?;
+        declare(&mut declared, k, "derived value")?;
+        known.push(k.value.clone());
+        derived.push((k.value.clone(), e));
+    }
+    let mut constraints = Vec::new();
+    for source in m.constraints.iter() {
+        let e = Expr {
+            source: source.value.clone(),
+            span: source.span,
+        };
+        check_expr(&e, env, &known, device)?;
+        constraints.push(e);
+    }
+
+    let baseline = match &m.baseline {
+        None => None,
+        Some(node) => Some(baseline(node, &known, env, device)?),
+    };
+    if let (Some(b), Some(node)) = (&baseline, &m.baseline) {
+        for (k, _) in &b.values {
+            let tunable = m.space.keys().any(|s| s.value == *k);
+            if !tunable && !params.contains_key(k) {
+                let at = match &node.value {
+                    Value::Map(entries) => entries
+                        .iter()
+                        .find(|(key, _)| key.name == *k)
+                        .map_or(node.span, |(key, _)| key.span),
+                    _ => node.span,
+                };
+                return Err(Diagnostic::at(
+                    at,
+                    format!(
+                        "baseline sets `{k}`, which is not a parameter of method `{}`",
+                        name.value
+                    ),
+                )
+                .help("a baseline gives values for the method's space parameters"));
+            }
+        }
+    }
+
+    let mut identity = blake3::Hasher::new();
+    identity.update(
+        format!(
+            "{:?}\0{}\0{}\0",
+            m.kind,
+            m.kernel,
+            m.version.as_deref().unwrap_or("")
+        )
+        .as_bytes(),
+    );
+    if let Some(source) = &m.source {
+        let path = base_dir.join(source.as_str());
+        let bytes = std::fs::read(&path).map_err(|e| {
+            Diagnostic::at(
+                source.span,
+                format!("cannot read method source {}: {e}", path.display()),
+            )
+            .help("paths are relative to the manifest")
+        })?;
+        identity.update(&bytes);
+    }
+    Ok(Method {
+        name: name.value.clone(),
+        kind: m.kind,
+        kernel: m.kernel.clone(),
+        identity: identity.finalize().to_hex()[..16].to_string(),
+        params,
+        axes,
+        constraints,
+        derived,
+        baseline,
+        span: m.span,
+        constraints_span: place(m.constraints.span, m.span),
+    })
+}
+
+fn baseline(
+    node: &Node,
+    known: &[String],
+    env: &minijinja::Environment<'static>,
+    device: &DeviceInfo,
+) -> Result<Baseline, Diagnostic> {
+    match &node.value {
+        Value::Str(rule) => {
+            let Some(rule_exprs) = builtin_baseline(rule) else {
+                return Err(unknown(node.span, "baseline rule", rule, BUILTIN_BASELINES));
+            };
+            let values = rule_exprs
+                .into_iter()
+                .map(|(k, src)| {
+                    let e = Expr {
+                        source: src.to_string(),
+                        span: node.span,
+                    };
+                    (k.to_string(), BaselineValue::Expr(e))
+                })
+                .collect();
+            Ok(Baseline {
+                name: rule.clone(),
+                values,
+            })
+        }
+        Value::Map(entries) => {
+            let mut values = Vec::new();
+            for (k, v) in entries {
+                let value = match &v.value {
+                    Value::Str(src) => {
+                        let e = Expr {
+                            source: src.clone(),
+                            span: v.span,
+                        };
+                        check_expr(&e, env, known, device)?;
+                        BaselineValue::Expr(e)
+                    }
+                    _ if v.is_scalar() => BaselineValue::Literal(v.to_json()),
+                    _ => {
+                        return Err(Diagnostic::at(
+                            v.span,
+                            format!(
+                            "baseline value for `{}` must be a value or an expression, found {}",
+                            k.name,
+                            v.kind()
+                        ),
+                        ))
+                    }
+                };
+                values.push((k.name.clone(), value));
+            }
+            Ok(Baseline {
+                name: "baseline".into(),
+                values,
+            })
+        }
+        _ => Err(Diagnostic::at(
+            node.span,
+            format!(
+                "`baseline` must be a rule name or a mapping, found {}",
+                node.kind()
+            ),
+        )
+        .help(format!("builtin rules: {}", BUILTIN_BASELINES.join(", ")))),
+    }
+}
+
+/// Records a config name, refusing one that is already a shape field, parameter or derived value.
+fn declare(
+    declared: &mut IndexMap<String, (Span, &'static str)>,
+    name: &Spanned<String>,
+    what: &'static str,
+) -> Result<(), Diagnostic> {
+    if name.as_str() == "device" {
+        return Err(
+            Diagnostic::at(name.span, "`device` is reserved for device properties")
+                .help("rename the parameter"),
+        );
+    }
+    if let Some((_, other)) = declared.get(name.as_str()) {
+        return Err(
+            Diagnostic::at(name.span, format!("`{}` is already a {other}", name.value)).help(
+                "each name may be a shape field, a parameter or a derived value, not two of them",
+            ),
+        );
+    }
+    declared.insert(name.value.clone(), (name.span, what));
+    Ok(())
+}
+
+/// Compiles an expression with minijinja and checks every name it reads.
+fn check_expr(
+    e: &Expr,
+    env: &minijinja::Environment<'static>,
+    known: &[String],
+    device: &DeviceInfo,
+) -> Result<(), Diagnostic> {
+    let vars = expr::variables(env, &e.source).map_err(|err| {
+        let detail = err.detail().map(str::to_string).unwrap_or_else(|| err.to_string());
+        Diagnostic::at(e.span, format!("invalid expression `{}`: {detail}", e.source)).help("expressions use Jinja syntax: `BLOCK_SIZE_M * 2 <= device.smem_bytes`, `a if cond else b`")
+    })?;
+    let device_fields = device_fields(device);
+    let functions = [
+        "min",
+        "max",
+        "abs",
+        "ceil_div",
+        "log2",
+        "is_pow2",
+        "range",
+        "dict",
+        "namespace",
+    ];
+    let mut names: Vec<&String> = vars.iter().collect();
+    names.sort();
+    for var in names {
+        if let Some(field) = var.strip_prefix("device.") {
+            if !device_fields.contains_key(field) {
+                let fields: Vec<&str> = device_fields.keys().map(String::as_str).collect();
+                return Err(unknown(e.span, "device property", field, &fields));
+            }
+        } else if var != "device" && !known.contains(var) && !functions.contains(&var.as_str()) {
+            let candidates: Vec<&str> = known.iter().map(String::as_str).collect();
+            let help = match did_you_mean(var, candidates.iter().copied()) {
+                Some(s) => format!("did you mean `{s}`?"),
+                None => format!("names available here: {}, device.*", candidates.join(", ")),
+            };
+            return Err(Diagnostic::at(
+                e.span,
+                format!(
+                    "expression `{}` reads `{var}`, which is not defined",
+                    e.source
+                ),
+            )
+            .help(help));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Tolerance, protocol, search, outputs
+
+fn tolerance(t: &Spanned<RawTolerance>, root: Span) -> Result<Tolerance, Diagnostic> {
+    let section = place(t.span, root);
+    let check = |v: &Spanned<f64>, name: &str, max: Option<f64>| -> Result<f64, Diagnostic> {
+        if v.is_nan() || v.value < 0.0 || max.is_some_and(|m| v.value > m) {
+            let range = if max.is_some() {
+                "between 0 and 1"
+            } else {
+                "zero or positive"
+            };
+            return Err(Diagnostic::at(
+                place(v.span, section),
+                format!("`{name}` must be {range}, found {}", v.value),
+            ));
+        }
+        Ok(v.value)
+    };
+    let atol = check(&t.atol, "atol", None)?;
+    let rtol = check(&t.rtol, "rtol", None)?;
+    let max_mismatch = check(&t.max_mismatch, "max_mismatch", Some(1.0))?;
+    let mut per_dtype = IndexMap::new();
+    for (dtype, o) in &t.per_dtype {
+        if !DTYPES.contains(&dtype.as_str()) {
+            return Err(unknown(dtype.span, "dtype", dtype, DTYPES));
+        }
+        let field = |v: &Option<Spanned<f64>>, name: &str, max| {
+            v.as_ref().map(|v| check(v, name, max)).transpose()
+        };
+        per_dtype.insert(
+            dtype.value.clone(),
+            DtypeOverride {
+                atol: field(&o.atol, "atol", None)?,
+                rtol: field(&o.rtol, "rtol", None)?,
+                max_mismatch: field(&o.max_mismatch, "max_mismatch", Some(1.0))?,
+            },
+        );
+    }
+    Ok(Tolerance {
+        atol,
+        rtol,
+        max_mismatch,
+        per_dtype,
+    })
+}
+
+fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic> {
+    let section = place(p.span, root);
+    let at = |s: Span| place(s, section);
+    if p.hot.value {
+        return Err(Diagnostic::at(at(p.hot.span), "`hot: true` (CUDA-graph timing) is not implemented yet")
+            .help("remove `hot` or set it to false; cold, L2-flushed samples are what tunelab measures today"));
+    }
+    if p.batch.value == 0 {
+        return Err(Diagnostic::at(
+            at(p.batch.span),
+            "`batch` must be at least 1",
+        ));
+    }
+    if p.min_samples.value == 0 || p.min_samples.value > p.max_samples {
+        return Err(Diagnostic::at(
+            at(p.min_samples.span),
+            format!(
+                "`min_samples` ({}) must be between 1 and `max_samples` ({})",
+                p.min_samples.value, p.max_samples
+            ),
+        ));
+    }
+    if !(p.target_ci.value > 0.0 && p.target_ci.value < 1.0) {
+        return Err(Diagnostic::at(
+            at(p.target_ci.span),
+            format!(
+                "`target_ci` is a fraction of the median, between 0 and 1; found {}",
+                p.target_ci.value
+            ),
+        )
+        .help("0.005 means within 0.5 %"));
+    }
+    if p.timeout_s.is_nan() || p.timeout_s.value <= 0.0 {
+        return Err(Diagnostic::at(
+            at(p.timeout_s.span),
+            "`timeout_s` must be positive",
+        ));
+    }
+    if p.warmup_ms.is_nan() || p.warmup_ms.value < 0.0 {
+        return Err(Diagnostic::at(
+            at(p.warmup_ms.span),
+            "`warmup_ms` must be zero or positive",
+        ));
+    }
+    let flush = match (p.flush_l2, p.flush_with.unwrap_or_default()) {
+        (false, _) => L2Flush::Off,
+        (true, FlushWith::Read) => L2Flush::Read,
+        (true, FlushWith::Memset) => L2Flush::Memset,
+    };
+    Ok(Protocol {
+        warmup_launches: p.warmup_launches,
+        warmup_ms: p.warmup_ms.value,
+        flush,
+        flush_bytes: p.flush_bytes,
+        batch: p.batch.value,
+        min_samples: p.min_samples.value,
+        max_samples: p.max_samples,
+        target_ci: p.target_ci.value,
+        max_gpu_ms: p.max_gpu_ms,
+        max_wall_ms: p.max_wall_ms,
+        finalists: p.finalists,
+        timeout_s: p.timeout_s.value,
+        seed: p.seed,
+    })
+}
+
+fn search(s: &Spanned<RawSearch>, root: Span) -> Result<Search, Diagnostic> {
+    let section = place(s.span, root);
+    let at = |sp: Span| place(sp, section);
+    let kind = match s.strategy.value {
+        RawStrategy::Grid => SearchKind::Grid,
+        RawStrategy::Random => match s.budget.as_ref().map(|b| b.value) {
+            Some(budget) if budget > 0 => SearchKind::Random { budget },
+            _ => {
+                return Err(
+                    Diagnostic::at(at(s.strategy.span), "random search needs a budget")
+                        .help("add `budget: 64` (configs per shape and method) under `search`"),
+                )
+            }
+        },
+        RawStrategy::Halving => {
+            if s.eta.value < 2 {
+                return Err(Diagnostic::at(
+                    at(s.eta.span),
+                    format!("`eta` must be at least 2, found {}", s.eta.value),
+                ));
+            }
+            SearchKind::Halving { eta: s.eta.value }
+        }
+        RawStrategy::Surrogate => match &s.budget {
+            Some(b) if b.value == 0 => return Err(Diagnostic::at(
+                at(b.span),
+                "a surrogate search needs a budget of at least 1",
+            )
+            .help(
+                "give configs per shape and method, or leave `budget` out for 30 % of each group",
+            )),
+            budget => SearchKind::Surrogate {
+                budget: budget.as_ref().map(|b| b.value),
+            },
+        },
+    };
+    Ok(Search { kind, seed: s.seed })
+}
+
+/// Output paths are templates; a rendered path must stay inside the results directory.
+fn check_output_path(
+    template: &Spanned<String>,
+    env: &minijinja::Environment<'static>,
+    shapes: &[Shape],
+    device: &DeviceInfo,
+) -> Result<(), Diagnostic> {
+    let span = template.span;
+    let tmpl = env.template_from_str(template).map_err(|e| {
+        Diagnostic::at(
+            span,
+            format!(
+                "invalid path template `{}`: {}",
+                template.value,
+                e.detail().unwrap_or("syntax error")
+            ),
+        )
+        .help("path templates use Jinja syntax: `vllm/E={{E}},N={{N}}.json`")
+    })?;
+    let mut rendered_paths = HashSet::new();
+    for shape in shapes {
+        let mut ctx: serde_json::Map<String, Json> =
+            shape.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        ctx.insert("device".into(), Json::Object(device_fields(device)));
+        let rendered = tmpl.render(&ctx).map_err(|e| {
+            Diagnostic::at(
+                span,
+                format!(
+                    "path template `{}` cannot be rendered: {}",
+                    template.value,
+                    e.detail().unwrap_or("unknown error")
+                ),
+            )
+            .help(format!(
+                "templates may use shape fields ({}) and device.*",
+                shape.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        if !rendered_paths.insert(rendered.clone()) {
+            continue;
+        }
+        if escapes(Path::new(&rendered)) {
+            return Err(Diagnostic::at(
+                span,
+                format!("output path `{rendered}` leaves the results directory"),
+            )
+            .help("write a relative path without `..`, such as `report.md` or `vllm/{{E}}.json`"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,91 @@
+//! The measurement protocol a run uses, fully resolved: every knob has its
+//! value, none means "whatever the default was". The manifest resolves its
+//! `protocol:` section into this type; lanes, workers and the journal header
+//! use it as it is.
+
+use serde::{Deserialize, Serialize};
+
+/// How every job is timed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Protocol {
+    /// Launches before the first sample, at least.
+    pub warmup_launches: u32,
+    /// GPU time spent warming up before the first sample, at least.
+    pub warmup_ms: f64,
+    /// How L2 is evicted before each cold sample.
+    pub flush: L2Flush,
+    /// Size of the buffer that evicts L2; `None`: max(2 × the device's L2, 32 MiB).
+    pub flush_bytes: Option<u64>,
+    /// Samples queued per host synchronisation.
+    pub batch: u32,
+    pub min_samples: u32,
+    pub max_samples: u32,
+    /// Stop once the 95 % confidence interval of the median is within this fraction of it.
+    pub target_ci: f64,
+    /// Cap on summed kernel time per job.
+    pub max_gpu_ms: f64,
+    /// Cap on wall time spent sampling one job.
+    pub max_wall_ms: f64,
+    /// Best configs per shape re-timed interleaved at the end.
+    pub finalists: u32,
+    /// Seconds a job may take (compile, check or sampling) before its worker is killed.
+    pub timeout_s: f64,
+    /// Seed for inputs.
+    pub seed: u64,
+}
+
+/// How the L2 flush before each cold sample evicts the cache.
+///
+/// A memset leaves L2 full of dirty lines, and writing them back to memory
+/// competes with the timed kernel's own traffic: on an H100 (2026-11-22,
+/// bench/moe_breakdown.py) it added about 10 µs to every memory-bound fused-MoE
+/// call, 96.4 against 86.7 µs at M=1. A read of the same buffer leaves the cache
+/// just as cold but clean, which is the state a kernel meets in a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum L2Flush {
+    /// No flush: samples see whatever the previous launch left in L2.
+    Off,
+    /// Read the flush buffer (a max-reduction): L2 ends up holding clean lines.
+    Read,
+    /// Write the flush buffer (a memset), as triton.testing.do_bench does.
+    Memset,
+}
+
+impl L2Flush {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            L2Flush::Off => "off",
+            L2Flush::Read => "read",
+            L2Flush::Memset => "memset",
+        }
+    }
+}
+
+impl Protocol {
+    /// The flush buffer's size on a device with `l2_bytes` of L2; 0 when off.
+    pub fn flush_bytes_for(&self, l2_bytes: u64) -> u64 {
+        match self.flush {
+            L2Flush::Off => 0,
+            L2Flush::Read | L2Flush::Memset => {
+                self.flush_bytes.unwrap_or((2 * l2_bytes).max(32 << 20))
+            }
+        }
+    }
+
+    /// The protocol an interpreter run uses instead: its timings mean nothing
+    /// and each launch takes seconds, so two samples, no flush, no finalists.
+    pub fn for_interpreter(&self) -> Protocol {
+        Protocol {
+            warmup_launches: 1,
+            warmup_ms: 0.0,
+            flush: L2Flush::Off,
+            batch: 2,
+            min_samples: 2,
+            max_samples: 2,
+            finalists: 0,
+            ..self.clone()
+        }
+    }
+}
