@@ -51,7 +51,10 @@ fn every_committed_results_directory_regenerates_byte_for_byte() {
                 _ => {}
             }
             let on_disk = std::fs::read_to_string(&committed).unwrap_or_else(|e| {
-                panic!("{shown}/{}: committed output missing ({e})", out.path.display())
+                panic!(
+                    "{shown}/{}: committed output missing ({e})",
+                    out.path.display()
+                )
             });
             assert!(
                 on_disk == out.contents,

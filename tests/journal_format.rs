@@ -153,7 +153,10 @@ fn a_format_1_journal_is_migrated_field_by_field() {
     assert_eq!(h.search.strategy, StrategyName::Halving);
     assert_eq!(h.search.label(), "halving (eta 3)");
     assert_eq!(h.tolerance.atol, 0.02);
-    assert!(results.jobs.iter().all(|j| j.kind == MethodKind::Triton || j.kind == MethodKind::Torch));
+    assert!(results
+        .jobs
+        .iter()
+        .all(|j| j.kind == MethodKind::Triton || j.kind == MethodKind::Torch));
 }
 
 #[test]
@@ -189,12 +192,19 @@ fn a_torn_last_line_is_cut_off_once_with_a_notice() {
     assert_eq!(warnings.len(), 1, "before repair the torn entry is skipped");
     let (mut j, notice) = Journal::open(dir.path()).unwrap();
     let notice = notice.expect("a notice");
-    assert!(notice.contains("journal.jsonl:3") && notice.contains("torn"), "{notice}");
+    assert!(
+        notice.contains("journal.jsonl:3") && notice.contains("torn"),
+        "{notice}"
+    );
     j.append(&Entry::Job(Box::new(job("j2")))).unwrap();
     drop(j);
     let (results, warnings) = journal::read(dir.path()).unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
-    assert_eq!(results.jobs.len(), 2, "j1 kept, j2 appended on its own line");
+    assert_eq!(
+        results.jobs.len(),
+        2,
+        "j1 kept, j2 appended on its own line"
+    );
     let (_, again) = Journal::open(dir.path()).unwrap();
     assert!(again.is_none(), "nothing left to repair");
 }
@@ -218,7 +228,11 @@ fn packing_keeps_every_entry_and_a_resumed_run_appends_beside_it() {
     drop(j);
     let (both, _) = journal::read(dir.path()).unwrap();
     let ids: Vec<&str> = both.jobs.iter().map(|j| j.job_id.as_str()).collect();
-    assert_eq!(ids, ["j1", "j2"], "packed entries first, then the live ones");
+    assert_eq!(
+        ids,
+        ["j1", "j2"],
+        "packed entries first, then the live ones"
+    );
 
     journal::pack(dir.path()).unwrap();
     let (repacked, _) = journal::read(dir.path()).unwrap();
