@@ -1,6 +1,10 @@
-# tunelab tasks. `just --list` shows them all.
+# tunelab tasks. `just` alone lists them.
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# List the recipes.
+default:
+    @just --list --unsorted
 
 # The Python that runs workers: .venv if `just setup` made one, else python3.
 python := env_var_or_default("TUNELAB_PYTHON", if path_exists(".venv/bin/python") == "true" { ".venv/bin/python" } else { "python3" })
@@ -29,6 +33,10 @@ plan NAME *ARGS: build
 report DIR: build
     ./target/release/tunelab report {{DIR}}
 
+# Pack results directories' journals for committing (journal.jsonl -> journal.jsonl.gz).
+pack +DIRS: build
+    ./target/release/tunelab pack {{DIRS}}
+
 # Make .venv with torch, triton and pytest (what tests and interpreter runs need).
 setup:
     test -x .venv/bin/python || python3 -m venv .venv
@@ -39,8 +47,7 @@ test: lint check-hip
     TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets
     PYTHONPATH=python {{python}} -m pytest -q python/tests
 
-# Build and lint with AMD device discovery (`hip` feature); needs HIP headers and libamdhip64
-# (Debian/Ubuntu: apt-get install libamdhip64-dev; ROCm: set HIP_PATH).
+# Lint the `hip` feature (AMD discovery); needs HIP headers: apt-get install libamdhip64-dev, or set HIP_PATH.
 check-hip:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -65,13 +72,10 @@ schemas:
 bench-plan:
     cargo bench --bench plan_throughput
 
-# Writes results/bench/<gpu>/tuning_speed.{md,json}. Uses .bin/tunelab if present, else
-# target/release/tunelab (or --tunelab PATH); `--dry-run` checks all that needs no GPU.
-# Tuning speed on GPU 0: triton.autotune vs tunelab grid vs halving, same 48 configs, cold caches.
+# Tuning speed on GPU 0 (autotune vs grid vs halving, 48 configs); writes results/bench/<gpu>/tuning_speed.*
 bench-tuning *ARGS:
     TUNELAB_PYTHON={{python}} {{python}} bench/tuning_speed.py {{ARGS}}
 
-# Search strategies (grid, random, surrogate, halving) against the exhaustive
-# best on gpt-oss MoE shapes (default --only E=32,N=2880); needs a GPU.
+# Search strategies against the exhaustive best on gpt-oss shapes (default --only E=32,N=2880); needs a GPU.
 bench-strategies *ARGS: build
     TUNELAB_PYTHON={{python}} {{python}} bench/strategies.py --tunelab target/release/tunelab {{ARGS}}

@@ -128,6 +128,49 @@ bad_input!(
     "missing_companion.yaml:8:"
 );
 
+/// Independent errors are all reported in one pass, each at its own place.
+#[test]
+fn independent_errors_are_reported_together() {
+    let stderr = validate_fails("several_errors.yaml");
+    for place in [
+        "several_errors.yaml:11:26",
+        "several_errors.yaml:13:19",
+        "several_errors.yaml:14:34",
+    ] {
+        assert!(stderr.contains(place), "expected {place} in:\n{stderr}");
+    }
+    assert!(stderr.contains("3 errors"), "{stderr}");
+    insta::assert_snapshot!("independent_errors_are_reported_together", stderr);
+}
+
+/// A worker from another version of tunelab is refused at start-up: exit 4,
+/// naming both protocol versions.
+#[test]
+fn a_worker_speaking_another_protocol_is_refused() {
+    let results = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+        .current_dir(repo)
+        .args([
+            "run",
+            "experiments/quickstart.yaml",
+            "--interpret",
+            "--quiet",
+        ])
+        .arg("--python")
+        .arg(repo.join("tests/fixtures/workers/protocol99"))
+        .arg("--results-dir")
+        .arg(results.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("worker protocol 99") && stderr.contains("protocol 1"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn bad_set_override_is_an_input_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))

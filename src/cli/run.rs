@@ -27,7 +27,7 @@ pub struct Request<'a> {
 
 /// Runs, and writes the timeline to `trace` if asked, even when the run
 /// failed or was interrupted: that is when a timeline helps most.
-pub(super) fn run_traced(request: &Request, trace: Option<&Path>) -> Result<i32, Failure> {
+pub(super) fn run_traced(request: &Request<'_>, trace: Option<&Path>) -> Result<i32, Failure> {
     if trace.is_some() {
         crate::trace::enable();
     }
@@ -96,7 +96,7 @@ fn target(settings: &Settings) -> Target {
     }
 }
 
-fn run(request: &Request) -> Result<i32, Failure> {
+fn run(request: &Request<'_>) -> Result<i32, Failure> {
     let target = target(request.settings);
     let exp = load_experiment(request.manifest, request.args, &target.device)?;
     let mut code = run_experiment(&exp, request, &target, request.use_best)?;
@@ -149,7 +149,7 @@ fn run(request: &Request) -> Result<i32, Failure> {
 /// Run one experiment on the chosen devices, then write its outputs.
 fn run_experiment(
     exp: &Experiment,
-    request: &Request,
+    request: &Request<'_>,
     target: &Target,
     use_best: Option<&Path>,
 ) -> Result<i32, Failure> {

@@ -1,6 +1,6 @@
 //! `aiter_fmoe_csv`: rows of aiter's `tuned_fmoe.csv`.
 //!
-//! Header (as DESIGN.md gives it):
+//! Header (aiter's own column order):
 //! `cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,doweight_stage1,block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,tflops,bw,_tag`.
 //! (Newer aiter versions also have an `xbf16` column between `run_1stage` and
 //! `tflops`; aiter reads files without it.)
@@ -39,7 +39,7 @@ pub const HEADER: &str = "cu_num,token,model_dim,inter_dim,expert,topk,act_type,
 /// Config fields a method needs to feed this format when no method is named.
 pub const REQUIRED: [&str; 0] = [];
 
-pub fn render(group: &Group) -> Result<String, EmitError> {
+pub fn render(group: &Group<'_, '_>) -> Result<String, EmitError> {
     let mut w = csv::WriterBuilder::new()
         .terminator(csv::Terminator::Any(b'\n'))
         .from_writer(Vec::new());

@@ -263,7 +263,7 @@ fn group_by_path<'s, 'a>(
         Ok(path)
     };
 
-    let mut groups: IndexMap<String, Vec<&ShapeOutcome>> = IndexMap::new();
+    let mut groups: IndexMap<String, Vec<&ShapeOutcome<'_>>> = IndexMap::new();
     if sel.shapes.is_empty() {
         // Nothing recorded: a path that needs no shape field still gets its
         // (empty) file; one that does has no shape to be rendered for.

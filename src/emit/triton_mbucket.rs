@@ -109,7 +109,7 @@ pub fn buckets(
     out
 }
 
-pub fn render(group: &Group) -> Result<Option<String>, EmitError> {
+pub fn render(group: &Group<'_, '_>) -> Result<Option<String>, EmitError> {
     let tuned: BTreeMap<i64, IndexMap<String, Json>> = group
         .bests_by_m()?
         .into_iter()

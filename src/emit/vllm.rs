@@ -40,7 +40,7 @@ pub const REQUIRED: [&str; 6] = [
 /// Fields vLLM's tuner appends when present (ROCm).
 const OPTIONAL: [&str; 3] = ["waves_per_eu", "matrix_instr_nonkdim", "kpack"];
 
-pub fn render(group: &Group) -> Result<Option<String>, EmitError> {
+pub fn render(group: &Group<'_, '_>) -> Result<Option<String>, EmitError> {
     let mut by_m: BTreeMap<i64, serde_json::Map<String, Json>> = BTreeMap::new();
     for (m, (shape, best)) in group.bests_by_m()? {
         let mut config = serde_json::Map::new();

@@ -111,7 +111,7 @@ pub struct PlanOptions<'a> {
 
 /// Whether every `--only` key names something the experiment has (a shape
 /// field, `method`, a space parameter): a companion experiment runs only then.
-pub fn filter_applies(exp: &Experiment, opts: &PlanOptions) -> bool {
+pub fn filter_applies(exp: &Experiment, opts: &PlanOptions<'_>) -> bool {
     opts.filter
         .check_keys(exp, shapes_for(exp, opts.mode))
         .is_ok()
@@ -128,7 +128,7 @@ fn shapes_for(exp: &Experiment, mode: Mode) -> &[Shape] {
 /// Streams every job to `sink`; returns the counts. `sink` may stop early.
 pub fn plan(
     exp: &Experiment,
-    opts: &PlanOptions,
+    opts: &PlanOptions<'_>,
     sink: &mut dyn FnMut(Job) -> ControlFlow<()>,
 ) -> Result<PlanSummary, Diagnostic> {
     let shapes = shapes_for(exp, opts.mode);
@@ -261,7 +261,7 @@ pub fn plan(
 
 /// Emits one job unless it is the baseline already emitted. Returns (flow, whether it was emitted).
 fn counts_job_skip(
-    space: &SpacePlan,
+    space: &SpacePlan<'_>,
     slots: &[Val],
     shape_index: usize,
     baseline_id: Option<&str>,
@@ -422,7 +422,7 @@ impl<'a> SpacePlan<'a> {
             }
             level
         };
-        let mut by_level: Vec<Vec<(usize, Check)>> =
+        let mut by_level: Vec<Vec<(usize, Check<'_>)>> =
             (0..=method.axes.len()).map(|_| Vec::new()).collect();
         for (i, c) in method.constraints.iter().enumerate() {
             let uses_derived = {
@@ -483,7 +483,7 @@ impl<'a> SpacePlan<'a> {
         })
     }
 
-    fn eval(&self, check: &Check, slots: &[Val]) -> Result<Val, Diagnostic> {
+    fn eval(&self, check: &Check<'_>, slots: &[Val]) -> Result<Val, Diagnostic> {
         match check {
             Check::Fast(c) => c.eval(slots).map_err(|e| self.eval_error(None, slots, e)),
             Check::Reference(e) => {
@@ -516,7 +516,7 @@ impl<'a> SpacePlan<'a> {
 
     /// Visits every valid point; `visit` gets the full slot vector and returns
     /// (flow, counted) where `counted` says whether it became a job.
-    fn walk(&self, counts: &mut MethodCounts, visit: &mut Visit) -> Result<(), Diagnostic> {
+    fn walk(&self, counts: &mut MethodCounts, visit: &mut Visit<'_>) -> Result<(), Diagnostic> {
         let mut slots = self.base.clone();
         let total: u64 = self.axes.iter().map(|a| a.len() as u64).product();
         counts.points += total;
@@ -551,7 +551,7 @@ impl<'a> SpacePlan<'a> {
         slots: &mut Vec<Val>,
         counts: &mut MethodCounts,
         suffix: &[u64],
-        visit: &mut Visit,
+        visit: &mut Visit<'_>,
         flow: &mut ControlFlow<()>,
     ) -> Result<(), Diagnostic> {
         if level == self.axes.len() {
@@ -681,7 +681,7 @@ impl<'a> SpacePlan<'a> {
 /// benchmarks. Returns (summary, xor of all ids) so the work cannot be skipped.
 pub fn count_with_ids(
     exp: &Experiment,
-    opts: &PlanOptions,
+    opts: &PlanOptions<'_>,
 ) -> Result<(PlanSummary, u64), Diagnostic> {
     let constants = device_constants(opts.device);
     let env = expr::environment();

@@ -102,7 +102,7 @@ enum Slot {
 }
 
 pub fn run_group(
-    ctx: &LaneContext,
+    ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     group: Group,
     emit: &mut dyn FnMut(Event),
@@ -125,7 +125,7 @@ pub fn run_group(
     let configs: Vec<IndexMap<String, serde_json::Value>> =
         jobs.iter().map(|j| j.config.clone()).collect();
     let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
-    let candidates: Vec<Candidate> = jobs
+    let candidates: Vec<Candidate<'_>> = jobs
         .iter()
         .zip(&configs)
         .zip(&ids)
@@ -412,7 +412,7 @@ impl Trials for Lane<'_, '_> {
 
 /// Check (fresh inputs, poisoned output, compare) and, unless only checking, warm up.
 fn prepare(
-    ctx: &LaneContext,
+    ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     kernel: &str,
     kind: MethodKind,
@@ -453,7 +453,7 @@ fn prepare(
 }
 
 fn take_batch(
-    ctx: &LaneContext,
+    ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     m: &mut Measured,
 ) -> Result<(), JobFailure> {
@@ -471,7 +471,7 @@ fn take_batch(
 /// The best few configs of a group, re-timed interleaved in shuffled order so
 /// that clock and thermal drift hit them alike.
 fn retime_finalists(
-    ctx: &LaneContext,
+    ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     kernel: &str,
     kind: MethodKind,

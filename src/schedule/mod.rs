@@ -137,7 +137,7 @@ pub fn effective_protocol(p: &Protocol, mode: Mode) -> Protocol {
     }
 }
 
-pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome, RunError> {
+pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOutcome, RunError> {
     let started = Instant::now();
     install_interrupt_handler();
     let exp = opts.exp;
@@ -278,8 +278,8 @@ impl Resume {
 /// has a total and a bad filter or space stops the run before it starts.
 fn count_plan(
     exp: &Experiment,
-    plan_opts: &PlanOptions,
-    select: &Selection,
+    plan_opts: &PlanOptions<'_>,
+    select: &Selection<'_>,
 ) -> Result<(u64, u64), RunError> {
     let (mut planned, mut skipped) = (0u64, 0u64);
     plan::plan(exp, plan_opts, &mut |job| {
@@ -312,7 +312,7 @@ struct Workers {
 impl Workers {
     /// Starts the compile pool first (its workers import Triton while the
     /// lane's worker imports torch), then waits for the first lane's worker.
-    fn start(opts: &RunOptions, dir: &Path, timeout: Duration) -> Result<Workers, RunError> {
+    fn start(opts: &RunOptions<'_>, dir: &Path, timeout: Duration) -> Result<Workers, RunError> {
         let exp = opts.exp;
         let lanes: Vec<Option<String>> = if opts.mode == Mode::Interpreter || opts.gpus.is_empty() {
             vec![None]
@@ -373,7 +373,7 @@ impl Workers {
 
 /// The journal header of this run.
 fn run_header(
-    opts: &RunOptions,
+    opts: &RunOptions<'_>,
     protocol: &Protocol,
     tolerance: &Tolerance,
     fingerprint: Fingerprint,
@@ -423,7 +423,7 @@ struct Drain<'a> {
 /// thread is the journal's single writer, so every record is on disk before
 /// the next is read.
 fn drain(
-    run: &Drain,
+    run: &Drain<'_>,
     workers: Workers,
     journal: &mut Journal,
     outcome: &mut RunOutcome,

@@ -21,7 +21,7 @@ impl Strategy for Halving {
         StrategyName::Halving
     }
 
-    fn search(&self, candidates: &[Candidate], trials: &mut dyn Trials) {
+    fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
         // (candidate, median of its screening samples so far)
         let mut alive: Vec<(usize, f64)> = Vec::new();
         for i in 0..candidates.len() {

@@ -209,7 +209,7 @@ pub trait Strategy: Send + Sync {
         false
     }
     /// Measure the group's candidates (tune mode).
-    fn search(&self, candidates: &[Candidate], trials: &mut dyn Trials);
+    fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials);
 }
 
 #[cfg(test)]

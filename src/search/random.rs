@@ -18,7 +18,7 @@ impl Strategy for Random {
         Some((self.budget, self.seed))
     }
 
-    fn search(&self, candidates: &[Candidate], trials: &mut dyn Trials) {
+    fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
         super::grid::measure_all(candidates, trials);
     }
 }

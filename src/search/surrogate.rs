@@ -30,7 +30,7 @@ impl Strategy for Surrogate {
         true
     }
 
-    fn search(&self, candidates: &[Candidate], trials: &mut dyn Trials) {
+    fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
         for (i, c) in candidates.iter().enumerate() {
             if c.baseline {
                 if trials.interrupted() {

@@ -29,7 +29,7 @@ pub(super) struct Chart {
 pub(super) fn chart_groups<'s, 'a>(
     shapes: &[&'s ShapeOutcome<'a>],
 ) -> Vec<(ShapeFields, Vec<&'s ShapeOutcome<'a>>)> {
-    let mut groups: Vec<(String, ShapeFields, Vec<&ShapeOutcome>)> = Vec::new();
+    let mut groups: Vec<(String, ShapeFields, Vec<&ShapeOutcome<'_>>)> = Vec::new();
     for s in shapes {
         if s.m().is_none() {
             continue;
@@ -45,7 +45,7 @@ pub(super) fn chart_groups<'s, 'a>(
     groups.into_iter().map(|(_, rest, v)| (rest, v)).collect()
 }
 
-pub(super) fn charts(group: &Group, labels: &ShapeLabels, moe: bool) -> Vec<Chart> {
+pub(super) fn charts(group: &Group<'_, '_>, labels: &ShapeLabels, moe: bool) -> Vec<Chart> {
     let methods = group.sel.methods();
     let title_fields: Vec<String> = labels
         .varying
@@ -61,7 +61,7 @@ pub(super) fn charts(group: &Group, labels: &ShapeLabels, moe: bool) -> Vec<Char
             if moe && *kind == MethodKind::Torch {
                 continue;
             }
-            let outcomes: Vec<Option<&crate::emit::MethodOutcome>> =
+            let outcomes: Vec<Option<&crate::emit::MethodOutcome<'_>>> =
                 shapes.iter().map(|s| s.method(m)).collect();
             let best: Vec<Option<f64>> = outcomes
                 .iter()

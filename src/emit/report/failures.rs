@@ -57,7 +57,7 @@ pub(super) fn failures(labels: &ShapeLabels, jobs: &[&JobRecord]) -> Vec<Failure
     rows
 }
 
-pub(super) fn flags(group: &Group, jobs: &[&JobRecord]) -> Vec<FlagRow> {
+pub(super) fn flags(group: &Group<'_, '_>, jobs: &[&JobRecord]) -> Vec<FlagRow> {
     // Flags order themselves as reports list them (`Flag::ALL`).
     let mut by_flag: BTreeMap<Flag, Vec<&str>> = BTreeMap::new();
     for j in jobs {

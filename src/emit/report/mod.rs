@@ -118,7 +118,7 @@ impl Table {
     }
 }
 
-pub fn render(group: &Group) -> Result<String, EmitError> {
+pub fn render(group: &Group<'_, '_>) -> Result<String, EmitError> {
     let ctx = context(group);
     let mut env = minijinja::Environment::new();
     env.set_trim_blocks(true);
@@ -185,7 +185,7 @@ struct ShapeLabels {
 }
 
 impl ShapeLabels {
-    fn new(shapes: &[&ShapeOutcome]) -> Self {
+    fn new(shapes: &[&ShapeOutcome<'_>]) -> Self {
         let mut fields: Vec<String> = Vec::new();
         for s in shapes {
             for k in s.shape.keys() {
@@ -228,7 +228,7 @@ impl ShapeLabels {
     }
 }
 
-fn context(group: &Group) -> Ctx {
+fn context(group: &Group<'_, '_>) -> Ctx {
     let h = group.header;
     let shapes = &group.shapes;
     let labels = ShapeLabels::new(shapes);

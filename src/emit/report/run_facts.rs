@@ -20,7 +20,7 @@ pub(super) fn bytes(n: u64) -> String {
     }
 }
 
-pub(super) fn environment(group: &Group) -> Vec<Row> {
+pub(super) fn environment(group: &Group<'_, '_>) -> Vec<Row> {
     let h = group.header;
     let d = &h.device;
     let fp = &h.fingerprint;
@@ -136,7 +136,7 @@ pub(super) fn environment(group: &Group) -> Vec<Row> {
     ]
 }
 
-pub(super) fn protocol(group: &Group) -> Vec<Row> {
+pub(super) fn protocol(group: &Group<'_, '_>) -> Vec<Row> {
     let h = group.header;
     let p = &h.protocol;
     let with = match p.flush {
@@ -291,7 +291,7 @@ pub(super) fn run_wall_seconds(runs: &[crate::store::RunHeader], jobs: &[&JobRec
         .sum()
 }
 
-pub(super) fn counts(group: &Group, jobs: &[&JobRecord]) -> Vec<Row> {
+pub(super) fn counts(group: &Group<'_, '_>, jobs: &[&JobRecord]) -> Vec<Row> {
     let count = |s: JobStatus| jobs.iter().filter(|j| j.status == s).count();
     let measured = run_wall_seconds(&group.results.runs, jobs);
     let job_ids: HashSet<&str> = jobs.iter().map(|j| j.job_id.as_str()).collect();

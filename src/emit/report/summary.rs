@@ -15,7 +15,7 @@ pub(super) fn median(values: &mut [f64]) -> Option<f64> {
     })
 }
 
-pub(super) fn summary(group: &Group, methods: &[(&str, MethodKind)]) -> Vec<String> {
+pub(super) fn summary(group: &Group<'_, '_>, methods: &[(&str, MethodKind)]) -> Vec<String> {
     let mut lines = Vec::new();
     let n_shapes = group.shapes.len();
     let with_best = group

@@ -5,7 +5,7 @@ use super::*;
 
 pub(super) fn comparison_table(
     labels: &ShapeLabels,
-    shapes: &[&ShapeOutcome],
+    shapes: &[&ShapeOutcome<'_>],
     methods: &[(&str, MethodKind)],
 ) -> Table {
     let mut columns = vec!["Shape".to_string()];
@@ -35,7 +35,7 @@ pub(super) fn comparison_table(
 }
 
 pub(super) fn bandwidth_table(
-    group: &Group,
+    group: &Group<'_, '_>,
     labels: &ShapeLabels,
     methods: &[(&str, MethodKind)],
 ) -> (Option<Table>, Option<String>) {
@@ -49,7 +49,7 @@ pub(super) fn bandwidth_table(
             )),
         );
     }
-    let pct = |t: Option<Timed>| t.and_then(|t| t.gbs()).map(|g| g / peak * 100.0);
+    let pct = |t: Option<Timed<'_>>| t.and_then(|t| t.gbs()).map(|g| g / peak * 100.0);
     // Per method its best, and its baseline when it has one somewhere.
     let mut cols: Vec<(&str, bool)> = Vec::new();
     for (m, _) in methods {

@@ -19,10 +19,10 @@ pub(super) struct Winner {
 }
 
 pub(super) fn winner(
-    group: &Group,
+    group: &Group<'_, '_>,
     labels: &ShapeLabels,
-    s: &ShapeOutcome,
-    m: &crate::emit::MethodOutcome,
+    s: &ShapeOutcome<'_>,
+    m: &crate::emit::MethodOutcome<'_>,
 ) -> Winner {
     let shape = cell(&labels.label(s.shape));
     let method = cell(m.method);
