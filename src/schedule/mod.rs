@@ -462,50 +462,17 @@ fn drain(
     let mut display = progress::Progress::new(outcome.planned, opts.progress);
     let use_pool = pool.is_some();
 
+    let lane_opts = LaneOptions {
+        run,
+        flush,
+        peak: &peak,
+        board: use_pool.then_some(board),
+    };
     std::thread::scope(|scope| -> Result<(), RunError> {
         let planner = spawn_planner(scope, run, group_tx, use_pool.then_some(board));
-        let mut first = Some(first_lane);
-        for (i, device) in lanes.iter().enumerate() {
-            let mut backend = first.take().unwrap_or_else(|| {
-                PythonBackend::new(
-                    spec("lane", device.clone(), format!("lane{i}.log")),
-                    &opts.exp.problem,
-                    timeout,
-                )
-            });
-            let rx = Arc::clone(&group_rx);
-            let events = event_tx.clone();
-            let ctx = lane::LaneContext {
-                protocol: run.protocol.clone(),
-                tolerance: run.tolerance.clone(),
-                strategy: run.strategy,
-                run_mode: opts.run_mode,
-                flush,
-                peak_gbs: opts.device.peak_gbs,
-                peak_tflops: &peak,
-                compile: use_pool.then_some(board),
-                lane: i as u32,
-                prior: run.prior,
-            };
-            scope.spawn(move || {
-                loop {
-                    let group = match rx.lock().expect("group queue").recv() {
-                        Ok(g) => g,
-                        Err(_) => break,
-                    };
-                    // The journal's writer stops at its first failed write; a
-                    // result nobody can record is not worth measuring.
-                    let mut writer_gone = false;
-                    lane::run_group(&ctx, &mut backend as &mut dyn Backend, group, &mut |e| {
-                        writer_gone |= events.send(e).is_err();
-                    });
-                    if interrupted() || writer_gone {
-                        break;
-                    }
-                }
-                backend.shutdown();
-            });
-        }
+        spawn_lanes(
+            scope, &lane_opts, first_lane, &spec, &lanes, timeout, &group_rx, &event_tx,
+        );
         drop(event_tx);
 
         for event in event_rx {
@@ -535,6 +502,73 @@ fn drain(
     // The compile workers have drained their queue by now; wait for them to exit.
     drop(pool);
     Ok(())
+}
+
+/// What every lane of a run shares.
+struct LaneOptions<'a> {
+    run: &'a Drain<'a>,
+    flush: Flush,
+    peak: &'a (dyn Fn(Option<&str>) -> f64 + Sync),
+    board: Option<&'a compile::CompileBoard>,
+}
+
+/// One thread per lane, each owning one GPU's worker: it takes groups from
+/// the queue until the queue closes, the run is interrupted or the journal's
+/// writer is gone, then shuts its worker down.
+#[allow(clippy::too_many_arguments)]
+fn spawn_lanes<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    o: &'scope LaneOptions<'env>,
+    first_lane: PythonBackend,
+    spec: &SpecFor,
+    lanes: &[Option<String>],
+    timeout: Duration,
+    group_rx: &Arc<Mutex<mpsc::Receiver<Group>>>,
+    event_tx: &mpsc::Sender<Event>,
+) {
+    let run = o.run;
+    let mut first = Some(first_lane);
+    for (i, device) in lanes.iter().enumerate() {
+        let mut backend = first.take().unwrap_or_else(|| {
+            PythonBackend::new(
+                spec("lane", device.clone(), format!("lane{i}.log")),
+                &run.opts.exp.problem,
+                timeout,
+            )
+        });
+        let rx = Arc::clone(group_rx);
+        let events = event_tx.clone();
+        let ctx = lane::LaneContext {
+            protocol: run.protocol.clone(),
+            tolerance: run.tolerance.clone(),
+            strategy: run.strategy,
+            run_mode: run.opts.run_mode,
+            flush: o.flush,
+            peak_gbs: run.opts.device.peak_gbs,
+            peak_tflops: o.peak,
+            compile: o.board,
+            lane: i as u32,
+            prior: run.prior,
+        };
+        scope.spawn(move || {
+            loop {
+                let group = match rx.lock().expect("group queue").recv() {
+                    Ok(g) => g,
+                    Err(_) => break,
+                };
+                // The journal's writer stops at its first failed write; a
+                // result nobody can record is not worth measuring.
+                let mut writer_gone = false;
+                lane::run_group(&ctx, &mut backend as &mut dyn Backend, group, &mut |e| {
+                    writer_gone |= events.send(e).is_err();
+                });
+                if interrupted() || writer_gone {
+                    break;
+                }
+            }
+            backend.shutdown();
+        });
+    }
 }
 
 /// The planner thread: jobs in plan order, grouped by (shape, method), to the
