@@ -5,7 +5,7 @@
 pub mod python;
 pub mod worker;
 
-pub use python::PythonBackend;
+pub use python::{Probe, PythonBackend};
 pub use worker::{CallError, Worker, WorkerSpec};
 
 use crate::manifest::ToleranceFor;

@@ -39,7 +39,8 @@ pub enum Command {
     /// Check manifests: syntax, keys, types, expressions, shapes, constraints.
     #[command(after_help = "Example:\n  tunelab validate experiments/*.yaml")]
     Validate {
-        #[arg(required = true)]
+        /// Manifests to check (YAML), e.g. experiments/*.yaml.
+        #[arg(required = true, value_name = "MANIFEST")]
         manifests: Vec<PathBuf>,
         #[command(flatten)]
         manifest: ManifestArgs,
@@ -49,6 +50,7 @@ pub enum Command {
         after_help = "Examples:\n  tunelab plan experiments/gptoss.yaml\n  tunelab plan experiments/gptoss.yaml --only E=32,N=2880 --json\n  tunelab plan experiments/quickstart.yaml --jobs | head"
     )]
     Plan {
+        /// The experiment's manifest (YAML), e.g. experiments/gptoss.yaml.
         manifest: PathBuf,
         #[command(flatten)]
         manifest_args: ManifestArgs,
@@ -67,6 +69,8 @@ pub enum Command {
         after_help = "Examples:\n  tunelab run experiments/quickstart.yaml\n  tunelab run experiments/gptoss.yaml --only E=32,N=2880\n  tunelab run experiments/gptoss.yaml --mode bench --use-best results/gptoss/NVIDIA_H100_80GB_HBM3\n\nRunning again resumes: finished jobs are skipped."
     )]
     Run {
+        /// The experiment's manifest (YAML), e.g. experiments/quickstart.yaml. Its
+        /// results go to RESULTS_DIR/<experiment>/<device>/; running it again resumes there.
         manifest: PathBuf,
         #[command(flatten)]
         manifest_args: ManifestArgs,

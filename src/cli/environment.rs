@@ -28,6 +28,21 @@ pub(super) fn python_package_dir() -> Option<PathBuf> {
         .map(|c| c.canonicalize().unwrap_or(c))
 }
 
+/// The folders workers import from: tunelab's own package (in a checkout)
+/// and the manifest's `python_path:`.
+pub(super) fn worker_python_path(
+    exp: &crate::manifest::Experiment,
+) -> Result<Vec<PathBuf>, Failure> {
+    let package = python_package_dir().ok_or_else(|| {
+        Failure::environment(
+            "error: cannot find tunelab's Python package (python/tunelab)\n  = help: run tunelab from the repository root",
+        )
+    })?;
+    Ok(std::iter::once(package)
+        .chain(exp.python_path.iter().cloned())
+        .collect())
+}
+
 pub(super) fn config(global: &GlobalArgs) -> Result<i32, Failure> {
     let layered = config::load(global.config.as_ref(), &super::flags(global))
         .map_err(super::settings_error)?;

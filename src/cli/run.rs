@@ -9,6 +9,7 @@ use super::results::write_outputs;
 use super::Failure;
 use crate::config::Settings;
 use crate::device::{self, DeviceInfo};
+use crate::emit::num::count;
 use crate::exit;
 use crate::manifest::Experiment;
 use crate::plan::{self, Filter, Mode, PlanOptions, RunMode};
@@ -158,11 +159,7 @@ fn run_experiment(
         eprintln!("warning: {} has no `interpreter:` section; running its full shape set in the interpreter will be slow", exp.manifest_path.display());
     }
     let filter = Filter::parse(request.args.only.as_deref().unwrap_or(""))?;
-    let python_path = super::environment::python_package_dir().ok_or_else(|| {
-        Failure::environment(
-            "error: cannot find tunelab's Python package (python/tunelab)\n  = help: run tunelab from the repository root",
-        )
-    })?;
+    let python_path = super::environment::worker_python_path(exp)?;
     let only_jobs = match use_best {
         None => None,
         Some(dir) => {
@@ -219,14 +216,15 @@ fn run_experiment(
         outputs_started,
         serde_json::json!({}),
     );
+    let run = outcome.ok + outcome.failed + outcome.pruned + outcome.checked;
     println!(
-        "{} [{}]: {} jobs run ({} ok, {} failed, {} pruned, {} checked){}, {} already done, {:.1} s",
+        "{} [{}]: {} run ({} ok, {} failed, {} pruned, {} checked){}, {} already done, {}",
         exp.name,
         match target.mode {
             Mode::Interpreter => "interpreter",
             Mode::Gpu => target.device.name.as_str(),
         },
-        outcome.ok + outcome.failed + outcome.pruned + outcome.checked,
+        count(run, "job", "jobs"),
         outcome.ok,
         outcome.failed,
         outcome.pruned,
@@ -236,8 +234,14 @@ fn run_experiment(
             n => format!(", {n} left unmeasured by the surrogate search"),
         },
         outcome.skipped,
-        outcome.wall_s
+        seconds(outcome.wall_s)
     );
+    if outcome.interrupted {
+        eprintln!(
+            "interrupted: {} recorded; run the same command to resume",
+            count(run + outcome.skipped_by_search, "job", "jobs")
+        );
+    }
     println!("results: {}", outcome.dir.display());
     for p in written {
         println!("  {}", p.display());
@@ -249,4 +253,14 @@ fn run_experiment(
     } else {
         exit::OK
     })
+}
+
+/// A wall time as people read it: `0.4 s`, `12.5 s`, `3 min 05 s`.
+fn seconds(s: f64) -> String {
+    if s < 60.0 {
+        format!("{s:.1} s")
+    } else {
+        let total = s.round() as u64;
+        format!("{} min {:02} s", total / 60, total % 60)
+    }
 }

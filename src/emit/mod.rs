@@ -33,7 +33,7 @@
 
 pub mod aiter;
 pub mod csv_out;
-pub(crate) mod num;
+pub mod num;
 pub mod report;
 pub mod select;
 pub mod triton_mbucket;

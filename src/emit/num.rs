@@ -71,6 +71,14 @@ pub fn speedup(x: Option<f64>) -> String {
 }
 
 /// What missing data looks like in the report.
+/// `1 shape`, `3 shapes`: a count and its noun, singular or plural.
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    match n.into() {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    }
+}
+
 pub const DASH: &str = "—";
 
 /// A JSON scalar as a CSV cell: strings bare, null empty, lists and objects as compact JSON.

@@ -37,6 +37,8 @@ pub struct Experiment {
     pub interpreter: Option<InterpreterPlan>,
     /// Manifests run after this one (`companions:`), resolved and checked to exist.
     pub companions: Vec<PathBuf>,
+    /// Folders the workers import problems from (`python_path:`), absolute.
+    pub python_path: Vec<PathBuf>,
 }
 
 impl Experiment {
@@ -97,6 +99,8 @@ pub struct Expr {
 pub struct Axis {
     pub name: String,
     pub values: Vec<Json>,
+    /// Where each value was written (`{range: ...}` values share the range's place).
+    pub value_spans: Vec<Span>,
 }
 
 #[derive(Debug, Clone)]
@@ -117,6 +121,7 @@ pub struct Method {
     pub name: String,
     pub kind: MethodKind,
     pub kernel: String,
+    pub kernel_span: Span,
     /// Hash of what defines the method's code: kind, kernel, source file contents, version.
     pub identity: String,
     pub params: IndexMap<String, Json>,
@@ -126,6 +131,105 @@ pub struct Method {
     pub baseline: Option<Baseline>,
     pub span: Span,
     pub constraints_span: Span,
+    /// Where each config name (parameter, space parameter, derived value) was declared.
+    pub key_spans: IndexMap<String, Span>,
+    /// Where each fixed parameter's value was written.
+    pub param_spans: IndexMap<String, Span>,
+}
+
+/// The type of a config value, as a method declares it (`config_types`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConfigType {
+    Int,
+    Float,
+    Str,
+    Bool,
+}
+
+impl ConfigType {
+    fn accepts(self, v: &Json) -> bool {
+        match self {
+            ConfigType::Int => v.is_i64() || v.is_u64(),
+            ConfigType::Float => v.is_number(),
+            ConfigType::Str => v.is_string(),
+            ConfigType::Bool => v.is_boolean(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ConfigType::Int => "an integer",
+            ConfigType::Float => "a number",
+            ConfigType::Str => "a string",
+            ConfigType::Bool => "true or false",
+        }
+    }
+}
+
+impl Method {
+    /// Checks the names and values this method's configs carry against the
+    /// types its implementation declares (`config_types`): an unknown name
+    /// or a wrong-typed value, each at its own line.
+    pub fn check_config_types(
+        &self,
+        declared: &IndexMap<String, ConfigType>,
+    ) -> Vec<crate::diag::Diagnostic> {
+        use crate::diag::{did_you_mean, Diagnostic};
+        let mut errors = Vec::new();
+        for (name, span) in &self.key_spans {
+            let Some(kind) = declared.get(name) else {
+                let known: Vec<&str> = declared.keys().map(String::as_str).collect();
+                let help = match did_you_mean(name, known.iter().copied()) {
+                    Some(s) => format!("did you mean `{s}`?"),
+                    None if known.is_empty() => "it takes no parameters: remove them".to_string(),
+                    None => format!("it takes: {}", known.join(", ")),
+                };
+                errors.push(
+                    Diagnostic::at(
+                        *span,
+                        format!(
+                            "method `{}` (kernel `{}`) takes no parameter `{name}`",
+                            self.name, self.kernel
+                        ),
+                    )
+                    .help(help),
+                );
+                continue;
+            };
+            let values: Vec<(&Json, Span)> =
+                if let Some(axis) = self.axes.iter().find(|a| &a.name == name) {
+                    axis.values
+                        .iter()
+                        .zip(axis.value_spans.iter().copied())
+                        .collect()
+                } else if let Some(v) = self.params.get(name) {
+                    vec![(v, self.param_spans.get(name).copied().unwrap_or(*span))]
+                } else {
+                    Vec::new() // a derived value: its type shows when it is evaluated
+                };
+            for (v, at) in values {
+                if !kind.accepts(v) {
+                    errors.push(
+                        Diagnostic::at(
+                            at,
+                            format!(
+                                "`{name}` of method `{}` must be {}, found {v}",
+                                self.name,
+                                kind.name()
+                            ),
+                        )
+                        .help(format!(
+                            "the kernel `{}` declares `{name}` as {}",
+                            self.kernel,
+                            kind.name()
+                        )),
+                    );
+                }
+            }
+        }
+        errors
+    }
 }
 
 /// Numerical tolerance: an element mismatches when |out - ref| > atol + rtol·|ref|.

@@ -24,7 +24,7 @@ use super::raw::{
     RawStrategy, RawTolerance,
 };
 use super::shapes;
-use super::values::{axis_values, check_one_type, unknown};
+use super::values::{axis_value_spans, axis_values, check_one_type, unknown};
 use super::yaml::{Node, Value};
 use crate::device::DeviceInfo;
 use crate::diag::{did_you_mean, Diagnostic, Diagnostics, Span};
@@ -122,6 +122,24 @@ pub fn validate(
         }
     }
 
+    let mut python_path = Vec::new();
+    for dir in &raw.python_path {
+        let path = base_dir.join(dir.as_str());
+        match path.canonicalize() {
+            Ok(p) if p.is_dir() => python_path.push(p),
+            _ => found.push(
+                Diagnostic::at(
+                    dir.span,
+                    format!("`python_path` folder `{}` not found", dir.value),
+                )
+                .help(format!(
+                    "folders are relative to this manifest: looked for {}",
+                    path.display()
+                )),
+            ),
+        }
+    }
+
     if !found.errors.is_empty() {
         // In the order a reader meets them in the file.
         found
@@ -151,6 +169,7 @@ pub fn validate(
         outputs,
         interpreter,
         companions,
+        python_path,
     })
 }
 
@@ -253,17 +272,26 @@ fn method(
     for f in shape_fields {
         declared.insert(f.clone(), (m.span, "shape field"));
     }
+    let mut key_spans = IndexMap::new();
     for k in m.params.keys() {
         declare(&mut declared, k, "parameter")?;
+        key_spans.insert(k.value.clone(), k.span);
     }
     let params = shapes::scalar_fields(&m.params, "parameter")?;
+    let param_spans = m
+        .params
+        .iter()
+        .map(|(k, v)| (k.value.clone(), v.span))
+        .collect();
     let mut axes = Vec::new();
     for (k, v) in &m.space {
         declare(&mut declared, k, "space parameter")?;
+        key_spans.insert(k.value.clone(), k.span);
         let values = axis_values(v, k, false)?;
         check_one_type(v, k)?;
         axes.push(Axis {
             name: k.value.clone(),
+            value_spans: axis_value_spans(v, values.len()),
             values,
         });
     }
@@ -277,6 +305,7 @@ fn method(
         };
         check_expr(&e, env, &known, device)?;
         declare(&mut declared, k, "derived value")?;
+        key_spans.insert(k.value.clone(), k.span);
         known.push(k.value.clone());
         derived.push((k.value.clone(), e));
     }
@@ -322,7 +351,7 @@ fn method(
         format!(
             "{:?}\0{}\0{}\0",
             m.kind,
-            m.kernel,
+            m.kernel.value,
             m.version.as_deref().unwrap_or("")
         )
         .as_bytes(),
@@ -341,7 +370,8 @@ fn method(
     Ok(Method {
         name: name.value.clone(),
         kind: m.kind,
-        kernel: m.kernel.clone(),
+        kernel: m.kernel.value.clone(),
+        kernel_span: m.kernel.span,
         identity: identity.finalize().to_hex()[..16].to_string(),
         params,
         axes,
@@ -350,6 +380,8 @@ fn method(
         baseline,
         span: m.span,
         constraints_span: place(m.constraints.span, m.span),
+        key_spans,
+        param_spans,
     })
 }
 

@@ -151,3 +151,12 @@ fn int_list(node: &Node, name: &str, form: &str, len: usize) -> Result<Vec<i64>,
         )
     })
 }
+
+/// Where each value of an axis was written: its own place for a list item,
+/// the axis' place for `{range: ...}` and `{pow2: ...}`.
+pub(super) fn axis_value_spans(node: &Node, count: usize) -> Vec<Span> {
+    match &node.value {
+        Value::Seq(items) => items.iter().map(|i| i.span).collect(),
+        _ => vec![node.span; count],
+    }
+}

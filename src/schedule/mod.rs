@@ -5,15 +5,20 @@
 //!
 //! [`run`] reads as its phases:
 //! 1. [`Resume::read`]: what the results directory already holds;
-//! 2. [`count_plan`]: the jobs to run (a bad `--only` or manifest stops here);
+//! 2. [`count_plan`]: the jobs to run (a bad `--only` or manifest, or a plan
+//!    with nothing to run, stops here);
 //! 3. [`Workers::start`]: the compile pool and the first lane's worker, which
-//!    must answer before anything is written;
-//! 4. [`Journal::open`]: the results directory and its lock, the run header;
+//!    must answer before anything is written; then
+//!    [`preflight::check_problem`]: the problem imports, has its methods, and
+//!    its space values have the types they declare;
+//! 4. [`Journal::open`]: the results directory and its lock, the run header.
+//!    Until here a refused run leaves nothing behind ([`preflight::CreatedDirs`]);
 //! 5. [`drain`]: planner, lanes and the journal's single writer until done;
 //! 6. the outputs, regenerated from the journal.
 
 pub mod compile;
 pub mod lane;
+pub mod preflight;
 pub mod progress;
 
 use std::collections::{HashMap, HashSet};
@@ -65,7 +70,8 @@ pub struct RunOptions<'a> {
     pub run_mode: RunMode,
     pub filter: Filter,
     pub python: String,
-    pub python_path: PathBuf,
+    /// Folders put first on the workers' PYTHONPATH.
+    pub python_path: Vec<PathBuf>,
     pub results_dir: PathBuf,
     pub compile_workers: usize,
     /// Only these job ids (from `--use-best`), besides baselines.
@@ -94,7 +100,7 @@ pub struct RunOutcome {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("{0}")]
-    Input(Diagnostic),
+    Input(crate::diag::Diagnostics),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -144,6 +150,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     let strategy = exp.search.strategy(exp.protocol.finalists);
     let protocol = effective_protocol(&exp.protocol, opts.mode);
     let dir = results_dir(&opts.results_dir, exp, &opts.device, opts.mode);
+    let mut created = preflight::CreatedDirs::before(&dir);
 
     let resume = Resume::read(&dir, strategy.as_ref(), opts.run_mode, &protocol, exp)?;
     let select = Selection {
@@ -156,11 +163,20 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         filter: &opts.filter,
         mode: opts.mode,
     };
-    let (planned, skipped) = count_plan(exp, &plan_opts, &select)?;
+    let (planned, skipped, first_shape) = count_plan(exp, &plan_opts, &select)?;
+    let Some(first_shape) = first_shape else {
+        let use_best = opts.only_jobs.is_some();
+        return Err(RunError::Input(
+            preflight::no_jobs(exp, &opts.filter, opts.mode, opts.run_mode, use_best).into(),
+        ));
+    };
 
     let timeout = Duration::from_secs_f64(protocol.timeout_s);
-    let workers = Workers::start(&opts, &dir, timeout)?;
+    let mut workers = Workers::start(&opts, &dir, timeout)?;
+    preflight::check_problem(exp, &mut workers.first_lane, &first_shape, &opts.python)
+        .map_err(RunError::Input)?;
     let (mut journal, repaired) = Journal::open(&dir)?;
+    created.keep();
 
     let mut outcome = RunOutcome {
         dir: dir.clone(),
@@ -238,11 +254,13 @@ impl Resume {
         if let Some(h) = &previous.header {
             if let Some(message) = flush_conflict(h.protocol.flush, protocol.flush) {
                 return Err(RunError::Input(
-                    Diagnostic::in_file(&exp.manifest_path, message).help(format!(
-                        "set `protocol: {{flush_with: {}}}` to go on with {}, or pass a fresh --results-dir",
-                        h.protocol.flush.as_str(),
-                        dir.display()
-                    )),
+                    Diagnostic::in_file(&exp.manifest_path, message)
+                        .help(format!(
+                            "set `protocol: {{flush_with: {}}}` to go on with {}, or pass a fresh --results-dir",
+                            h.protocol.flush.as_str(),
+                            dir.display()
+                        ))
+                        .into(),
                 ));
             }
         }
@@ -276,22 +294,26 @@ impl Resume {
 
 /// Plans once to count the jobs to run and those already done, so progress
 /// has a total and a bad filter or space stops the run before it starts.
+/// Also returns the first selected job's shape, if any job is selected.
 fn count_plan(
     exp: &Experiment,
     plan_opts: &PlanOptions<'_>,
     select: &Selection<'_>,
-) -> Result<(u64, u64), RunError> {
-    let (mut planned, mut skipped) = (0u64, 0u64);
+) -> Result<(u64, u64, Option<Shape>), RunError> {
+    let (mut planned, mut skipped, mut first) = (0u64, 0u64, None);
     plan::plan(exp, plan_opts, &mut |job| {
         match select.keep(&job, exp) {
             Keep::Run => planned += 1,
             Keep::Done => skipped += 1,
-            Keep::No => {}
+            Keep::No => return ControlFlow::Continue(()),
+        }
+        if first.is_none() {
+            first = Some(job.shape);
         }
         ControlFlow::Continue(())
     })
-    .map_err(RunError::Input)?;
-    Ok((planned, skipped))
+    .map_err(|d| RunError::Input(d.into()))?;
+    Ok((planned, skipped, first))
 }
 
 /// How a worker of a role, for a device, logging to a file, is started.
@@ -353,13 +375,10 @@ impl Workers {
             &exp.problem,
             timeout,
         );
-        let hello = first_lane.hello().map_err(|f: JobFailure| {
-            RunError::Environment(format!(
-                "the Python worker did not start ({}): {}\n  = help: run `tunelab doctor`",
-                f.class.as_str(),
-                f.message
-            ))
-        })?;
+        // The failure's message says what to do.
+        let hello = first_lane
+            .hello()
+            .map_err(|f: JobFailure| RunError::Environment(f.message))?;
         Ok(Workers {
             pool,
             first_lane,
@@ -497,7 +516,7 @@ fn drain(
         planner
             .join()
             .expect("planner thread")
-            .map_err(RunError::Input)
+            .map_err(|d| RunError::Input(d.into()))
     })?;
     // The compile workers have drained their queue by now; wait for them to exit.
     drop(pool);

@@ -73,6 +73,15 @@ class Gemm:
 class TritonMatmul:
     """tunelab's own Triton GEMM (tunelab.kernels.matmul)."""
 
+    config_types = {
+        "BLOCK_SIZE_M": int,
+        "BLOCK_SIZE_N": int,
+        "BLOCK_SIZE_K": int,
+        "GROUP_SIZE_M": int,
+        "num_warps": int,
+        "num_stages": int,
+    }
+
     def bind(self, problem: Gemm, inputs: dict, config: dict) -> Launch:
         from tunelab.kernels import matmul
 
@@ -87,6 +96,8 @@ class TritonMatmul:
 
 class TorchMatmul:
     """torch.matmul (cuBLAS on GPU) writing into the preallocated output."""
+
+    config_types: dict = {}
 
     def bind(self, problem: Gemm, inputs: dict, config: dict) -> Launch:
         a, b = inputs["a"], inputs["b"]

@@ -215,6 +215,7 @@ class TritonFusedMoE:
     name = "fused_moe"
     kind = "triton"
     config_keys = CONFIG_KEYS
+    config_types = {key: int for key in CONFIG_KEYS}
 
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
         from tunelab.kernels.fused_moe import FusedMoELaunch, make_plan
@@ -247,6 +248,7 @@ class TorchMoE:
     name = "torch"
     kind = "torch"
     config_keys = ()
+    config_types: dict = {}
 
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
         return _TorchLaunch(problem, inputs)

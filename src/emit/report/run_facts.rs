@@ -162,8 +162,8 @@ pub(super) fn protocol(group: &Group<'_, '_>) -> Vec<Row> {
         row(
             "Warm-up",
             format!(
-                "at least {} launches and {} ms",
-                p.warmup_launches,
+                "at least {} and {} ms",
+                num::count(p.warmup_launches, "launch", "launches"),
                 trim_float(p.warmup_ms)
             ),
         ),

@@ -24,7 +24,8 @@ pub(super) fn summary(group: &Group<'_, '_>, methods: &[(&str, MethodKind)]) -> 
         .filter(|s| s.overall_best().is_some())
         .count();
     lines.push(format!(
-        "{with_best} of {n_shapes} shapes have a timed result; methods: {}.",
+        "{with_best} of {} have a timed result; methods: {}.",
+        num::count(n_shapes as u64, "shape", "shapes"),
         if methods.is_empty() {
             DASH.to_string()
         } else {
