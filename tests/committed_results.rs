@@ -24,6 +24,28 @@ fn journal_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The files of a results directory that an output could have written:
+/// everything but the journal, traces, worker logs, caches, and the files
+/// that are never committed (jobs.csv, jobs.json).
+fn files_under(root: &Path, dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if !matches!(name.as_str(), "traces" | "logs" | ".cache") {
+                out.extend(files_under(root, &path));
+            }
+        } else if !matches!(
+            name.as_str(),
+            "journal.jsonl" | "journal.jsonl.gz" | "jobs.csv" | "jobs.json" | ".lock"
+        ) {
+            out.push(path.strip_prefix(root).unwrap().to_path_buf());
+        }
+    }
+    out
+}
+
 #[test]
 fn every_committed_results_directory_regenerates_byte_for_byte() {
     let mut dirs = Vec::new();
@@ -43,7 +65,15 @@ fn every_committed_results_directory_regenerates_byte_for_byte() {
         if dir.starts_with(results_root().join("bench")) {
             continue;
         }
-        for out in tunelab::emit::render_outputs(&results).unwrap() {
+        let rendered = tunelab::emit::render_outputs(&results).unwrap();
+        for file in files_under(dir, dir) {
+            assert!(
+                rendered.iter().any(|r| r.path == file),
+                "{shown}/{}: no output of the journal produces this file; remove it (git rm) or regenerate",
+                file.display()
+            );
+        }
+        for out in rendered {
             let committed = dir.join(&out.path);
             match out.format {
                 // Restate the journal; regenerated on demand, never committed.

@@ -2,7 +2,6 @@
 //! format-1 journal is read, what happens to a newer one, a torn line, a
 //! packed journal and a journal resumed beside its packed part.
 
-use std::io::Write;
 use std::path::Path;
 
 use indexmap::IndexMap;
@@ -80,6 +79,7 @@ fn header() -> RunHeader {
             max_mismatch: 0.0,
             per_dtype: IndexMap::new(),
         },
+        compared: Vec::new(),
         fingerprint: Fingerprint::default(),
         started_at: "2026-11-23T00:00:00Z".into(),
         planned_jobs: 1,
@@ -210,6 +210,37 @@ fn a_torn_last_line_is_cut_off_once_with_a_notice() {
 }
 
 #[test]
+fn a_whole_last_entry_without_its_newline_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = serde_json::to_string(&Entry::Run(Box::new(header()))).unwrap();
+    let j1 = serde_json::to_string(&Entry::Job(Box::new(job("j1")))).unwrap();
+    std::fs::write(dir.path().join(journal::JOURNAL), format!("{run}\n{j1}")).unwrap();
+    let (mut j, notice) = Journal::open(dir.path()).unwrap();
+    assert!(notice.is_none(), "nothing was torn: {notice:?}");
+    j.append(&Entry::Job(Box::new(job("j2")))).unwrap();
+    drop(j);
+    let (results, warnings) = journal::read(dir.path()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let ids: Vec<&str> = results.jobs.iter().map(|j| j.job_id.as_str()).collect();
+    assert_eq!(ids, ["j1", "j2"]);
+}
+
+#[test]
+fn a_line_torn_inside_a_character_does_not_make_the_journal_unreadable() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = serde_json::to_string(&Entry::Run(Box::new(header()))).unwrap();
+    let mut bytes = format!("{run}\n{{\"type\":\"job\",\"job_id\":\"µ").into_bytes();
+    bytes.pop(); // half of the two bytes of µ
+    std::fs::write(dir.path().join(journal::JOURNAL), &bytes).unwrap();
+    let (results, warnings) = journal::read(dir.path()).unwrap();
+    assert!(results.header.is_some());
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let (_, notice) = Journal::open(dir.path()).unwrap();
+    assert!(notice.is_some());
+    assert!(journal::read(dir.path()).unwrap().1.is_empty());
+}
+
+#[test]
 fn packing_keeps_every_entry_and_a_resumed_run_appends_beside_it() {
     let dir = tempfile::tempdir().unwrap();
     let (mut j, _) = Journal::open(dir.path()).unwrap();
@@ -247,9 +278,6 @@ fn packing_refuses_a_directory_a_run_holds() {
     j.append(&Entry::Run(Box::new(header()))).unwrap();
     let err = journal::pack(dir.path()).unwrap_err();
     assert!(matches!(err, StoreError::Locked { .. }), "{err}");
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(j.path())
-        .unwrap();
-    writeln!(f).unwrap();
+    drop(j);
+    journal::pack(dir.path()).expect("free once the run is done");
 }

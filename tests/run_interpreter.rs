@@ -480,3 +480,86 @@ fn configs_the_surrogate_skipped_run_under_grid_later() {
         assert_eq!(last["status"], "ok", "grid measured the skipped job {id}");
     }
 }
+
+/// A journal that cannot be written (the disk is full) ends the run with an
+/// error and its lock released; it must not hang.
+#[test]
+fn a_failed_journal_write_ends_the_run() {
+    let Some(py) = python() else { return };
+    let results = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_tunelab");
+    let started = Instant::now();
+    // 4 KiB of file size: the header and a few jobs fit, the rest do not.
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 4; exec '{bin}' run experiments/quickstart.yaml --results-dir '{}' --python '{py}' --interpret --quiet",
+        results.path().display()
+    );
+    let mut child = Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(repo())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the run hung after its journal stopped taking writes");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("cannot write"), "{stderr}");
+    let dir = results.path().join("quickstart/cpu-interpreter");
+    assert!(!dir.join(".lock").exists(), "the lock is released");
+}
+
+/// `run --compare-to FILE` times a consumer's shipped configs as a method of
+/// their own, in the tuned method's kernel, one config per shape by the
+/// consumer's nearest-M rule; `tunelab compare FILE DIR` then compares.
+#[test]
+fn a_shipped_file_is_timed_beside_the_tuned_method_and_compared() {
+    let Some(py) = python() else { return };
+    let results = tempfile::tempdir().unwrap();
+    let file = repo().join("tests/fixtures/compare/E=8,N=32,device_name=cpu.json");
+    let out = tunelab(
+        &py,
+        results.path(),
+        &["run", "tests/fixtures/runs/compare_to.yaml"],
+    )
+    .arg("--compare-to")
+    .arg(&file)
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let dir = results.path().join("compare-to/cpu-interpreter");
+    let entries = journal(&dir);
+    assert_eq!(entries[0]["compared"][0]["method"], "shipped E=8,N=32");
+    assert_eq!(entries[0]["compared"][0]["against"], "triton");
+    let shipped: Vec<_> = jobs(&entries)
+        .into_iter()
+        .filter(|j| j["method"] == "shipped E=8,N=32")
+        .collect();
+    assert_eq!(shipped.len(), 2, "one job per shape");
+    for j in &shipped {
+        assert_eq!(j["kernel"], "fused_moe", "run in the tuned method's kernel");
+        assert_eq!(j["status"], "ok", "{j}");
+        // M=1 takes the file's "1" entry, M=16 its "16" entry (BLOCK_SIZE_K 64 and 32).
+        let want = if j["shape"]["M"] == 1 { 64 } else { 32 };
+        assert_eq!(j["config"]["BLOCK_SIZE_K"], want, "{j}");
+    }
+    let compare = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+        .arg("compare")
+        .arg(&file)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&compare.stdout);
+    assert_eq!(compare.status.code(), Some(0), "{}", show(&compare));
+    assert!(text.contains("geomean speedup over 2 shapes"), "{text}");
+}

@@ -93,6 +93,28 @@ pub enum Command {
         /// writes) to FILE as Chrome trace-event JSON; open it in ui.perfetto.dev.
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
+        /// Also time the configs of a consumer's tuned file (a vLLM fused-MoE
+        /// JSON), as a method of its own in the same run, beside the tuned
+        /// method that writes that format (repeatable).
+        #[arg(long = "compare-to", value_name = "FILE")]
+        compare_to: Vec<PathBuf>,
+    },
+    /// Compare NEW against BASE per shape: FAST / SAME / SLOW by confidence
+    /// intervals, the geometric-mean speedup, the worst shapes, as markdown.
+    #[command(
+        after_help = "BASE and NEW are results directories or journals; BASE may also be a consumer's\nshipped file (a vLLM fused-MoE JSON) whose configs NEW's run timed (run --compare-to).\n\nExamples:\n  tunelab compare results-main/gptoss/NVIDIA_H100_80GB_HBM3 results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare experiments/shipped/vllm/E=128,N=2880,device_name=NVIDIA_H100_80GB_HBM3.json results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare OLD NEW --fail-on-slower 2%   # exit 5 when a shape is over 2 % slower"
+    )]
+    Compare {
+        /// The base: a results directory, a journal, or a shipped tuned file.
+        base: PathBuf,
+        /// The new results: a results directory or a journal.
+        new: PathBuf,
+        /// Exit 5 when a shape is SLOW by more than this: `2%` or `0.02`.
+        #[arg(long, value_name = "PERCENT")]
+        fail_on_slower: Option<String>,
+        /// Write the markdown here as well as to standard output.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
     /// Regenerate every output and the report of a results directory from its journal.
     #[command(after_help = "Example:\n  tunelab report results/quickstart/NVIDIA_H100_80GB_HBM3")]

@@ -24,6 +24,8 @@ pub struct Request<'a> {
     pub run_mode: RunMode,
     pub use_best: Option<&'a Path>,
     pub progress: bool,
+    /// Consumers' tuned files to time beside the tuned method (`--compare-to`).
+    pub compare_to: &'a [std::path::PathBuf],
 }
 
 /// Runs, and writes the timeline to `trace` if asked, even when the run
@@ -100,6 +102,7 @@ fn target(settings: &Settings) -> Target {
 fn run(request: &Request<'_>) -> Result<i32, Failure> {
     let target = target(request.settings);
     let exp = load_experiment(request.manifest, request.args, &target.device)?;
+    let exp = with_compared(exp, request.compare_to)?;
     let mut code = run_experiment(&exp, request, &target, request.use_best)?;
     for companion in &exp.companions {
         if code == exit::INTERRUPTED {
@@ -139,6 +142,9 @@ fn run(request: &Request<'_>) -> Result<i32, Failure> {
         if !plan::filter_applies(&companion_exp, &opts) {
             eprintln!("note: companion {shown} not run: --only names fields it does not have");
             continue;
+        }
+        if !request.compare_to.is_empty() {
+            eprintln!("note: --compare-to files are timed in {} only", exp.name);
         }
         eprintln!("tunelab: companion {shown}");
         let next = run_experiment(&companion_exp, request, &target, None)?;
@@ -202,9 +208,6 @@ fn run_experiment(
         RunError::Store(e) => Failure::environment(format!("error: {e}")),
         RunError::Environment(m) => Failure::environment(format!("error: {m}")),
     })?;
-    for notice in &outcome.notices {
-        eprintln!("warning: {notice}");
-    }
     for change in &outcome.fingerprint_changes {
         eprintln!("note: environment changed since the journal's last run: {change}");
     }
@@ -263,4 +266,62 @@ fn seconds(s: f64) -> String {
         let total = s.round() as u64;
         format!("{} min {:02} s", total / 60, total % 60)
     }
+}
+
+/// Adds a method for each `--compare-to` file: the configs of a consumer's
+/// tuned file, one per shape as the consumer looks them up, run in the same
+/// kernel and call as the tuned method that writes that format.
+fn with_compared(mut exp: Experiment, files: &[std::path::PathBuf]) -> Result<Experiment, Failure> {
+    for file in files {
+        let bad = |why: String| {
+            Failure::bad_input(format!("error: --compare-to {}: {why}", file.display()))
+        };
+        let shipped = crate::emit::shipped::read(file).map_err(bad)?;
+        let writer = exp
+            .outputs
+            .iter()
+            .find(|o| o.format == shipped.format)
+            .ok_or_else(|| {
+                bad(format!(
+                    "this experiment writes no {} output, so no method of it runs such configs",
+                    shipped.format.name()
+                ))
+            })?;
+        let against = match &writer.method {
+            Some(m) => exp.method(m).cloned(),
+            None => exp
+                .methods
+                .iter()
+                .find(|m| m.kind == crate::manifest::MethodKind::Triton)
+                .cloned(),
+        }
+        .ok_or_else(|| bad("no method of this experiment writes that format".into()))?;
+        let name = format!("shipped {}", shipped.short_name());
+        if exp.method(&name).is_some() {
+            return Err(bad(format!("two files would both be method `{name}`")));
+        }
+        let mut identity = blake3::Hasher::new();
+        identity.update(against.identity.as_bytes());
+        identity.update(&std::fs::read(file).map_err(|e| bad(e.to_string()))?);
+        exp.compared.push(crate::manifest::Compared {
+            method: name.clone(),
+            file: file.display().to_string(),
+            format: shipped.format,
+            against: against.name.clone(),
+        });
+        exp.methods.push(crate::manifest::Method {
+            name,
+            identity: identity.finalize().to_hex()[..16].to_string(),
+            params: Default::default(),
+            axes: Vec::new(),
+            constraints: Vec::new(),
+            derived: Vec::new(),
+            baseline: None,
+            key_spans: Default::default(),
+            param_spans: Default::default(),
+            fixed: Some(shipped.fixed_configs()),
+            ..against
+        });
+    }
+    Ok(exp)
 }

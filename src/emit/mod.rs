@@ -32,10 +32,12 @@
 //! [`triton_mbucket`], [`report`].
 
 pub mod aiter;
+pub mod compare;
 pub mod csv_out;
 pub mod num;
 pub mod report;
 pub mod select;
+pub mod shipped;
 pub mod triton_mbucket;
 pub mod vllm;
 

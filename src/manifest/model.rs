@@ -39,6 +39,23 @@ pub struct Experiment {
     pub companions: Vec<PathBuf>,
     /// Folders the workers import problems from (`python_path:`), absolute.
     pub python_path: Vec<PathBuf>,
+    /// Consumers' tuned files whose configs run as methods of their own
+    /// (`run --compare-to`), beside the tuned ones.
+    pub compared: Vec<Compared>,
+}
+
+/// A consumer's tuned file timed as a method (`run --compare-to FILE`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compared {
+    /// The method its configs run as.
+    pub method: String,
+    /// The file, as named on the command line.
+    pub file: String,
+    /// Its format.
+    pub format: OutputFormat,
+    /// The tuned method whose kernel and call the file's configs run in.
+    pub against: String,
 }
 
 impl Experiment {
@@ -135,6 +152,38 @@ pub struct Method {
     pub key_spans: IndexMap<String, Span>,
     /// Where each fixed parameter's value was written.
     pub param_spans: IndexMap<String, Span>,
+    /// Configs read from a consumer's tuned file (`run --compare-to`): the
+    /// method runs one config per shape, looked up as the consumer does, and
+    /// searches nothing.
+    pub fixed: Option<FixedConfigs>,
+}
+
+/// One config per shape, by the shape's `M`, from a consumer's tuned file.
+#[derive(Debug, Clone)]
+pub struct FixedConfigs {
+    /// Shape fields a shape must have these values of to get a config (the
+    /// file's `E` and `N`, say).
+    pub matches: IndexMap<String, Json>,
+    /// Configs by M, in the file's order; a shape takes the one whose M is
+    /// nearest its own, the first of equals (vLLM's rule).
+    pub by_m: Vec<(i64, IndexMap<String, Json>)>,
+}
+
+impl FixedConfigs {
+    /// The config for a shape, or `None` when the shape is not the file's.
+    pub fn config_for(&self, shape: &Shape) -> Option<&IndexMap<String, Json>> {
+        if !self.matches.iter().all(|(k, v)| shape.get(k) == Some(v)) {
+            return None;
+        }
+        let m = shape.get("M").and_then(Json::as_i64)?;
+        let mut best: Option<&(i64, IndexMap<String, Json>)> = None;
+        for entry in &self.by_m {
+            if best.map_or(true, |b| (entry.0 - m).abs() < (b.0 - m).abs()) {
+                best = Some(entry);
+            }
+        }
+        best.map(|(_, c)| c)
+    }
 }
 
 /// The type of a config value, as a method declares it (`config_types`).

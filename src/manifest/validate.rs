@@ -170,6 +170,7 @@ pub fn validate(
         interpreter,
         companions,
         python_path,
+        compared: Vec::new(),
     })
 }
 
@@ -382,6 +383,7 @@ fn method(
         constraints_span: place(m.constraints.span, m.span),
         key_spans,
         param_spans,
+        fixed: None,
     })
 }
 
@@ -642,6 +644,12 @@ fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic
 fn search(s: &Spanned<RawSearch>, root: Span) -> Result<Search, Diagnostic> {
     let section = place(s.span, root);
     let at = |sp: Span| place(sp, section);
+    if s.eta.value < 2 {
+        return Err(Diagnostic::at(
+            at(s.eta.span),
+            format!("`eta` must be at least 2, found {}", s.eta.value),
+        ));
+    }
     let kind = match s.strategy.value {
         RawStrategy::Grid => SearchKind::Grid,
         RawStrategy::Random => match s.budget.as_ref().map(|b| b.value) {
@@ -653,15 +661,7 @@ fn search(s: &Spanned<RawSearch>, root: Span) -> Result<Search, Diagnostic> {
                 )
             }
         },
-        RawStrategy::Halving => {
-            if s.eta.value < 2 {
-                return Err(Diagnostic::at(
-                    at(s.eta.span),
-                    format!("`eta` must be at least 2, found {}", s.eta.value),
-                ));
-            }
-            SearchKind::Halving { eta: s.eta.value }
-        }
+        RawStrategy::Halving => SearchKind::Halving { eta: s.eta.value },
         RawStrategy::Surrogate => match &s.budget {
             Some(b) if b.value == 0 => return Err(Diagnostic::at(
                 at(b.span),

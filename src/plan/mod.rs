@@ -152,7 +152,7 @@ pub fn plan(
             "interpreter sample ({} configs per shape)",
             sample.map_or(4, |(n, _)| n)
         ),
-        Mode::Gpu => crate::search::describe(strategy.name(), &exp.search.params()),
+        Mode::Gpu => crate::search::describe(exp.search.kind.name(), &exp.search.params()),
     };
     let mut summary = PlanSummary {
         experiment: exp.name.clone(),
@@ -180,6 +180,15 @@ pub fn plan(
                 .collect(),
             ..Default::default()
         };
+        if let Some(fixed) = &method.fixed {
+            stopped = plan_fixed(exp, method, fixed, &selected, &mut counts, sink);
+            summary.jobs += counts.jobs;
+            summary.methods.push(counts);
+            if stopped {
+                break;
+            }
+            continue;
+        }
         for (shape_index, shape) in &selected {
             if stopped {
                 break;
@@ -257,6 +266,53 @@ pub fn plan(
         summary.methods.push(counts);
     }
     Ok(summary)
+}
+
+/// A method with one config per shape from a consumer's file: a job for
+/// each selected shape the file has a config for. Returns whether the sink
+/// stopped the plan.
+fn plan_fixed(
+    exp: &Experiment,
+    method: &Method,
+    fixed: &crate::manifest::FixedConfigs,
+    selected: &[(usize, &Shape)],
+    counts: &mut MethodCounts,
+    sink: &mut dyn FnMut(Job) -> ControlFlow<()>,
+) -> bool {
+    counts.space_points = 1;
+    for (shape_index, shape) in selected {
+        let Some(config) = fixed.config_for(shape) else {
+            continue;
+        };
+        counts.points += 1;
+        counts.valid += 1;
+        counts.jobs += 1;
+        let mut hasher = blake3::Hasher::new();
+        for part in [
+            exp.problem.as_str(),
+            &serde_json::to_string(shape).expect("shape serialises"),
+            &method.name,
+            &method.identity,
+            &serde_json::to_string(config).expect("config serialises"),
+        ] {
+            hasher.update(part.as_bytes());
+            hasher.update(b"\0");
+        }
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&hasher.finalize().as_bytes()[..8]);
+        let job = Job {
+            id: hex16(id),
+            shape_index: *shape_index,
+            method: method.name.clone(),
+            shape: (*shape).clone(),
+            config: config.clone(),
+            baseline: false,
+        };
+        if sink(job).is_break() {
+            return true;
+        }
+    }
+    false
 }
 
 /// Emits one job unless it is the baseline already emitted. Returns (flow, whether it was emitted).

@@ -2,15 +2,11 @@
 //! full protocol, in plan order. Adaptive stopping makes this cheap: most
 //! configs converge in one sample batch.
 
-use super::{Candidate, Strategy, StrategyName, Trials};
+use super::{Candidate, Strategy, Trials};
 
 pub struct Grid;
 
 impl Strategy for Grid {
-    fn name(&self) -> StrategyName {
-        StrategyName::Grid
-    }
-
     fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
         measure_all(candidates, trials);
     }

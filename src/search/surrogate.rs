@@ -8,7 +8,7 @@
 use indexmap::IndexMap;
 use serde_json::Value as Json;
 
-use super::{gp, Candidate, PriorObservation, Strategy, StrategyName, Trials};
+use super::{gp, Candidate, PriorObservation, Strategy, Trials};
 use crate::rng::{hash_str, SplitMix64};
 
 pub struct Surrogate {
@@ -18,10 +18,6 @@ pub struct Surrogate {
 }
 
 impl Strategy for Surrogate {
-    fn name(&self) -> StrategyName {
-        StrategyName::Surrogate
-    }
-
     fn keeps_skipped(&self) -> bool {
         true
     }

@@ -58,7 +58,7 @@ pub(super) fn failures(labels: &ShapeLabels, jobs: &[&JobRecord]) -> Vec<Failure
 }
 
 pub(super) fn flags(group: &Group<'_, '_>, jobs: &[&JobRecord]) -> Vec<FlagRow> {
-    // Flags order themselves as reports list them (`Flag::ALL`).
+    // Flags order themselves as reports list them.
     let mut by_flag: BTreeMap<Flag, Vec<&str>> = BTreeMap::new();
     for j in jobs {
         let stats = group
