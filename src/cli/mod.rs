@@ -13,6 +13,7 @@
 pub mod args;
 mod environment;
 mod inspect;
+mod merge;
 mod results;
 mod run;
 
@@ -92,6 +93,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         }
         Command::Report { results } => results::report(&results),
         Command::Pack { results } => results::pack(&results),
+        Command::Merge { into, files } => merge::merge(&into, &files),
         Command::Devices { json } => environment::devices(json),
         Command::Doctor => environment::doctor(&settings),
         Command::Schema => {

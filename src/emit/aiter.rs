@@ -96,7 +96,7 @@ use serde_json::Value as Json;
 
 use super::csv_out::{csv_error, finish};
 use super::num::{json_text, py_float};
-use super::select::{json_int, Selection, ShapeOutcome, Timed};
+use super::select::{json_int, Selection, ShapeFields, ShapeOutcome, Timed};
 use super::{EmitError, Group};
 use crate::device::DeviceInfo;
 use crate::manifest::{MethodKind, OutputFormat};
@@ -258,6 +258,68 @@ fn aiter_kernels(job: &JobRecord) -> Result<Named, String> {
     }))
 }
 
+/// The key columns ([`KEY_COLUMNS`]) of the row a shape would get on
+/// `device`, with `token` = the shape's `M` as it is. `Ok(Err(dtype))`: a
+/// dtype no row can be written for (only bf16 and fp16 can). `Err`: the
+/// shape lacks a field a row needs.
+pub fn key_cells(
+    device: &DeviceInfo,
+    shape: &ShapeFields,
+) -> Result<Result<[String; 13], String>, String> {
+    let int = |field: &str| -> Result<i64, String> {
+        shape
+            .get(field)
+            .and_then(json_int)
+            .ok_or_else(|| format!("no integer field `{field}`"))
+    };
+    let (m, k, n, e, topk) = (int("M")?, int("K")?, int("N")?, int("E")?, int("topk")?);
+    let text = |field: &str| shape.get(field).map(json_text);
+    let act = match text("activation").as_deref() {
+        None | Some("silu") => "ActivationType.Silu",
+        Some("gelu") => "ActivationType.Gelu",
+        Some("swiglu" | "swiglu_oai") => "ActivationType.Swiglu",
+        Some(other) => {
+            return Err(format!(
+                "activation `{other}` has no aiter ActivationType (silu, gelu, swiglu, swiglu_oai)"
+            ))
+        }
+    };
+    let dtype = match text("dtype").as_deref() {
+        None | Some("bf16") => "torch.bfloat16",
+        Some("fp16") => "torch.float16",
+        Some(other) => return Ok(Err(other.to_string())),
+    };
+    Ok(Ok([
+        device.sm_count.to_string(),
+        m.to_string(),
+        k.to_string(),
+        n.to_string(),
+        e.to_string(),
+        topk.to_string(),
+        act.into(),
+        dtype.into(),
+        dtype.into(),
+        dtype.into(),
+        "QuantType.No".into(),
+        "1".into(),
+        "0".into(),
+    ]))
+}
+
+/// The dispatch columns (`kernelName1`, `kernelName2`, `block_m`, `ksplit`)
+/// a job's config gives a row, when it names aiter's two-stage kernels.
+pub fn dispatch_cells(job: &JobRecord) -> Option<[String; 4]> {
+    match aiter_kernels(job) {
+        Ok(Named::TwoStages(k)) => Some([
+            k.kernel1,
+            k.kernel2,
+            k.block_m.to_string(),
+            k.ksplit.to_string(),
+        ]),
+        _ => None,
+    }
+}
+
 /// Why a shape with a best gets no row.
 #[derive(Debug, Clone, PartialEq)]
 enum LeftOut {
@@ -291,35 +353,16 @@ fn plan<'a>(device: &DeviceInfo, shapes: &[&ShapeOutcome<'a>]) -> Result<Vec<Pla
         let Some((_, best)) = shape.overall_best() else {
             continue;
         };
-        let int = |field: &str| -> Result<i64, String> {
-            shape
-                .shape
-                .get(field)
-                .and_then(json_int)
-                .ok_or_else(|| format!("shape {} has no integer field `{field}`", shape.key))
-        };
-        let m = int("M")?;
-        let (k, n, e, topk) = (int("K")?, int("N")?, int("E")?, int("topk")?);
-        let text = |field: &str| shape.shape.get(field).map(json_text);
-        let act = match text("activation").as_deref() {
-            None | Some("silu") => "ActivationType.Silu",
-            Some("gelu") => "ActivationType.Gelu",
-            Some("swiglu" | "swiglu_oai") => "ActivationType.Swiglu",
-            Some(other) => {
-                return Err(format!(
-                    "activation `{other}` of shape {} has no aiter ActivationType (silu, gelu, swiglu, swiglu_oai)",
-                    shape.key
-                ))
-            }
-        };
-        let dtype = match text("dtype").as_deref() {
-            None | Some("bf16") => "torch.bfloat16",
-            Some("fp16") => "torch.float16",
-            Some(other) => {
-                out.push(Planned::LeftOut(LeftOut::Dtype(other.to_string())));
+        let cells = match key_cells(device, shape.shape)
+            .map_err(|m| format!("shape {}: {m}", shape.key))?
+        {
+            Ok(cells) => cells,
+            Err(dtype) => {
+                out.push(Planned::LeftOut(LeftOut::Dtype(dtype)));
                 continue;
             }
         };
+        let m: i64 = cells[1].parse().expect("key_cells writes M as an integer");
         let kernels = match aiter_kernels(best.job)? {
             Named::TwoStages(k) => k,
             Named::Nothing => {
@@ -339,21 +382,6 @@ fn plan<'a>(device: &DeviceInfo, shapes: &[&ShapeOutcome<'a>]) -> Result<Vec<Pla
             out.push(Planned::LeftOut(LeftOut::NotLookedUp { m, padded }));
             continue;
         }
-        let cells = [
-            device.sm_count.to_string(),
-            m.to_string(),
-            k.to_string(),
-            n.to_string(),
-            e.to_string(),
-            topk.to_string(),
-            act.into(),
-            dtype.into(),
-            dtype.into(),
-            dtype.into(),
-            "QuantType.No".into(),
-            "1".into(),
-            "0".into(),
-        ];
         out.push(Planned::Row(Box::new(Row {
             cells,
             best,

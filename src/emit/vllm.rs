@@ -276,7 +276,7 @@ pub const REQUIRED: [&str; 6] = [
     "num_stages",
 ];
 /// Fields vLLM's tuner appends when present (ROCm).
-const OPTIONAL: [&str; 3] = ["waves_per_eu", "matrix_instr_nonkdim", "kpack"];
+pub const OPTIONAL: [&str; 3] = ["waves_per_eu", "matrix_instr_nonkdim", "kpack"];
 
 pub fn render(group: &Group) -> Result<Option<String>, EmitError> {
     check_file_name(group)?;
