@@ -234,7 +234,7 @@ fn a_second_run_on_a_locked_journal_is_refused() {
 }
 
 #[test]
-fn gptoss_moe_in_the_interpreter_writes_vllm_and_aiter_files_in_their_formats() {
+fn gptoss_moe_in_the_interpreter_writes_vllm_files_and_notes_the_aiter_table() {
     let Some(py) = python() else { return };
     let results = tempfile::tempdir().unwrap();
     let out = tunelab(&py, results.path(), &["run", "experiments/gptoss.yaml"])
@@ -285,33 +285,17 @@ fn gptoss_moe_in_the_interpreter_writes_vllm_and_aiter_files_in_their_formats() 
     let nearest = |m: i64| *ms.iter().min_by_key(|k| (*k - m).abs()).unwrap();
     assert_eq!((nearest(2), nearest(11), nearest(4096)), (1, 16, 16));
 
-    // aiter: the exact header, one row per shape, spellings as aiter writes them.
-    let csv = std::fs::read_to_string(dir.join("aiter/tuned_fmoe.csv")).unwrap();
-    let mut lines = csv.lines();
-    assert_eq!(
-        lines.next().unwrap(),
-        "cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,doweight_stage1,block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,tflops,bw,_tag"
+    // aiter: no table off an AMD GPU (aiter finds rows by the GPU's CU count
+    // and arch); the run says so in one line and writes everything else.
+    assert!(!dir.join("aiter/tuned_fmoe.csv").exists());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "note: aiter_fmoe_csv `aiter/tuned_fmoe.csv` not written: aiter runs on AMD GPUs"
+        ),
+        "{}",
+        show(&out)
     );
-    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    assert_eq!(rows.len(), 3);
-    for row in &rows {
-        assert_eq!(row.len(), 26);
-        let expected = [
-            "64",
-            "32",
-            "8",
-            "2",
-            "ActivationType.Silu",
-            "torch.float16",
-            "torch.float16",
-            "torch.float16",
-            "QuantType.No",
-            "1",
-            "0",
-        ];
-        assert_eq!(row[2..13], expected);
-        assert!(row[17].ends_with('%'));
-    }
 
     // The companion experiment (the attention GEMMs) ran next, into its own directory.
     let attention = results.path().join("gptoss-attention/cpu-interpreter");

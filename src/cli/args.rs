@@ -131,6 +131,28 @@ pub enum Command {
         #[arg(required = true)]
         results: Vec<PathBuf>,
     },
+    /// Merge tuned files of one consumer format into one: vLLM fused-MoE JSON
+    /// files (same E, N, device) or aiter tuned_fmoe.csv tables.
+    #[command(
+        long_about = "Merge tuned files of one consumer format into one: vLLM fused-MoE config files \
+(.json; all of one E, N, device, dtype and block shape, keyed by M) or aiter tuned_fmoe.csv tables \
+(.csv; one header, keyed by aiter's lookup key).\n\n\
+Per key, where the inputs' entries differ, the faster one wins when every one of them has a \
+measurement in the journal of the results directory its file lies in (the nearest ancestor \
+directory holding journal.jsonl or journal.jsonl.gz); otherwise the first input's entry is kept. \
+Every such conflict is listed with the times found. OUT is written atomically, in the consumer's \
+exact format.\n\n\
+Takes files only: results directories (merging journals) are not supported yet.",
+        after_help = "Examples:\n  tunelab merge --into configs/E=32,N=2880,device_name=NVIDIA_H200.json \\\n      results/a/NVIDIA_H200/vllm/E=32,N=2880,device_name=NVIDIA_H200.json \\\n      results/b/NVIDIA_H200/vllm/E=32,N=2880,device_name=NVIDIA_H200.json\n  tunelab merge --into tuned_fmoe.csv aiter/configs/tuned_fmoe.csv results/x/AMD_Instinct_MI300X/aiter/tuned_fmoe.csv\n\nExit codes: 0 merged, 2 inputs that cannot be merged (nothing written), 1 OUT could not be written."
+    )]
+    Merge {
+        /// The merged file (or a directory, existing or ending in /: the file keeps the inputs' name).
+        #[arg(long, value_name = "OUT")]
+        into: PathBuf,
+        /// Tuned files, in priority order (the first wins a conflict nothing measured).
+        #[arg(value_name = "FILE", required = true, num_args = 2..)]
+        files: Vec<PathBuf>,
+    },
     /// List the GPUs tunelab can see, with the facts it uses.
     Devices {
         #[arg(long)]

@@ -15,6 +15,7 @@ pub mod args;
 mod compare;
 mod environment;
 mod inspect;
+mod merge;
 mod results;
 mod run;
 
@@ -102,6 +103,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             out,
         } => compare::compare(&base, &new, fail_on_slower.as_deref(), out.as_deref()),
         Command::Pack { results } => results::pack(&results),
+        Command::Merge { into, files } => merge::merge(&into, &files),
         Command::Devices { json } => environment::devices(json),
         Command::Doctor => environment::doctor(&settings),
         Command::Schema => {

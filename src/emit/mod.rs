@@ -149,7 +149,7 @@ pub fn render_output(
             OutputFormat::JobsJson => Some(csv_out::jobs_json(&group)?),
             OutputFormat::BestCsv => Some(csv_out::best_csv(&group)?),
             OutputFormat::VllmMoeJson => vllm::render(&group)?,
-            OutputFormat::AiterFmoeCsv => Some(aiter::render(&group)?),
+            OutputFormat::AiterFmoeCsv => aiter::render(&group)?,
             OutputFormat::TritonMbucket => triton_mbucket::render(&group)?,
             OutputFormat::Report => Some(report::render(&group)?),
         };

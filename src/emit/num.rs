@@ -131,26 +131,6 @@ pub fn compact_config(config: &indexmap::IndexMap<String, Json>) -> String {
         .join(" ")
 }
 
-/// A config as an identifier: `BM16_BN64_BK128_GM1_w4_s4` (other fields as `name` + value).
-pub fn config_ident(config: &indexmap::IndexMap<String, Json>) -> String {
-    config
-        .iter()
-        .map(|(k, v)| {
-            let part = format!("{}{}", abbreviation(k).unwrap_or(k), json_text(v));
-            part.chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect::<String>()
-        })
-        .collect::<Vec<_>>()
-        .join("_")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
