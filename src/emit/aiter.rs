@@ -475,25 +475,24 @@ pub fn notes(results: &Results) -> Vec<String> {
     };
     let device = &header.device;
     let mut notes = Vec::new();
-    for spec in &header.outputs {
+    for spec in header
+        .outputs
+        .iter()
+        .filter(|o| o.format == OutputFormat::AiterFmoeCsv)
+    {
         let what = format!("{} `{}`", spec.format.name(), spec.path);
-        match spec.format {
-            OutputFormat::AiterFmoeCsv => {
-                if let Some(why) = device_refusal(device) {
-                    notes.push(format!("{what} not written: {why}"));
-                    continue;
-                }
-                let sel = Selection::build(&results.jobs, &results.finals, |j| feeds(spec, j));
-                let shapes: Vec<&ShapeOutcome<'_>> = sel.shapes.iter().collect();
-                // A data error is the writer's to report.
-                let Ok(planned) = plan(device, &shapes) else {
-                    continue;
-                };
-                if let Some(note) = left_out_note(&what, &planned) {
-                    notes.push(note);
-                }
-            }
-            _ => {}
+        if let Some(why) = device_refusal(device) {
+            notes.push(format!("{what} not written: {why}"));
+            continue;
+        }
+        let sel = Selection::build(&results.jobs, &results.finals, |j| feeds(spec, j));
+        let shapes: Vec<&ShapeOutcome<'_>> = sel.shapes.iter().collect();
+        // A data error is the writer's to report.
+        let Ok(planned) = plan(device, &shapes) else {
+            continue;
+        };
+        if let Some(note) = left_out_note(&what, &planned) {
+            notes.push(note);
         }
     }
     notes
