@@ -79,6 +79,13 @@ fn header() -> RunHeader {
             max_mismatch: 0.0,
             per_dtype: IndexMap::new(),
         },
+        methods: vec![tunelab::store::MethodRecord {
+            name: "triton".into(),
+            kind: MethodKind::Triton,
+            kernel: "matmul".into(),
+            description: Some("tunelab's own Triton GEMM".into()),
+            baseline: Some("baseline".into()),
+        }],
         compared: Vec::new(),
         fingerprint: Fingerprint::default(),
         started_at: "2026-11-23T00:00:00Z".into(),

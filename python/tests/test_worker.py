@@ -167,6 +167,7 @@ def test_probe_reports_methods_and_their_declared_types(spawn_worker):
     assert probed["methods"]["matmul"]["config_types"]["num_warps"] == "int"
     assert probed["methods"]["torch_matmul"]["config_types"] == {}
     assert probed["methods"]["nope"] == {"found": False, "config_types": None}
+    assert probed["methods"]["matmul"]["description"] == "tunelab's own Triton GEMM (tunelab.kernels.matmul)."
 
     missing = worker.request("probe", problem="no_such_module_for_tests:P", shape=shape, methods=[])
     assert not missing["ok"] and missing["class"] == "problem_error"

@@ -506,7 +506,11 @@ class Worker:
                 methods[n] = {"found": False, "config_types": None}
                 continue
             declared = getattr(available[n], "config_types", None)
-            methods[n] = {"found": True, "config_types": None if declared is None else _type_names(n, declared)}
+            methods[n] = {
+                "found": True,
+                "config_types": None if declared is None else _type_names(n, declared),
+                "description": _first_line(type(available[n]).__doc__),
+            }
         return {"methods": methods, "available": [str(n) for n in available]}
 
     def describe(self, request: dict) -> dict:
@@ -668,6 +672,14 @@ class Worker:
 
 
 _TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
+
+
+def _first_line(doc):
+    """A method class's docstring's first line: what a report calls the method."""
+    if not doc:
+        return None
+    line = doc.strip().splitlines()[0].strip()
+    return line or None
 
 
 def _type_names(method: str, declared) -> dict:

@@ -47,6 +47,9 @@ pub struct ProbedMethod {
     pub found: bool,
     /// `None`: the method declares no types.
     pub config_types: Option<IndexMap<String, ConfigType>>,
+    /// The first line of the method's documentation, if it has one.
+    #[serde(default)]
+    pub description: Option<String>,
 }
 
 /// `null` where a problem's count is not a finite number (JSON has no NaN).

@@ -38,8 +38,8 @@ use crate::measure::{L2Flush, Protocol};
 use crate::plan::{self, Filter, Job, Mode, PlanOptions, RunMode};
 use crate::search::{PriorObservation, Strategy};
 use crate::store::{
-    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, OutputSpec, Results, RunHeader,
-    SearchRecord, StoreError, FORMAT_VERSION,
+    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, MethodRecord, OutputSpec,
+    Results, RunHeader, SearchRecord, StoreError, FORMAT_VERSION,
 };
 
 /// Groups the planner may queue ahead of the lanes (and so the compile pool
@@ -404,6 +404,7 @@ fn run_header(
     opts: &RunOptions<'_>,
     protocol: &Protocol,
     tolerance: &Tolerance,
+    descriptions: &HashMap<String, String>,
     fingerprint: Fingerprint,
     planned: u64,
 ) -> RunHeader {
@@ -429,6 +430,17 @@ fn run_header(
         protocol: protocol.clone(),
         search: SearchRecord::from(&exp.search),
         tolerance: tolerance.clone(),
+        methods: exp
+            .methods
+            .iter()
+            .map(|m| MethodRecord {
+                name: m.name.clone(),
+                kind: m.kind,
+                kernel: m.kernel.clone(),
+                description: descriptions.get(&m.kernel).cloned(),
+                baseline: m.baseline.as_ref().map(|b| b.name.clone()),
+            })
+            .collect(),
         compared: exp.compared.clone(),
         fingerprint,
         started_at: now_rfc3339(),
@@ -503,8 +515,9 @@ fn drain(
         let (mut first, hello) = first_lane.join().expect("lane start-up thread");
         // The failure's message says what to do.
         let hello = hello.map_err(|f| RunError::Environment(f.message))?;
-        preflight::check_problem(opts.exp, &mut first, opening.first_shape, &opts.python)
-            .map_err(RunError::Input)?;
+        let descriptions =
+            preflight::check_problem(opts.exp, &mut first, opening.first_shape, &opts.python)
+                .map_err(RunError::Input)?;
         let mut journal = match opening.existing {
             Some(journal) => journal,
             None => open_journal(opening.dir)?,
@@ -523,6 +536,7 @@ fn drain(
             opts,
             &run.protocol,
             &run.tolerance,
+            &descriptions,
             fingerprint,
             outcome.planned,
         ))))?;

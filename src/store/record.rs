@@ -156,11 +156,28 @@ pub struct RunHeader {
     pub protocol: Protocol,
     pub search: SearchRecord,
     pub tolerance: Tolerance,
+    /// Each method of the run: what it is, what ran, what its baseline means.
+    pub methods: Vec<MethodRecord>,
     /// Consumers' tuned files timed as methods of their own (`--compare-to`).
     pub compared: Vec<Compared>,
     pub fingerprint: Fingerprint,
     pub started_at: String,
     pub planned_jobs: u64,
+}
+
+/// A method as the run header records it: enough for a report to say what
+/// was timed and what its baseline is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MethodRecord {
+    pub name: String,
+    pub kind: MethodKind,
+    pub kernel: String,
+    /// What the problem says the method is (its documentation's first line).
+    pub description: Option<String>,
+    /// The baseline rule's name (`vllm_moe_default`), `baseline` for one the
+    /// manifest writes out, or none.
+    pub baseline: Option<String>,
 }
 
 /// How a run searched: the strategy, and its parameters as the run used them.
