@@ -62,6 +62,7 @@ from tunelab.target import prebuild_host_code
 
 ACT_SILU = 0
 ACT_SWIGLU_OAI = 1
+ACT_NONE = 2  # vLLM's GEMM 1: gate and up written as they are, the activation left to its own kernel
 
 # gpt-oss clamped SwiGLU constants.
 SWIGLU_ALPHA = 1.702
@@ -89,6 +90,14 @@ def moe_align_kernel(
         # GEMM 1 may be placed on the SMs now; it waits for this kernel's
         # writes with griddepcontrol.wait before reading them.
         tl.extra.cuda.gdc_launch_dependents()
+    _align(topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, cursor_ptr, numel, num_experts, max_padded,
+           max_blocks, BLOCK_SIZE_M, E_PAD, CHUNK, BCHUNK)
+
+
+@triton.jit
+def _align(topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, cursor_ptr, numel, num_experts, max_padded,
+           max_blocks, BLOCK_SIZE_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, BCHUNK: tl.constexpr):
+    """The alignment, in one program (moe_align_kernel; the persistent kernel's program 0)."""
     offs = tl.arange(0, CHUNK)
 
     # Sentinel everywhere first; the scatter below overwrites the real slots.
@@ -165,6 +174,18 @@ def _self_aligned_block(topk_ids_ptr, numel, num_experts, pid_m,
     both GEMMs derive the same blocks. `expert` is -1 past the padded count.
     Used when numel <= NUMEL_PAD is small: it saves the alignment launch.
     """
+    ids, pos, valid, _ = _slot_positions(topk_ids_ptr, numel, num_experts, BLOCK_SIZE_M, NUMEL_PAD)
+    return _block_slots(ids, pos, valid, numel, pid_m, BLOCK_SIZE_M, NUMEL_PAD)
+
+
+@triton.jit
+def _slot_positions(topk_ids_ptr, numel, num_experts, BLOCK_SIZE_M: tl.constexpr, NUMEL_PAD: tl.constexpr):
+    """Where the alignment puts each slot, in registers: (ids, pos, valid, num_blocks).
+
+    `pos[i]` is slot i's position in the sorted, padded order (see
+    _self_aligned_block); `num_blocks` the number of BLOCK_SIZE_M blocks that
+    order fills. Costs [NUMEL_PAD, NUMEL_PAD] comparisons: for a few slots only.
+    """
     i = tl.arange(0, NUMEL_PAD)
     valid = i < numel
     ids = tl.load(topk_ids_ptr + i, mask=valid, other=0)
@@ -177,6 +198,14 @@ def _self_aligned_block(topk_ids_ptr, numel, num_experts, pid_m,
     # My expert's run starts after the padded runs of the selected experts with smaller ids.
     before = lead[None, :] & (ids[None, :] < ids[:, None])
     pos = tl.sum(tl.where(before, padded[None, :], 0), axis=1) + rank
+    num_blocks = tl.sum(tl.where(lead, padded, 0), axis=0) // BLOCK_SIZE_M
+    return ids, pos, valid, num_blocks
+
+
+@triton.jit
+def _block_slots(ids, pos, valid, numel, pid_m, BLOCK_SIZE_M: tl.constexpr, NUMEL_PAD: tl.constexpr):
+    """(slots, expert) of row block `pid_m`, given _slot_positions' (ids, pos, valid)."""
+    i = tl.arange(0, NUMEL_PAD)
     rows = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     match = (pos[None, :] == rows[:, None]) & valid[None, :]
     slots = tl.sum(tl.where(match, i[None, :], 0), axis=1)
@@ -190,7 +219,7 @@ def moe_gemm1_kernel(
     x_ptr,  # [M, K]
     w1_ptr,  # [E, 2N, K]
     b1_ptr,  # [E, 2N] (unused unless HAS_BIAS)
-    inter_ptr,  # [M * topk, N]
+    inter_ptr,  # [M * topk, N], or [M * topk, 2N] with ACT_NONE
     sorted_ids_ptr,
     expert_ids_ptr,
     num_post_ptr,
@@ -241,17 +270,41 @@ def moe_gemm1_kernel(
             return
         slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
         expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    _gemm1_tile(x_ptr, w1_ptr, b1_ptr, inter_ptr, slots, expert, pid_n, N, K, numel,
+                stride_xm, stride_we, stride_wn, stride_be, stride_im,
+                TOPK, INTERLEAVED, ACTIVATION, HAS_BIAS, EVEN_K, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+
+
+@triton.jit
+def _gemm1_tile(x_ptr, w1_ptr, b1_ptr, inter_ptr, slots, expert, pid_n, N, K, numel,
+                stride_xm, stride_we, stride_wn, stride_be, stride_im,
+                TOPK: tl.constexpr, INTERLEAVED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+                BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """One GEMM 1 tile: block `slots` (of `expert`) times BLOCK_SIZE_N rows of w1.
+
+    With an activation (ACT_SILU, ACT_SWIGLU_OAI) the tile's rows are (gate,
+    up) pairs (see the module docstring) and it stores BLOCK_SIZE_N // 2
+    activated columns of the [numel, N] intermediate. With ACT_NONE (vLLM's
+    GEMM 1) they are w1 rows pid_n * BLOCK_SIZE_N onwards, stored as they are
+    (plus bias) into the [numel, 2N] gate/up buffer.
+    """
+    HALF: tl.constexpr = BLOCK_SIZE_N // 2
     tok_mask = slots < numel
     rows = (slots // TOPK).to(tl.int64)
 
     offs_j = tl.arange(0, BLOCK_SIZE_N)
-    # `% N` keeps the tail tile's loads in bounds; those columns are not stored.
-    act_col = (pid_n * HALF + offs_j // 2) % N
-    is_up = offs_j % 2
-    if INTERLEAVED:
-        w_row = 2 * act_col + is_up
+    if ACTIVATION == 2:
+        # `% (2 * N)` keeps the tail tile's loads in bounds; those columns are not stored.
+        w_row = (pid_n * BLOCK_SIZE_N + offs_j) % (2 * N)
     else:
-        w_row = act_col + is_up * N
+        # `% N` keeps the tail tile's loads in bounds; those columns are not stored.
+        act_col = (pid_n * HALF + offs_j // 2) % N
+        is_up = offs_j % 2
+        if INTERLEAVED:
+            w_row = 2 * act_col + is_up
+        else:
+            w_row = act_col + is_up * N
     offs_k = tl.arange(0, BLOCK_SIZE_K)
 
     a_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
@@ -275,17 +328,28 @@ def moe_gemm1_kernel(
         bias = tl.load(b1_ptr + expert * stride_be + w_row).to(tl.float32)
         acc += bias[None, :]
 
-    gate, up = tl.split(tl.reshape(acc, (BLOCK_SIZE_M, HALF, 2)))
+    if ACTIVATION == 2:
+        offs_c = pid_n * BLOCK_SIZE_N + offs_j
+        c_ptrs = inter_ptr + slots[:, None].to(tl.int64) * stride_im + offs_c[None, :]
+        tl.store(c_ptrs, acc.to(inter_ptr.dtype.element_ty), mask=tok_mask[:, None] & (offs_c[None, :] < 2 * N))
+    else:
+        gate, up = tl.split(tl.reshape(acc, (BLOCK_SIZE_M, HALF, 2)))
+        act = _activate(gate, up, ACTIVATION)
+        offs_c = pid_n * HALF + tl.arange(0, HALF)
+        c_ptrs = inter_ptr + slots[:, None].to(tl.int64) * stride_im + offs_c[None, :]
+        tl.store(c_ptrs, act.to(inter_ptr.dtype.element_ty), mask=tok_mask[:, None] & (offs_c[None, :] < N))
+
+
+@triton.jit
+def _activate(gate, up, ACTIVATION: tl.constexpr):
+    """The gated activation in fp32: silu(gate) * up, or gpt-oss's clamped SwiGLU."""
     if ACTIVATION == 0:  # silu(gate) * up
         act = gate * tl.sigmoid(gate) * up
     else:  # gpt-oss clamped SwiGLU
         gate = tl.minimum(gate, 7.0)
         up = tl.minimum(tl.maximum(up, -7.0), 7.0)
         act = (up + 1.0) * gate * tl.sigmoid(1.702 * gate)
-
-    offs_c = pid_n * HALF + tl.arange(0, HALF)
-    c_ptrs = inter_ptr + slots[:, None].to(tl.int64) * stride_im + offs_c[None, :]
-    tl.store(c_ptrs, act.to(inter_ptr.dtype.element_ty), mask=tok_mask[:, None] & (offs_c[None, :] < N))
+    return act
 
 
 @triton.jit
@@ -349,17 +413,37 @@ def moe_gemm2_kernel(
         # ±1.5 µs with 8 lines a row, slower with 32 or more. Not done.
         tl.extra.cuda.gdc_wait()  # GEMM 1's intermediate is complete and visible
         tl.extra.cuda.gdc_launch_dependents()
+    acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n, offs_k, K_RED,
+                     stride_im, stride_we, stride_wn, stride_be,
+                     HAS_BIAS, EVEN_K, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "")
+    w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
+    acc = acc * w[:, None]
+
+    c_ptrs = out_ptr + slots64[:, None] * stride_om + offs_n_raw[None, :]
+    tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tok_mask[:, None] & (offs_n_raw[None, :] < N_OUT))
+
+
+@triton.jit
+def _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n, offs_k, K_RED,
+               stride_im, stride_we, stride_wn, stride_be,
+               HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+               BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, A_CACHE: tl.constexpr):
+    """One GEMM 2 tile in fp32: intermediate rows `slots64` times w2[expert] rows
+    `offs_n`, plus b2; the routing weight is the caller's. `A_CACHE` is the
+    cache modifier of the intermediate's loads ("" or ".cg": from L2, for an
+    intermediate other programs of the same launch wrote)."""
     a_ptrs = inter_ptr + slots64[:, None] * stride_im + offs_k[None, :]
     b_ptrs = w2_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
 
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K_RED, BLOCK_SIZE_K)):
         if EVEN_K:
-            a = tl.load(a_ptrs, mask=tok_mask[:, None], other=0.0)
+            a = tl.load(a_ptrs, mask=tok_mask[:, None], other=0.0, cache_modifier=A_CACHE)
             b = tl.load(b_ptrs)
         else:
             k_rem = K_RED - k * BLOCK_SIZE_K
-            a = tl.load(a_ptrs, mask=tok_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0)
+            a = tl.load(a_ptrs, mask=tok_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0,
+                        cache_modifier=A_CACHE)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_rem, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_SIZE_K
@@ -368,11 +452,7 @@ def moe_gemm2_kernel(
     if HAS_BIAS:
         bias = tl.load(b2_ptr + expert * stride_be + offs_n).to(tl.float32)
         acc += bias[None, :]
-    w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
-    acc = acc * w[:, None]
-
-    c_ptrs = out_ptr + slots64[:, None] * stride_om + offs_n_raw[None, :]
-    tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tok_mask[:, None] & (offs_n_raw[None, :] < N_OUT))
+    return acc
 
 
 @triton.jit
