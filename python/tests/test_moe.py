@@ -415,7 +415,7 @@ def test_bad_shapes_and_configs():
 # ---------------------------------------------------------------- the other methods
 
 PCFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "BLOCK_SIZE_N2": 32, "BLOCK_SIZE_K2": 16,
-        "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
+        "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
 # M=13, topk=2: 26 slots, not a multiple of BLOCK_SIZE_M=16; in every shape some experts get no token.
 NEW_SHAPES = [dict(E=16), dict(M=1), dict(M=5, E=16, topk=3)]
 
@@ -498,19 +498,23 @@ def persistent_launch(p, inputs, config=PCFG, self_align_max=None, grid=None):
     return launch
 
 
+@pytest.mark.parametrize("split_k", [1, 2])
 @pytest.mark.parametrize("grid", [1, 2, 7, "more than tiles"])
 @pytest.mark.parametrize("self_align", [True, False])
-def test_persistent_alignment_and_grids(self_align, grid, device):
+def test_persistent_alignment_and_grids(self_align, grid, split_k, device):
     """Both alignments (registers in every program; program 0 into memory), one
-    program doing every tile, a few, more programs than tiles. Every call
-    leaves the workspace zero, and a second call gives the same bits."""
+    program doing every tile, a few, more programs than tiles, GEMM 1 whole or
+    split in K. Every call leaves the workspace zero, and a second call gives
+    the same bits."""
     from tunelab.kernels.fused_moe import make_persistent_plan
 
     p = FusedMoE(shape(M=9, E=8, topk=2, activation="swiglu_oai"))
     inputs = p.inputs(13, device)
+    config = dict(PCFG, SPLIT_K=split_k)
     if not isinstance(grid, int):
-        grid = make_persistent_plan(p, PCFG).max_items() + 2
-    launch = persistent_launch(p, inputs, self_align_max=None if self_align else 0, grid=grid)
+        grid = make_persistent_plan(p, config).max_items() + 2
+    launch = persistent_launch(p, inputs, config=config, self_align_max=None if self_align else 0, grid=grid)
+    assert launch.plan.split_k == split_k
     assert (launch.plan.self_align > 0) == self_align
     assert launch.phases == ([-1] if not INTERPRETED else [1, 2] if self_align else [0, 1, 2])
     launch()
@@ -529,7 +533,10 @@ def test_persistent_alignment_and_grids(self_align, grid, device):
 @pytest.mark.parametrize("cfg", [
     dict(BLOCK_SIZE_N=16, BLOCK_SIZE_K=64, BLOCK_SIZE_N2=16, BLOCK_SIZE_K2=64),  # one K step, N2 tiles of 16
     dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=16, BLOCK_SIZE_N2=128, BLOCK_SIZE_K2=32),  # one N2 tile > K
-], ids=["small-tiles", "large-tiles"])
+    dict(BLOCK_SIZE_K=16, SPLIT_K=2),  # 3 K steps in slices of 2 and 1
+    dict(BLOCK_SIZE_K=32, SPLIT_K=4),  # 2 K steps in 4 slices: two slices are empty
+    dict(BLOCK_SIZE_K2=32, BLOCK_SIZE_N2=16),  # GEMM 2 in one step (K2 >= N): w2 loaded before the wait
+], ids=["small-tiles", "large-tiles", "split-uneven", "split-empty-slices", "gemm2-one-step"])
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_persistent_tails(cfg, dtype, device):
     # K=48 and N=24 are multiples of no tile: masked K loops, partial tiles in both GEMMs.
@@ -582,17 +589,25 @@ def test_persistent_plan_and_defaults():
     # gpt-oss decode: four slots, aligned in registers; prefetch only where the
     # selectable w2 rows fit the budget, and never in the interpreter.
     small = FusedMoE({"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 360, "dtype": "bf16"})
-    plan = make_persistent_plan(small, persistent_default_config(1, 360))
+    decode = dict(persistent_default_config(1, 360), BLOCK_SIZE_N=32, BLOCK_SIZE_N2=64, SPLIT_K=1, PREFETCH_W2=1)
+    plan = make_persistent_plan(small, decode)
     assert plan.self_align == 4 and plan.max_blocks == 4 and plan.n_tiles1 == 23 and plan.n_tiles2 == 45
     assert plan.prefetch == (0 if INTERPRETED else 64)
     big = FusedMoE({"M": 64, "E": 128, "topk": 4, "K": 2880, "N": 2880, "dtype": "bf16"})
     plan = make_persistent_plan(big, persistent_default_config(64, 2880))
-    assert plan.self_align == 0 and plan.prefetch == 0
+    assert plan.self_align == 0 and plan.prefetch == 0 and plan.split_k == 1 and plan.slices_elems() == 1
     assert plan.ws_words == 32 + 2 * plan.max_blocks + 64 * plan.n_tiles2
+    # K slices at decode sizes add one count a GEMM 1 tile; above SPLIT_K_MAX_TILES they do not apply.
+    split = make_persistent_plan(small, dict(decode, SPLIT_K=3))
+    assert split.split_k == 3 and split.max_items() == 4 * (23 * 3 + 45)
+    assert split.ws_words == 32 + 2 * 4 + 45 + 4 * 23 and split.slices_elems() == 4 * 23 * 3 * 16 * 32
+    assert make_persistent_plan(big, dict(persistent_default_config(64, 2880), SPLIT_K=3)).split_k == 1
     with pytest.raises(ValueError, match="BLOCK_SIZE_N2"):
-        make_persistent_plan(small, dict(persistent_default_config(1, 360), BLOCK_SIZE_N2=24))
+        make_persistent_plan(small, dict(decode, BLOCK_SIZE_N2=24))
     with pytest.raises(ValueError, match="PROGRAMS_PER_SM"):
         make_persistent_plan(small, dict(persistent_default_config(1, 360), PROGRAMS_PER_SM=0))
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        make_persistent_plan(small, dict(persistent_default_config(1, 360), SPLIT_K=0))
 
 
 def test_resident_programs_per_sm():
@@ -614,8 +629,9 @@ def test_resident_programs_per_sm():
 
 
 @pytest.mark.skipif(INTERPRETED, reason="the in-kernel waits run on a GPU only")
+@pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("M", [1, 4, 16, 17, 64, 300])
-def test_persistent_on_the_gpu(M, device):
+def test_persistent_on_the_gpu(M, split_k, device):
     """The synchronised single launch: gpt-oss-like proportions, sizes on both
     sides of the self-alignment limit, the default grid (every SM) and repeated
     calls (the workspace must come back to zero each time)."""
@@ -623,7 +639,7 @@ def test_persistent_on_the_gpu(M, device):
     inputs = p.inputs(16, device)
     from tunelab.kernels.fused_moe import persistent_default_config
 
-    launch = persistent_launch(p, inputs, config=persistent_default_config(M, p.N))
+    launch = persistent_launch(p, inputs, config=dict(persistent_default_config(M, p.N), SPLIT_K=split_k))
     assert launch.phases == [-1] and launch.grid >= 1
     ref = p.reference(inputs)
     for _ in range(3):

@@ -289,22 +289,12 @@ def _gemm1_tile(x_ptr, w1_ptr, b1_ptr, inter_ptr, slots, expert, pid_n, N, K, nu
     GEMM 1) they are w1 rows pid_n * BLOCK_SIZE_N onwards, stored as they are
     (plus bias) into the [numel, 2N] gate/up buffer.
     """
-    HALF: tl.constexpr = BLOCK_SIZE_N // 2
     tok_mask = slots < numel
     rows = (slots // TOPK).to(tl.int64)
-
-    offs_j = tl.arange(0, BLOCK_SIZE_N)
-    if ACTIVATION == 2:
-        # `% (2 * N)` keeps the tail tile's loads in bounds; those columns are not stored.
-        w_row = (pid_n * BLOCK_SIZE_N + offs_j) % (2 * N)
-    else:
-        # `% N` keeps the tail tile's loads in bounds; those columns are not stored.
-        act_col = (pid_n * HALF + offs_j // 2) % N
-        is_up = offs_j % 2
-        if INTERLEAVED:
-            w_row = 2 * act_col + is_up
-        else:
-            w_row = act_col + is_up * N
+    offs_j, w_row = _gemm1_rows(pid_n, N, INTERLEAVED, ACTIVATION, BLOCK_SIZE_N)
+    # The K loop of _gemm1_acc, written out: as a call, the compiler orders the
+    # address arithmetic differently and fused_moe's PTX (whose timings are on
+    # record) would change. _gemm1_acc is the persistent kernel's (split K).
     offs_k = tl.arange(0, BLOCK_SIZE_K)
 
     a_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
@@ -324,6 +314,62 @@ def _gemm1_tile(x_ptr, w1_ptr, b1_ptr, inter_ptr, slots, expert, pid_n, N, K, nu
         a_ptrs += BLOCK_SIZE_K
         b_ptrs += BLOCK_SIZE_K
 
+    _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, stride_be, stride_im,
+                 ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
+
+
+@triton.jit
+def _gemm1_rows(pid_n, N, INTERLEAVED: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """(offs_j, w_row): the w1 rows of GEMM 1 column tile pid_n (see _gemm1_tile)."""
+    HALF: tl.constexpr = BLOCK_SIZE_N // 2
+    offs_j = tl.arange(0, BLOCK_SIZE_N)
+    if ACTIVATION == 2:
+        # `% (2 * N)` keeps the tail tile's loads in bounds; those columns are not stored.
+        w_row = (pid_n * BLOCK_SIZE_N + offs_j) % (2 * N)
+    else:
+        # `% N` keeps the tail tile's loads in bounds; those columns are not stored.
+        act_col = (pid_n * HALF + offs_j // 2) % N
+        is_up = offs_j % 2
+        if INTERLEAVED:
+            w_row = 2 * act_col + is_up
+        else:
+            w_row = act_col + is_up * N
+    return offs_j, w_row
+
+
+@triton.jit
+def _gemm1_acc(x_ptr, w1_ptr, rows, tok_mask, expert, w_row, k_first, k_last, K, stride_xm, stride_we, stride_wn,
+               EVEN_K: tl.constexpr, PRECISION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+               BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """GEMM 1's fp32 accumulator over K steps [k_first, k_last) of BLOCK_SIZE_K:
+    x rows `rows` times w1[expert] rows `w_row`."""
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+
+    a_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] + k_first * BLOCK_SIZE_K
+    w_base = w1_ptr + expert * stride_we
+    b_ptrs = w_base + w_row[None, :].to(tl.int64) * stride_wn + offs_k[:, None] + k_first * BLOCK_SIZE_K
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(k_first, k_last):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=tok_mask[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            k_rem = K - k * BLOCK_SIZE_K
+            a = tl.load(a_ptrs, mask=tok_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_rem, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_SIZE_K
+        b_ptrs += BLOCK_SIZE_K
+    return acc
+
+
+@triton.jit
+def _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, stride_be, stride_im,
+                 ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+                 BLOCK_SIZE_N: tl.constexpr):
+    """GEMM 1's epilogue: + b1, the activation (unless ACT_NONE), store (see _gemm1_tile)."""
+    HALF: tl.constexpr = BLOCK_SIZE_N // 2
     if HAS_BIAS:
         bias = tl.load(b1_ptr + expert * stride_be + w_row).to(tl.float32)
         acc += bias[None, :]
@@ -511,13 +557,14 @@ WS_ALIGNED = 0  # program 0 published the alignment (program 0 -> everyone)
 WS_EXITED = 1  # programs past their last wait; the last one clears WS_ALIGNED and itself
 WS_TIMED_OUT = 2  # sticky: some wait gave up after MAX_SPIN polls (the output is then wrong)
 WS_HEADER = 32  # 128 bytes: the counters below start on a line of their own
+# then READY[max_blocks]: GEMM 1 tiles done per block; DONE[max_blocks]: GEMM 2
+# tiles done per block; ARRIVED[M * n_tiles2]: GEMM 2 rows in per (token, column
+# tile); with SPLIT_K > 1, SPLITS[max_blocks * n_tiles1]: K slices in per GEMM 1 tile.
 # The same, as the kernel reads them (a @triton.jit function sees only constexpr globals).
 _WS_ALIGNED = tl.constexpr(WS_ALIGNED)
 _WS_EXITED = tl.constexpr(WS_EXITED)
 _WS_TIMED_OUT = tl.constexpr(WS_TIMED_OUT)
 _WS_HEADER = tl.constexpr(WS_HEADER)
-# then READY[max_blocks]: GEMM 1 tiles done per block; DONE[max_blocks]: GEMM 2
-# tiles done per block; ARRIVED[M * n_tiles2]: GEMM 2 rows in per (token, column tile).
 
 
 @triton.jit
@@ -567,18 +614,24 @@ def moe_persistent_kernel(
     weights_ptr,  # fp32 [M * topk] routing weights
     inter_ptr,  # [M * topk, N]: GEMM 1's activated output
     part_ptr,  # fp32 [M * topk, K]: GEMM 2's weighted rows
+    slices_ptr,  # fp32 [max_blocks * n_tiles1 * SPLIT_K, BLOCK_SIZE_M, BLOCK_SIZE_N]: GEMM 1's K slices (SPLIT_K > 1)
     out_ptr,  # [M, K]
     sorted_ids_ptr,  # alignment in memory (unless SELF_ALIGN)
     expert_ids_ptr,
     num_post_ptr,
     cursor_ptr,
     ws_ptr,  # int32 workspace, zero between launches (WS_* above)
-    N,
+    # A constexpr: Triton knows an integer argument's divisibility by 16 only, and
+    # N=360 (gpt-oss's smallest shard) is not, so every w2 and intermediate row
+    # would look unaligned and GEMM 2 would load them two bytes at a time,
+    # unpipelined (H100, 2026-11-22: the whole call 27 us at M=1).
+    N: tl.constexpr,
     K,
     numel,
     num_experts,
     max_blocks,
     max_padded,
+    ws_words,
     TOPK: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ACTIVATION: tl.constexpr,
@@ -590,7 +643,8 @@ def moe_persistent_kernel(
     BLOCK_SIZE_N: tl.constexpr,  # GEMM 1 tile: w1 rows (gate/up pairs)
     BLOCK_SIZE_K: tl.constexpr,  # GEMM 1 reduction step (over K)
     BLOCK_SIZE_N2: tl.constexpr,  # GEMM 2 tile: output columns (of K)
-    BLOCK_SIZE_K2: tl.constexpr,  # GEMM 2 reduction step (over N)
+    BLOCK_SIZE_K2: tl.constexpr,  # GEMM 2 reduction step (over N); >= N: one step, w2 loaded before the wait
+    SPLIT_K: tl.constexpr,  # GEMM 1 tiles split in this many K slices (1: not split)
     SELF_ALIGN: tl.constexpr,  # NUMEL_PAD: every program aligns in registers; 0: program 0 aligns into memory
     E_PAD: tl.constexpr,  # alignment constexprs (see _align_meta), used when SELF_ALIGN is 0
     CHUNK: tl.constexpr,
@@ -617,6 +671,7 @@ def moe_persistent_kernel(
     ready_ptr = ws_ptr + _WS_HEADER
     done_ptr = ready_ptr + max_blocks
     arrived_ptr = done_ptr + max_blocks
+    splits_ptr = arrived_ptr + (numel // TOPK) * n_tiles2
     timed_out_ptr = ws_ptr + _WS_TIMED_OUT
 
     # ---- alignment: which slots each BLOCK_SIZE_M block holds, and its expert.
@@ -636,8 +691,14 @@ def moe_persistent_kernel(
             _wait_at_least(ws_ptr + _WS_ALIGNED, 1, timed_out_ptr, MAX_SPIN)
         # .cg: from L2, never from a line this SM's L1 held before program 0 wrote it.
         num_blocks = tl.load(num_post_ptr, cache_modifier=".cg") // BLOCK_SIZE_M
-    total1 = num_blocks * n_tiles1
+    total1 = num_blocks * n_tiles1 * SPLIT_K
     total2 = num_blocks * n_tiles2
+    if SYNC:
+        # Bring the workspace's lines into L2 now, one line a program: after a cold
+        # L2 the counters' first atomics would each wait for DRAM, on the critical path.
+        ws_line = pid * 32
+        if ws_line < ws_words:
+            _prefetch_l2(ws_ptr + ws_line, 1, 32, 1)
     # GEMM 2 items continue GEMM 1's round robin: item i (GEMM 1 items first,
     # then GEMM 2's) goes to program i % grid, so the programs with no GEMM 1
     # item left take the first GEMM 2 items.
@@ -657,46 +718,96 @@ def moe_persistent_kernel(
             # The tile's w2 rows are contiguous: rows * N elements.
             _prefetch_l2(w2_ptr + expert.to(tl.int64) * K * N + row0.to(tl.int64) * N, rows * N, PREFETCH_W2, 256)
 
-    # ---- GEMM 1 (+ bias, activation): tile t is block t // n_tiles1, w1 rows tile t % n_tiles1.
+    # ---- GEMM 1 (+ bias, activation): item t is K slice t % SPLIT_K of tile
+    # t // SPLIT_K, which is block tile // n_tiles1, w1 rows tile tile % n_tiles1.
     if PHASE == -1 or PHASE == 1:
+        n_k = tl.cdiv(K, BLOCK_SIZE_K)
+        k_per_slice = tl.cdiv(n_k, SPLIT_K)
         for t in range(pid, total1, grid):
-            m = t // n_tiles1
+            tile = t // SPLIT_K
+            m = tile // n_tiles1
+            pid_n = tile % n_tiles1
             if SELF_ALIGN:
                 slots, expert = _block_slots(ids, pos, valid, numel, m, BLOCK_SIZE_M, SELF_ALIGN)
             else:
                 slots = tl.load(sorted_ids_ptr + m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M), cache_modifier=".cg")
                 expert = tl.load(expert_ids_ptr + m, cache_modifier=".cg")
-            _gemm1_tile(x_ptr, w1_ptr, b1_ptr, inter_ptr, slots, expert.to(tl.int64), t % n_tiles1, N, K, numel,
-                        K, 2 * N * K, K, 2 * N, N,
-                        TOPK, INTERLEAVED, ACTIVATION, HAS_BIAS, EVEN_K1, PRECISION,
-                        BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
-            # Publish the tile: GEMM 2's tiles of block m wait for all n_tiles1 of them.
-            tl.debug_barrier()
-            tl.atomic_add(ready_ptr + m, 1, sem="release", scope="gpu")
+            expert = expert.to(tl.int64)
+            tok_mask = slots < numel
+            rows = (slots // TOPK).to(tl.int64)
+            offs_j, w_row = _gemm1_rows(pid_n, N, INTERLEAVED, ACTIVATION, BLOCK_SIZE_N)
+            if SPLIT_K == 1:
+                acc = _gemm1_acc(x_ptr, w1_ptr, rows, tok_mask, expert, w_row, 0, n_k, K, K, 2 * N * K, K,
+                                 EVEN_K1, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, 2 * N, N,
+                             ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
+                finished = True
+            else:
+                # One K slice into its own fp32 tile; the program that brings the
+                # tile's count to SPLIT_K sums the slices in slice order, then runs
+                # the epilogue (bias, activation, store) and clears the count.
+                k_first = (t % SPLIT_K) * k_per_slice
+                k_last = tl.minimum(k_first + k_per_slice, n_k)
+                acc = _gemm1_acc(x_ptr, w1_ptr, rows, tok_mask, expert, w_row, k_first, k_last, K, K, 2 * N * K, K,
+                                 EVEN_K1, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                tile_elems = BLOCK_SIZE_M * BLOCK_SIZE_N
+                offs_tile = tl.arange(0, BLOCK_SIZE_M)[:, None] * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :]
+                tile_base = slices_ptr + tile.to(tl.int64) * SPLIT_K * tile_elems
+                tl.store(tile_base + (t % SPLIT_K) * tile_elems + offs_tile, acc)
+                tl.debug_barrier()
+                arrived = tl.atomic_add(splits_ptr + tile, 1, sem="acq_rel", scope="gpu")
+                finished = arrived == SPLIT_K - 1
+                if finished:
+                    tl.debug_barrier()
+                    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+                    for k_slice in tl.static_range(SPLIT_K):
+                        acc += tl.load(tile_base + k_slice * tile_elems + offs_tile, cache_modifier=".cg")
+                    _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, 2 * N, N,
+                                 ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
+                    tl.atomic_xchg(splits_ptr + tile, 0, sem="relaxed", scope="gpu")
+            if finished:
+                # Publish the tile: GEMM 2's tiles of block m wait for all n_tiles1 of them.
+                tl.debug_barrier()
+                tl.atomic_add(ready_ptr + m, 1, sem="release", scope="gpu")
 
     # ---- GEMM 2 (+ bias, x routing weight) and the top-k sum.
     if PHASE == -1 or PHASE == 2:
         for j in range(first2, total2, grid):
             m = j // n_tiles2
             pid_n = j % n_tiles2
-            if SYNC:
-                # Every program took its GEMM 1 items before any GEMM 2 item, and every
-                # program is resident, so the tiles waited for are running or done.
-                _wait_at_least(ready_ptr + m, n_tiles1, timed_out_ptr, MAX_SPIN)
+            # The block's slots and expert depend on the alignment only, not on GEMM 1.
             if SELF_ALIGN:
                 slots, expert = _block_slots(ids, pos, valid, numel, m, BLOCK_SIZE_M, SELF_ALIGN)
             else:
                 slots = tl.load(sorted_ids_ptr + m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M), cache_modifier=".cg")
                 expert = tl.load(expert_ids_ptr + m, cache_modifier=".cg")
+            expert = expert.to(tl.int64)
             tok_mask = slots < numel
             slots64 = slots.to(tl.int64)
             offs_n_raw = pid_n * BLOCK_SIZE_N2 + tl.arange(0, BLOCK_SIZE_N2)
             offs_n = offs_n_raw % K
             col_mask = offs_n_raw < K
+            if BLOCK_SIZE_K2 >= N:
+                # The whole reduction in one step: this tile's w2 rows do not depend on
+                # GEMM 1, so they are loaded before the wait and stream while GEMM 1 runs.
+                offs_k = tl.arange(0, BLOCK_SIZE_K2)
+                b = tl.load(w2_ptr + expert * K * N + offs_n[None, :].to(tl.int64) * N + offs_k[:, None],
+                            mask=offs_k[:, None] < N, other=0.0)
+            if SYNC:
+                # Every program took its GEMM 1 items before any GEMM 2 item, and every
+                # program is resident, so the tiles waited for are running or done.
+                _wait_at_least(ready_ptr + m, n_tiles1, timed_out_ptr, MAX_SPIN)
             # The intermediate was written by other programs of this launch: from L2 (.cg).
-            acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert.to(tl.int64), offs_n,
-                             tl.arange(0, BLOCK_SIZE_K2), N, N, K * N, N, K,
-                             HAS_BIAS, EVEN_K2, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N2, BLOCK_SIZE_K2, ".cg")
+            if BLOCK_SIZE_K2 >= N:
+                a = tl.load(inter_ptr + slots64[:, None] * N + offs_k[None, :],
+                            mask=tok_mask[:, None] & (offs_k[None, :] < N), other=0.0, cache_modifier=".cg")
+                acc = tl.dot(a, b, input_precision=PRECISION)
+                if HAS_BIAS:
+                    acc += tl.load(b2_ptr + expert * K + offs_n).to(tl.float32)[None, :]
+            else:
+                acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n,
+                                 tl.arange(0, BLOCK_SIZE_K2), N, N, K * N, N, K,
+                                 HAS_BIAS, EVEN_K2, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N2, BLOCK_SIZE_K2, ".cg")
             w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
             acc = acc * w[:, None]
             tl.store(part_ptr + slots64[:, None] * K + offs_n_raw[None, :], acc,
@@ -1031,7 +1142,11 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size_m:
 # Host side of the persistent MoE (moe_persistent_kernel).
 
 PERSISTENT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "BLOCK_SIZE_N2", "BLOCK_SIZE_K2",
-                          "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2")
+                          "SPLIT_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2")
+# SPLIT_K applies while GEMM 1 has at most this many tiles (decode sizes, where
+# tiles are fewer than programs); above it every program has whole tiles to
+# take, and the slices' buffer would grow with M: SPLIT_K is then 1.
+SPLIT_K_MAX_TILES = 1024
 # Up to this many (token, k) slots every program aligns in registers ([n, n]
 # comparisons, once per program); above it program 0 aligns into memory and
 # the others wait for it.
@@ -1040,22 +1155,31 @@ PERSISTENT_SELF_ALIGN_MAX = 64
 # bytes: far below any tunelab target's L2 (50 MB on an H100, 40 MB on an
 # A100), so prefetched lines are still there when GEMM 2 reads them.
 PREFETCH_BUDGET_BYTES = 16 << 20
-# Polls before a wait gives up (seconds of spinning; see _wait_at_least).
-MAX_SPIN = 1 << 24
+# Polls before a wait gives up (about a second of spinning; see _wait_at_least).
+MAX_SPIN = 1 << 22
 # Triton's interpreter has no SMs: the phase launches use this many programs
 # unless told otherwise (several items per program, as on a GPU).
 INTERPRETER_PROGRAMS = 3
 
 
 def persistent_default_config(M: int, N: int) -> dict:
-    """A reasonable persistent config without tuning: small blocks and two
-    programs per SM at decode sizes, larger tiles above."""
+    """The persistent config used where a job names none of its keys.
+
+    From a coordinate-descent search on an H100 (bench/moe_methods.py --search,
+    gpt-oss E=128 N=360, bf16, 2026-11-22): at M <= 2 GEMM 1 in four K slices
+    (its 4 x 12 tiles would leave most SMs idle), up to M=16 whole tiles, up to
+    M=64 narrower tiles at up to four programs per SM; above, larger tiles.
+    """
+    base = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "BLOCK_SIZE_N2": 64, "BLOCK_SIZE_K2": 64,
+            "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
+    if M <= 2:
+        return dict(base, BLOCK_SIZE_K=64, SPLIT_K=4, PREFETCH_W2=0)
+    if M <= 16:
+        return dict(base, BLOCK_SIZE_N2=128)
     if M <= 64:
-        return {"BLOCK_SIZE_M": 16 if M <= 32 else 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 128,
-                "BLOCK_SIZE_N2": 64, "BLOCK_SIZE_K2": 64, "num_warps": 4, "num_stages": 4,
-                "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
+        return dict(base, BLOCK_SIZE_M=16 if M <= 32 else 32, BLOCK_SIZE_N=32, PROGRAMS_PER_SM=4)
     return {"BLOCK_SIZE_M": 64 if M <= 512 else 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
-            "BLOCK_SIZE_N2": 128, "BLOCK_SIZE_K2": 64, "num_warps": 8, "num_stages": 3,
+            "BLOCK_SIZE_N2": 128, "BLOCK_SIZE_K2": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3,
             "PROGRAMS_PER_SM": 1, "PREFETCH_W2": 1}
 
 
@@ -1083,11 +1207,20 @@ class PersistentPlan:
     self_align: int
     # Elements per 128-byte line when GEMM 2's weights are prefetched into L2, else 0.
     prefetch: int
+    # K slices per GEMM 1 tile (config SPLIT_K, or 1 above SPLIT_K_MAX_TILES).
+    split_k: int
     ws_words: int
 
     def max_items(self) -> int:
-        """GEMM 1 and GEMM 2 tiles at most: no grid needs more programs."""
-        return self.max_blocks * (self.n_tiles1 + self.n_tiles2)
+        """GEMM 1 and GEMM 2 items at most: no grid needs more programs."""
+        return self.max_blocks * (self.n_tiles1 * self.split_k + self.n_tiles2)
+
+    def slices_elems(self) -> int:
+        """fp32 elements of GEMM 1's K-slice buffer (1 when GEMM 1 is not split)."""
+        if self.split_k == 1:
+            return 1
+        c = self.config
+        return self.max_blocks * self.n_tiles1 * self.split_k * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"]
 
 
 def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = None) -> PersistentPlan:
@@ -1104,6 +1237,8 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
             raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs 16), got {v}")
     if c["PROGRAMS_PER_SM"] < 1:
         raise ValueError(f"PROGRAMS_PER_SM must be >= 1, got {c['PROGRAMS_PER_SM']}")
+    if c["SPLIT_K"] < 1:
+        raise ValueError(f"SPLIT_K must be >= 1, got {c['SPLIT_K']}")
     if c["PREFETCH_W2"] not in (0, 1):
         raise ValueError(f"PREFETCH_W2 must be 0 or 1, got {c['PREFETCH_W2']}")
     bm = c["BLOCK_SIZE_M"]
@@ -1114,7 +1249,9 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
     es = 4 if is_fp32(problem.dtype) else 2
     w2_reachable = min(problem.E, numel) * problem.K * problem.N * es
     prefetch = 128 // es if (c["PREFETCH_W2"] and w2_reachable <= PREFETCH_BUDGET_BYTES and not interpreting()) else 0
+    n_tiles1 = triton.cdiv(2 * problem.N, c["BLOCK_SIZE_N"])
     n_tiles2 = triton.cdiv(problem.K, c["BLOCK_SIZE_N2"])
+    split_k = c["SPLIT_K"] if max_blocks * n_tiles1 <= SPLIT_K_MAX_TILES else 1
     return PersistentPlan(
         M=problem.M,
         E=problem.E,
@@ -1130,11 +1267,12 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
         max_blocks=max_blocks,
         max_padded=max_padded,
         align_meta=_align_meta(numel, problem.E, max_padded),
-        n_tiles1=triton.cdiv(2 * problem.N, c["BLOCK_SIZE_N"]),
+        n_tiles1=n_tiles1,
         n_tiles2=n_tiles2,
         self_align=self_align,
         prefetch=prefetch,
-        ws_words=WS_HEADER + 2 * max_blocks + problem.M * n_tiles2,
+        split_k=split_k,
+        ws_words=WS_HEADER + 2 * max_blocks + problem.M * n_tiles2 + (max_blocks * n_tiles1 if split_k > 1 else 0),
     )
 
 
@@ -1145,13 +1283,13 @@ def _persistent_spec(plan: PersistentPlan, b: dict, phase: int):
     # Without its own alignment the kernel still takes the buffers: any pointer will do.
     align = (b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"])
     args = (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], b["w2"], b["b2"] if plan.has_bias else b["x"],
-            b["topk_ids"], b["topk_weights"], b["inter"], b["part"], b["out"], *align, b["ws"],
-            plan.N, plan.K, plan.numel, plan.E, plan.max_blocks, plan.max_padded)
+            b["topk_ids"], b["topk_weights"], b["inter"], b["part"], b["slices"], b["out"], *align, b["ws"])
     kwargs = dict(
-        TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation, HAS_BIAS=plan.has_bias,
+        N=plan.N, K=plan.K, numel=plan.numel, num_experts=plan.E, max_blocks=plan.max_blocks,
+        max_padded=plan.max_padded, ws_words=plan.ws_words, TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation, HAS_BIAS=plan.has_bias,
         EVEN_K1=plan.K % c["BLOCK_SIZE_K"] == 0, EVEN_K2=plan.N % c["BLOCK_SIZE_K2"] == 0, PRECISION=precision,
         BLOCK_SIZE_M=c["BLOCK_SIZE_M"], BLOCK_SIZE_N=c["BLOCK_SIZE_N"], BLOCK_SIZE_K=c["BLOCK_SIZE_K"],
-        BLOCK_SIZE_N2=c["BLOCK_SIZE_N2"], BLOCK_SIZE_K2=c["BLOCK_SIZE_K2"],
+        BLOCK_SIZE_N2=c["BLOCK_SIZE_N2"], BLOCK_SIZE_K2=c["BLOCK_SIZE_K2"], SPLIT_K=plan.split_k,
         SELF_ALIGN=plan.self_align, E_PAD=plan.align_meta["E_PAD"], CHUNK=plan.align_meta["CHUNK"],
         BCHUNK=plan.align_meta["BCHUNK"], PHASE=phase, PREFETCH_W2=plan.prefetch if phase < 0 else 0,
         MAX_SPIN=MAX_SPIN, num_warps=c["num_warps"], num_stages=c["num_stages"],
@@ -1173,7 +1311,7 @@ def compile_persistent(plan: PersistentPlan):
     Needs no GPU and no SM count: the grid is a launch argument, not part of
     the binary."""
     dt, i32, f32 = pointer(plan.dtype), pointer(int32()), pointer(torch_dtype("fp32"))
-    b = {"x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "out": dt, "part": f32,
+    b = {"x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "out": dt, "part": f32, "slices": f32,
          "topk_ids": i32, "sorted_ids": i32, "expert_ids": i32, "num_post": i32, "cursor": i32, "ws": i32,
          "topk_weights": f32}
     for phase in persistent_phases(plan):
@@ -1195,13 +1333,51 @@ def resident_programs_per_sm(n_regs: int, shared_bytes: int, num_warps: int, pro
     return max(0, min(by_threads, by_regs, by_smem, 32))
 
 
-def persistent_grid(plan: PersistentPlan, n_regs: int, shared_bytes: int, device) -> int:
+def _libcuda():
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            pass
+    return None
+
+
+def pin_resident(function, threads: int, shared_bytes: int):
+    """Make the driver keep as many programs of `function` on an SM as its
+    resources allow, and return that count (None where libcuda is not at hand).
+
+    Asks for the largest shared-memory carveout (CU_FUNC_ATTRIBUTE_PREFERRED_
+    SHARED_MEMORY_CARVEOUT = 100 %), so that the L1/shared split the driver
+    picks at launch never holds fewer programs than computed, then asks the
+    driver's occupancy calculator (cuOccupancyMaxActiveBlocksPerMultiprocessor),
+    the figure cooperative launches are checked against.
+    """
+    import ctypes
+
+    lib = _libcuda()
+    if lib is None:
+        return None
+    handle = ctypes.c_void_p(int(function))
+    lib.cuFuncSetAttribute(handle, ctypes.c_int(9), ctypes.c_int(100))
+    blocks = ctypes.c_int(0)
+    status = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), handle, ctypes.c_int(threads),
+                                                             ctypes.c_size_t(shared_bytes))
+    return blocks.value if status == 0 else None
+
+
+def persistent_grid(plan: PersistentPlan, n_regs: int, shared_bytes: int, device, driver_resident=None) -> int:
     """Programs of a persistent launch: PROGRAMS_PER_SM on every SM, never more
     than the GPU holds at once (a program that waits must never wait for one
     that is not running: the waited-for one could not start until the waiter
-    left its SM), nor more than the call has tiles."""
+    left its SM), nor more than the call has tiles. `driver_resident` is the
+    driver's own count (pin_resident) where it could be asked: the smaller
+    of it and ours is used."""
     props = torch.cuda.get_device_properties(device)
     resident = resident_programs_per_sm(n_regs, shared_bytes, plan.config["num_warps"], props)
+    if driver_resident is not None:
+        resident = min(resident, driver_resident)
     if resident < 1:
         raise ValueError(f"moe_persistent_kernel does not fit on an SM ({n_regs} registers a thread, "
                          f"{shared_bytes} bytes of shared memory, {plan.config['num_warps']} warps): "
@@ -1224,6 +1400,11 @@ class PersistentMoELaunch:
       the (stable) layout in registers, with no wait. Above it, program 0 runs
       moe_align_kernel's code into memory and publishes a flag (release); the
       others wait for it (acquire).
+    - GEMM 1 split in K (SPLIT_K > 1, decode sizes): each item is one K
+      slice of a tile, written to `slices` (fp32); the program that brings
+      the tile's SPLITS count to SPLIT_K sums the slices in slice order
+      (deterministic) and runs the epilogue. More, smaller items when a
+      decode call has fewer tiles than programs.
     - GEMM 1 -> GEMM 2: no grid-wide barrier. Each GEMM 1 tile counts itself
       into its block's READY word (release); a GEMM 2 tile waits only for its
       own block's n_tiles1 tiles (acquire), so GEMM 2 starts block by block.
@@ -1259,10 +1440,11 @@ class PersistentMoELaunch:
         self.cursor = torch.empty(plan.align_meta["E_PAD"] if aligned else 1, dtype=i32, device=dev)
         self.inter = torch.empty(plan.numel, plan.N, dtype=plan.dtype, device=dev)
         self.part = torch.empty(plan.numel, plan.K, dtype=torch.float32, device=dev)
+        self.slices = torch.empty(plan.slices_elems(), dtype=torch.float32, device=dev)
         self.out = torch.empty(plan.M, plan.K, dtype=plan.dtype, device=dev)
         self.ws = torch.zeros(plan.ws_words, dtype=i32, device=dev)
         bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids, num_post=self.num_post,
-                    cursor=self.cursor, inter=self.inter, part=self.part, out=self.out, ws=self.ws)
+                    cursor=self.cursor, inter=self.inter, part=self.part, slices=self.slices, out=self.out, ws=self.ws)
         self.phases = persistent_phases(plan)
         specs = [_persistent_spec(plan, bufs, phase) for phase in self.phases]
         if direct is None:
@@ -1273,14 +1455,16 @@ class PersistentMoELaunch:
             compiled = kernel.warmup(*args, grid=(1,), **kwargs)
             compiled._init_handles()
             self.n_regs, self.shared = int(compiled.n_regs), int(compiled.metadata.shared)
-            self.grid = grid or persistent_grid(plan, self.n_regs, self.shared, dev)
+            threads = plan.config["num_warps"] * getattr(compiled.metadata, "warp_size", 32)
+            self.driver_resident = pin_resident(compiled.function, threads, self.shared)
+            self.grid = grid or persistent_grid(plan, self.n_regs, self.shared, dev, self.driver_resident)
             self.direct = bool(direct)
             if self.direct:
                 self._runners = [compiled_runner(kernel, compiled, (self.grid,), args, kwargs)]
             else:
                 self._runners = [functools.partial(kernel[(self.grid,)], *args, **kwargs)]
         else:
-            self.n_regs = self.shared = None
+            self.n_regs = self.shared = self.driver_resident = None
             self.grid = grid or min(INTERPRETER_PROGRAMS, plan.max_items())
             self.direct = False
             self._runners = [functools.partial(kernel[(self.grid,)], *args, **kwargs) for kernel, args, kwargs in specs]

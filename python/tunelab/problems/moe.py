@@ -281,6 +281,9 @@ class TritonPersistentMoE:
       BLOCK_SIZE_K     GEMM 1 reduction step over the hidden size K
       BLOCK_SIZE_N2    GEMM 2 tile: output columns (of the hidden size K)
       BLOCK_SIZE_K2    GEMM 2 reduction step over the intermediate size N
+      SPLIT_K          GEMM 1 tiles split into this many K slices, summed by the
+                       last slice's program (1: no split; applies while GEMM 1 has
+                       at most SPLIT_K_MAX_TILES tiles, i.e. decode sizes)
       num_warps, num_stages   as for any Triton kernel
       PROGRAMS_PER_SM  programs per SM asked for; the grid is SMs x min(this,
                        what one SM holds of this binary), so every program is
