@@ -119,9 +119,7 @@ SEARCH_VALUES = {
     # Tile width and K slices together: they set how many GEMM 1 items there are, and how big.
     ("BLOCK_SIZE_N", "SPLIT_K"): [(n, k) for n in (16, 32, 64, 128) for k in (1, 2, 3, 4, 6)],
     ("BLOCK_SIZE_K", "num_stages"): [(64, 4), (64, 6), (128, 3), (128, 4), (128, 6), (256, 3)],
-    # K2 >= N (512 for N=360, 1024 for N=720): GEMM 2 in one step, its w2 loaded before the wait.
-    ("BLOCK_SIZE_N2", "BLOCK_SIZE_K2"): [(32, 64), (64, 64), (64, 128), (128, 64), (16, 512), (32, 512),
-                                         (16, 1024)],
+    ("BLOCK_SIZE_N2", "BLOCK_SIZE_K2"): [(32, 64), (64, 64), (64, 128), (128, 64), (32, 128)],
     ("PROGRAMS_PER_SM",): [(1,), (2,), (3,), (4,)],
     ("PREFETCH_W2", "num_warps"): [(0, 4), (1, 4), (1, 8), (0, 8)],
 }

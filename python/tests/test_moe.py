@@ -416,8 +416,9 @@ def test_bad_shapes_and_configs():
 
 PCFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "BLOCK_SIZE_N2": 32, "BLOCK_SIZE_K2": 16,
         "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
-# M=13, topk=2: 26 slots, not a multiple of BLOCK_SIZE_M=16; in every shape some experts get no token.
-NEW_SHAPES = [dict(E=16), dict(M=1), dict(M=5, E=16, topk=3)]
+# M=13, topk=2: 26 slots, not a multiple of BLOCK_SIZE_M=16. Every shape has fewer slots
+# than experts, so some experts get no token whatever the generator draws (CPU and CUDA differ).
+NEW_SHAPES = [dict(E=32), dict(M=1), dict(M=5, E=16, topk=3)]
 
 
 def new_method_config(name):
@@ -434,14 +435,14 @@ def run_method(name, problem, inputs, config=None):
     return launch
 
 
-@pytest.mark.parametrize("kw", NEW_SHAPES, ids=["M13-E16", "M1-E8", "M5-E16-top3"])
+@pytest.mark.parametrize("kw", NEW_SHAPES, ids=["M13-E32", "M1-E8", "M5-E16-top3"])
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 @pytest.mark.parametrize("method", ["fused_moe_vllm", "fused_moe_persistent", "torch"])
 def test_new_methods_match_reference(method, activation, dtype, kw, device):
     p = FusedMoE(shape(activation=activation, dtype=dtype, **kw))
     inputs = p.inputs(11, device)
-    assert len(torch.unique(inputs["topk_ids"])) < p.E, "some experts get no token"
+    assert p.M * p.topk < p.E, "some experts get no token"
     assert_close(run_method(method, p, inputs).out, p.reference(inputs), dtype)
 
 
@@ -535,7 +536,7 @@ def test_persistent_alignment_and_grids(self_align, grid, split_k, device):
     dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=16, BLOCK_SIZE_N2=128, BLOCK_SIZE_K2=32),  # one N2 tile > K
     dict(BLOCK_SIZE_K=16, SPLIT_K=2),  # 3 K steps in slices of 2 and 1
     dict(BLOCK_SIZE_K=32, SPLIT_K=4),  # 2 K steps in 4 slices: two slices are empty
-    dict(BLOCK_SIZE_K2=32, BLOCK_SIZE_N2=16),  # GEMM 2 in one step (K2 >= N): w2 loaded before the wait
+    dict(BLOCK_SIZE_K2=32, BLOCK_SIZE_N2=16),  # GEMM 2 in one (masked) step
 ], ids=["small-tiles", "large-tiles", "split-uneven", "split-empty-slices", "gemm2-one-step"])
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_persistent_tails(cfg, dtype, device):

@@ -1,5 +1,14 @@
 """Triton fused mixture-of-experts, structured like vLLM's fused MoE.
 
+Three call structures share these kernels' tile code:
+
+- `make_plan` (the `fused_moe` method): the call described below;
+- `vllm_plan` (`fused_moe_vllm`): vLLM's own structure, kernel for kernel: the
+  alignment kernel at every size, GEMM 1 writing gate and up (ACT_NONE),
+  `moe_act_kernel`, GEMM 2, the sum; plain launches;
+- `moe_persistent_kernel` (`fused_moe_persistent`): the whole call in one
+  launch, synchronised in-kernel (see PersistentMoELaunch).
+
 Four steps per call (three for a few tokens, see below), the same work split
 as vLLM's `fused_experts` so that a config tuned here means the same thing there:
 
@@ -649,7 +658,7 @@ def moe_persistent_kernel(
     BLOCK_SIZE_N: tl.constexpr,  # GEMM 1 tile: w1 rows (gate/up pairs)
     BLOCK_SIZE_K: tl.constexpr,  # GEMM 1 reduction step (over K)
     BLOCK_SIZE_N2: tl.constexpr,  # GEMM 2 tile: output columns (of K)
-    BLOCK_SIZE_K2: tl.constexpr,  # GEMM 2 reduction step (over N); >= N: one step, w2 loaded before the wait
+    BLOCK_SIZE_K2: tl.constexpr,  # GEMM 2 reduction step (over N)
     SPLIT_K: tl.constexpr,  # GEMM 1 tiles split in this many K slices (1: not split)
     SELF_ALIGN: tl.constexpr,  # NUMEL_PAD: every program aligns in registers; 0: program 0 aligns into memory
     E_PAD: tl.constexpr,  # alignment constexprs (see _align_meta), used when SELF_ALIGN is 0
@@ -794,27 +803,14 @@ def moe_persistent_kernel(
             offs_n_raw = pid_n * BLOCK_SIZE_N2 + tl.arange(0, BLOCK_SIZE_N2)
             offs_n = offs_n_raw % K
             col_mask = offs_n_raw < K
-            if BLOCK_SIZE_K2 >= N:
-                # The whole reduction in one step: this tile's w2 rows do not depend on
-                # GEMM 1, so they are loaded before the wait and stream while GEMM 1 runs.
-                offs_k = tl.arange(0, BLOCK_SIZE_K2)
-                b = tl.load(w2_ptr + expert * K * N + offs_n[None, :].to(tl.int64) * N + offs_k[:, None],
-                            mask=(offs_k[:, None] < N) & col_mask[None, :], other=0.0)
             if SYNC:
                 # Every program took its GEMM 1 items before any GEMM 2 item, and every
                 # program is resident, so the tiles waited for are running or done.
                 _wait_at_least(ready_ptr + m, n_tiles1, timed_out_ptr, MAX_SPIN)
             # The intermediate was written by other programs of this launch: from L2 (.cg).
-            if BLOCK_SIZE_K2 >= N:
-                a = tl.load(inter_ptr + slots64[:, None] * N + offs_k[None, :],
-                            mask=tok_mask[:, None] & (offs_k[None, :] < N), other=0.0, cache_modifier=".cg")
-                acc = tl.dot(a, b, input_precision=PRECISION)
-                if HAS_BIAS:
-                    acc += tl.load(b2_ptr + expert * K + offs_n).to(tl.float32)[None, :]
-            else:
-                acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n,
-                                 tl.arange(0, BLOCK_SIZE_K2), N, N, K * N, N, K,
-                                 HAS_BIAS, EVEN_K2, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N2, BLOCK_SIZE_K2, ".cg")
+            acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n,
+                             tl.arange(0, BLOCK_SIZE_K2), N, N, K * N, N, K,
+                             HAS_BIAS, EVEN_K2, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N2, BLOCK_SIZE_K2, ".cg")
             w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
             acc = acc * w[:, None]
             tl.store(part_ptr + slots64[:, None] * K + offs_n_raw[None, :], acc,
@@ -1170,21 +1166,35 @@ INTERPRETER_PROGRAMS = 3
 
 
 def persistent_default_config(M: int, N: int) -> dict:
-    """The persistent config used where a job names none of its keys.
+    """The persistent config a job runs when it names none of the keys.
 
-    From a coordinate-descent search on an H100 (bench/moe_methods.py --search,
-    gpt-oss E=128 N=360, bf16, 2026-11-22): at M <= 2 GEMM 1 in four K slices
-    (its 4 x 12 tiles would leave most SMs idle), up to M=16 whole tiles, up to
-    M=64 narrower tiles at up to four programs per SM; above, larger tiles.
+    Each choice below was measured on an H100 (bench/moe_methods.py, gpt-oss
+    E=128, K=2880, bf16, SiLU; bench/results/moe_methods-H100.json,
+    2026-11-22; µs cold / under graph timing), as the best of a coordinate
+    search (M=1 and 8) or of a one-key sweep (M=64):
+
+    - M <= 2, N <= 360: GEMM 1 in four K slices of 64-row tiles (4 x 12 tiles
+      alone would leave most SMs idle): N=360 20.6 / 14.3;
+    - M <= 2, N <= 720: 128-row tiles in three slices: N=720 28.7 / 27.0;
+    - M <= 2, larger N: whole 64-row tiles, enough of them: N=2880 80.7 / 78.1;
+    - M <= 16: whole 64-row tiles, six stages, GEMM 2 tiles of 128 columns:
+      N=360 M=8 75.7 / 73.3;
+    - M <= 64: 16-slot blocks, 32-row tiles, four programs per SM: M=64
+      N=360 261.5 / 259.6, N=720 470.5 / 468.8, N=2880 1770.3 / 1767.8;
+    - above: larger tiles (not measured).
     """
     base = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "BLOCK_SIZE_N2": 64, "BLOCK_SIZE_K2": 64,
             "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
     if M <= 2:
-        return dict(base, BLOCK_SIZE_K=64, SPLIT_K=4, PREFETCH_W2=0)
+        if N <= 360:
+            return dict(base, BLOCK_SIZE_K=64, SPLIT_K=4, PREFETCH_W2=0)
+        if N <= 720:
+            return dict(base, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, SPLIT_K=3, PREFETCH_W2=0)
+        return dict(base, BLOCK_SIZE_K=64, PREFETCH_W2=0)
     if M <= 16:
-        return dict(base, BLOCK_SIZE_N2=128)
+        return dict(base, BLOCK_SIZE_N2=128, num_stages=6)
     if M <= 64:
-        return dict(base, BLOCK_SIZE_M=16 if M <= 32 else 32, BLOCK_SIZE_N=32, PROGRAMS_PER_SM=4)
+        return dict(base, BLOCK_SIZE_N=32, PROGRAMS_PER_SM=4)
     return {"BLOCK_SIZE_M": 64 if M <= 512 else 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
             "BLOCK_SIZE_N2": 128, "BLOCK_SIZE_K2": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3,
             "PROGRAMS_PER_SM": 1, "PREFETCH_W2": 1}
@@ -1426,8 +1436,25 @@ class PersistentMoELaunch:
       exit clears the alignment flag). A failed wait (MAX_SPIN) sets the
       sticky WS_TIMED_OUT word instead of hanging: see `timed_out()`.
 
+    - Cold L2: each program first asks L2 for one line of the workspace, so
+      the counters' first atomics do not each wait for DRAM.
+
     Under Triton's interpreter the same kernel runs once per phase (see
     moe_persistent_kernel); `grid` overrides the number of programs (tests).
+
+    Measured on an H100 (bench/moe_methods.py, gpt-oss E=128 K=2880 bf16
+    SiLU, 2026-11-22, bench/results/moe_methods-H100.json; µs cold / graph):
+    M=1 N=360 20.6 / 14.3 against fused_moe's 33.0 / 22.6 (the bound is 7.4);
+    M=8 N=360 75.7 / 73.3 against 100.5 / 95.6; M=64 N=360 261.5 / 259.6
+    against 413.9 / 413.0. Not faster at M=1 N=720 (28.7 / 27.0 against
+    28.6 / 24.8), even at M=64 N=720 (470.5 / 468.8 against 470.3 / 466.4).
+    - N is a constexpr because, as a runtime argument, N=360 is not known to be
+      a multiple of 16: GEMM 2 then loaded w2 two bytes at a time, unpipelined
+      (M=1 N=360: 27 -> 20 µs cold, 21 -> 14 graph, in an earlier run that day).
+    - Tried and not kept: GEMM 2 in one step with its w2 rows loaded into
+      registers before the wait (BLOCK_SIZE_K2 >= N), to stream them during
+      GEMM 1: 17.7 µs graph at best at M=1 N=360, against 14.1 (its narrow
+      tiles, padded to 512, cost more than the overlap saved).
     """
 
     def __init__(self, plan: PersistentPlan, inputs: dict, direct: bool | None = None, grid: int | None = None):
