@@ -57,6 +57,9 @@ fn header() -> RunHeader {
         protocol: tunelab::measure::Protocol {
             warmup_launches: 3,
             warmup_ms: 5.0,
+            timing: tunelab::measure::Timing::Cold,
+            graph_calls: 10,
+            retime_with: vec![tunelab::measure::Timing::Graph],
             flush: L2Flush::Read,
             flush_bytes: None,
             batch: 32,
@@ -85,6 +88,7 @@ fn header() -> RunHeader {
             kernel: "matmul".into(),
             description: Some("tunelab's own Triton GEMM".into()),
             baseline: Some("baseline".into()),
+            search: None,
         }],
         compared: Vec::new(),
         fingerprint: Fingerprint::default(),

@@ -317,6 +317,7 @@ fn with_compared(mut exp: Experiment, files: &[std::path::PathBuf]) -> Result<Ex
             constraints: Vec::new(),
             derived: Vec::new(),
             baseline: None,
+            search: None,
             key_spans: Default::default(),
             param_spans: Default::default(),
             fixed: Some(shipped.fixed_configs()),

@@ -30,13 +30,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::python::Hello;
-use crate::backend::{Backend, Flush, JobFailure, PythonBackend, WorkerSpec};
+use crate::backend::{Backend, Flush, JobFailure, PythonBackend, SampleMode, WorkerSpec};
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
 use crate::manifest::{Experiment, MethodKind, Shape, Tolerance};
 use crate::measure::{L2Flush, Protocol};
 use crate::plan::{self, Filter, Job, Mode, PlanOptions, RunMode};
-use crate::search::{PriorObservation, Strategy};
+use crate::search::{PriorObservation, Strategies};
 use crate::store::{
     Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, MethodRecord, OutputSpec,
     Results, RunHeader, SearchRecord, StoreError, FORMAT_VERSION,
@@ -147,7 +147,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     let exp = opts.exp;
     let protocol = effective_protocol(&exp.protocol, opts.mode);
     // Halving keeps at least the finalists of the protocol this run uses.
-    let strategy = exp.search.strategy(protocol.finalists);
+    let strategies = exp.strategies(protocol.finalists);
     let dir = results_dir(&opts.results_dir, exp, &opts.device, opts.mode);
     let mut created = preflight::CreatedDirs::before(&dir);
 
@@ -159,7 +159,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     } else {
         None
     };
-    let resume = Resume::read(&dir, strategy.as_ref(), opts.run_mode, &protocol, exp)?;
+    let resume = Resume::read(&dir, &strategies, opts.run_mode, &protocol, exp)?;
     let select = Selection {
         done: &resume.done,
         run_mode: opts.run_mode,
@@ -190,7 +190,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         opts: &opts,
         protocol,
         tolerance,
-        strategy: strategy.as_ref(),
+        strategies: &strategies,
         prior: &resume.prior,
         select: &select,
         plan_opts: &plan_opts,
@@ -236,7 +236,7 @@ struct Resume {
 impl Resume {
     fn read(
         dir: &Path,
-        strategy: &dyn Strategy,
+        strategies: &Strategies,
         run_mode: RunMode,
         protocol: &Protocol,
         exp: &Experiment,
@@ -251,6 +251,24 @@ impl Resume {
             eprintln!("warning: {w}");
         }
         if let Some(h) = &previous.header {
+            if h.protocol.timing != protocol.timing && run_mode != RunMode::Check {
+                return Err(RunError::Input(
+                    Diagnostic::in_file(
+                        &exp.manifest_path,
+                        format!(
+                            "the journal's jobs were timed {} and this run would time them {}: one ranking would mix the two",
+                            h.protocol.timing.as_str(),
+                            protocol.timing.as_str()
+                        ),
+                    )
+                    .help(format!(
+                        "set `protocol: {{timing: {}}}` to go on with {}, time the other way in `retime_with:`, or pass a fresh --results-dir",
+                        h.protocol.timing.as_str(),
+                        dir.display()
+                    ))
+                    .into(),
+                ));
+            }
             if let Some(message) = flush_conflict(h.protocol.flush, protocol.flush) {
                 return Err(RunError::Input(
                     Diagnostic::in_file(&exp.manifest_path, message)
@@ -271,13 +289,15 @@ impl Resume {
                 // A config a strategy skipped was never run: only a strategy
                 // that keeps its skips leaves it unrun.
                 _ if r.status == JobStatus::Skipped => {
-                    run_mode == RunMode::Tune && strategy.keeps_skipped()
+                    run_mode == RunMode::Tune
+                        && r.failure.is_none()
+                        && strategies.for_method(&r.method).keeps_skipped()
                 }
                 _ => r.status != JobStatus::Checked,
             })
             .map(|r| r.job_id.clone())
             .collect();
-        let prior = if strategy.learns_from_earlier_runs() && run_mode == RunMode::Tune {
+        let prior = if strategies.any_learns() && run_mode == RunMode::Tune {
             lane::prior_observations(&previous.jobs)
         } else {
             HashMap::new()
@@ -439,6 +459,7 @@ fn run_header(
                 kernel: m.kernel.clone(),
                 description: descriptions.get(&m.kernel).cloned(),
                 baseline: m.baseline.as_ref().map(|b| b.name.clone()),
+                search: m.search.as_ref().map(SearchRecord::from),
             })
             .collect(),
         compared: exp.compared.clone(),
@@ -453,7 +474,7 @@ struct Drain<'a> {
     opts: &'a RunOptions<'a>,
     protocol: Protocol,
     tolerance: Tolerance,
-    strategy: &'a dyn Strategy,
+    strategies: &'a Strategies,
     prior: &'a HashMap<String, Vec<PriorObservation>>,
     select: &'a Selection<'a>,
     plan_opts: &'a PlanOptions<'a>,
@@ -499,7 +520,11 @@ fn drain(
     };
     let lane_opts = LaneOptions {
         run,
-        flush,
+        sampling: SampleMode {
+            timing: run.protocol.timing,
+            flush,
+            graph_calls: run.protocol.graph_calls,
+        },
         peak: &peak,
         board: use_pool.then_some(board),
     };
@@ -579,7 +604,7 @@ fn drain(
 /// What every lane of a run shares.
 struct LaneOptions<'a> {
     run: &'a Drain<'a>,
-    flush: Flush,
+    sampling: SampleMode,
     peak: &'a (dyn Fn(Option<&str>) -> f64 + Sync),
     board: Option<&'a compile::CompileBoard>,
 }
@@ -613,9 +638,9 @@ fn spawn_lanes<'scope, 'env>(
         let ctx = lane::LaneContext {
             protocol: run.protocol.clone(),
             tolerance: run.tolerance.clone(),
-            strategy: run.strategy,
+            strategies: run.strategies,
             run_mode: run.opts.run_mode,
-            flush: o.flush,
+            sampling: o.sampling,
             peak_gbs: run.opts.device.peak_gbs,
             peak_tflops: o.peak,
             compile: o.board,
