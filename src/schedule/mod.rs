@@ -89,6 +89,8 @@ pub struct RunOutcome {
     pub pruned: u64,
     /// Never run: the surrogate spent its budget on other configs.
     pub skipped_by_search: u64,
+    /// Never run: the method cannot run here (vLLM not installed, say).
+    pub unavailable: u64,
     pub checked: u64,
     pub interrupted: bool,
     pub fingerprint_changes: Vec<String>,
@@ -579,6 +581,9 @@ fn drain(
                         JobStatus::Ok => outcome.ok += 1,
                         JobStatus::Failed => outcome.failed += 1,
                         JobStatus::Pruned => outcome.pruned += 1,
+                        JobStatus::Skipped if record.failure.is_some() => {
+                            outcome.unavailable += 1
+                        }
                         JobStatus::Skipped => outcome.skipped_by_search += 1,
                         JobStatus::Checked => outcome.checked += 1,
                     }
