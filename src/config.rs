@@ -15,7 +15,7 @@ pub struct Settings {
     pub results_dir: PathBuf,
     /// Device profile used to plan when no GPU is queried (plan, validate).
     pub device_profile: String,
-    /// CPU compile workers; 0 = one per core, at most 16.
+    /// CPU compile workers; 0 = the cores the lanes leave, 1 to 16.
     pub compile_workers: usize,
     /// Force interpreter mode even when a GPU is present.
     pub interpret: bool,

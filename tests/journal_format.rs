@@ -11,8 +11,8 @@ use tunelab::plan::{Mode, RunMode};
 use tunelab::search::StrategyName;
 use tunelab::store::journal::{self, Journal};
 use tunelab::store::{
-    Entry, Fingerprint, JobRecord, JobStatus, OutputSpec, RunHeader, SearchRecord, StoreError,
-    FORMAT_VERSION,
+    Entry, Fingerprint, JobRecord, JobStatus, LaneRetired, OutputSpec, RunHeader, SearchRecord,
+    StoreError, FORMAT_VERSION,
 };
 
 fn header() -> RunHeader {
@@ -149,6 +149,43 @@ fn format_2_entries_serialise_as_pinned() {
     insta::assert_snapshot!("format_2_run_header", run);
     let job = serde_json::to_string_pretty(&Entry::Job(Box::new(job("j1")))).unwrap();
     insta::assert_snapshot!("format_2_job_record", job);
+    let retired = serde_json::to_string_pretty(&Entry::LaneRetired(retired())).unwrap();
+    insta::assert_snapshot!("format_2_lane_retired", retired);
+}
+
+fn retired() -> LaneRetired {
+    LaneRetired {
+        lane: 1,
+        device: Some("1".into()),
+        reason: "3 consecutive crash/launch_error failures, then job j0 (which had passed) failed again on this lane: crash: worker died".into(),
+        failed_jobs: vec!["j1".into(), "j2".into(), "j3".into()],
+        requeued_jobs: 12,
+        at: "2026-11-23T00:00:02Z".into(),
+    }
+}
+
+/// The lane retirement entry joined format 2 after its first journals: a
+/// journal without one reads as before, and one with it reads it back.
+#[test]
+fn a_lane_retirement_is_read_back_and_older_format_2_journals_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = |e: Entry| serde_json::to_string(&e).unwrap();
+    write_lines(
+        dir.path(),
+        &[
+            line(Entry::Run(Box::new(header()))),
+            line(Entry::Job(Box::new(job("j1")))),
+        ],
+    );
+    let (before, warnings) = journal::read(dir.path()).unwrap();
+    assert!(warnings.is_empty() && before.retired.is_empty());
+    let (mut j, _) = Journal::open(dir.path()).unwrap();
+    j.append(&Entry::LaneRetired(retired())).unwrap();
+    drop(j);
+    let (after, warnings) = journal::read(dir.path()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(after.retired, vec![retired()]);
+    assert_eq!(after.jobs.len(), 1);
 }
 
 #[test]

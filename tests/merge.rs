@@ -456,10 +456,11 @@ fn the_command_prints_the_conflicts_and_exits_2_on_bad_input() {
     );
     assert!(stderr.contains("nothing was written"), "{stderr}");
 
-    // One file is a usage error.
+    // One file is bad input: files merge two or more.
     let out = run(&["--into".as_ref(), into.as_os_str(), a.as_os_str()]);
     assert_eq!(out.status.code(), Some(2));
-    // --help says it takes files only.
+    assert!(String::from_utf8_lossy(&out.stderr).contains("two or more"));
+    // --help says it also merges results directories (their journals).
     let out = run(&["--help".as_ref()]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("Takes files only"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Given results directories"));
 }

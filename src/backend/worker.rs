@@ -23,8 +23,10 @@ pub struct WorkerSpec {
     /// "lane" or "compile".
     pub role: String,
     pub interpret: bool,
-    /// CUDA_VISIBLE_DEVICES for a lane that owns one GPU.
+    /// The device a lane owns, as `visible_var` names it to the worker.
     pub visible_device: Option<String>,
+    /// `CUDA_VISIBLE_DEVICES`, or `HIP_VISIBLE_DEVICES` for an AMD GPU.
+    pub visible_var: &'static str,
     /// For a compile worker: the GPU to compile for ("cuda:90:32"). The worker
     /// then sees no GPU at all and compiles from this alone.
     pub target: Option<String>,
@@ -102,7 +104,7 @@ impl Worker {
             // the worker never creates a context or takes device memory.
             cmd.env("CUDA_VISIBLE_DEVICES", "");
         } else if let Some(dev) = &spec.visible_device {
-            cmd.env("CUDA_VISIBLE_DEVICES", dev);
+            cmd.env(spec.visible_var, dev);
         }
         if let Some(cache) = &spec.triton_cache {
             cmd.env("TRITON_CACHE_DIR", cache);

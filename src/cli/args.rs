@@ -63,6 +63,10 @@ pub enum Command {
         /// Plan what interpreter mode (no GPU) would run.
         #[arg(long)]
         interpret: bool,
+        /// Only the K-th of N balanced shares of the plan's (shape, method)
+        /// groups, as `run --shard K/N` takes them.
+        #[arg(long, value_name = "K/N")]
+        shard: Option<crate::plan::Shard>,
     },
     /// Run an experiment: compile, check, time and record every job, then write outputs.
     #[command(
@@ -83,7 +87,7 @@ pub enum Command {
         /// Run Triton's interpreter on the CPU even if a GPU is present [settings: interpret].
         #[arg(long)]
         interpret: bool,
-        /// CPU compile workers (0 = one per core, at most 16) [settings: compile_workers].
+        /// CPU compile workers (0 = the cores the lanes leave, 1 to 16) [settings: compile_workers].
         #[arg(long, value_name = "N")]
         compile_workers: Option<usize>,
         /// No progress line.
@@ -98,6 +102,21 @@ pub enum Command {
         /// method that writes that format (repeatable).
         #[arg(long = "compare-to", value_name = "FILE")]
         compare_to: Vec<PathBuf>,
+        /// The GPUs to run on, as `tunelab devices` numbers them (within
+        /// CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES): one lane each. Default:
+        /// every GPU visible; GPUs of different models write to their own
+        /// results directories, at the same time.
+        #[arg(long, value_name = "I,J,...", value_delimiter = ',')]
+        gpus: Option<Vec<usize>>,
+        /// At most N lanes: the first N of the GPUs chosen; in interpreter
+        /// mode, N lanes of Triton's interpreter on the CPU (default 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        lanes: Option<u32>,
+        /// Only the K-th of N balanced shares of the plan's (shape, method)
+        /// groups, for running one experiment over N hosts (then `tunelab
+        /// merge`). Every shard must be run with the same manifest and flags.
+        #[arg(long, value_name = "K/N")]
+        shard: Option<crate::plan::Shard>,
     },
     /// Compare NEW against BASE per shape: FAST / SAME / SLOW by confidence
     /// intervals, the geometric-mean speedup, the worst shapes, as markdown.
@@ -131,8 +150,9 @@ pub enum Command {
         #[arg(required = true)]
         results: Vec<PathBuf>,
     },
-    /// Merge tuned files of one consumer format into one: vLLM fused-MoE JSON
-    /// files (same E, N, device) or aiter tuned_fmoe.csv tables.
+    /// Merge results directories of one experiment into one (journals, then
+    /// every output), or tuned files of one consumer format into one: vLLM
+    /// fused-MoE JSON files (same E, N, device) or aiter tuned_fmoe.csv tables.
     #[command(
         long_about = "Merge tuned files of one consumer format into one: vLLM fused-MoE config files \
 (.json; all of one E, N, device, dtype and block shape, keyed by M) or aiter tuned_fmoe.csv tables \
@@ -142,16 +162,26 @@ measurement in the journal of the results directory its file lies in (the neares
 directory holding journal.jsonl or journal.jsonl.gz); otherwise the first input's entry is kept. \
 Every such conflict is listed with the times found. OUT is written atomically, in the consumer's \
 exact format.\n\n\
-Takes files only: results directories (merging journals) are not supported yet.",
-        after_help = "Examples:\n  tunelab merge --into configs/E=32,N=2880,device_name=NVIDIA_H200.json \\\n      results/a/NVIDIA_H200/vllm/E=32,N=2880,device_name=NVIDIA_H200.json \\\n      results/b/NVIDIA_H200/vllm/E=32,N=2880,device_name=NVIDIA_H200.json\n  tunelab merge --into tuned_fmoe.csv aiter/configs/tuned_fmoe.csv results/x/AMD_Instinct_MI300X/aiter/tuned_fmoe.csv\n\nExit codes: 0 merged, 2 inputs that cannot be merged (nothing written), 1 OUT could not be written."
+Given results directories (each holding journal.jsonl or journal.jsonl.gz), merges their journals \
+into OUT's (created if need be): one experiment, one device model; runs whose environment \
+fingerprints differ are refused unless --force, naming what differs. A job recorded in several \
+inputs keeps the record of the first input that has it (OUT's own first). Every output of the \
+merged journal is then regenerated. Merging the same inputs again adds nothing.",
+        after_help = "Examples:\n  tunelab merge --into configs/E=32,N=2880,device_name=NVIDIA_H200.json \\\n      results/a/NVIDIA_H200/vllm/E=32,N=2880,device_name=NVIDIA_H200.json \\\n      results/b/NVIDIA_H200/vllm/E=32,N=2880,device_name=NVIDIA_H200.json\n  tunelab merge --into tuned_fmoe.csv aiter/configs/tuned_fmoe.csv results/x/AMD_Instinct_MI300X/aiter/tuned_fmoe.csv\n  tunelab merge shard1/gptoss/NVIDIA_H200 shard2/gptoss/NVIDIA_H200 --into results/gptoss/NVIDIA_H200\n\nExit codes: 0 merged, 2 inputs that cannot be merged (nothing written), 1 OUT could not be written."
     )]
     Merge {
-        /// The merged file (or a directory, existing or ending in /: the file keeps the inputs' name).
+        /// The merged file (or a directory, existing or ending in /: the file
+        /// keeps the inputs' name); for results directories, the results
+        /// directory to merge into.
         #[arg(long, value_name = "OUT")]
         into: PathBuf,
-        /// Tuned files, in priority order (the first wins a conflict nothing measured).
-        #[arg(value_name = "FILE", required = true, num_args = 2..)]
+        /// Tuned files (two or more), or results directories, in priority order
+        /// (the first wins a conflict nothing measured).
+        #[arg(value_name = "INPUT", required = true, num_args = 1..)]
         files: Vec<PathBuf>,
+        /// Merge results directories whose environment fingerprints differ.
+        #[arg(long)]
+        force: bool,
     },
     /// List the GPUs tunelab can see, with the facts it uses.
     Devices {

@@ -83,14 +83,21 @@ pub(super) fn validate(
     })
 }
 
+/// How `plan` prints: the summary as text or JSON, or every job.
+pub(super) struct PlanOutput {
+    pub json: bool,
+    pub jobs: bool,
+}
+
 pub(super) fn plan(
     path: &Path,
     args: &ManifestArgs,
     settings: &Settings,
-    json: bool,
-    jobs: bool,
+    output: PlanOutput,
     interpret: bool,
+    shard: Option<crate::plan::Shard>,
 ) -> Result<i32, Failure> {
+    let PlanOutput { json, jobs } = output;
     let device = if interpret {
         device::profile("cpu").expect("cpu profile")
     } else {
@@ -107,11 +114,21 @@ pub(super) fn plan(
             Mode::Gpu
         },
     };
+    let share = match shard {
+        Some(shard) => Some(plan::shard::select(&exp, &opts, shard)?),
+        None => None,
+    };
+    let in_share = |method: &str, shape_index: usize| {
+        share
+            .as_ref()
+            .map_or(true, |s| s.contains(&(method.to_string(), shape_index)))
+    };
+    let keep: Option<plan::GroupFilter<'_>> = share.as_ref().map(|_| &in_share as _);
     if jobs {
         use std::io::Write;
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
-        plan::plan(&exp, &opts, &mut |job| {
+        plan::plan_groups(&exp, &opts, keep, &mut |job| {
             let line = serde_json::to_string(&job).expect("job serialises");
             // A closed pipe (`| head`) ends the stream quietly.
             match writeln!(out, "{line}") {
@@ -122,7 +139,13 @@ pub(super) fn plan(
         let _ = out.flush();
         return Ok(exit::OK);
     }
-    let summary = plan::plan(&exp, &opts, &mut |_| ControlFlow::Continue(()))?;
+    let summary = plan::plan_groups(&exp, &opts, keep, &mut |_| ControlFlow::Continue(()))?;
+    if let (Some(shard), false) = (shard, json) {
+        println!(
+            "shard {shard}: {} of the plan's (shape, method) groups",
+            share.as_ref().map_or(0, |s| s.len())
+        );
+    }
     if json {
         println!(
             "{}",
@@ -150,6 +173,7 @@ fn probe_user_problem(exp: &Experiment, settings: &Settings) -> Result<Option<St
         // Import and construct only: no GPU is touched.
         interpret: true,
         visible_device: Some(String::new()),
+        visible_var: "CUDA_VISIBLE_DEVICES",
         target: None,
         triton_cache: None,
         log: log.clone(),

@@ -8,7 +8,22 @@ use crate::emit::num::us;
 use crate::exit;
 use crate::merge::{self, MergeError, Outcome};
 
-pub(super) fn merge(into: &Path, files: &[PathBuf]) -> Result<i32, Failure> {
+pub(super) fn merge(into: &Path, inputs: &[PathBuf], force: bool) -> Result<i32, Failure> {
+    let dirs = inputs.iter().filter(|p| p.is_dir()).count();
+    if dirs > 0 {
+        if dirs < inputs.len() {
+            return Err(Failure::bad_input(
+                "error: merge takes results directories or tuned files, not both\nnothing was written",
+            ));
+        }
+        return merge_results(into, inputs, force);
+    }
+    if inputs.len() < 2 {
+        return Err(Failure::bad_input(
+            "error: merging tuned files takes two or more\nnothing was written",
+        ));
+    }
+    let files = inputs;
     let outcome = merge::merge(files, into).map_err(|e| match e {
         MergeError::Input { .. } => Failure::bad_input(format!("error: {e}\nnothing was written")),
         MergeError::Write { .. } => Failure::internal(format!("error: {e}")),
@@ -17,6 +32,30 @@ pub(super) fn merge(into: &Path, files: &[PathBuf]) -> Result<i32, Failure> {
         eprintln!("note: {note}");
     }
     print!("{}", table(&outcome, files));
+    Ok(exit::OK)
+}
+
+/// Results directories: their journals into OUT's, then OUT's outputs.
+fn merge_results(into: &Path, dirs: &[PathBuf], force: bool) -> Result<i32, Failure> {
+    let outcome = merge::results::merge(dirs, into, force).map_err(|e| match e {
+        MergeError::Input { .. } => Failure::bad_input(format!("error: {e}\nnothing was written")),
+        MergeError::Write { .. } => Failure::internal(format!("error: {e}")),
+    })?;
+    for note in &outcome.notes {
+        eprintln!("note: {note}");
+    }
+    let written = super::results::write_outputs(into)?;
+    println!(
+        "{}: {} from {} ({} already there, left out); {} in all",
+        into.display(),
+        crate::emit::num::count(outcome.added_jobs as u64, "job added", "jobs added"),
+        crate::emit::num::count(dirs.len() as u64, "directory", "directories"),
+        outcome.duplicate_jobs,
+        crate::emit::num::count(outcome.total_jobs as u64, "job", "jobs"),
+    );
+    for p in written {
+        println!("  {}", p.display());
+    }
     Ok(exit::OK)
 }
 

@@ -67,7 +67,15 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             json,
             jobs,
             interpret,
-        } => inspect::plan(&manifest, &manifest_args, &settings, json, jobs, interpret),
+            shard,
+        } => inspect::plan(
+            &manifest,
+            &manifest_args,
+            &settings,
+            inspect::PlanOutput { json, jobs },
+            interpret,
+            shard,
+        ),
         Command::Run {
             manifest,
             manifest_args,
@@ -78,6 +86,9 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             quiet,
             trace,
             compare_to,
+            gpus,
+            lanes,
+            shard,
         } => {
             let mut settings = settings;
             settings.interpret |= interpret;
@@ -92,6 +103,9 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 use_best: use_best.as_deref(),
                 progress: !quiet,
                 compare_to: &compare_to,
+                gpus: gpus.as_deref(),
+                lanes: lanes.map(|n| n as usize),
+                shard,
             };
             run::run_traced(&request, trace.as_deref())
         }
@@ -103,7 +117,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             out,
         } => compare::compare(&base, &new, fail_on_slower.as_deref(), out.as_deref()),
         Command::Pack { results } => results::pack(&results),
-        Command::Merge { into, files } => merge::merge(&into, &files),
+        Command::Merge { into, files, force } => merge::merge(&into, &files, force),
         Command::Devices { json } => environment::devices(json),
         Command::Doctor => environment::doctor(&settings),
         Command::Schema => {

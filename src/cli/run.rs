@@ -12,7 +12,7 @@ use crate::device::{self, DeviceInfo};
 use crate::emit::num::count;
 use crate::exit;
 use crate::manifest::Experiment;
-use crate::plan::{self, Filter, Mode, PlanOptions, RunMode};
+use crate::plan::{self, Filter, Mode, PlanOptions, RunMode, Shard};
 use crate::schedule::{self, RunError, RunOptions};
 use crate::store::{self, Fingerprint};
 
@@ -26,6 +26,11 @@ pub struct Request<'a> {
     pub progress: bool,
     /// Consumers' tuned files to time beside the tuned method (`--compare-to`).
     pub compare_to: &'a [std::path::PathBuf],
+    /// `--gpus`: indices of `tunelab devices`.
+    pub gpus: Option<&'a [usize]>,
+    /// `--lanes`: at most this many lanes (interpreter: exactly).
+    pub lanes: Option<usize>,
+    pub shard: Option<Shard>,
 }
 
 /// Runs, and writes the timeline to `trace` if asked, even when the run
@@ -44,66 +49,171 @@ pub(super) fn run_traced(request: &Request<'_>, trace: Option<&Path>) -> Result<
     result
 }
 
-/// Where a run executes: the GPUs of the first GPU's model, or the interpreter.
+/// Where a run executes: GPUs of one model, or the interpreter.
 struct Target {
     device: DeviceInfo,
     mode: Mode,
-    /// CUDA_VISIBLE_DEVICES values, one lane each.
+    /// The GPUs' ids in their backend's visible-devices variable, one lane each.
     gpus: Vec<String>,
+    /// Interpreter lanes.
+    lanes: usize,
+    /// The number of the first lane (lanes are numbered across models).
+    first_lane: u32,
+    /// GPU lanes on this host over every model run at once.
+    host_lanes: usize,
 }
 
-fn target(settings: &Settings) -> Target {
+/// The GPUs chosen (`--gpus`, else every visible one; at most `--lanes`),
+/// one target per model, each writing its own results directory; or the
+/// interpreter when there is no GPU or it is asked for.
+fn targets(request: &Request<'_>) -> Result<Vec<Target>, Failure> {
+    let settings = request.settings;
     let discovery = device::discover();
-    let gpu = (!settings.interpret)
-        .then(|| discovery.devices.first().cloned())
-        .flatten();
-    match gpu {
-        Some(d) => {
-            // One lane per GPU of the same model as the first. Discovery
-            // numbers the devices CUDA lets us see; a lane's
-            // CUDA_VISIBLE_DEVICES must name the same device in the parent's terms.
-            let visible: Vec<String> = match std::env::var("CUDA_VISIBLE_DEVICES") {
-                Ok(v) if !v.trim().is_empty() => {
-                    v.split(',').map(|s| s.trim().to_string()).collect()
+    if !settings.interpret && !discovery.devices.is_empty() {
+        let chosen: Vec<usize> = match request.gpus {
+            Some(list) => {
+                for &i in list {
+                    if i >= discovery.devices.len() {
+                        return Err(Failure::bad_input(format!(
+                            "error: --gpus {i}: there are {} GPUs here, numbered 0 to {} (`tunelab devices` lists them)",
+                            discovery.devices.len(),
+                            discovery.devices.len() - 1
+                        )));
+                    }
                 }
-                _ => (0..discovery.devices.len())
-                    .map(|i| i.to_string())
-                    .collect(),
-            };
-            let gpus = discovery
-                .devices
-                .iter()
-                .zip(visible)
-                .filter(|(x, _)| x.name == d.name)
-                .map(|(_, id)| id)
-                .collect();
-            Target {
-                device: d,
-                mode: Mode::Gpu,
-                gpus,
+                let mut seen = Vec::new();
+                for &i in list {
+                    if !seen.contains(&i) {
+                        seen.push(i);
+                    }
+                }
+                seen
+            }
+            None => (0..discovery.devices.len()).collect(),
+        };
+        let chosen: Vec<usize> = chosen
+            .into_iter()
+            .take(request.lanes.unwrap_or(usize::MAX))
+            .collect();
+        let mut out: Vec<Target> = Vec::new();
+        for i in chosen {
+            let d = &discovery.devices[i];
+            let id = visible_id(&discovery.devices, i);
+            match out.iter_mut().find(|t| t.device.name == d.name) {
+                Some(t) => t.gpus.push(id),
+                None => out.push(Target {
+                    device: d.clone(),
+                    mode: Mode::Gpu,
+                    gpus: vec![id],
+                    lanes: 0,
+                    first_lane: 0,
+                    host_lanes: 0,
+                }),
             }
         }
-        None => {
-            let why = if settings.interpret {
-                "interpreter mode requested".to_string()
-            } else {
-                format!("no GPU found ({})", discovery.notes.join("; "))
-            };
-            eprintln!("tunelab: {why}: running Triton's interpreter on the CPU. Timings are interpreted wall-clock, not GPU timings, and the manifest's `interpreter:` shapes are used.");
-            Target {
-                device: device::profile("cpu").expect("cpu profile"),
-                mode: Mode::Interpreter,
-                gpus: Vec::new(),
-            }
+        // Lanes of one model are numbered one after the other.
+        let mut next = 0u32;
+        let host_lanes = out.iter().map(|t| t.gpus.len()).sum();
+        for t in &mut out {
+            t.first_lane = next;
+            t.host_lanes = host_lanes;
+            next += t.gpus.len() as u32;
         }
+        return Ok(out);
+    }
+    if request.gpus.is_some() {
+        return Err(Failure::bad_input(
+            "error: --gpus names GPUs, and this run uses Triton's interpreter on the CPU\n  = help: use --lanes N for N interpreter lanes",
+        ));
+    }
+    let why = if settings.interpret {
+        "interpreter mode requested".to_string()
+    } else {
+        format!("no GPU found ({})", discovery.notes.join("; "))
+    };
+    eprintln!("tunelab: {why}: running Triton's interpreter on the CPU. Timings are interpreted wall-clock, not GPU timings, and the manifest's `interpreter:` shapes are used.");
+    Ok(vec![Target {
+        device: device::profile("cpu").expect("cpu profile"),
+        mode: Mode::Interpreter,
+        gpus: Vec::new(),
+        lanes: request.lanes.unwrap_or(1),
+        first_lane: 0,
+        host_lanes: 0,
+    }])
+}
+
+/// The id that names discovered device `i` to a worker: its entry in the
+/// parent's visible-devices variable of its backend (which may hold UUIDs),
+/// else its ordinal among that backend's devices. Discovery numbers the
+/// devices each backend lets us see, CUDA's first.
+fn visible_id(devices: &[DeviceInfo], i: usize) -> String {
+    let backend = devices[i].backend.as_str();
+    let ordinal = devices[..i].iter().filter(|d| d.backend == backend).count();
+    let var = if backend == "hip" {
+        "HIP_VISIBLE_DEVICES"
+    } else {
+        "CUDA_VISIBLE_DEVICES"
+    };
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .nth(ordinal)
+            .unwrap_or_else(|| ordinal.to_string()),
+        _ => ordinal.to_string(),
     }
 }
 
 fn run(request: &Request<'_>) -> Result<i32, Failure> {
-    let target = target(request.settings);
+    let targets = targets(request)?;
+    if targets.len() == 1 {
+        return run_target(request, &targets[0], request.progress);
+    }
+    // GPUs of several models: one run per model at once, each into its own
+    // results directory. The progress line is left out: it would mix them.
+    let names: Vec<String> = targets
+        .iter()
+        .map(|t| format!("{} x {}", t.gpus.len(), t.device.name))
+        .collect();
+    eprintln!(
+        "tunelab: GPUs of {} models ({}): one run each, at the same time",
+        targets.len(),
+        names.join(", ")
+    );
+    let results: Vec<Result<i32, Failure>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = targets
+            .iter()
+            .map(|t| scope.spawn(move || run_target(request, t, false)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("run thread"))
+            .collect()
+    });
+    let mut code = exit::OK;
+    let mut failure: Option<Failure> = None;
+    for r in results {
+        match r {
+            Ok(c) => code = code.max(c),
+            Err(f) => {
+                if let Some(earlier) = failure.take() {
+                    eprint!("{}", earlier.message);
+                }
+                failure = Some(f);
+            }
+        }
+    }
+    match failure {
+        Some(f) => Err(f),
+        None => Ok(code),
+    }
+}
+
+/// The experiment and its companions on one target.
+fn run_target(request: &Request<'_>, target: &Target, progress: bool) -> Result<i32, Failure> {
     let exp = load_experiment(request.manifest, request.args, &target.device)?;
     let exp = with_compared(exp, request.compare_to)?;
-    let mut code = run_experiment(&exp, request, &target, request.use_best)?;
+    let mut code = run_experiment(&exp, request, target, request.use_best, progress)?;
     for companion in &exp.companions {
         if code == exit::INTERRUPTED {
             break;
@@ -147,7 +257,7 @@ fn run(request: &Request<'_>) -> Result<i32, Failure> {
             eprintln!("note: --compare-to files are timed in {} only", exp.name);
         }
         eprintln!("tunelab: companion {shown}");
-        let next = run_experiment(&companion_exp, request, &target, None)?;
+        let next = run_experiment(&companion_exp, request, target, None, progress)?;
         code = code.max(next);
     }
     Ok(code)
@@ -159,6 +269,7 @@ fn run_experiment(
     request: &Request<'_>,
     target: &Target,
     use_best: Option<&Path>,
+    progress: bool,
 ) -> Result<i32, Failure> {
     let settings = request.settings;
     if target.mode == Mode::Interpreter && exp.interpreter.is_none() {
@@ -175,10 +286,17 @@ fn run_experiment(
         }
     };
     let compile_workers = match settings.compile_workers {
-        0 => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(16),
+        // The cores the lanes leave: a lane's worker keeps one core busy
+        // launching and timing, and a compile competing for it would show
+        // in its timings. Models running at once share the cores by lanes.
+        0 => {
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
+            let lanes = target.gpus.len();
+            let share = cores * lanes / target.host_lanes.max(lanes).max(1);
+            share.saturating_sub(lanes).clamp(1, 16)
+        }
         n => n,
     };
     let fingerprint = Fingerprint {
@@ -193,6 +311,9 @@ fn run_experiment(
         exp,
         device: target.device.clone(),
         gpus: target.gpus.clone(),
+        interpreter_lanes: target.lanes,
+        first_lane: target.first_lane,
+        shard: request.shard,
         mode: target.mode,
         run_mode: request.run_mode,
         filter,
@@ -201,7 +322,7 @@ fn run_experiment(
         results_dir: settings.results_dir.clone(),
         compile_workers,
         only_jobs,
-        progress: request.progress,
+        progress,
     };
     let outcome = schedule::run(opts, fingerprint).map_err(|e| match e {
         RunError::Input(d) => Failure::from(d),
@@ -220,13 +341,23 @@ fn run_experiment(
         serde_json::json!({}),
     );
     let run = outcome.ok + outcome.failed + outcome.pruned + outcome.checked;
+    let lanes = match (target.mode, outcome.lanes) {
+        (Mode::Interpreter, 1) => "interpreter".to_string(),
+        (Mode::Interpreter, n) => format!("interpreter, {n} lanes"),
+        (Mode::Gpu, 1) => target.device.name.clone(),
+        (Mode::Gpu, n) => format!("{n} x {}", target.device.name),
+    };
+    let shard = request
+        .shard
+        .map(|s| format!(" shard {s}"))
+        .unwrap_or_default();
+    let retired = match outcome.retired.len() {
+        0 => String::new(),
+        n => format!(", {} retired", count(n as u64, "lane", "lanes")),
+    };
     println!(
-        "{} [{}]: {} run ({} ok, {} failed, {} pruned, {} checked){}, {} already done, {}",
+        "{}{shard} [{lanes}{retired}]: {} run ({} ok, {} failed, {} pruned, {} checked){}, {} already done, {}",
         exp.name,
-        match target.mode {
-            Mode::Interpreter => "interpreter",
-            Mode::Gpu => target.device.name.as_str(),
-        },
         count(run, "job", "jobs"),
         outcome.ok,
         outcome.failed,

@@ -31,10 +31,12 @@
 //! Output: keys in the order of first appearance across inputs (vLLM: M
 //! ascending, as its tuner writes), each with the winning entry as the input
 //! had it, written atomically (a temporary file renamed over `OUT`).
-//! Results directories as inputs (merging journals) are not supported yet.
+//!
+//! Results directories as inputs merge their journals instead ([`results`]).
 
 mod aiter;
 mod journals;
+pub mod results;
 mod vllm;
 
 use std::path::{Path, PathBuf};

@@ -7,6 +7,7 @@
 //! ten-million-point space plans in constant memory.
 
 pub mod filter;
+pub mod shard;
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -21,6 +22,7 @@ use crate::expr::{self, Compiled, Scope, Val};
 use crate::manifest::{shape_label, BaselineValue, Experiment, Expr, Method, Shape};
 use crate::rng;
 pub use filter::Filter;
+pub use shard::{GroupCost, Shard};
 
 /// One unit of work: a config of a method at a shape.
 #[derive(Debug, Clone, Serialize)]
@@ -133,12 +135,43 @@ pub fn plan(
     opts: &PlanOptions<'_>,
     sink: &mut dyn FnMut(Job) -> ControlFlow<()>,
 ) -> Result<PlanSummary, Diagnostic> {
+    plan_groups(exp, opts, None, sink)
+}
+
+/// Which (method, shape index) groups a plan keeps: a shard's share, or the
+/// one group a scheduler deals next.
+pub type GroupFilter<'f> = &'f dyn Fn(&str, usize) -> bool;
+
+/// [`plan`], restricted to the groups `keep` accepts (all when `None`). A
+/// group's jobs and ids do not depend on which other groups are planned, so
+/// planning group by group, in any order, gives the same jobs as one plan.
+/// The counts are the kept groups' only; a method whose constraints reject
+/// every point is an error only when every group is planned.
+pub fn plan_groups(
+    exp: &Experiment,
+    opts: &PlanOptions<'_>,
+    keep: Option<GroupFilter<'_>>,
+    sink: &mut dyn FnMut(Job) -> ControlFlow<()>,
+) -> Result<PlanSummary, Diagnostic> {
     let shapes = shapes_for(exp, opts.mode);
     opts.filter.check_keys(exp, shapes)?;
-    let selected: Vec<(usize, &Shape)> = shapes
+    let filtered: Vec<(usize, &Shape)> = shapes
         .iter()
         .enumerate()
         .filter(|(_, s)| opts.filter.keeps_shape(s))
+        .collect();
+    let kept_shape = |i: usize| {
+        keep.map_or(true, |k| {
+            exp.methods
+                .iter()
+                .filter(|m| opts.filter.keeps_method(&m.name))
+                .any(|m| k(&m.name, i))
+        })
+    };
+    let selected: Vec<(usize, &Shape)> = filtered
+        .iter()
+        .copied()
+        .filter(|(i, _)| kept_shape(*i))
         .collect();
     let strategy = exp.search.strategy(exp.protocol.finalists);
     // Random search draws its sample here; the interpreter takes a few configs.
@@ -171,6 +204,11 @@ pub fn plan(
         .iter()
         .filter(|m| opts.filter.keeps_method(&m.name))
     {
+        let selected: Vec<(usize, &Shape)> = selected
+            .iter()
+            .copied()
+            .filter(|(i, _)| keep.map_or(true, |k| k(&method.name, *i)))
+            .collect();
         let mut counts = MethodCounts {
             method: method.name.clone(),
             search: method
@@ -273,7 +311,7 @@ pub fn plan(
             }
         }
         summary.jobs += counts.jobs;
-        if counts.valid == 0 && !method.axes.is_empty() && counts.points > 0 {
+        if keep.is_none() && counts.valid == 0 && !method.axes.is_empty() && counts.points > 0 {
             return Err(reject_all(method, &counts));
         }
         summary.methods.push(counts);

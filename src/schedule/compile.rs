@@ -5,6 +5,12 @@
 //! whose compile is under way waits for it rather than compiling it twice; a
 //! job no compile worker has reached yet is claimed by the lane, which then
 //! compiles it as part of its check.
+//!
+//! Jobs are queued by group, in the order the lanes are dealt the groups.
+//! With several lanes, the first groups of the queue run at the same time,
+//! one on each lane, so the workers take jobs round-robin from the first
+//! [`CompileBoard::set_width`] groups that still have jobs queued: each lane
+//! finds its next jobs compiled, rather than one lane's whole group first.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -72,11 +78,36 @@ enum State {
     Claimed,
 }
 
+type Queued = (Job, String, String);
+
 #[derive(Default)]
 struct Inner {
-    queue: VecDeque<(Job, String, String)>,
+    /// Queued jobs, by group, in dealing order.
+    groups: VecDeque<VecDeque<Queued>>,
+    /// Whether the next push starts a new group.
+    new_group: bool,
     states: HashMap<String, State>,
     closed: bool,
+    /// How many groups at the front are served round-robin: the lanes.
+    width: usize,
+    turn: usize,
+}
+
+impl Inner {
+    /// Drops jobs no longer queued (claimed or cancelled) from the front of
+    /// each group, and groups left empty.
+    fn tidy(&mut self) {
+        let states = &self.states;
+        for g in self.groups.iter_mut() {
+            while g
+                .front()
+                .is_some_and(|(j, _, _)| !matches!(states.get(&j.id), Some(State::Queued)))
+            {
+                g.pop_front();
+            }
+        }
+        self.groups.retain(|g| !g.is_empty());
+    }
 }
 
 #[derive(Default)]
@@ -86,19 +117,36 @@ pub struct CompileBoard {
 }
 
 impl CompileBoard {
+    /// Queues a job in the current group (see [`begin_group`](Self::begin_group)).
     pub fn push(&self, job: Job, kernel: &str, kind: &str) {
         let mut inner = self.inner.lock().expect("compile board");
         inner.states.insert(job.id.clone(), State::Queued);
-        inner
-            .queue
-            .push_back((job, kernel.to_string(), kind.to_string()));
+        if inner.new_group || inner.groups.is_empty() {
+            inner.groups.push_back(VecDeque::new());
+            inner.new_group = false;
+        }
+        inner.groups.back_mut().expect("a group").push_back((
+            job,
+            kernel.to_string(),
+            kind.to_string(),
+        ));
         self.changed.notify_all();
+    }
+
+    /// The jobs pushed from now on belong to the next group a lane will take.
+    pub fn begin_group(&self) {
+        self.inner.lock().expect("compile board").new_group = true;
+    }
+
+    /// How many lanes take groups at once (at least 1).
+    pub fn set_width(&self, lanes: usize) {
+        self.inner.lock().expect("compile board").width = lanes.max(1);
     }
 
     /// Drop everything still queued and close: for the end of a run.
     pub fn abandon(&self) {
         let mut inner = self.inner.lock().expect("compile board");
-        inner.queue.clear();
+        inner.groups.clear();
         inner.closed = true;
         self.changed.notify_all();
     }
@@ -122,11 +170,14 @@ impl CompileBoard {
     pub fn next(&self) -> Option<(Job, String, String)> {
         let mut inner = self.inner.lock().expect("compile board");
         loop {
-            while let Some((job, kernel, kind)) = inner.queue.pop_front() {
-                if matches!(inner.states.get(&job.id), Some(State::Queued)) {
-                    inner.states.insert(job.id.clone(), State::Compiling);
-                    return Some((job, kernel, kind));
-                }
+            inner.tidy();
+            if !inner.groups.is_empty() {
+                let width = inner.width.clamp(1, inner.groups.len());
+                let k = inner.turn % width;
+                inner.turn = inner.turn.wrapping_add(1);
+                let (job, kernel, kind) = inner.groups[k].pop_front().expect("tidied");
+                inner.states.insert(job.id.clone(), State::Compiling);
+                return Some((job, kernel, kind));
             }
             if inner.closed {
                 return None;
@@ -199,6 +250,24 @@ mod tests {
         assert!(board.next().is_none(), "d was dropped with the queue");
         // The lane still gets an answer for every job: compile it yourself.
         assert!(board.wait("d").is_none());
+    }
+
+    /// Two lanes run the first two groups at once: their jobs are compiled
+    /// alternately; when the first is all compiled, the third takes its turn.
+    #[test]
+    fn with_two_lanes_the_first_two_groups_are_compiled_in_turn() {
+        let board = CompileBoard::default();
+        board.set_width(2);
+        for group in [["a1", "a2", "a3"], ["b1", "b2", "b3"], ["c1", "c2", "c3"]] {
+            board.begin_group();
+            for id in group {
+                board.push(job(id), "k", "triton");
+            }
+        }
+        board.cancel("a2");
+        board.close();
+        let order: Vec<String> = std::iter::from_fn(|| board.next().map(|j| j.0.id)).collect();
+        assert_eq!(order, ["a1", "b1", "a3", "c1", "b2", "c2", "b3", "c3"]);
     }
 
     #[test]

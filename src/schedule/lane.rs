@@ -6,7 +6,9 @@
 //! candidates to the strategy with itself as the [`Trials`], and the
 //! strategy asks for checks, screening batches and full measurements.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use indexmap::IndexMap;
@@ -36,6 +38,59 @@ pub struct LaneContext<'a> {
     /// What earlier runs measured, by [`group_key`], for a strategy that
     /// learns from them (a resumed surrogate search).
     pub prior: &'a HashMap<String, Vec<PriorObservation>>,
+    /// Watches for a faulty GPU or a worker that keeps dying; none: never retire.
+    pub health: Option<HealthWatch<'a>>,
+}
+
+/// Consecutive crash or launch_error failures after which a lane checks its
+/// own health (docs/scaling.md).
+pub const RETIRE_AFTER: usize = 3;
+
+/// A job and what runs it: enough to run its check again.
+#[derive(Debug, Clone)]
+pub struct JobRef {
+    pub job: Job,
+    pub kernel: String,
+    pub kind: MethodKind,
+}
+
+/// One lane's health, across the groups it runs.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The consecutive crash / launch_error failures, latest last.
+    pub streak: Vec<JobRef>,
+    /// Why the lane is retired, once it is.
+    pub retired: Option<String>,
+}
+
+/// The retirement rule's state for one lane. A lane whose jobs fail
+/// [`RETIRE_AFTER`] times in a row with `crash` or `launch_error` (any other
+/// result of a job its worker ran resets the count; skipped jobs and
+/// timeouts leave it as it is) checks its health: it runs the check of the
+/// last job that passed on any lane. If that passes, the failures were the
+/// kernels' and the lane goes on; if it fails, the GPU or its worker is at
+/// fault and the lane asks to retire, which is granted unless it is the last
+/// lane. A retired lane stops at once; its unfinished jobs, and the failures
+/// that led to it, run again on the other lanes.
+pub struct HealthWatch<'a> {
+    pub state: RefCell<Health>,
+    /// The last job that passed its check on any lane.
+    pub last_good: &'a Mutex<Option<JobRef>>,
+    /// Asks to retire this lane; false for the last lane.
+    pub retire: &'a (dyn Fn() -> bool + Sync),
+}
+
+impl LaneContext<'_> {
+    fn retired(&self) -> bool {
+        self.health
+            .as_ref()
+            .is_some_and(|h| h.state.borrow().retired.is_some())
+    }
+
+    /// Interrupted, or this lane retired: stop taking jobs.
+    fn stopping(&self) -> bool {
+        super::interrupted() || self.retired()
+    }
 }
 
 /// What an earlier run measured, by group: every measured or failed
@@ -103,12 +158,14 @@ enum Slot {
     Done,
 }
 
+/// Runs a group to its end. Returns the jobs left unrecorded when the lane
+/// retired during the group, as a group of their own; `None` otherwise.
 pub fn run_group(
     ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     group: Group,
     emit: &mut dyn FnMut(Event),
-) {
+) -> Option<Group> {
     let group_started = Instant::now();
     let track = format!("lane{} jobs", ctx.lane);
     let group_args = serde_json::json!({
@@ -170,16 +227,36 @@ pub fn run_group(
         emit,
         kernel,
         kind,
+        slots,
         ..
     } = lane;
+    if ctx.retired() {
+        crate::trace::span(&track, "group", group_started, group_args);
+        let jobs: Vec<Job> = slots
+            .into_iter()
+            .filter_map(|s| match s {
+                Slot::Waiting(job) => Some(job),
+                Slot::Screened(m) => Some(m.job),
+                Slot::Done => None,
+            })
+            .collect();
+        return Some(Group {
+            shape: group.shape,
+            method: group.method,
+            kernel,
+            kind,
+            jobs,
+        });
+    }
     if ctx.run_mode == RunMode::Tune
         && measured.len() >= 2
         && ctx.protocol.finalists >= 2
-        && !super::interrupted()
+        && !ctx.stopping()
     {
         retime_finalists(ctx, backend, &kernel, kind, measured, emit);
     }
     crate::trace::span(&track, "group", group_started, group_args);
+    None
 }
 
 /// A group in a lane: the [`Trials`] a strategy runs against.
@@ -218,8 +295,93 @@ impl Lane<'_, '_> {
         failure: Option<JobFailure>,
         stats: Option<Stats>,
     ) {
+        let class = failure.as_ref().map(|f| f.class);
         let record = self.record(m, status, failure, stats);
         (self.emit)(Event::Job(Box::new(record)));
+        self.watch(m, status, class);
+    }
+
+    /// The retirement rule (see [`HealthWatch`]), after each record.
+    fn watch(&mut self, m: &Measured, status: JobStatus, class: Option<FailureClass>) {
+        let Some(health) = &self.ctx.health else {
+            return;
+        };
+        let this = || JobRef {
+            job: m.job.clone(),
+            kernel: self.kernel.clone(),
+            kind: self.kind,
+        };
+        match (status, class) {
+            (JobStatus::Failed, Some(FailureClass::Crash | FailureClass::LaunchError)) => {
+                let due = {
+                    let mut state = health.state.borrow_mut();
+                    state.streak.push(this());
+                    state.streak.len() >= RETIRE_AFTER && state.retired.is_none()
+                };
+                if due {
+                    self.health_check();
+                }
+            }
+            (JobStatus::Skipped, _) | (JobStatus::Failed, Some(FailureClass::Timeout)) => {}
+            (status, _) => {
+                health.state.borrow_mut().streak.clear();
+                if matches!(
+                    status,
+                    JobStatus::Ok | JobStatus::Checked | JobStatus::Pruned
+                ) {
+                    *health.last_good.lock().expect("last good job") = Some(this());
+                }
+            }
+        }
+    }
+
+    /// Runs the check of the last job that passed on any lane again, on this
+    /// lane: it tells a faulty GPU (or worker) from kernels that crash.
+    fn health_check(&mut self) {
+        let Some(health) = &self.ctx.health else {
+            return;
+        };
+        // Nothing has passed anywhere yet: nothing tells the GPU from the kernels.
+        let Some(good) = health.last_good.lock().expect("last good job").clone() else {
+            return;
+        };
+        let started = Instant::now();
+        let tol = self.ctx.tolerance.for_dtype(shape_dtype(&good.job.shape));
+        let verdict = match self.backend.check(
+            &good.job,
+            &good.kernel,
+            good.kind.as_str(),
+            tol,
+            self.ctx.protocol.seed,
+        ) {
+            Ok(c) if c.passed => Ok(()),
+            Ok(_) => Err("its output no longer matches the reference".to_string()),
+            Err(f) => Err(format!(
+                "{}: {}",
+                f.class.as_str(),
+                f.message.lines().next().unwrap_or("")
+            )),
+        };
+        crate::trace::span(
+            self.track,
+            "health check",
+            started,
+            serde_json::json!({"job": good.job.id, "healthy": verdict.is_ok()}),
+        );
+        let mut state = health.state.borrow_mut();
+        match verdict {
+            // The failures were the kernels'.
+            Ok(()) => state.streak.clear(),
+            Err(why) if (health.retire)() => {
+                state.retired = Some(format!(
+                    "{} consecutive crash/launch_error failures, then job {} (which had passed) failed again on this lane: {why}",
+                    state.streak.len(),
+                    good.job.id
+                ));
+            }
+            // The last lane goes on, recording what fails.
+            Err(_) => state.streak.clear(),
+        }
     }
 
     fn record(
@@ -286,7 +448,7 @@ impl Lane<'_, '_> {
     /// `--mode check`: every job checked once, none timed.
     fn check_all(&mut self) {
         for i in 0..self.slots.len() {
-            if super::interrupted() {
+            if self.ctx.stopping() {
                 return;
             }
             let (mut m, _) = self.take(i);
@@ -425,7 +587,7 @@ impl Trials for Lane<'_, '_> {
     }
 
     fn interrupted(&self) -> bool {
-        super::interrupted()
+        self.ctx.stopping()
     }
 
     fn prior(&self) -> &[PriorObservation] {
@@ -518,7 +680,7 @@ fn retime_finalists(
     let timings =
         std::iter::once(ctx.protocol.timing).chain(ctx.protocol.retime_with.iter().copied());
     for timing in timings {
-        if super::interrupted() {
+        if ctx.stopping() {
             return;
         }
         retime(ctx, backend, kernel, kind, &mut alive, timing, emit);
@@ -608,6 +770,136 @@ mod tests {
     struct Fake {
         prepared: Option<Job>,
         unavailable: IndexMap<String, String>,
+    }
+
+    /// A worker that dies on every check of a job `dies` picks.
+    struct Dying<F: Fn(&Job) -> bool> {
+        inner: Fake,
+        dies: F,
+    }
+
+    impl<F: Fn(&Job) -> bool> Backend for Dying<F> {
+        fn describe(
+            &mut self,
+            shape: &serde_json::Value,
+            seed: u64,
+        ) -> Result<crate::backend::ShapeFacts, JobFailure> {
+            self.inner.describe(shape, seed)
+        }
+        fn compile(&mut self, job: &Job, k: &str, kind: &str) -> Result<f64, JobFailure> {
+            self.inner.compile(job, k, kind)
+        }
+        fn check(
+            &mut self,
+            job: &Job,
+            k: &str,
+            kind: &str,
+            tol: ToleranceFor,
+            seed: u64,
+        ) -> Result<CheckResult, JobFailure> {
+            if (self.dies)(job) {
+                return Err(JobFailure::new(FailureClass::Crash, "worker died"));
+            }
+            self.inner.check(job, k, kind, tol, seed)
+        }
+        fn warmup(&mut self, id: &str, n: u32, ms: f64) -> Result<(), JobFailure> {
+            self.inner.warmup(id, n, ms)
+        }
+        fn sample(
+            &mut self,
+            id: &str,
+            count: u32,
+            mode: SampleMode,
+        ) -> Result<SampleBatch, JobFailure> {
+            self.inner.sample(id, count, mode)
+        }
+    }
+
+    /// Runs the group on a lane that may retire, `good` having passed on
+    /// some lane before; returns the records and what was handed back.
+    fn run_watched(
+        dies: impl Fn(&Job) -> bool,
+        good: Option<Job>,
+        may_retire: bool,
+    ) -> (Vec<JobRecord>, Option<Group>, Health) {
+        let peak = |_: Option<&str>| 1000.0;
+        let prior = HashMap::new();
+        let last_good = Mutex::new(good.map(|job| JobRef {
+            job,
+            kernel: "k".into(),
+            kind: MethodKind::Triton,
+        }));
+        let retire = move || may_retire;
+        let mut protocol = crate::manifest::default_protocol();
+        protocol.finalists = 0;
+        let ctx = LaneContext {
+            protocol,
+            tolerance: Tolerance {
+                atol: 0.0,
+                rtol: 0.0,
+                max_mismatch: 0.0,
+                per_dtype: IndexMap::new(),
+            },
+            strategies: &Strategies::single(Box::new(Grid)),
+            run_mode: RunMode::Tune,
+            sampling: SampleMode::PLAIN,
+            peak_gbs: 1000.0,
+            peak_tflops: &peak,
+            compile: None,
+            lane: 1,
+            prior: &prior,
+            health: Some(HealthWatch {
+                state: Default::default(),
+                last_good: &last_good,
+                retire: &retire,
+            }),
+        };
+        let mut backend = Dying {
+            inner: Fake {
+                prepared: None,
+                unavailable: IndexMap::new(),
+            },
+            dies,
+        };
+        let mut jobs = Vec::new();
+        let rest = run_group(&ctx, &mut backend, group(), &mut |e| {
+            if let Event::Job(r) = e {
+                jobs.push(*r)
+            }
+        });
+        let health = ctx.health.unwrap().state.into_inner();
+        (jobs, rest, health)
+    }
+
+    fn good_job() -> Job {
+        let mut job = group().jobs.remove(5);
+        job.id = "good".into();
+        job
+    }
+
+    #[test]
+    fn a_lane_whose_gpu_fails_a_job_that_passed_before_retires() {
+        // Every check dies, the known-good job's too: the GPU is at fault.
+        let (jobs, rest, health) = run_watched(|_| true, Some(good_job()), true);
+        assert_eq!(jobs.len(), RETIRE_AFTER, "it stops at the third failure");
+        assert!(health.retired.as_deref().unwrap().contains("job good"));
+        assert_eq!(health.streak.len(), RETIRE_AFTER);
+        let rest = rest.expect("the unrecorded jobs are handed back");
+        assert_eq!(rest.jobs.len(), 10 - RETIRE_AFTER);
+    }
+
+    #[test]
+    fn kernels_that_crash_on_a_healthy_gpu_do_not_retire_a_lane() {
+        // Every config but the known-good one dies: the kernels are at fault.
+        let (jobs, rest, health) = run_watched(|j| j.id != "good", Some(good_job()), true);
+        assert_eq!(jobs.len(), 10, "the group runs to its end");
+        assert!(rest.is_none() && health.retired.is_none());
+        // Nothing passed anywhere yet: nothing tells GPU from kernels.
+        let (jobs, rest, _) = run_watched(|_| true, None, true);
+        assert_eq!((jobs.len(), rest.is_none()), (10, true));
+        // The last lane never retires.
+        let (jobs, rest, _) = run_watched(|_| true, Some(good_job()), false);
+        assert_eq!((jobs.len(), rest.is_none()), (10, true));
     }
 
     impl Backend for Fake {
@@ -729,6 +1021,7 @@ mod tests {
             compile,
             lane: 0,
             prior,
+            health: None,
         }
     }
 
@@ -747,6 +1040,7 @@ mod tests {
         run_group(&ctx, &mut backend, group(), &mut |e| match e {
             Event::Job(r) => jobs.push(*r),
             Event::Final(f) => finals.push(f),
+            Event::Retired(_) => unreachable!("lanes report their retirement themselves"),
         });
         (jobs, finals)
     }

@@ -17,6 +17,7 @@
 //! 6. the outputs, regenerated from the journal.
 
 pub mod compile;
+pub mod deal;
 pub mod lane;
 pub mod preflight;
 pub mod progress;
@@ -26,7 +27,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::backend::python::Hello;
@@ -35,11 +36,11 @@ use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
 use crate::manifest::{Experiment, MethodKind, Shape, Tolerance};
 use crate::measure::{L2Flush, Protocol};
-use crate::plan::{self, Filter, Job, Mode, PlanOptions, RunMode};
+use crate::plan::{self, Filter, Job, Mode, PlanOptions, RunMode, Shard};
 use crate::search::{PriorObservation, Strategies};
 use crate::store::{
-    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, MethodRecord, OutputSpec,
-    Results, RunHeader, SearchRecord, StoreError, FORMAT_VERSION,
+    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, LaneRetired, MethodRecord,
+    OutputSpec, Results, RunHeader, SearchRecord, StoreError, FORMAT_VERSION,
 };
 
 /// Groups the planner may queue ahead of the lanes (and so the compile pool
@@ -59,13 +60,23 @@ pub struct Group {
 pub enum Event {
     Job(Box<JobRecord>),
     Final(FinalRecord),
+    Retired(LaneRetired),
 }
 
 pub struct RunOptions<'a> {
     pub exp: &'a Experiment,
     pub device: DeviceInfo,
-    /// CUDA_VISIBLE_DEVICES values, one lane each; empty in interpreter mode.
+    /// The GPUs' ids in the visible-devices variable of their backend
+    /// (`CUDA_VISIBLE_DEVICES`, `HIP_VISIBLE_DEVICES`), one lane each; empty
+    /// in interpreter mode.
     pub gpus: Vec<String>,
+    /// Lanes in interpreter mode (each a CPU worker); ignored on a GPU.
+    pub interpreter_lanes: usize,
+    /// The number of this run's first lane, as journals and traces name lanes
+    /// (runs of several GPU models at once number their lanes apart).
+    pub first_lane: u32,
+    /// Only this share of the plan's groups (`--shard K/N`).
+    pub shard: Option<Shard>,
     pub mode: Mode,
     pub run_mode: RunMode,
     pub filter: Filter,
@@ -95,6 +106,10 @@ pub struct RunOutcome {
     pub interrupted: bool,
     pub fingerprint_changes: Vec<String>,
     pub wall_s: f64,
+    /// Lanes retired during the run.
+    pub retired: Vec<LaneRetired>,
+    /// Lanes the run used.
+    pub lanes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -172,8 +187,21 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         filter: &opts.filter,
         mode: opts.mode,
     };
-    let (planned, skipped, first_shape) = count_plan(exp, &plan_opts, &select)?;
-    let Some(first_shape) = first_shape else {
+    let shard = match opts.shard {
+        Some(shard) => Some(
+            plan::shard::select(exp, &plan_opts, shard).map_err(|d| RunError::Input(d.into()))?,
+        ),
+        None => None,
+    };
+    let in_shard = |method: &str, shape_index: usize| {
+        shard
+            .as_ref()
+            .map_or(true, |s| s.contains(&(method.to_string(), shape_index)))
+    };
+    let in_shard: Option<plan::GroupFilter<'_>> = shard.as_ref().map(|_| &in_shard as _);
+    let counted = count_plan(exp, &plan_opts, &select, in_shard)?;
+    let (planned, skipped) = (counted.planned, counted.skipped);
+    let Some(first_shape) = counted.first_shape else {
         let use_best = opts.only_jobs.is_some();
         return Err(RunError::Input(
             preflight::no_jobs(exp, &opts.filter, opts.mode, opts.run_mode, use_best).into(),
@@ -188,6 +216,10 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         }
         _ => exp.tolerance.clone(),
     };
+    let groups = deal::order(
+        counted.groups,
+        &deal::Measured::from_records(&resume.previous.jobs),
+    );
     let run = Drain {
         opts: &opts,
         protocol,
@@ -196,6 +228,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         prior: &resume.prior,
         select: &select,
         plan_opts: &plan_opts,
+        groups,
     };
     let mut outcome = RunOutcome {
         dir: dir.clone(),
@@ -312,52 +345,86 @@ impl Resume {
     }
 }
 
+/// What planning once, to count, found.
+struct Counted {
+    planned: u64,
+    skipped: u64,
+    /// The first selected job's shape, if any job is selected.
+    first_shape: Option<Shape>,
+    /// The groups with jobs to run, in plan order (their costs not yet estimated).
+    groups: Vec<deal::Pending>,
+}
+
 /// Plans once to count the jobs to run and those already done, so progress
-/// has a total and a bad filter or space stops the run before it starts.
-/// Also returns the first selected job's shape, if any job is selected.
+/// has a total and a bad filter or space stops the run before it starts;
+/// also lists the groups with jobs to run, for dealing.
 fn count_plan(
     exp: &Experiment,
     plan_opts: &PlanOptions<'_>,
     select: &Selection<'_>,
-) -> Result<(u64, u64, Option<Shape>), RunError> {
-    let (mut planned, mut skipped, mut first) = (0u64, 0u64, None);
-    plan::plan(exp, plan_opts, &mut |job| {
+    in_shard: Option<plan::GroupFilter<'_>>,
+) -> Result<Counted, RunError> {
+    let mut c = Counted {
+        planned: 0,
+        skipped: 0,
+        first_shape: None,
+        groups: Vec::new(),
+    };
+    plan::plan_groups(exp, plan_opts, in_shard, &mut |job| {
         match select.keep(&job, exp) {
-            Keep::Run => planned += 1,
-            Keep::Done => skipped += 1,
+            Keep::Run => {
+                c.planned += 1;
+                match c.groups.last_mut() {
+                    Some(g) if g.method == job.method && g.shape_index == job.shape_index => {
+                        g.jobs += 1
+                    }
+                    _ => c.groups.push(deal::Pending {
+                        method: job.method.clone(),
+                        shape_index: job.shape_index,
+                        shape: job.shape.clone(),
+                        jobs: 1,
+                        cost: 0.0,
+                    }),
+                }
+            }
+            Keep::Done => c.skipped += 1,
             Keep::No => return ControlFlow::Continue(()),
         }
-        if first.is_none() {
-            first = Some(job.shape);
+        if c.first_shape.is_none() {
+            c.first_shape = Some(job.shape);
         }
         ControlFlow::Continue(())
     })
     .map_err(|d| RunError::Input(d.into()))?;
-    Ok((planned, skipped, first))
+    Ok(c)
 }
 
-/// How a worker of a role, for a device, logging to a file, is started.
-type SpecFor = dyn Fn(&str, Option<String>, String) -> WorkerSpec;
+/// A lane's worker, starting on a thread of its own (importing torch takes seconds).
+type Starting = std::thread::JoinHandle<(PythonBackend, Result<Hello, JobFailure>)>;
 
-/// The Python workers of a run: a compile pool, and the first lane's worker
-/// starting on a thread of its own (importing torch takes seconds).
+/// One lane: its number (journals and traces), its device, its worker.
+struct LaneStart {
+    number: u32,
+    device: Option<String>,
+    worker: Starting,
+}
+
+/// The Python workers of a run: a compile pool, and every lane's worker,
+/// all starting at once.
 struct Workers {
     pool: Option<compile::CompilePool>,
-    first_lane: std::thread::JoinHandle<(PythonBackend, Result<Hello, JobFailure>)>,
-    /// Starts the worker of every further lane.
-    spec: Box<SpecFor>,
-    lanes: Vec<Option<String>>,
-    timeout: Duration,
+    lanes: Vec<LaneStart>,
 }
 
 impl Workers {
     /// Starts the compile pool first (its workers import Triton while the
-    /// lane's worker imports torch), and the first lane's worker; neither
-    /// is waited for here.
+    /// lanes' workers import torch), and every lane's worker; none is
+    /// waited for here.
     fn start(opts: &RunOptions<'_>, dir: &Path, timeout: Duration) -> Workers {
         let exp = opts.exp;
-        let lanes: Vec<Option<String>> = if opts.mode == Mode::Interpreter || opts.gpus.is_empty() {
-            vec![None]
+        let devices: Vec<Option<String>> = if opts.mode == Mode::Interpreter || opts.gpus.is_empty()
+        {
+            vec![None; opts.interpreter_lanes.max(1)]
         } else {
             opts.gpus.iter().cloned().map(Some).collect()
         };
@@ -365,12 +432,14 @@ impl Workers {
         let triton_cache = dir.join(".cache").join("triton");
         let (python, python_path) = (opts.python.clone(), opts.python_path.clone());
         let interpret = opts.mode == Mode::Interpreter;
+        let visible_var = visible_devices_var(&opts.device);
         let spec = move |role: &str, device: Option<String>, name: String| WorkerSpec {
             python: python.clone(),
             python_path: python_path.clone(),
             role: role.to_string(),
             interpret,
             visible_device: device,
+            visible_var,
             target: None,
             triton_cache: Some(triton_cache.clone()),
             log: logs.join(name),
@@ -383,29 +452,44 @@ impl Workers {
             let target = compile_target(&opts.device).filter(|_| exp.builtin_problem());
             let workers = (0..opts.compile_workers)
                 .map(|i| {
-                    let mut s = spec("compile", lanes[0].clone(), format!("compile{i}.log"));
+                    let mut s = spec("compile", devices[0].clone(), format!("compile{i}.log"));
                     s.target = target.clone();
                     PythonBackend::new(s, &exp.problem, timeout)
                 })
                 .collect();
-            compile::CompilePool::start(workers)
+            let pool = compile::CompilePool::start(workers);
+            pool.board().set_width(devices.len());
+            pool
         });
-        let mut first = PythonBackend::new(
-            spec("lane", lanes[0].clone(), "lane0.log".into()),
-            &exp.problem,
-            timeout,
-        );
-        let first_lane = std::thread::spawn(move || {
-            let hello = first.hello();
-            (first, hello)
-        });
-        Workers {
-            pool,
-            first_lane,
-            spec: Box::new(spec),
-            lanes,
-            timeout,
-        }
+        let lanes = devices
+            .into_iter()
+            .enumerate()
+            .map(|(i, device)| {
+                let number = opts.first_lane + i as u32;
+                let mut backend = PythonBackend::new(
+                    spec("lane", device.clone(), format!("lane{number}.log")),
+                    &exp.problem,
+                    timeout,
+                );
+                LaneStart {
+                    number,
+                    device,
+                    worker: std::thread::spawn(move || {
+                        let hello = backend.hello();
+                        (backend, hello)
+                    }),
+                }
+            })
+            .collect();
+        Workers { pool, lanes }
+    }
+}
+
+/// The variable that names a lane's GPU to its worker.
+fn visible_devices_var(device: &DeviceInfo) -> &'static str {
+    match device.backend.as_str() {
+        "hip" => "HIP_VISIBLE_DEVICES",
+        _ => "CUDA_VISIBLE_DEVICES",
     }
 }
 
@@ -480,14 +564,16 @@ struct Drain<'a> {
     prior: &'a HashMap<String, Vec<PriorObservation>>,
     select: &'a Selection<'a>,
     plan_opts: &'a PlanOptions<'a>,
+    /// The groups to run, in dealing order.
+    groups: Vec<deal::Pending>,
 }
 
 /// Runs the plan to the end (or to Ctrl-C). The planner starts at once,
-/// feeding the compile pool while the first lane's worker imports torch;
-/// then the worker must answer and the problem load (else the run stops,
+/// feeding the compile pool while the lanes' workers import torch; then the
+/// first lane's worker must answer and the problem load (else the run stops,
 /// having written nothing), the journal opens with the run's header, the
-/// lanes start, and this thread becomes the journal's single writer: every
-/// record is on disk before the next is read.
+/// lanes start taking groups, and this thread becomes the journal's single
+/// writer: every record is on disk before the next is read.
 fn drain(
     run: &Drain<'_>,
     workers: Workers,
@@ -495,13 +581,8 @@ fn drain(
     outcome: &mut RunOutcome,
 ) -> Result<(), RunError> {
     let opts = run.opts;
-    let Workers {
-        pool,
-        first_lane,
-        spec,
-        lanes,
-        timeout,
-    } = workers;
+    let Workers { pool, mut lanes } = workers;
+    outcome.lanes = lanes.len();
     let flush = match (opts.mode, run.protocol.flush) {
         (Mode::Gpu, L2Flush::Read | L2Flush::Memset) => Flush {
             with: run.protocol.flush,
@@ -520,6 +601,15 @@ fn drain(
             _ => opts.device.peak_tflops_bf16,
         }
     };
+    let dealer = deal::Dealer::new(GROUPS_AHEAD, lanes.len());
+    let last_good = Mutex::new(None);
+    let retire = || {
+        let granted = dealer.retire();
+        if granted && use_pool {
+            board.set_width(dealer.alive());
+        }
+        granted
+    };
     let lane_opts = LaneOptions {
         run,
         sampling: SampleMode {
@@ -529,22 +619,33 @@ fn drain(
         },
         peak: &peak,
         board: use_pool.then_some(board),
+        dealer: &dealer,
+        last_good: &last_good,
+        retire: &retire,
     };
     let result = std::thread::scope(|scope| -> Result<(), RunError> {
-        // Groups queued ahead of the lanes; the compile pool sees their jobs
-        // as soon as they are queued, so this is also how far ahead it
-        // compiles. The queue lives in this closure: whatever ends it drops
-        // the queue, and the planner, finding no reader, stops.
-        let (group_tx, group_rx) = mpsc::sync_channel::<Group>(GROUPS_AHEAD);
-        let group_rx = Arc::new(Mutex::new(group_rx));
-        let planner = spawn_planner(scope, run, group_tx, use_pool.then_some(board));
+        // Whatever ends this closure abandons the queue, so the planner and
+        // idle lanes stop.
+        struct Abandon<'d>(&'d deal::Dealer);
+        impl Drop for Abandon<'_> {
+            fn drop(&mut self) {
+                self.0.abandon();
+            }
+        }
+        let _abandon = Abandon(&dealer);
+        let planner = spawn_planner(scope, run, &dealer, use_pool.then_some(board));
 
-        let (mut first, hello) = first_lane.join().expect("lane start-up thread");
+        let first = lanes.remove(0);
+        let (mut first_backend, hello) = first.worker.join().expect("lane start-up thread");
         // The failure's message says what to do.
         let hello = hello.map_err(|f| RunError::Environment(f.message))?;
-        let descriptions =
-            preflight::check_problem(opts.exp, &mut first, opening.first_shape, &opts.python)
-                .map_err(RunError::Input)?;
+        let descriptions = preflight::check_problem(
+            opts.exp,
+            &mut first_backend,
+            opening.first_shape,
+            &opts.python,
+        )
+        .map_err(RunError::Input)?;
         let mut journal = match opening.existing {
             Some(journal) => journal,
             None => open_journal(opening.dir)?,
@@ -569,10 +670,16 @@ fn drain(
         ))))?;
 
         let (event_tx, event_rx) = mpsc::channel::<Event>();
-        spawn_lanes(
-            scope, &lane_opts, first, &spec, &lanes, timeout, &group_rx, &event_tx,
+        let started = std::iter::once((first.number, first.device, first_backend, Ok(()))).chain(
+            lanes.into_iter().map(|l| {
+                let (backend, hello) = l.worker.join().expect("lane start-up thread");
+                (l.number, l.device, backend, hello.map(|_| ()))
+            }),
         );
-        drop((event_tx, group_rx));
+        for (number, device, backend, hello) in started {
+            spawn_lane(scope, &lane_opts, number, device, backend, hello, &event_tx);
+        }
+        drop(event_tx);
         let mut display = progress::Progress::new(outcome.planned, opts.progress);
         for event in event_rx {
             match event {
@@ -591,6 +698,22 @@ fn drain(
                     crate::trace::span("journal", "append", appended, serde_json::json!({}));
                 }
                 Event::Final(f) => journal.append(&Entry::Final(f))?,
+                Event::Retired(r) => {
+                    display.note(&format!(
+                        "warning: lane {}{} retired: {}; {} handed to the other lanes",
+                        r.lane,
+                        r.device
+                            .as_ref()
+                            .map(|d| format!(" (GPU {d})"))
+                            .unwrap_or_default(),
+                        r.reason,
+                        crate::emit::num::count(r.requeued_jobs, "job", "jobs"),
+                    ));
+                    // Failures that led to it run again: not failures of this run.
+                    outcome.failed = outcome.failed.saturating_sub(r.failed_jobs.len() as u64);
+                    journal.append(&Entry::LaneRetired(r.clone()))?;
+                    outcome.retired.push(r);
+                }
             }
         }
         display.finish();
@@ -610,132 +733,179 @@ struct LaneOptions<'a> {
     sampling: SampleMode,
     peak: &'a (dyn Fn(Option<&str>) -> f64 + Sync),
     board: Option<&'a compile::CompileBoard>,
+    dealer: &'a deal::Dealer,
+    last_good: &'a Mutex<Option<lane::JobRef>>,
+    retire: &'a (dyn Fn() -> bool + Sync),
 }
 
-/// One thread per lane, each owning one GPU's worker: it takes groups from
-/// the queue until the queue closes, the run is interrupted or the journal's
-/// writer is gone, then shuts its worker down.
-#[allow(clippy::too_many_arguments)]
-fn spawn_lanes<'scope, 'env>(
+/// One lane's thread, owning one GPU's worker: it takes groups as it frees
+/// up until all are dealt, the run is interrupted, the journal's writer is
+/// gone or the lane retires, then shuts its worker down. A lane whose worker
+/// could not start retires at once (unless it is the last).
+fn spawn_lane<'scope, 'env>(
     scope: &'scope std::thread::Scope<'scope, 'env>,
     o: &'scope LaneOptions<'env>,
-    first_lane: PythonBackend,
-    spec: &SpecFor,
-    lanes: &[Option<String>],
-    timeout: Duration,
-    group_rx: &Arc<Mutex<mpsc::Receiver<Group>>>,
+    number: u32,
+    device: Option<String>,
+    mut backend: PythonBackend,
+    hello: Result<(), JobFailure>,
     event_tx: &mpsc::Sender<Event>,
 ) {
     let run = o.run;
-    let mut first = Some(first_lane);
-    for (i, device) in lanes.iter().enumerate() {
-        let mut backend = first.take().unwrap_or_else(|| {
-            PythonBackend::new(
-                spec("lane", device.clone(), format!("lane{i}.log")),
-                &run.opts.exp.problem,
-                timeout,
-            )
-        });
-        let rx = Arc::clone(group_rx);
-        let events = event_tx.clone();
-        let ctx = lane::LaneContext {
-            protocol: run.protocol.clone(),
-            tolerance: run.tolerance.clone(),
-            strategies: run.strategies,
-            run_mode: run.opts.run_mode,
-            sampling: o.sampling,
-            peak_gbs: run.opts.device.peak_gbs,
-            peak_tflops: o.peak,
-            compile: o.board,
-            lane: i as u32,
-            prior: run.prior,
+    let events = event_tx.clone();
+    let ctx = lane::LaneContext {
+        protocol: run.protocol.clone(),
+        tolerance: run.tolerance.clone(),
+        strategies: run.strategies,
+        run_mode: run.opts.run_mode,
+        sampling: o.sampling,
+        peak_gbs: run.opts.device.peak_gbs,
+        peak_tflops: o.peak,
+        compile: o.board,
+        lane: number,
+        prior: run.prior,
+        health: Some(lane::HealthWatch {
+            state: Default::default(),
+            last_good: o.last_good,
+            retire: o.retire,
+        }),
+    };
+    scope.spawn(move || {
+        let retired = |reason: String, failed: &[lane::JobRef], requeued: u64| {
+            Event::Retired(LaneRetired {
+                lane: number,
+                device: device.clone(),
+                reason,
+                failed_jobs: failed.iter().map(|f| f.job.id.clone()).collect(),
+                requeued_jobs: requeued,
+                at: now_rfc3339(),
+            })
         };
-        scope.spawn(move || {
-            loop {
-                let group = match rx.lock().expect("group queue").recv() {
-                    Ok(g) => g,
-                    Err(_) => break,
-                };
-                // The journal's writer stops at its first failed write; a
-                // result nobody can record is not worth measuring.
-                let mut writer_gone = false;
-                lane::run_group(&ctx, &mut backend as &mut dyn Backend, group, &mut |e| {
-                    writer_gone |= events.send(e).is_err();
-                });
-                if interrupted() || writer_gone {
-                    break;
-                }
+        if let Err(f) = hello {
+            // The last lane goes on: a start is tried again at each job, whose
+            // record says why it failed.
+            if (o.retire)() {
+                let why = f.message.lines().next().unwrap_or("").to_string();
+                let _ = events.send(retired(format!("its worker did not start: {why}"), &[], 0));
+                return;
             }
-            backend.shutdown();
-        });
-    }
+        }
+        while let Some(group) = o.dealer.take() {
+            // The journal's writer stops at its first failed write; a
+            // result nobody can record is not worth measuring.
+            let mut writer_gone = false;
+            let rest = lane::run_group(&ctx, &mut backend as &mut dyn Backend, group, &mut |e| {
+                writer_gone |= events.send(e).is_err();
+            });
+            if let Some(rest) = rest {
+                let health = ctx.health.as_ref().expect("a retired lane has health");
+                let state = health.state.borrow();
+                let handed = hand_back(rest, &state.streak);
+                let jobs: u64 = handed.iter().map(|g| g.jobs.len() as u64).sum();
+                let reason = state.retired.clone().unwrap_or_default();
+                let _ = events.send(retired(reason, &state.streak, jobs));
+                o.dealer.hand_back(handed);
+                o.dealer.done();
+                break;
+            }
+            o.dealer.done();
+            if writer_gone {
+                o.dealer.abandon();
+            }
+            if interrupted() || writer_gone {
+                break;
+            }
+        }
+        backend.shutdown();
+    });
 }
 
-/// The planner thread: jobs in plan order, grouped by (shape, method), to the
-/// lanes and (Triton jobs) to the compile pool.
+/// What a retiring lane hands back: its group's unrecorded jobs and the
+/// failures that led to the retirement, grouped by (method, shape), the
+/// failures first.
+fn hand_back(rest: Group, failed: &[lane::JobRef]) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
+    for f in failed {
+        let same = |g: &Group| g.method == f.job.method && g.shape == f.job.shape;
+        match groups.iter_mut().find(|g| same(g)) {
+            Some(g) => g.jobs.push(f.job.clone()),
+            None => groups.push(Group {
+                shape: f.job.shape.clone(),
+                method: f.job.method.clone(),
+                kernel: f.kernel.clone(),
+                kind: f.kind,
+                jobs: vec![f.job.clone()],
+            }),
+        }
+    }
+    match groups
+        .iter_mut()
+        .find(|g| g.method == rest.method && g.shape == rest.shape)
+    {
+        Some(g) => g.jobs.extend(rest.jobs),
+        None if !rest.jobs.is_empty() => groups.push(rest),
+        None => {}
+    }
+    groups
+}
+
+/// The planner thread: the groups in dealing order, each planned in full
+/// when its turn comes, to the lanes and (Triton jobs) to the compile pool,
+/// which so sees jobs in the order the lanes will take them.
 fn spawn_planner<'scope, 'env>(
     scope: &'scope std::thread::Scope<'scope, 'env>,
     run: &'env Drain<'env>,
-    group_tx: mpsc::SyncSender<Group>,
+    dealer: &'env deal::Dealer,
     board: Option<&'env compile::CompileBoard>,
 ) -> std::thread::ScopedJoinHandle<'scope, Result<(), Diagnostic>> {
     let exp = run.opts.exp;
     scope.spawn(move || {
-        let mut current: Option<Group> = None;
-        // Lanes stop taking groups once interrupted: never block on a full queue then.
-        let send = |mut g: Group| loop {
-            match group_tx.try_send(g) {
-                Ok(()) => return true,
-                Err(mpsc::TrySendError::Disconnected(_)) => return false,
-                Err(mpsc::TrySendError::Full(back)) => {
-                    if interrupted() {
-                        return false;
-                    }
-                    g = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-        };
         let plan_started = Instant::now();
-        let result = plan::plan(exp, run.plan_opts, &mut |job| {
+        let mut result = Ok(());
+        for pending in &run.groups {
             if interrupted() {
-                return ControlFlow::Break(());
+                break;
             }
-            if run.select.keep(&job, exp) != Keep::Run {
-                return ControlFlow::Continue(());
-            }
-            let method = exp.method(&job.method).expect("planned method exists");
-            let same = current
-                .as_ref()
-                .is_some_and(|g| g.method == job.method && g.shape == job.shape);
-            if !same {
-                if let Some(g) = current.take() {
-                    if !send(g) {
-                        return ControlFlow::Break(());
-                    }
+            let Some(method) = exp.method(&pending.method) else {
+                continue;
+            };
+            let mut group = Group {
+                shape: pending.shape.clone(),
+                method: pending.method.clone(),
+                kernel: method.kernel.clone(),
+                kind: method.kind,
+                jobs: Vec::new(),
+            };
+            let this = |m: &str, i: usize| m == pending.method && i == pending.shape_index;
+            let planned = plan::plan_groups(exp, run.plan_opts, Some(&this), &mut |job| {
+                if run.select.keep(&job, exp) == Keep::Run {
+                    group.jobs.push(job);
                 }
-                current = Some(Group {
-                    shape: job.shape.clone(),
-                    method: job.method.clone(),
-                    kernel: method.kernel.clone(),
-                    kind: method.kind,
-                    jobs: Vec::new(),
-                });
+                ControlFlow::Continue(())
+            });
+            if let Err(d) = planned {
+                result = Err(d);
+                break;
+            }
+            if group.jobs.is_empty() {
+                continue;
             }
             if let (Some(board), MethodKind::Triton) = (board, method.kind) {
-                board.push(job.clone(), &method.kernel, method.kind.as_str());
+                board.begin_group();
+                for job in &group.jobs {
+                    board.push(job.clone(), &method.kernel, method.kind.as_str());
+                }
             }
-            current.as_mut().expect("group").jobs.push(job);
-            ControlFlow::Continue(())
-        });
-        if let Some(g) = current.take() {
-            send(g);
+            if !dealer.push(group) {
+                break;
+            }
         }
+        dealer.close();
         if let Some(board) = board {
             board.close();
         }
         crate::trace::span("planner", "plan", plan_started, serde_json::json!({}));
-        result.map(|_| ())
+        result
     })
 }
 

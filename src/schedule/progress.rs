@@ -73,6 +73,14 @@ impl Progress {
         let _ = err.flush();
     }
 
+    /// A line of its own (a warning), above the progress line.
+    pub fn note(&mut self, line: &str) {
+        if self.enabled {
+            eprint!("\r{:<118}\r", "");
+        }
+        eprintln!("{line}");
+    }
+
     pub fn finish(&mut self) {
         if self.enabled {
             eprintln!();

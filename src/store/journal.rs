@@ -103,6 +103,19 @@ impl Journal {
         repair_tail(&mut self.file, &self.path)
     }
 
+    /// Appends several entries with one sync at the end (for merging).
+    pub fn append_all(&mut self, entries: &[Entry]) -> Result<(), StoreError> {
+        let mut text = String::new();
+        for entry in entries {
+            text.push_str(&serde_json::to_string(entry).expect("journal entries serialise"));
+            text.push('\n');
+        }
+        self.file
+            .write_all(text.as_bytes())
+            .map_err(io(&self.path))?;
+        self.file.sync_data().map_err(io(&self.path))
+    }
+
     pub fn append(&mut self, entry: &Entry) -> Result<(), StoreError> {
         let mut line = serde_json::to_string(entry).expect("journal entries serialise");
         line.push('\n');
@@ -182,6 +195,23 @@ fn alive(pid: u32) -> bool {
 /// a job id replace earlier ones; unreadable lines are skipped and counted in
 /// the returned warnings; a header of a newer format is an error.
 pub fn read(dir: &Path) -> Result<(Results, Vec<String>), StoreError> {
+    let reader = read_dir(dir, false)?;
+    Ok((reader.results, reader.warnings))
+}
+
+/// Every entry of a results directory's journal in order (packed, then
+/// live), older formats migrated, as well as what [`read`] returns: for
+/// merging journals entry by entry.
+pub fn read_entries(dir: &Path) -> Result<(Vec<Entry>, Results, Vec<String>), StoreError> {
+    let reader = read_dir(dir, true)?;
+    Ok((
+        reader.entries.unwrap_or_default(),
+        reader.results,
+        reader.warnings,
+    ))
+}
+
+fn read_dir(dir: &Path, keep_entries: bool) -> Result<Reader, StoreError> {
     let mut sources: Vec<(PathBuf, Box<dyn Read>)> = Vec::new();
     let packed = dir.join(PACKED_JOURNAL);
     if packed.is_file() {
@@ -196,11 +226,14 @@ pub fn read(dir: &Path) -> Result<(Results, Vec<String>), StoreError> {
     if sources.is_empty() {
         return Err(StoreError::Missing(dir.to_path_buf()));
     }
-    let mut reader = Reader::default();
+    let mut reader = Reader {
+        entries: keep_entries.then(Vec::new),
+        ..Reader::default()
+    };
     for (path, source) in sources {
         reader.read(&path, source)?;
     }
-    Ok((reader.results, reader.warnings))
+    Ok(reader)
 }
 
 /// Reads one journal file, packed (`.gz`) or not, as [`read`] does a directory.
@@ -223,6 +256,8 @@ struct Reader {
     index: std::collections::HashMap<String, usize>,
     /// The format the last header was written in: the records after it follow it.
     format: u32,
+    /// Every entry in journal order, migrated, when asked for ([`read_entries`]).
+    entries: Option<Vec<Entry>>,
 }
 
 impl Reader {
@@ -289,6 +324,9 @@ impl Reader {
     }
 
     fn add(&mut self, entry: Entry) {
+        if let Some(entries) = &mut self.entries {
+            entries.push(entry.clone());
+        }
         match entry {
             Entry::Run(h) => {
                 self.results.runs.push((*h).clone());
@@ -307,6 +345,7 @@ impl Reader {
                     .retain(|x| !(x.job_id == f.job_id && x.timing == f.timing));
                 self.results.finals.push(f);
             }
+            Entry::LaneRetired(r) => self.results.retired.push(r),
         }
     }
 

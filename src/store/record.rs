@@ -239,6 +239,27 @@ pub struct Fingerprint {
     pub triton: Option<String>,
 }
 
+/// A lane the run stopped using: its GPU faulted or its worker kept dying
+/// (docs/scaling.md, the retirement rule). Added to format 2 after the first
+/// format-2 journals: older ones simply hold none.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LaneRetired {
+    pub lane: u32,
+    /// The lane's device as its worker saw it named (`CUDA_VISIBLE_DEVICES`
+    /// or `HIP_VISIBLE_DEVICES` value); none for an interpreter lane.
+    pub device: Option<String>,
+    pub reason: String,
+    /// The consecutive crash / launch_error failures that led to it: they
+    /// were handed back to run on another lane, and their later records
+    /// replace these.
+    pub failed_jobs: Vec<String>,
+    /// Jobs handed back to the other lanes (those failures included).
+    pub requeued_jobs: u64,
+    /// RFC 3339 UTC time.
+    pub at: String,
+}
+
 /// One line of `journal.jsonl`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -246,6 +267,7 @@ pub enum Entry {
     Run(Box<RunHeader>),
     Job(Box<JobRecord>),
     Final(FinalRecord),
+    LaneRetired(LaneRetired),
 }
 
 /// A journal read back: the last header, the latest record per job id, the finals.
@@ -255,4 +277,6 @@ pub struct Results {
     pub runs: Vec<RunHeader>,
     pub jobs: Vec<JobRecord>,
     pub finals: Vec<FinalRecord>,
+    /// Lanes retired during the runs, in journal order.
+    pub retired: Vec<LaneRetired>,
 }

@@ -322,7 +322,7 @@ pub(super) fn counts(group: &Group<'_, '_>, jobs: &[&JobRecord]) -> Vec<Row> {
         .map(|r| r.planned_jobs)
         .max()
         .unwrap_or(group.header.planned_jobs);
-    vec![
+    let mut rows = vec![
         row("Planned", planned.to_string()),
         row(
             "Recorded",
@@ -350,7 +350,27 @@ pub(super) fn counts(group: &Group<'_, '_>, jobs: &[&JobRecord]) -> Vec<Row> {
             duration(measured),
         ),
         row("GPU time in timed samples", duration(gpu_ms / 1000.0)),
-    ]
+    ];
+    if !group.results.retired.is_empty() {
+        let lanes: Vec<String> = group
+            .results
+            .retired
+            .iter()
+            .map(|r| {
+                let device = r
+                    .device
+                    .as_ref()
+                    .map(|d| format!(" (GPU {d})"))
+                    .unwrap_or_default();
+                format!(
+                    "lane {}{device}: {}; {} jobs run on the other lanes",
+                    r.lane, r.reason, r.requeued_jobs
+                )
+            })
+            .collect();
+        rows.push(row("Lanes retired", lanes.join(" · ")));
+    }
+    rows
 }
 
 #[cfg(test)]
