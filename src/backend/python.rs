@@ -11,10 +11,10 @@ use super::worker::{CallError, Worker, WorkerSpec};
 use super::{Backend, JobFailure, SampleBatch, SampleMode, ShapeFacts};
 use indexmap::IndexMap;
 
-use crate::manifest::{ConfigType, ToleranceFor};
+use crate::manifest::{ConfigType, MethodKind, ToleranceFor};
 use crate::measure::{L2Flush, Timer};
 use crate::plan::Job;
-use crate::store::{CheckResult, FailureClass};
+use crate::store::{CheckResult, FailureClass, KernelResources};
 
 /// The worker protocol this runner speaks (docs/worker-protocol.md). A worker
 /// that answers `hello` with another version is refused at start-up.
@@ -70,6 +70,10 @@ struct CompileReply {
 
 #[derive(Deserialize)]
 struct CheckReply {
+    /// The kernels the check compiled and launched (absent from a worker
+    /// that predates the field).
+    #[serde(default)]
+    kernels: Vec<KernelResources>,
     passed: bool,
     max_abs_err: Option<f64>,
     max_rel_err: Option<f64>,
@@ -89,6 +93,8 @@ struct SampleReply {
 pub struct PythonBackend {
     spec: WorkerSpec,
     worker: Option<Worker>,
+    /// The kernels the last check compiled, until the lane takes them.
+    kernels: Vec<KernelResources>,
     /// The last started worker's `hello`.
     hello: Option<Hello>,
     problem: String,
@@ -100,6 +106,7 @@ impl PythonBackend {
         PythonBackend {
             spec,
             worker: None,
+            kernels: Vec::new(),
             hello: None,
             problem: problem.to_string(),
             timeout,
@@ -219,11 +226,22 @@ impl PythonBackend {
     }
 
     /// Imports and constructs the problem at `shape` and looks up `methods`
-    /// (kernel names), building nothing else.
-    pub fn probe(&mut self, shape: &Json, methods: &[&str]) -> Result<Probe, JobFailure> {
+    /// (kernel names, each with its kind: a Triton method's declared types
+    /// come back with the compile options the worker passes to its kernels),
+    /// building nothing else.
+    pub fn probe(
+        &mut self,
+        shape: &Json,
+        methods: &[(&str, MethodKind)],
+    ) -> Result<Probe, JobFailure> {
+        let names: Vec<&str> = methods.iter().map(|(n, _)| *n).collect();
+        let kinds: serde_json::Map<String, Json> = methods
+            .iter()
+            .map(|(n, k)| (n.to_string(), json!(k.as_str())))
+            .collect();
         self.call_for(
             "probe",
-            json!({"problem": self.problem, "shape": shape, "methods": methods}),
+            json!({"problem": self.problem, "shape": shape, "methods": names, "kinds": kinds}),
             self.timeout,
         )
     }
@@ -295,7 +313,9 @@ impl Backend for PythonBackend {
             "seed": seed,
             "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "max_mismatch": tol.max_mismatch},
         });
+        self.kernels.clear();
         let r: CheckReply = self.call_for("check", body, self.timeout)?;
+        self.kernels = r.kernels;
         Ok(CheckResult {
             passed: r.passed,
             max_abs_err: r.max_abs_err,
@@ -305,6 +325,10 @@ impl Backend for PythonBackend {
             inf_count: r.inf_count,
             elements: r.elements,
         })
+    }
+
+    fn take_kernels(&mut self) -> Vec<KernelResources> {
+        std::mem::take(&mut self.kernels)
     }
 
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure> {

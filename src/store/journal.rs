@@ -248,6 +248,17 @@ impl Reader {
                 self.add(Entry::Final(f.migrate()));
                 return Ok(());
             }
+            match super::v1::job_record(line) {
+                Some(Ok(j)) => {
+                    self.add(Entry::Job(Box::new(j)));
+                    return Ok(());
+                }
+                Some(Err(e)) => {
+                    self.warn(path, n, &e.to_string());
+                    return Ok(());
+                }
+                None => {}
+            }
         }
         let entry = match serde_json::from_str::<Entry>(line) {
             Ok(Entry::Run(h)) if h.format > FORMAT_VERSION => {
