@@ -95,6 +95,8 @@ pub struct PythonBackend {
     worker: Option<Worker>,
     /// The kernels the last check compiled, until the lane takes them.
     kernels: Vec<KernelResources>,
+    /// The IR file of each method that runs from one, by method name.
+    ir_files: std::collections::HashMap<String, std::path::PathBuf>,
     /// The last started worker's `hello`.
     hello: Option<Hello>,
     problem: String,
@@ -107,6 +109,7 @@ impl PythonBackend {
             spec,
             worker: None,
             kernels: Vec::new(),
+            ir_files: Default::default(),
             hello: None,
             problem: problem.to_string(),
             timeout,
@@ -209,12 +212,26 @@ impl PythonBackend {
         Err(JobFailure::new(class, message))
     }
 
+    /// The IR files methods run from (`ir:`), by method name: their jobs
+    /// carry the file to the worker.
+    pub fn with_ir_files(
+        mut self,
+        ir_files: std::collections::HashMap<String, std::path::PathBuf>,
+    ) -> Self {
+        self.ir_files = ir_files;
+        self
+    }
+
     fn job_json(&self, job: &Job, kernel: &str, kind: &str) -> Json {
+        let mut method = json!({"name": job.method, "kind": kind, "kernel": kernel});
+        if let Some(ir) = self.ir_files.get(&job.method) {
+            method["ir"] = json!(ir.display().to_string());
+        }
         json!({
             "job_id": job.id,
             "problem": self.problem,
             "shape": job.shape,
-            "method": {"name": job.method, "kind": kind, "kernel": kernel},
+            "method": method,
             "config": job.config,
         })
     }

@@ -153,7 +153,11 @@ pub fn run_group(
         track: &track,
         emit,
     };
-    if let Some(why) = facts.unavailable.get(&lane.kernel) {
+    if let Some(why) = group
+        .unavailable
+        .as_ref()
+        .or(facts.unavailable.get(&lane.kernel))
+    {
         // The method cannot run here: every job is recorded as skipped,
         // with the reason, and runs again on a later resume.
         lane.skip_all(why);
@@ -721,6 +725,7 @@ mod tests {
             kernel: "k".into(),
             kind: MethodKind::Triton,
             jobs,
+            unavailable: None,
         }
     }
 

@@ -54,6 +54,9 @@ pub struct Group {
     pub kernel: String,
     pub kind: MethodKind,
     pub jobs: Vec<Job>,
+    /// Why the runner knows the method cannot run in this run (an `ir:`
+    /// method in the interpreter); its jobs are recorded as skipped.
+    pub unavailable: Option<String>,
 }
 
 pub enum Event {
@@ -385,7 +388,7 @@ impl Workers {
                 .map(|i| {
                     let mut s = spec("compile", lanes[0].clone(), format!("compile{i}.log"));
                     s.target = target.clone();
-                    PythonBackend::new(s, &exp.problem, timeout)
+                    PythonBackend::new(s, &exp.problem, timeout).with_ir_files(exp.ir_files())
                 })
                 .collect();
             compile::CompilePool::start(workers)
@@ -394,7 +397,8 @@ impl Workers {
             spec("lane", lanes[0].clone(), "lane0.log".into()),
             &exp.problem,
             timeout,
-        );
+        )
+        .with_ir_files(exp.ir_files());
         let first_lane = std::thread::spawn(move || {
             let hello = first.hello();
             (first, hello)
@@ -635,6 +639,7 @@ fn spawn_lanes<'scope, 'env>(
                 &run.opts.exp.problem,
                 timeout,
             )
+            .with_ir_files(run.opts.exp.ir_files())
         });
         let rx = Arc::clone(group_rx);
         let events = event_tx.clone();
@@ -720,6 +725,7 @@ fn spawn_planner<'scope, 'env>(
                     kernel: method.kernel.clone(),
                     kind: method.kind,
                     jobs: Vec::new(),
+                    unavailable: unavailable_here(method, run.opts.mode),
                 });
             }
             if let (Some(board), MethodKind::Triton) = (board, method.kind) {
@@ -737,6 +743,21 @@ fn spawn_planner<'scope, 'env>(
         crate::trace::span("planner", "plan", plan_started, serde_json::json!({}));
         result.map(|_| ())
     })
+}
+
+/// Why a method cannot run in this mode, when the runner knows it ahead: an
+/// `ir:` method has no Python source the interpreter could run.
+fn unavailable_here(method: &crate::manifest::Method, mode: Mode) -> Option<String> {
+    match (&method.ir, mode) {
+        (Some(ir), Mode::Interpreter) => Some(format!(
+            "runs from IR ({}), which needs a GPU: the interpreter runs the kernel's Python source",
+            ir.file_name().map_or_else(
+                || ir.display().to_string(),
+                |n| n.to_string_lossy().into_owned()
+            )
+        )),
+        _ => None,
+    }
 }
 
 /// What a compile worker compiles for, in `tunelab.target`'s syntax: the
