@@ -52,6 +52,19 @@ pub struct ProbedMethod {
     pub description: Option<String>,
 }
 
+/// A kernel whose IR a worker wrote (`keep_ir`): its resources and files.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+pub struct KeptKernel {
+    pub name: String,
+    pub n_regs: Option<u32>,
+    pub n_spills: Option<u32>,
+    pub shared: u64,
+    pub num_warps: u32,
+    pub num_stages: u32,
+    /// File names written, in the job's folder.
+    pub files: Vec<String>,
+}
+
 /// `null` where a problem's count is not a finite number (JSON has no NaN).
 #[derive(Deserialize)]
 struct DescribeReply {
@@ -282,6 +295,25 @@ impl PythonBackend {
                 format!("protocol error: the worker's answer to `{op}` does not fit ({e})"),
             )
         })
+    }
+
+    /// Compiles one job (or finds it in Triton's cache) and writes its
+    /// kernels' IR and metadata under `dir` (worker op `keep_ir`).
+    pub fn keep_ir(
+        &mut self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        dir: &std::path::Path,
+    ) -> Result<Vec<KeptKernel>, JobFailure> {
+        #[derive(Deserialize)]
+        struct Reply {
+            kernels: Vec<KeptKernel>,
+        }
+        let body =
+            json!({"job": self.job_json(job, kernel, kind), "dir": dir.display().to_string()});
+        let r: Reply = self.call_for("keep_ir", body, self.timeout)?;
+        Ok(r.kernels)
     }
 
     /// Start the worker process now (it answers `hello` before this returns),

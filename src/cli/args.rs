@@ -98,6 +98,16 @@ pub enum Command {
         /// method that writes that format (repeatable).
         #[arg(long = "compare-to", value_name = "FILE")]
         compare_to: Vec<PathBuf>,
+        /// After the run, keep compiled kernels' IR (ttir, ttgir, llir, ptx, cubin,
+        /// sass, metadata) under the results directory's `ir/`, one folder per shape
+        /// and method: of each winner (the default), or of every job (`all`).
+        /// An `ir` output in the manifest keeps the winners' without this flag.
+        #[arg(long, value_enum, value_name = "WHICH", num_args = 0..=1, default_missing_value = "winners")]
+        keep_ir: Option<KeepIrArg>,
+        /// The GPU to compile kept IR for (cuda:90:32, hip:gfx942:64); needed
+        /// in the interpreter, which compiles nothing. Default: the run's GPU.
+        #[arg(long, value_name = "TARGET")]
+        ir_target: Option<String>,
     },
     /// Compare NEW against BASE per shape: FAST / SAME / SLOW by confidence
     /// intervals, the geometric-mean speedup, the worst shapes, as markdown.
@@ -164,6 +174,23 @@ Takes files only: results directories (merging journals) are not supported yet."
     Schema,
     /// Print the effective settings and where each came from.
     Config,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeepIrArg {
+    /// The best job of each shape and Triton method.
+    Winners,
+    /// Every job that compiled and passed its check.
+    All,
+}
+
+impl From<KeepIrArg> for crate::workbench::Which {
+    fn from(k: KeepIrArg) -> Self {
+        match k {
+            KeepIrArg::Winners => crate::workbench::Which::Winners,
+            KeepIrArg::All => crate::workbench::Which::All,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -78,6 +78,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             quiet,
             trace,
             compare_to,
+            keep_ir,
+            ir_target,
         } => {
             let mut settings = settings;
             settings.interpret |= interpret;
@@ -92,6 +94,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 use_best: use_best.as_deref(),
                 progress: !quiet,
                 compare_to: &compare_to,
+                keep_ir: keep_ir.map(Into::into),
+                ir_target: ir_target.as_deref(),
             };
             run::run_traced(&request, trace.as_deref())
         }

@@ -378,6 +378,10 @@ pub enum OutputFormat {
     AiterFmoeCsv,
     /// Markdown report.
     Report,
+    /// Each winner's compiled kernels (ttir, ttgir, llir, ptx, cubin and
+    /// metadata), kept by every run in the folder `path`, with an index of
+    /// their registers, spills and shared memory (`path/index.md`).
+    Ir,
 }
 
 impl OutputFormat {
@@ -391,6 +395,7 @@ impl OutputFormat {
             OutputFormat::VllmMoeJson => "vllm_moe_json",
             OutputFormat::AiterFmoeCsv => "aiter_fmoe_csv",
             OutputFormat::Report => "report",
+            OutputFormat::Ir => "ir",
         }
     }
 }

@@ -82,6 +82,15 @@ pub fn validate(
                     return Err(unknown(m.span, "method", m, &method_names));
                 }
             }
+            if o.format == super::model::OutputFormat::Ir
+                && (o.path.contains("{{") || o.path.contains("{%"))
+            {
+                return Err(Diagnostic::at(
+                    o.path.span,
+                    "an `ir` output names one folder, not a template",
+                )
+                .help("write a plain folder such as `ir`: each winner gets a folder per shape and method in it"));
+            }
             if let Some(shapes) = &shapes {
                 check_output_path(&o.path, &env, shapes, device)?;
             }

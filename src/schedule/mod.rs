@@ -762,7 +762,7 @@ fn unavailable_here(method: &crate::manifest::Method, mode: Mode) -> Option<Stri
 
 /// What a compile worker compiles for, in `tunelab.target`'s syntax: the
 /// lane GPU's backend, architecture and warp size, so the worker needs no GPU.
-fn compile_target(device: &DeviceInfo) -> Option<String> {
+pub fn compile_target(device: &DeviceInfo) -> Option<String> {
     match device.backend.as_str() {
         "cuda" if device.cc_major > 0 => Some(format!(
             "cuda:{}{}:{}",

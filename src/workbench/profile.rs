@@ -1,0 +1,1 @@
+//! `tunelab profile`: placeholder, filled in below.
