@@ -272,3 +272,76 @@ def test_in_the_interpreter_a_check_reports_no_kernels_and_refuses_to_run_ir(spa
     assert refused["ok"] is False and refused["class"] == "problem_error" and "needs a GPU" in refused["message"]
     kept = worker.request("keep_ir", job=small, dir=str(tmp_path / "ir"))
     assert kept["ok"] is False and "interpreter compiles nothing" in kept["message"]
+
+
+# ---------------------------------------------------------------- profile (what runs without a GPU)
+
+
+def test_a_proton_profile_is_read_per_scope_and_summarised():
+    from tunelab.workbench import profile
+
+    hatchet = [
+        {"frame": {"name": "ROOT", "type": "function"}, "metrics": {}, "children": [
+            {"frame": {"name": "M=64,N=64/triton", "type": "function"},
+             "metrics": {"flops": 2.0e9, "bytes": 4.0e6},
+             "children": [
+                 {"frame": {"name": "matmul_kernel", "type": "function"},
+                  "metrics": {"time (ns)": 150000.0, "count": 10, "device_id": "0"}, "children": []}]},
+            {"frame": {"name": "M=64,N=64/fused", "type": "function"}, "metrics": {}, "children": [
+                {"frame": {"name": "gemm1", "type": "function"}, "metrics": {"time (ns)": 60000.0, "count": 10},
+                 "children": []},
+                {"frame": {"name": "gemm2", "type": "function"}, "metrics": {"time (ns)": 20000.0, "count": 10},
+                 "children": []}]},
+            {"frame": {"name": "other", "type": "function"}, "metrics": {"time (ns)": 5.0, "count": 1},
+             "children": []}]},
+        {"CUDA": {"0": {"arch": "90", "num_sms": 132}}},
+    ]
+    request = {"experiment": "x", "device": "NVIDIA H100 80GB HBM3", "calls": 10, "jobs": [
+        {"label": "M=64,N=64/triton", "rank": 1, "winner_of_shape": True, "median_us": 16.0,
+         "flops": 2.0e9, "bytes": 4.0e6, "job": {"job_id": "a"}},
+        {"label": "M=64,N=64/fused", "rank": 1, "median_us": 9.0, "flops": None, "bytes": 8.0e6,
+         "job": {"job_id": "b"}},
+        {"label": "M=64,N=64/broken", "rank": 1, "median_us": 5.0, "job": {"job_id": "c"}},
+    ]}
+    scopes = profile.hatchet_scopes(hatchet, {j["label"] for j in request["jobs"]})
+    assert scopes["M=64,N=64/triton"]["kernels"] == {"matmul_kernel": [10, 150000.0]}
+    rows = profile.summarise(request, scopes, {}, {"M=64,N=64/broken": "compile_error: no"})
+    triton, fused, broken = rows
+    assert triton["gpu_us"] == pytest.approx(15.0) and triton["launches_per_call"] == 1
+    assert triton["tflops"] == pytest.approx(2.0e9 / 15e-6 / 1e12)
+    assert triton["gbs"] == pytest.approx(4.0e6 / 15e-6 / 1e9)
+    assert fused["gpu_us"] == pytest.approx(8.0) and fused["launches_per_call"] == 2 and "tflops" not in fused
+    assert [k["name"] for k in fused["kernels"]] == ["gemm1", "gemm2"]
+    assert fused["kernels"][0]["share"] == pytest.approx(0.75)
+    assert broken["error"] == "compile_error: no"
+    text = profile.markdown(request, rows, {"proton": "proton.hatchet", "ncu_note": "Nsight Compute: skipped."})
+    assert "| M=64,N=64/triton (fastest of its shape) | 16.0 | 15.0 | 1 | 267 | 133.33 | `matmul_kernel` 100 % |" in text
+    assert "not profiled: compile_error: no" in text and "[proton.hatchet](proton.hatchet)" in text
+
+
+def test_nsight_compute_raw_csv_is_read():
+    from tunelab.workbench import profile
+
+    text = ('==PROF== Disconnected\n'
+            '"ID","Kernel Name","Block Size","Grid Size","gpu__time_duration.sum","launch__registers_per_thread",'
+            '"sm__warps_active.avg.pct_of_peak_sustained_active","dram__throughput.avg.pct_of_peak_sustained_elapsed"\n'
+            '"","","","","usecond","register/thread","%","%"\n'
+            '"0","matmul_kernel","(128, 1, 1)","(64, 1, 1)","14.21","168","11.8","71.4"\n')
+    rows = profile.parse_ncu_raw(text)
+    assert rows == [{"kernel": "matmul_kernel", "block": "(128, 1, 1)", "grid": "(64, 1, 1)",
+                     "duration": "14.21 usecond", "regs": "168 register/thread", "occupancy_pct": "11.8 %",
+                     "dram_pct": "71.4 %"}]
+    assert profile.parse_ncu_raw("nothing here\n") == []
+
+
+@pytest.mark.skipif(MODE == "gpu", reason="what a machine without a GPU answers")
+def test_profiling_without_a_gpu_says_so_in_one_line(tmp_path):
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"experiment": "x", "device": "d", "calls": 1, "jobs": []}))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(PYTHON_DIR)
+    done = subprocess.run([sys.executable, "-m", "tunelab.workbench.profile", str(request), "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 4, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("tunelab profile: ") and ("needs a GPU" in last or "Proton" in last), last

@@ -200,6 +200,7 @@ pub fn read(dir: &Path) -> Result<(Results, Vec<String>), StoreError> {
     for (path, source) in sources {
         reader.read(&path, source)?;
     }
+    reader.results.profile_summary = dir.join("profile").join("summary.md").is_file();
     Ok((reader.results, reader.warnings))
 }
 

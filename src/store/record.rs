@@ -297,4 +297,7 @@ pub struct Results {
     pub runs: Vec<RunHeader>,
     pub jobs: Vec<JobRecord>,
     pub finals: Vec<FinalRecord>,
+    /// `tunelab profile` wrote `profile/summary.md` beside the journal (the
+    /// report links it). Not in the journal: read from the directory.
+    pub profile_summary: bool,
 }

@@ -350,6 +350,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.file.is_file():
         parser.error(f"{args.file}: no such file")
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        print(f"tunelab ir-pass: this Python has no Triton ({exc})", file=sys.stderr)
+        return 4
     if args.list:
         text = args.file.read_text()
         tgt = _target(text, args.target)

@@ -115,5 +115,17 @@ pub(super) fn summary(group: &Group<'_, '_>, methods: &[(&str, MethodKind)]) -> 
             spilling.join("; ")
         ));
     }
+    if group.results.profile_summary {
+        // Relative to the report, wherever its path puts it.
+        let up = "../".repeat(
+            std::path::Path::new(&group.path)
+                .components()
+                .count()
+                .saturating_sub(1),
+        );
+        lines.push(format!(
+            "Profiles of the winners (Proton, Nsight Compute): [profile/summary.md]({up}profile/summary.md)."
+        ));
+    }
     lines
 }
