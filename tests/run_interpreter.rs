@@ -577,7 +577,7 @@ methods:
     kind: triton
     kernel: matmul
     params: {BLOCK_SIZE_M: 32, BLOCK_SIZE_N: 32, BLOCK_SIZE_K: 16, GROUP_SIZE_M: 1, num_stages: 2}
-    space: {num_warps: [4, 8]}
+    space: {num_warps: [4, 8], maxnreg: [96, 128]}
   edited:
     kind: triton
     kernel: matmul
@@ -643,6 +643,19 @@ outputs:
     assert!(std::fs::read_to_string(kept.join("matmul_kernel.ptx"))
         .unwrap()
         .contains(".target sm_90a"));
+    // A compile option in the space (maxnreg) is a config value the worker
+    // passes to Triton: the kept binary was compiled under the winner's.
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(kept.join("matmul_kernel.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(meta["metadata"]["maxnreg"], about["config"]["maxnreg"]);
+    assert!(
+        std::fs::read_to_string(kept.join("matmul_kernel.ptx"))
+            .unwrap()
+            .contains(&format!(".maxnreg {}", about["config"]["maxnreg"])),
+        "the PTX carries the register cap"
+    );
     let index = std::fs::read_to_string(dir.join("kernels/index.md")).unwrap();
     assert!(
         index.contains("[M=32,N=32,K=32,dtype=fp16/triton](M=32,N=32,K=32,dtype=fp16/triton/)"),

@@ -345,3 +345,19 @@ def test_profiling_without_a_gpu_says_so_in_one_line(tmp_path):
     assert done.returncode == 4, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("tunelab profile: ") and ("needs a GPU" in last or "Proton" in last), last
+
+
+def test_an_edited_ttgir_with_a_register_cap_compiles_to_it(compiler, tmp_path):
+    """An IR edit with a visible effect: `ttg.maxnreg` in the module's attributes
+    reaches the PTX (`.maxnreg`) and the binary's register count."""
+    src = _kept(compiler, tmp_path, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128)
+    before = json.loads((src / "matmul_kernel.json").read_text())["resources"]["n_regs"]
+    text = (src / "matmul_kernel.ttgir").read_text()
+    edited = tmp_path / "edits" / "matmul_kernel.ttgir"
+    edited.parent.mkdir()
+    edited.write_text(text.replace("module attributes {", 'module attributes {"ttg.maxnreg" = 128 : i32, ', 1))
+    out = tmp_path / "capped"
+    big = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128}
+    kernels = ok(compiler.request("keep_ir", job=job("cap", ir=edited, **big), dir=str(out)))["kernels"]
+    assert kernels[0]["n_regs"] == 128 < before
+    assert ".maxnreg 128" in (out / "matmul_kernel.ptx").read_text()
