@@ -122,6 +122,9 @@ def main() -> int:
 
     # 4. the winner from source, from its IR, from an edited IR, with a compile option
     shutil.copy(ttgir, edits / "roundtrip" / ttgir.name)
+    # Its metadata beside each: the worker then holds the IR to the constexprs it folded in.
+    for variant in ("roundtrip", "regcap"):
+        shutil.copy(folder / f"{target['name']}.json", edits / variant / f"{target['name']}.json")
     text = ttgir.read_text()
     (edits / "regcap" / ttgir.name).write_text(
         text.replace("module attributes {", f'module attributes {{"ttg.maxnreg" = {cap} : i32, ', 1))

@@ -361,3 +361,19 @@ def test_an_edited_ttgir_with_a_register_cap_compiles_to_it(compiler, tmp_path):
     kernels = ok(compiler.request("keep_ir", job=job("cap", ir=edited, **big), dir=str(out)))["kernels"]
     assert kernels[0]["n_regs"] == 128 < before
     assert ".maxnreg 128" in (out / "matmul_kernel.ptx").read_text()
+
+
+def test_an_ir_kept_with_its_metadata_is_held_to_the_constexprs_it_folded_in(compiler, tmp_path):
+    """GROUP_SIZE_M is a constexpr: folded into the IR, absent from its signature.
+    Beside the NAME.json --keep-ir wrote, the IR is refused at another value."""
+    src = _kept(compiler, tmp_path)
+    meta = json.loads((src / "matmul_kernel.json").read_text())
+    assert meta["constants"]["GROUP_SIZE_M"] == "1" and meta["constants"]["BLOCK_SIZE_K"] == "32"
+    response = compiler.request("compile", job=job("g", ir=src / "matmul_kernel.ttgir", GROUP_SIZE_M=8))
+    assert response["ok"] is False and response["class"] == "compile_error", response
+    assert "GROUP_SIZE_M=1" in response["message"] and "GROUP_SIZE_M=8" in response["message"]
+    # Alone (copied without its metadata) only the signature can be compared: it compiles.
+    alone = tmp_path / "alone" / "matmul_kernel.ttgir"
+    alone.parent.mkdir()
+    shutil.copy(src / "matmul_kernel.ttgir", alone)
+    assert ok(compiler.request("compile", job=job("g2", ir=alone, GROUP_SIZE_M=8)))

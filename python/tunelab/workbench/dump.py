@@ -45,7 +45,7 @@ def write_kernels(kernels, directory, load: bool = False) -> list:
             _write(path, sass)
             files.append(path.name)
         res = jit.resources(compiled, load=load)
-        meta = {"resources": res, "metadata": metadata_dict(compiled)}
+        meta = {"resources": res, "metadata": metadata_dict(compiled), "constants": constants(compiled)}
         path = directory / f"{stem}.json"
         _write(path, json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
         files.append(path.name)
@@ -60,6 +60,26 @@ def metadata_dict(compiled) -> dict:
     if target is not None and not isinstance(target, dict):
         md["target"] = {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size}
     return md
+
+
+def constants(compiled) -> dict:
+    """The constexprs (and arguments specialised to constants) the kernel was
+    compiled with, by argument name: what its IR has folded in and its
+    signature does not show. `tunelab.workbench.ircheck` compares them when
+    the IR runs again."""
+    src = getattr(compiled, "src", None)
+    consts = getattr(src, "constants", None)
+    names = getattr(getattr(src, "fn", None), "arg_names", None)
+    if not isinstance(consts, dict) or names is None:
+        return {}
+    out = {}
+    for key, value in consts.items():
+        index = key[0] if isinstance(key, tuple) and key else key
+        name = names[index] if isinstance(index, int) and index < len(names) else str(key)
+        if isinstance(key, tuple) and len(key) > 1:
+            name += "".join(f"[{i}]" for i in key[1:])
+        out[name] = str(getattr(value, "value", value))
+    return out
 
 
 def _sass(compiled):

@@ -12,12 +12,18 @@ hit when the source method runs beside it) and compares:
 - `ttg.num-warps` against the warps the config compiles with (ttgir);
 - `ttg.target` against the target compiled for (ttgir).
 
+- the constexprs, when the IR file lies beside the `NAME.json` that
+  `run --keep-ir` wrote with it: they are folded into the IR and its
+  signature does not show them (the MoE's EVEN_K follows K).
+
 LLVM IR and PTX carry no such attributes tunelab can compare; their names
 must match, and the check launch compares the output with the reference, as
 for any method.
 """
 
 from __future__ import annotations
+
+import json
 
 from tunelab.workbench.irfile import describe_signature, mlir_signature
 
@@ -50,4 +56,17 @@ def against_source(ir, source_kernels) -> str:
         compiled_for = f"{t.backend}:{t.arch}"
         if target is not None and target != compiled_for:
             problems.append(f"it targets {target}, this worker compiles for {compiled_for}")
+    kept = ir.path.with_name(f"{ir.entry}.json")
+    if kept.is_file():
+        try:
+            recorded = json.loads(kept.read_text()).get("constants") or {}
+        except (OSError, ValueError):
+            recorded = {}
+        from tunelab.workbench.dump import constants
+
+        here = constants(source)
+        differ = sorted(k for k in recorded.keys() & here.keys() if recorded[k] != here[k])
+        if differ:
+            problems.append("it was compiled with " + ", ".join(f"{k}={recorded[k]}" for k in differ)
+                            + f" ({kept.name}), the kernel here has " + ", ".join(f"{k}={here[k]}" for k in differ))
     return "; ".join(problems)
