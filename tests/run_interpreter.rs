@@ -645,10 +645,9 @@ outputs:
         .contains(".target sm_90a"));
     // A compile option in the space (maxnreg) is a config value the worker
     // passes to Triton: the kept binary was compiled under the winner's.
-    let meta: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(kept.join("matmul_kernel.json")).unwrap(),
-    )
-    .unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(kept.join("matmul_kernel.json")).unwrap())
+            .unwrap();
     assert_eq!(meta["metadata"]["maxnreg"], about["config"]["maxnreg"]);
     assert!(
         std::fs::read_to_string(kept.join("matmul_kernel.ptx"))
