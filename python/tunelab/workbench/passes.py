@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import inspect
 import json
 import sys
 from dataclasses import dataclass, field
@@ -50,8 +51,11 @@ class Step:
         return f"{self.name}({args})" if self.args else self.name
 
 
-class _Stop(Exception):
-    """Raised by the recording pass manager's `run`: the pipeline is recorded."""
+class _Runs(list):
+    """The log of recorded steps, counting the pass managers' runs: a stage
+    may run several (AMD's make_ttgir runs an early one)."""
+
+    runs = 0
 
 
 class _RecordingPM:
@@ -62,7 +66,10 @@ class _RecordingPM:
         return False
 
     def run(self, *args, **kwargs):
-        raise _Stop()
+        # The passes added so far are recorded; what the stage does next with
+        # the module (translating it to LLVM) fails on the stand-in, and is
+        # not a pass.
+        self.log.runs += 1
 
     def __getattr__(self, name):
         return lambda *a, **k: None
@@ -99,8 +106,18 @@ class _IrRecorder:
     def pass_manager(self, context):
         return _RecordingPM(self._log)
 
+    def builder(self, context):
+        # Stage functions build attributes for the module (make_ttgir's
+        # `ttg.maxnreg`); the stand-in module ignores them.
+        return _AnyAttr()
+
     def __getattr__(self, name):
         return getattr(self._real, name)
+
+
+class _AnyAttr:
+    def __getattr__(self, name):
+        return lambda *a, **k: None
 
 
 class _FakeModule:
@@ -119,7 +136,7 @@ class _FakeModule:
 def pipeline(backend, options, stages) -> list:
     """The passes Triton adds in each of `stages`, in order, with their arguments."""
     module = sys.modules[type(backend).__module__]
-    log = []
+    log = _Runs()
     saved = {}
     for name, value in vars(module).copy().items():
         if name == "ir":
@@ -135,11 +152,16 @@ def pipeline(backend, options, stages) -> list:
             fn = getattr(backend, stage, None)
             if fn is None:
                 continue
+            # (mod, metadata, options, capability) on CUDA, without the
+            # capability on HIP; a bound make_llir's `self` is not counted.
+            arity = len(inspect.signature(fn).parameters)
+            runs = log.runs
             try:
-                # make_ttir and make_ttgir are static, make_llir is bound: one call shape.
-                fn(_FakeModule(), {}, options, capability)
-            except _Stop:
-                pass
+                fn(*(_FakeModule(), {}, options, capability)[:arity])
+            except Exception as exc:  # noqa: BLE001 - the stand-ins cannot answer something the stage asks
+                if log.runs == runs:
+                    print(f"tunelab ir-pass: {stage}'s pipeline recorded up to where it asked the module for "
+                          f"something ({type(exc).__name__}: {exc})", file=sys.stderr)
             for step in log[start:]:
                 step.stage = stage
     finally:
