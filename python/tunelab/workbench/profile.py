@@ -48,6 +48,11 @@ NCU_METRICS = {
 }
 
 
+# Proton's scope for the work its launch hook does (libproton.metadata_scope_name):
+# not part of the profiled call.
+METADATA_SCOPE = "__proton_launch_metadata"
+
+
 class CannotProfile(Exception):
     """This machine cannot profile (exit 4)."""
 
@@ -150,7 +155,7 @@ def run_ncu(request_path: Path, request: dict, out: Path, ncu: str) -> dict:
         cmd += [sys.executable, "-m", "tunelab.workbench.profile", str(request_path), "--out", str(out),
                 "--ncu-child", str(i)]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0 or not report.with_suffix(".ncu-rep").is_file():
+        if done.returncode != 0 or not report.with_name(report.name + ".ncu-rep").is_file():
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             failed[job["label"]] = "ncu: " + " | ".join(tail)
     return failed
@@ -202,6 +207,8 @@ def hatchet_scopes(data, labels) -> dict:
         for child in node.get("children", []):
             metrics = child.get("metrics", {})
             name = child.get("frame", {}).get("name", "?")
+            if name.startswith(METADATA_SCOPE):
+                continue  # what Proton's launch hook itself ran to compute a launch's metrics
             if "time (ns)" in metrics:
                 entry = acc.setdefault(name, [0, 0.0])
                 entry[0] += int(metrics.get("count", 0) or 0)
