@@ -167,7 +167,7 @@ outputs:
   - {{format: ir, path: ir}}
   - {{format: report, path: report.md}}
 """)
-    log.run("side by side", [*tl, "run", manifest, "--keep-ir", "all", "--quiet"], "side_by_side.txt", env=env)
+    log.run("side by side", [*tl, "run", manifest, "--keep-ir=all", "--quiet"], "side_by_side.txt", env=env)
     side = results_dir(results, "gptoss-workbench")
 
     # 5. profiles

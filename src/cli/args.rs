@@ -100,9 +100,9 @@ pub enum Command {
         compare_to: Vec<PathBuf>,
         /// After the run, keep compiled kernels' IR (ttir, ttgir, llir, ptx, cubin,
         /// sass, metadata) under the results directory's `ir/`, one folder per shape
-        /// and method: of each winner (the default), or of every job (`all`).
+        /// and method: of each winner (the default), or of every job (`--keep-ir=all`).
         /// An `ir` output in the manifest keeps the winners' without this flag.
-        #[arg(long, value_enum, value_name = "WHICH", num_args = 0..=1, default_missing_value = "winners")]
+        #[arg(long, value_enum, value_name = "WHICH", num_args = 0..=1, require_equals = true, default_missing_value = "winners")]
         keep_ir: Option<KeepIrArg>,
         /// The GPU to compile kept IR for (cuda:90:32, hip:gfx942:64); needed
         /// in the interpreter, which compiles nothing. Default: the run's GPU.
