@@ -170,3 +170,26 @@ fn the_report_links_a_profile_summary_beside_the_journal() {
     assert!(report(dir.path())
         .contains("Profiles of the winners (Proton, Nsight Compute): [profile/summary.md](profile/summary.md)."));
 }
+
+/// `--keep-ir` takes its value only after `=`: a manifest after the flag is
+/// the manifest.
+#[test]
+fn keep_ir_reads_its_value_only_after_an_equals_sign() {
+    use clap::Parser;
+    use tunelab::cli::args::{Cli, Command, KeepIrArg};
+    let parse = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+        Command::Run {
+            manifest, keep_ir, ..
+        } => (manifest, keep_ir),
+        _ => unreachable!(),
+    };
+    let (manifest, keep) = parse(&["tunelab", "run", "--keep-ir", "x.yaml"]);
+    assert_eq!(
+        (manifest.to_str().unwrap(), keep),
+        ("x.yaml", Some(KeepIrArg::Winners))
+    );
+    let (_, keep) = parse(&["tunelab", "run", "x.yaml", "--keep-ir=all"]);
+    assert_eq!(keep, Some(KeepIrArg::All));
+    let (_, keep) = parse(&["tunelab", "run", "x.yaml"]);
+    assert_eq!(keep, None);
+}
