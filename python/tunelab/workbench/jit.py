@@ -193,14 +193,3 @@ def parse_res_usage(text: str, name: str):
             if "REG" in usage:
                 return int(usage["REG"]), int(usage.get("LOCAL", 0)) // 4
     return None, None
-
-
-def summary(kernels) -> dict:
-    """One job's kernels in one line: the most registers, all spills, the most shared memory."""
-    regs = [k["n_regs"] for k in kernels if k["n_regs"] is not None]
-    spills = [k["n_spills"] for k in kernels if k["n_spills"] is not None]
-    return {
-        "n_regs": max(regs) if regs else None,
-        "n_spills": sum(spills) if spills else None,
-        "shared": max((k["shared"] for k in kernels), default=None),
-    }
