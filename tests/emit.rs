@@ -1099,7 +1099,7 @@ fn csv_columns_are_documented_names() {
         header,
         "job_id,method,kind,kernel,M,N,K,dtype,cfg.GROUP_SIZE_M,cfg.BLOCK_SIZE_M,cfg.BLOCK_SIZE_N,cfg.BLOCK_SIZE_K,cfg.num_warps,cfg.num_stages,\
 baseline,status,failure_class,failure_message,passed,max_abs_err,max_rel_err,mismatch_frac,nan_count,n,median_us,ci_low_us,ci_high_us,min_us,q1_us,q3_us,mean_us,cv,\
-flags,timer,sm_clock_mhz,tflops,gbs,roofline_pct,compile_s,final_median_us,final_ci_low_us,final_ci_high_us,tied_with_best,time_us,flops,bytes,gpu_ms,wall_ms,duration_s,lane,finished_at"
+flags,timer,sm_clock_mhz,tflops,gbs,roofline_pct,compile_s,n_regs,n_spills,shared_bytes,kernels,final_median_us,final_ci_low_us,final_ci_high_us,tied_with_best,time_us,flops,bytes,gpu_ms,wall_ms,duration_s,lane,finished_at"
     );
     assert_eq!(
         out["best.csv"].lines().next().unwrap(),
@@ -1248,4 +1248,72 @@ fn the_report_says_how_l2_was_flushed() {
     let header = results.header.as_mut().unwrap();
     header.protocol.flush = L2Flush::Off;
     assert!(render(&results)["report.md"].contains("| L2 flush | off (warm-cache samples) |"));
+}
+
+// ---------------------------------------------------------------- compiled kernels
+
+/// Registers, spills and shared memory per job reach jobs.csv, and a winner
+/// whose kernels spill is named in the report's summary.
+#[test]
+fn kernel_resources_reach_jobs_csv_and_spilling_winners_the_report() {
+    let mut results = load("gemm.jsonl");
+    let plain = render(&results);
+    assert!(!plain["report.md"].contains("spill"));
+    let winner = emit::best_per_shape(&results)
+        .into_iter()
+        .find(|b| b.method == "triton")
+        .expect("a triton winner");
+    let kernel = |name: &str, regs, spills, shared| tunelab::store::KernelResources {
+        name: name.into(),
+        n_regs: Some(regs),
+        n_spills: Some(spills),
+        shared,
+        num_warps: 8,
+        num_stages: 3,
+    };
+    let job = results
+        .jobs
+        .iter_mut()
+        .find(|j| j.job_id == winner.job_id)
+        .unwrap();
+    job.kernels = vec![
+        kernel("matmul_kernel", 255, 24, 98304),
+        kernel("epilogue", 40, 2, 0),
+    ];
+    let out = render(&results);
+    let mut rdr = csv::Reader::from_reader(out["jobs.csv"].as_bytes());
+    let header = rdr.headers().unwrap().clone();
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let row = rdr
+        .records()
+        .map(|r| r.unwrap())
+        .find(|r| r[col("job_id")] == winner.job_id)
+        .unwrap();
+    assert_eq!(&row[col("n_regs")], "255");
+    assert_eq!(&row[col("n_spills")], "26");
+    assert_eq!(&row[col("shared_bytes")], "98304");
+    assert_eq!(
+        &row[col("kernels")],
+        "matmul_kernel 255r/24s/98304B|epilogue 40r/2s/0B"
+    );
+    let other = rdr_rows_without_kernels(&out["jobs.csv"], &winner.job_id);
+    assert!(other, "jobs without kernels leave the columns empty");
+    let report = &out["report.md"];
+    let line = report
+        .lines()
+        .find(|l| l.contains("Winners that spill registers"))
+        .expect("the summary names the spilling winner");
+    assert!(line.contains("triton (26 registers per thread)"), "{line}");
+}
+
+fn rdr_rows_without_kernels(csv_text: &str, except: &str) -> bool {
+    let mut rdr = csv::Reader::from_reader(csv_text.as_bytes());
+    let header = rdr.headers().unwrap().clone();
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    rdr.records().map(|r| r.unwrap()).all(|r| {
+        &r[col("job_id")] == except
+            || (r[col("n_regs")].is_empty()
+                && r[col("n_spills")].is_empty()
+                && r[col("kernels")].is_empty())
+    })
 }

@@ -34,6 +34,7 @@
 pub mod aiter;
 pub mod compare;
 pub mod csv_out;
+pub mod ir_index;
 pub mod num;
 pub mod report;
 pub mod select;
@@ -152,11 +153,17 @@ pub fn render_output(
             OutputFormat::AiterFmoeCsv => aiter::render(&group)?,
             OutputFormat::TritonMbucket => triton_mbucket::render(&group)?,
             OutputFormat::Report => Some(report::render(&group)?),
+            OutputFormat::Ir => Some(ir_index::render(&group)?),
         };
         if let Some(contents) = contents {
+            // An `ir` output's path is its folder; the index lies in it.
+            let path = match spec.format {
+                OutputFormat::Ir => PathBuf::from(&group.path).join(ir_index::INDEX),
+                _ => PathBuf::from(&group.path),
+            };
             out.push(Rendered {
                 format: spec.format,
-                path: PathBuf::from(&group.path),
+                path,
                 contents,
             });
         }
@@ -174,6 +181,7 @@ fn feeds(spec: &OutputSpec, job: &JobRecord) -> bool {
         | OutputFormat::JobsJson
         | OutputFormat::BestCsv
         | OutputFormat::Report => return true,
+        OutputFormat::Ir => return job.kind == MethodKind::Triton,
         OutputFormat::VllmMoeJson => &vllm::REQUIRED,
         OutputFormat::AiterFmoeCsv => &aiter::REQUIRED,
         OutputFormat::TritonMbucket => &[],

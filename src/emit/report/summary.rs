@@ -94,5 +94,38 @@ pub(super) fn summary(group: &Group<'_, '_>, methods: &[(&str, MethodKind)]) -> 
         line.push('.');
         lines.push(line);
     }
+    // The redesigned report reads `JobRecord::kernels` itself; until then one line.
+    let spilling: Vec<String> = group
+        .shapes
+        .iter()
+        .flat_map(|s| {
+            s.methods.iter().filter_map(move |m| {
+                let n = m.best?.job.spills().filter(|n| *n > 0)?;
+                Some(format!(
+                    "{} {} ({n} registers per thread)",
+                    crate::manifest::shape_label(s.shape),
+                    m.method
+                ))
+            })
+        })
+        .collect();
+    if !spilling.is_empty() {
+        lines.push(format!(
+            "Winners that spill registers to local memory: {}.",
+            spilling.join("; ")
+        ));
+    }
+    if group.results.profile_summary {
+        // Relative to the report, wherever its path puts it.
+        let up = "../".repeat(
+            std::path::Path::new(&group.path)
+                .components()
+                .count()
+                .saturating_sub(1),
+        );
+        lines.push(format!(
+            "Profiles of the winners (Proton, Nsight Compute): [profile/summary.md]({up}profile/summary.md)."
+        ));
+    }
     lines
 }
