@@ -38,6 +38,7 @@ pub mod num;
 pub mod report;
 pub mod select;
 pub mod shipped;
+pub mod svg;
 pub mod triton_mbucket;
 pub mod vllm;
 
