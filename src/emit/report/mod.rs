@@ -408,8 +408,17 @@ fn sweeps<'s, 'a>(shapes: &[&'s ShapeOutcome<'a>], labels: &ShapeLabels) -> Vec<
             continue;
         }
         let title = labels.label_of(&rest, &title_fields);
+        // Two values that differ only in characters a file name drops must
+        // not share a chart.
+        let mut slug = slug(&rest, &title_fields);
+        let base = slug.clone();
+        let mut n = 1;
+        while out.iter().any(|s| s.slug == slug) {
+            n += 1;
+            slug = format!("{base}-{n}");
+        }
         out.push(Sweep {
-            slug: slug(&rest, &title_fields),
+            slug,
             title,
             shapes: v,
             by_m: true,
