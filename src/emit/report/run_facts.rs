@@ -242,14 +242,18 @@ pub(super) fn facts_line(a: &Analysis<'_, '_, '_>) -> String {
         "**Triton interpreter on the CPU**".to_string()
     };
     format!(
-        "{device} · {} · {} · {} in {} ({}) · {} search · {} timing",
+        "{device} · {} · {} · {} in {} ({}) · {} search · {}",
         num::count(a.group.shapes.len() as u64, "shape", "shapes"),
         num::count(a.methods.len() as u64, "method", "methods"),
         num::count(a.jobs.len() as u64, "job", "jobs"),
         num::count(rows.len().max(1) as u64, "run", "runs"),
         duration(wall),
         h.search.label(),
-        h.protocol.timing.as_str(),
+        if a.gpu {
+            format!("{} timing", h.protocol.timing.as_str())
+        } else {
+            "wall-clock timing".to_string()
+        },
     )
 }
 

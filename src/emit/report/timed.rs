@@ -265,9 +265,13 @@ fn protocol_bullet(a: &Analysis<'_, '_, '_>) -> String {
     let h = a.group.header;
     let p = &h.protocol;
     if !a.gpu {
+        let samples = if p.min_samples == p.max_samples {
+            p.min_samples.to_string()
+        } else {
+            format!("{}–{}", p.min_samples, p.max_samples)
+        };
         return format!(
-            "**Timing**: interpreted, {}–{} wall-clock samples a job; the times show the pipeline works, nothing about a GPU.",
-            p.min_samples, p.max_samples
+            "**Timing**: interpreted, {samples} wall-clock samples a job; the times show the pipeline works, nothing about a GPU."
         );
     }
     let mut text = format!(
