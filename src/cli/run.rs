@@ -299,7 +299,12 @@ fn run_experiment(
                 .unwrap_or(1);
             let lanes = target.gpus.len();
             let share = cores * lanes / target.host_lanes.max(lanes).max(1);
-            share.saturating_sub(lanes).clamp(1, 16)
+            // At most 64: compiles are per config, not per shape, so a run
+            // over many lanes meets the same compiles sooner (a 4-GPU host
+            // of 64 cores compiling gpt-oss's ~2000 kernels with 16 workers
+            // would be compile-bound), and a compile worker imports only
+            // Triton (about 150 MB).
+            share.saturating_sub(lanes).clamp(1, 64)
         }
         n => n,
     };
