@@ -1754,7 +1754,10 @@ fn kernel_resources_reach_jobs_csv_and_spilling_winners_the_report() {
         .lines()
         .find(|l| l.contains("Winners that spill registers"))
         .expect("the summary names the spilling winner");
-    assert!(line.contains("triton (26 registers spilled per thread)"), "{line}");
+    assert!(
+        line.contains("triton (26 registers spilled per thread)"),
+        "{line}"
+    );
 }
 
 fn rdr_rows_without_kernels(csv_text: &str, except: &str) -> bool {

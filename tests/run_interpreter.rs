@@ -333,6 +333,16 @@ fn an_only_filter_for_moe_fields_leaves_the_attention_companion_out() {
         .join("gptoss-attention/cpu-interpreter")
         .is_dir());
 
+    // M=4 is a shape of the MoE only: the companion would have no job.
+    let (results, out) = check_only("M=4");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("gptoss-attention.yaml not run: `--only M=4` leaves none of its jobs"),
+        "{}",
+        show(&out)
+    );
+    assert!(!results.path().join("gptoss-attention").exists());
+
     let (results, out) = check_only("E=8");
     assert!(
         String::from_utf8_lossy(&out.stderr)

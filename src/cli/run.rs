@@ -257,6 +257,13 @@ fn run_target(request: &Request<'_>, target: &Target, progress: bool) -> Result<
             eprintln!("note: companion {shown} not run: --only names fields it does not have");
             continue;
         }
+        if !filter.is_empty() && !plan::has_jobs(&companion_exp, &opts)? {
+            eprintln!(
+                "note: companion {shown} not run: `--only {}` leaves none of its jobs",
+                request.args.only.as_deref().unwrap_or("")
+            );
+            continue;
+        }
         if !request.compare_to.is_empty() {
             eprintln!("note: --compare-to files are timed in {} only", exp.name);
         }
