@@ -146,8 +146,8 @@ def plan_cost(g):
     return (g["jobs"] + GROUP_OVERHEAD_JOBS) * (1 + m / 1024)
 
 
-def picks(entries):
-    """Per (shape, method): the selected config and its statistics (finalist
+def timed(entries):
+    """Per job id: its statistics as the run ranks them (a finalist's
     re-timing in the run's own timing where there is one, else its own)."""
     header = next((e for e in reversed(entries) if e.get("type") == "run"), {})
     timing = header.get("protocol", {}).get("timing", "cold")
@@ -157,33 +157,53 @@ def picks(entries):
             latest[e["job_id"]] = e
         elif e.get("type") == "final" and e.get("timing") == timing:
             finals[e["job_id"]] = e["stats"]
+    return latest, {jid: finals.get(jid, r["stats"]) for jid, r in latest.items()
+                    if r["status"] == "ok" and r.get("stats")}
+
+
+def picks(entries):
+    """Per (shape, method): the selected job, and every timed job's statistics."""
+    latest, stats = timed(entries)
     best = {}
-    for r in latest.values():
-        if r["status"] != "ok" or not r.get("stats"):
-            continue
-        st = finals.get(r["job_id"], r["stats"])
+    for jid, st in stats.items():
+        r = latest[jid]
         key = group_key(r["method"], r["shape"])
-        if key not in best or st["median_us"] < best[key][1]["median_us"]:
-            best[key] = (r["config"], st)
-    return best
+        if key not in best or st["median_us"] < stats[best[key]]["median_us"]:
+            best[key] = jid
+    return {"best": best, "config": {jid: latest[jid]["config"] for jid in best.values()}, "stats": stats}
 
 
-def agreement(a, b):
+def overlap(a, b):
+    return a["ci_low_us"] <= b["ci_high_us"] and b["ci_low_us"] <= a["ci_high_us"]
+
+
+def agreement(one, many):
+    """The picks of two runs of one experiment. Two runs never time alike to
+    the last per cent (another GPU of the host, another moment), so a
+    different pick is tied when, in one run that timed both configs, their
+    95 % confidence intervals overlap; it differs when neither run says so."""
     same = tied = differ = 0
     differing = []
-    for key in sorted(set(a) & set(b)):
-        (ca, sa), (cb, sb) = a[key], b[key]
-        if ca == cb:
+    for key in sorted(set(one["best"]) & set(many["best"])):
+        ja, jb = one["best"][key], many["best"][key]
+        if ja == jb:
             same += 1
-        elif sa["ci_low_us"] <= sb["ci_high_us"] and sb["ci_low_us"] <= sa["ci_high_us"]:
+            continue
+        within = [(run["stats"].get(ja), run["stats"].get(jb)) for run in (one, many)]
+        if any(x and y and overlap(x, y) for x, y in within):
             tied += 1
-        else:
-            differ += 1
-            method, shape = key.split("\u0001")
-            differing.append({"method": method, "shape": json.loads(shape),
-                              "one_gpu_us": sa["median_us"], "many_gpus_us": sb["median_us"]})
+            continue
+        differ += 1
+        method, shape = key.split("\u0001")
+        gaps = [100 * (y["median_us"] / x["median_us"] - 1) for x, y in within if x and y]
+        differing.append({"method": method, "shape": json.loads(shape),
+                          "one_gpu_us": one["stats"][ja]["median_us"], "many_gpus_us": many["stats"][jb]["median_us"],
+                          "gap_pct_within_runs": gaps})
+    by_method = defaultdict(int)
+    for d in differing:
+        by_method[d["method"]] += 1
     return {"compared": same + tied + differ, "same": same, "tied": tied, "differ": differ,
-            "differing": differing[:20]}
+            "differ_by_method": dict(by_method), "differing": differing[:20]}
 
 
 # ---------------------------------------------------------------- traces
@@ -418,13 +438,17 @@ def markdown(doc):
     for r in runs[1:]:
         n = len(r["gpus"])
         lines += ["", f"What limits the {n}-GPU run:", ""] + [f"- {x}" for x in r["limits"]]
-    lines += ["", "Picks against the 1-GPU run (same config, or tied: 95 % CIs overlap):", ""]
+    lines += ["", "Picks against the 1-GPU run: the same config, or tied (in a run that timed both,",
+              "their 95 % CIs overlap), or different:", ""]
     for r in runs[1:]:
         for exp, a in r["picks_agree"].items():
             lines.append(f"- {len(r['gpus'])} GPUs, {exp}: {a['compared']} (shape, method) picks: "
-                         f"{a['same']} same, {a['tied']} tied, {a['differ']} differ")
+                         f"{a['same']} same, {a['tied']} tied, {a['differ']} differ"
+                         + (" (" + ", ".join(f"{m} {k}" for m, k in sorted(a["differ_by_method"].items())) + ")" if a["differ"] else ""))
             for d in a["differing"][:5]:
-                lines.append(f"  - {d['method']} {d['shape']}: {d['one_gpu_us']:.2f} µs on 1 GPU, {d['many_gpus_us']:.2f} µs")
+                gaps = ", ".join(f"{g:+.1f} %" for g in d["gap_pct_within_runs"])
+                lines.append(f"  - {d['method']} {d['shape']}: {d['one_gpu_us']:.2f} µs on 1 GPU, {d['many_gpus_us']:.2f} µs"
+                             + (f"; the {len(r['gpus'])}-GPU pick against the 1-GPU pick within a run: {gaps}" if gaps else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -455,7 +479,7 @@ def simulate(args):
         for n in [1] + counts:
             by_time, busy = deal(groups, n, key=lambda g: g["seconds"])
             by_plan, _ = deal(groups, n, key=plan_cost)
-            pool = max(1, min(16, args.cores - n))
+            pool = max(1, min(64, args.cores - n))
             rows.append({
                 "dir": str(d), "lanes": n, "groups": len(groups), "group_seconds": total,
                 "wall_by_measured_s": by_time, "wall_by_plan_s": by_plan,
