@@ -105,7 +105,10 @@ impl PythonBackend {
                             "it speaks worker protocol {}, and this tunelab speaks protocol {PROTOCOL_VERSION}: \
                              the Python package ({}) and the binary come from different versions of tunelab",
                             hello.protocol,
-                            self.spec.python_path.display()
+                            match self.spec.python_path.as_os_str().is_empty() {
+                                true => format!("installed in {}", self.spec.python),
+                                false => self.spec.python_path.display().to_string(),
+                            }
                         ));
                     }
                     Ok(hello)

@@ -17,7 +17,8 @@ use serde_json::{json, Value as Json};
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
     pub python: String,
-    /// `python/` of the tunelab checkout, prepended to PYTHONPATH.
+    /// `python/` of the tunelab checkout, prepended to PYTHONPATH; empty when
+    /// the package is installed in `python` (nothing is added then).
     pub python_path: PathBuf,
     /// "lane" or "compile".
     pub role: String,
@@ -74,18 +75,20 @@ impl Worker {
             .create(true)
             .append(true)
             .open(&spec.log)?;
-        let mut python_path = spec.python_path.as_os_str().to_owned();
-        if let Some(existing) = std::env::var_os("PYTHONPATH") {
-            python_path.push(":");
-            python_path.push(existing);
-        }
         let mut cmd = Command::new(&spec.python);
         cmd.args(["-u", "-m", "tunelab.worker", "--role", &spec.role]);
         if let Some(target) = &spec.target {
             cmd.args(["--target", target]);
         }
-        cmd.env("PYTHONPATH", python_path)
-            .stdin(Stdio::piped())
+        if !spec.python_path.as_os_str().is_empty() {
+            let mut python_path = spec.python_path.as_os_str().to_owned();
+            if let Some(existing) = std::env::var_os("PYTHONPATH") {
+                python_path.push(":");
+                python_path.push(existing);
+            }
+            cmd.env("PYTHONPATH", python_path);
+        }
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
         if spec.interpret {

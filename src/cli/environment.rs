@@ -9,23 +9,48 @@ use crate::config::{self, Settings};
 use crate::device;
 use crate::exit;
 
-/// Where `python/tunelab` lives: next to the working directory, next to the
-/// binary (target/release/tunelab in a checkout), or where it was built.
-pub(super) fn python_package_dir() -> Option<PathBuf> {
-    let mut candidates = vec![PathBuf::from("python")];
-    if let Ok(exe) = std::env::current_exe() {
-        for up in exe.ancestors().skip(1).take(4) {
-            candidates.push(up.join("python"));
+/// Where the workers import tunelab's Python package (`tunelab.worker`) from.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum WorkerPackage {
+    /// `python/` of a tunelab checkout, put first on the workers' PYTHONPATH.
+    Checkout(PathBuf),
+    /// Installed in the workers' Python (the wheel `pip install .` makes):
+    /// the runner adds nothing to PYTHONPATH.
+    Installed,
+}
+
+impl WorkerPackage {
+    /// The directory the runner prepends to the workers' PYTHONPATH; empty
+    /// for an installed package, which needs none.
+    pub(super) fn python_path(&self) -> PathBuf {
+        match self {
+            WorkerPackage::Checkout(dir) => dir.clone(),
+            WorkerPackage::Installed => PathBuf::new(),
         }
     }
-    candidates.push(PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/python"
-    )));
+}
+
+/// Where workers started with `python` find tunelab's Python package. When
+/// `python` is the interpreter tunelab is installed in, its own installed
+/// package, which comes from the same build as the runner. Otherwise
+/// `python/` of a checkout: next to the working directory, above the binary
+/// (target/release/tunelab), or the one this was built from. With no
+/// checkout in sight, the package must be installed in `python`.
+pub(super) fn worker_package(python: &str) -> WorkerPackage {
+    if config::installed_python() == Some(python) {
+        return WorkerPackage::Installed;
+    }
+    let mut candidates = vec![PathBuf::from(".")];
+    candidates.extend(config::checkout_root());
+    candidates.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
     candidates
         .into_iter()
-        .find(|c| c.join("tunelab").join("worker.py").is_file())
-        .map(|c| c.canonicalize().unwrap_or(c))
+        .find(|dir| config::is_checkout(dir))
+        .map(|dir| {
+            let python = dir.join("python");
+            WorkerPackage::Checkout(python.canonicalize().unwrap_or(python))
+        })
+        .unwrap_or(WorkerPackage::Installed)
 }
 
 pub(super) fn config(global: &GlobalArgs) -> Result<i32, Failure> {
@@ -77,11 +102,20 @@ pub(super) fn devices(json: bool) -> Result<i32, Failure> {
 pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
     let mut problems = 0;
     println!("python      {}", settings.python);
-    let probe = "import json, sys\nout = {'python': sys.version.split()[0]}\ntry:\n    import torch; out['torch'] = torch.__version__; out['cuda'] = torch.cuda.is_available(); out['gpu'] = torch.cuda.get_device_name() if out['cuda'] else None\nexcept Exception as e: out['torch_error'] = str(e)\ntry:\n    import triton; out['triton'] = triton.__version__\nexcept Exception as e: out['triton_error'] = str(e)\nprint(json.dumps(out))";
-    match std::process::Command::new(&settings.python)
-        .args(["-c", probe])
-        .output()
-    {
+    let probe = "import json, sys\nout = {'python': sys.version.split()[0]}\ntry:\n    import torch; out['torch'] = torch.__version__; out['cuda'] = torch.cuda.is_available(); out['gpu'] = torch.cuda.get_device_name() if out['cuda'] else None\nexcept Exception as e: out['torch_error'] = str(e)\ntry:\n    import triton; out['triton'] = triton.__version__\nexcept Exception as e: out['triton_error'] = str(e)\ntry:\n    import tunelab.worker; out['worker'] = tunelab.worker.__file__; out['protocol'] = tunelab.PROTOCOL_VERSION\nexcept Exception as e: out['worker_error'] = str(e)\nprint(json.dumps(out))";
+    let package = worker_package(&settings.python);
+    let mut command = std::process::Command::new(&settings.python);
+    command.args(["-c", probe]);
+    if let WorkerPackage::Checkout(dir) = &package {
+        // As the runner starts its workers.
+        let mut path = dir.as_os_str().to_owned();
+        if let Some(existing) = std::env::var_os("PYTHONPATH") {
+            path.push(":");
+            path.push(existing);
+        }
+        command.env("PYTHONPATH", path);
+    }
+    match command.output() {
         Err(e) => {
             problems += 1;
             println!("  missing: cannot run `{}` ({e})", settings.python);
@@ -107,13 +141,22 @@ pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
                 Some(gpu) => println!("  mode      GPU ({gpu})"),
                 None => println!("  mode      interpreter (torch sees no GPU; kernels run in Triton's interpreter on the CPU)"),
             }
-        }
-    }
-    match python_package_dir() {
-        Some(p) => println!("worker      {}", p.join("tunelab").display()),
-        None => {
-            problems += 1;
-            println!("worker      missing: python/tunelab not found; run tunelab from the repository root");
+            let from = match &package {
+                WorkerPackage::Checkout(dir) => format!("the checkout's {}", dir.display()),
+                WorkerPackage::Installed => "installed in this Python".to_string(),
+            };
+            match facts["worker"].as_str() {
+                Some(file) => println!("worker      {file} ({from})"),
+                None => {
+                    problems += 1;
+                    println!(
+                        "worker      missing: {} cannot import tunelab.worker ({})",
+                        settings.python,
+                        facts["worker_error"].as_str().unwrap_or("not importable")
+                    );
+                    println!("  fix: {} -m pip install PATH/TO/tunelab (the checkout), or run tunelab from a checkout", settings.python);
+                }
+            }
         }
     }
     let found = device::discover();

@@ -158,11 +158,9 @@ fn run_experiment(
         eprintln!("warning: {} has no `interpreter:` section; running its full shape set in the interpreter will be slow", exp.manifest_path.display());
     }
     let filter = Filter::parse(request.args.only.as_deref().unwrap_or(""))?;
-    let python_path = super::environment::python_package_dir().ok_or_else(|| {
-        Failure::environment(
-            "error: cannot find tunelab's Python package (python/tunelab)\n  = help: run tunelab from the repository root",
-        )
-    })?;
+    // A package that is in neither place makes the first worker fail to
+    // start, which says so and points at `tunelab doctor`.
+    let python_path = super::environment::worker_package(&settings.python).python_path();
     let only_jobs = match use_best {
         None => None,
         Some(dir) => {
