@@ -24,6 +24,7 @@ import platform
 import sys
 import time
 import traceback
+from typing import Any, Optional
 
 from tunelab import PROTOCOL_VERSION
 
@@ -398,8 +399,9 @@ class Worker:
         else:
             self.torch = None
             self.device = None
-        self.prepared = None
-        self._shape_cache = None
+        self.prepared: Optional[Prepared] = None
+        # (key, inputs, expected output, bytes) of the last shape checked.
+        self._shape_cache: Optional[tuple[tuple[str, str, int], Any, Any, float]] = None
         self.stopping = False
         self._timer = None
         self._handlers = {

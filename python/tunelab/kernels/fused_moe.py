@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import triton
 import triton.language as tl
@@ -535,7 +536,7 @@ def _launch_specs(plan: MoEPlan, b: dict):
     # A dependent launch only where an earlier kernel of the call precedes it:
     # the call's first kernel follows the timer's event and the L2 flush.
     dependent = {"launch_pdl": True} if plan.pdl else {}
-    specs = []
+    specs: list[tuple[Any, tuple, tuple, dict]] = []  # (kernel, grid, args, keyword args)
     if not plan.self_align:
         specs.append((
             moe_align_kernel,

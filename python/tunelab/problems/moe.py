@@ -21,11 +21,15 @@ the token-to-expert alignment is part of the timed call, as in vLLM.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from tunelab.lazy import torch
 
 from tunelab.dtypes import element_size, torch_dtype
 from tunelab.kernels.launch import interpreting
+
+if TYPE_CHECKING:
+    from tunelab.protocols import CompilingMethod, Method, ProblemClass, ProblemWithBytesFor
 
 ACTIVATIONS = ("silu", "swiglu_oai")
 ROUTINGS = ("random", "uniform")
@@ -205,7 +209,7 @@ class FusedMoE:
             out.index_add_(0, tok, y * wts[sel, None])
         return out.to(self.dtype)
 
-    def methods(self) -> dict:
+    def methods(self) -> dict[str, Method[FusedMoE]]:
         return {"fused_moe": TritonFusedMoE(), "torch": TorchMoE()}
 
 
@@ -282,3 +286,11 @@ class _TorchLaunch:
             self.acc.index_add_(0, tok, y.float() * w_sorted[start : start + c, None])
             start += c
         self.out.copy_(self.acc)
+
+
+if TYPE_CHECKING:
+    # The contract of tunelab.protocols, checked by mypy (`just typecheck`).
+    _problem: ProblemClass = FusedMoE
+    _bytes_for: type[ProblemWithBytesFor] = FusedMoE
+    _fused: CompilingMethod[FusedMoE] = TritonFusedMoE()
+    _torch: Method[FusedMoE] = TorchMoE()
