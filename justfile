@@ -10,8 +10,8 @@ python := env_var_or_default("TUNELAB_PYTHON", if path_exists(".venv/bin/python"
 build:
     cargo build --release
 
-# Tune an experiment: `just tune gptoss`, `just tune gptoss --only E=32,N=2880`.
 # Workers run in .venv's Python (or TUNELAB_PYTHON, or python3): `tunelab config` says.
+# Tune an experiment: `just tune gptoss`, `just tune gptoss --only E=32,N=2880`.
 tune NAME *ARGS: build
     ./target/release/tunelab run experiments/{{NAME}}.yaml {{ARGS}}
 
@@ -31,15 +31,15 @@ plan NAME *ARGS: build
 report DIR: build
     ./target/release/tunelab report {{DIR}}
 
-# Make .venv with torch, triton, numpy, pytest, pandas and mypy, and install
-# tunelab into it (`pip install .`: the `tunelab` command and `import tunelab`).
+# `pip install .` there gives the `tunelab` command and `import tunelab`.
+# Make .venv with torch, triton, numpy, pytest, pandas and mypy, and install tunelab into it.
 setup:
     test -x .venv/bin/python || python3 -m venv .venv
     .venv/bin/python -m pip install -q --disable-pip-version-check torch triton numpy
     .venv/bin/python -m pip install -q --disable-pip-version-check ".[dev]"
 
-# Everything CI checks: formatting, lints, the HIP build, Rust tests, Python
-# tests, the interpreter end to end, the type check, the installed wheel's API.
+# Also the type check and the installed wheel's API tests.
+# Everything CI checks: formatting, lints, the HIP build, Rust tests, Python tests, the interpreter end to end.
 test: lint check-hip
     TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets
     PYTHONPATH=python {{python}} -m pytest -q python/tests --ignore=python/tests/api
@@ -50,11 +50,11 @@ test: lint check-hip
 typecheck:
     {{python}} -m mypy
 
-# Build the wheel (`pip install .`, dev profile: it reuses the test build's
-# compiled crates) into a fresh venv, target/api-venv, that sees {{python}}'s
-# packages (torch, Triton, pytest) through a .pth file, and test the Python
-# API and the `tunelab` command as installed. {{python}}'s own environment
-# is left as it was.
+# The wheel (`pip install .`, dev profile: it reuses the test build's compiled
+# crates) goes into a fresh venv, target/api-venv, that sees {{python}}'s
+# packages (torch, Triton, pytest) through a .pth file; {{python}}'s own
+# environment is left as it was.
+# Test the Python API and the `tunelab` command as `pip install .` installs them.
 test-api:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -78,7 +78,8 @@ check-hip:
     done
     echo "check-hip: skipped, no HIP headers found (apt-get install libamdhip64-dev, or set HIP_PATH)"
 
-# rustfmt and clippy, warnings denied (the runner; the extension module with `just lint-python-native`).
+# The extension module has its own: `just lint-python-native`.
+# rustfmt and clippy, warnings denied.
 lint:
     cargo fmt --all -- --check
     cargo clippy --all-targets -- -D warnings
