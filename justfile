@@ -1,6 +1,10 @@
-# tunelab tasks. `just --list` shows them all.
+# tunelab tasks. `just` alone lists them.
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# List the recipes.
+default:
+    @just --list --unsorted
 
 # The Python for tests and bench scripts: .venv if `just setup` made one, else
 # python3. (The binary finds the same one for its workers by itself.)
@@ -30,6 +34,10 @@ plan NAME *ARGS: build
 # Regenerate outputs and report of a results directory from its journal.
 report DIR: build
     ./target/release/tunelab report {{DIR}}
+
+# Pack results directories' journals for committing (journal.jsonl -> journal.jsonl.gz).
+pack +DIRS: build
+    ./target/release/tunelab pack {{DIRS}}
 
 # `pip install .` there gives the `tunelab` command and `import tunelab`.
 # Make .venv with torch, triton, numpy, pytest, pandas and mypy, and install tunelab into it.
@@ -65,8 +73,7 @@ test-api:
         --config-settings=build-args="--profile dev"
     TUNELAB_TEST_INSTALLED=1 target/api-venv/bin/python -m pytest -q --noconftest python/tests/api
 
-# Build and lint with AMD device discovery (`hip` feature); needs HIP headers and libamdhip64
-# (Debian/Ubuntu: apt-get install libamdhip64-dev; ROCm: set HIP_PATH).
+# Lint the `hip` feature (AMD discovery); needs HIP headers: apt-get install libamdhip64-dev, or set HIP_PATH.
 check-hip:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -96,13 +103,10 @@ schemas:
 bench-plan:
     cargo bench --bench plan_throughput
 
-# Writes results/bench/<gpu>/tuning_speed.{md,json}. Uses .bin/tunelab if present, else
-# target/release/tunelab (or --tunelab PATH); `--dry-run` checks all that needs no GPU.
-# Tuning speed on GPU 0: triton.autotune vs tunelab grid vs halving, same 48 configs, cold caches.
+# Tuning speed on GPU 0 (autotune vs grid vs halving, 48 configs); writes results/bench/<gpu>/tuning_speed.*
 bench-tuning *ARGS:
     TUNELAB_PYTHON={{python}} {{python}} bench/tuning_speed.py {{ARGS}}
 
-# Search strategies (grid, random, surrogate, halving) against the exhaustive
-# best on gpt-oss MoE shapes (default --only E=32,N=2880); needs a GPU.
+# Search strategies against the exhaustive best on gpt-oss shapes (default --only E=32,N=2880); needs a GPU.
 bench-strategies *ARGS: build
     TUNELAB_PYTHON={{python}} {{python}} bench/strategies.py --tunelab target/release/tunelab {{ARGS}}

@@ -20,6 +20,7 @@ Writes results/bench/<device>/strategies.md and strategies.json.
 
 import argparse
 import datetime
+import gzip
 import json
 import os
 import shlex
@@ -50,11 +51,18 @@ def parse_args(argv):
 
 
 def read_journal(results_dir):
-    found = sorted(Path(results_dir).glob("**/journal.jsonl"))
-    if len(found) != 1:
-        raise SystemExit(f"expected one journal under {results_dir}, found {found}")
+    """A run's journal, packed (journal.jsonl.gz, as committed) and live (journal.jsonl) in that order."""
+    dirs = sorted({p.parent for p in Path(results_dir).glob("**/journal.jsonl*")})
+    if len(dirs) != 1:
+        raise SystemExit(f"expected one results directory under {results_dir}, found {dirs}")
     header, jobs, finals = None, {}, {}
-    for line in found[0].read_text().splitlines():
+    lines = []
+    packed, live = dirs[0] / "journal.jsonl.gz", dirs[0] / "journal.jsonl"
+    if packed.is_file():
+        lines += gzip.decompress(packed.read_bytes()).decode().splitlines()
+    if live.is_file():
+        lines += live.read_text().splitlines()
+    for line in lines:
         if not line.strip():
             continue
         rec = json.loads(line)
@@ -65,7 +73,7 @@ def read_journal(results_dir):
             jobs[rec["job_id"]] = rec
         elif kind == "final":
             finals[rec["job_id"]] = rec
-    return found[0], header, jobs, finals
+    return dirs[0], header, jobs, finals
 
 
 def shape_key(shape):

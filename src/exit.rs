@@ -10,5 +10,7 @@ pub const BAD_INPUT: i32 = 2;
 pub const JOBS_FAILED: i32 = 3;
 /// The environment is not usable: no Python with torch/triton, a journal locked by another run.
 pub const ENVIRONMENT: i32 = 4;
+/// `tunelab compare --fail-on-slower`: a shape is slower than allowed.
+pub const REGRESSION: i32 = 5;
 /// Interrupted (Ctrl-C); the journal holds every job finished so far.
 pub const INTERRUPTED: i32 = 130;

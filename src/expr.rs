@@ -178,7 +178,7 @@ pub struct Scope<'a> {
 
 /// Compiles `source` for the fast path, or `None` when it uses something
 /// outside the subset (the caller then evaluates with minijinja).
-pub fn compile_fast(source: &str, scope: &Scope) -> Option<Compiled> {
+pub fn compile_fast(source: &str, scope: &Scope<'_>) -> Option<Compiled> {
     let tokens = tokenize(source)?;
     let mut p = Parser {
         tokens,

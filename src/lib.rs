@@ -14,6 +14,7 @@ pub mod exit;
 pub mod expr;
 pub mod manifest;
 pub mod measure;
+pub mod merge;
 pub mod plan;
 pub mod rng;
 pub mod schedule;

@@ -128,6 +128,49 @@ bad_input!(
     "missing_companion.yaml:8:"
 );
 
+/// Independent errors are all reported in one pass, each at its own place.
+#[test]
+fn independent_errors_are_reported_together() {
+    let stderr = validate_fails("several_errors.yaml");
+    for place in [
+        "several_errors.yaml:11:26",
+        "several_errors.yaml:13:19",
+        "several_errors.yaml:14:34",
+    ] {
+        assert!(stderr.contains(place), "expected {place} in:\n{stderr}");
+    }
+    assert!(stderr.contains("3 errors"), "{stderr}");
+    insta::assert_snapshot!("independent_errors_are_reported_together", stderr);
+}
+
+/// A worker from another version of tunelab is refused at start-up: exit 4,
+/// naming both protocol versions.
+#[test]
+fn a_worker_speaking_another_protocol_is_refused() {
+    let results = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+        .current_dir(repo)
+        .args([
+            "run",
+            "experiments/quickstart.yaml",
+            "--interpret",
+            "--quiet",
+        ])
+        .arg("--python")
+        .arg(repo.join("tests/fixtures/workers/protocol99"))
+        .arg("--results-dir")
+        .arg(results.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("worker protocol 99") && stderr.contains("this tunelab speaks protocol"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn bad_set_override_is_an_input_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
@@ -159,6 +202,179 @@ fn unknown_only_key_is_an_input_error() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(
         stderr.contains("unknown filter key `EE`") && stderr.contains("did you mean `E`?"),
+        "{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// `tunelab run` refuses before its first job, and writes nothing.
+
+/// The Python that has torch and triton, if the test run names one.
+fn test_python() -> Option<String> {
+    std::env::var("TUNELAB_TEST_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+}
+
+/// Runs `tunelab run ARGS` from the repository root in interpreter mode,
+/// expects `code`, and checks that the results directory was never created.
+fn run_refused(args: &[&str], python: &str, code: i32) -> String {
+    let base = tempfile::tempdir().unwrap();
+    let results = base.path().join("results");
+    let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("run")
+        .args(args)
+        .args([
+            "--interpret",
+            "--quiet",
+            "--python",
+            python,
+            "--results-dir",
+        ])
+        .arg(&results)
+        .env_remove("PYTHONPATH")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{args:?}:\n{stderr}");
+    assert!(
+        !results.exists(),
+        "{args:?}: a refused run must leave nothing behind, found {:?}",
+        std::fs::read_dir(&results).map(|d| d.count())
+    );
+    stderr
+}
+
+#[test]
+fn an_only_filter_matching_nothing_names_what_there_is() {
+    // The README's quick run, on a machine without a GPU.
+    let stderr = run_refused(
+        &["experiments/gptoss.yaml", "--only", "E=32,N=2880"],
+        "python3",
+        2,
+    );
+    assert!(
+        stderr.contains("`--only E=32,N=2880` leaves no jobs"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("E in {8}, N in {32}"), "{stderr}");
+    let stderr = run_refused(
+        &["experiments/quickstart.yaml", "--only", "M=7"],
+        "python3",
+        2,
+    );
+    assert!(stderr.contains("M in {32, 48}"), "{stderr}");
+}
+
+#[test]
+fn a_bad_only_key_at_run_writes_nothing() {
+    let stderr = run_refused(
+        &["experiments/quickstart.yaml", "--only", "MM=32"],
+        "python3",
+        2,
+    );
+    assert!(stderr.contains("did you mean `M`?"), "{stderr}");
+}
+
+#[test]
+fn a_mixed_type_space_value_at_run_is_refused_at_its_place() {
+    let stderr = run_refused(
+        &[
+            "experiments/quickstart.yaml",
+            "--set",
+            "methods.triton.space.num_warps=[4, \"x\"]",
+        ],
+        "python3",
+        2,
+    );
+    assert!(stderr.contains("num_warps=[4, \"x\"]:1:5"), "{stderr}");
+}
+
+#[test]
+fn a_missing_python_path_folder_is_refused_at_its_place() {
+    let stderr = run_refused(
+        &["tests/fixtures/bad/run/missing_python_path.yaml"],
+        "python3",
+        2,
+    );
+    assert!(stderr.contains("missing_python_path.yaml:4:15"), "{stderr}");
+    assert!(
+        stderr.contains("`python_path` folder `no_such_folder` not found"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_mode_without_baselines_says_what_it_runs() {
+    let stderr = run_refused(
+        &["tests/fixtures/bad/run/no_baseline.yaml", "--mode", "bench"],
+        "python3",
+        2,
+    );
+    assert!(stderr.contains("no method here has one"), "{stderr}");
+}
+
+#[test]
+fn a_worker_that_cannot_start_is_exit_4_and_writes_nothing() {
+    let stderr = run_refused(&["experiments/quickstart.yaml"], "/nonexistent/python3", 4);
+    assert!(
+        stderr.contains("cannot run `/nonexistent/python3`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--python PATH"), "{stderr}");
+    let protocol99 = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/workers/protocol99"
+    );
+    let stderr = run_refused(&["experiments/quickstart.yaml"], protocol99, 4);
+    assert!(stderr.contains("worker protocol 99"), "{stderr}");
+}
+
+#[test]
+fn an_unimportable_problem_stops_the_run_at_the_manifest_line() {
+    let Some(py) = test_python() else { return };
+    let stderr = run_refused(&["tests/fixtures/bad/run/unimportable.yaml"], &py, 2);
+    assert!(stderr.contains("unimportable.yaml:3:10"), "{stderr}");
+    assert!(
+        stderr.contains("No module named 'nonexistent_module_for_tunelab_tests'"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("python_path:"), "{stderr}");
+    // `validate` asks a worker too, for a user's problem.
+    let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "validate",
+            "tests/fixtures/bad/run/unimportable.yaml",
+            "--python",
+            &py,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unimportable.yaml:3:10"));
+}
+
+#[test]
+fn a_problem_found_through_python_path_checks_its_method_names() {
+    let Some(py) = test_python() else { return };
+    let stderr = run_refused(&["tests/fixtures/bad/run/python_path.yaml"], &py, 2);
+    assert!(
+        stderr.contains("problem `flaky:Flaky` has no method `okk`")
+            && stderr.contains("python_path.yaml:12:13"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("one it has: ok,"), "{stderr}");
+}
+
+#[test]
+fn a_value_of_the_wrong_declared_type_is_refused_at_its_place() {
+    let Some(py) = test_python() else { return };
+    let stderr = run_refused(&["tests/fixtures/bad/run/wrong_declared_type.yaml"], &py, 2);
+    assert!(
+        stderr.contains("wrong_declared_type.yaml:15:22")
+            && stderr.contains("`num_warps` of method `triton` must be an integer, found 2.5"),
         "{stderr}"
     );
 }

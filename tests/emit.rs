@@ -11,6 +11,8 @@ use serde_json::Value as Json;
 use tunelab::emit::{self, triton_mbucket, Rendered};
 use tunelab::store::{JobStatus, Results};
 
+mod consumers;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/journals")
@@ -127,97 +129,622 @@ fn vllm_file_bytes_are_exact() {
     );
 }
 
-/// vLLM's lookup: drop `triton_version`, turn keys into ints, take the key nearest to M
-/// (Python's `min` keeps the first of equals, and the keys come in file order).
-fn vllm_lookup(file: &str, m: i64) -> (i64, serde_json::Map<String, Json>) {
-    let mut doc: serde_json::Map<String, Json> = serde_json::from_str(file).unwrap();
-    doc.shift_remove("triton_version")
-        .expect("triton_version is present");
-    let configs: Vec<(i64, Json)> = doc
-        .into_iter()
-        .map(|(k, v)| (k.parse::<i64>().expect("every other key is an integer"), v))
-        .collect();
-    let mut best = &configs[0];
-    for c in &configs[1..] {
-        if (c.0 - m).abs() < (best.0 - m).abs() {
-            best = c;
-        }
+/// Every tuned shape of `results` (best of `method`), looked up as vLLM
+/// looks it up, finds its tuned config, in the files `out` holds.
+fn assert_vllm_finds_every_tuned_shape(
+    results: &Results,
+    out: &IndexMap<String, String>,
+    method: &str,
+    quant: Option<&'static str>,
+    block_shape: Option<[i64; 2]>,
+) -> usize {
+    let files = basenames(out, "vllm/");
+    let torch_name = &results.header.as_ref().unwrap().device.name;
+    let mut found = 0;
+    for b in emit::best_per_shape(results)
+        .iter()
+        .filter(|b| b.method == method)
+    {
+        let int = |f: &str| b.shape[f].as_i64().unwrap();
+        let fp32 = b.shape.get("dtype") == Some(&Json::from("fp32"));
+        let dtype = consumers::vllm::dtype_str(quant, fp32);
+        let m = int("M");
+        let (key, config) = consumers::vllm::lookup(
+            &files,
+            torch_name,
+            int("E"),
+            int("N"),
+            dtype,
+            block_shape,
+            m,
+        )
+        .unwrap_or_else(|| panic!("vLLM finds no file for {:?}", b.shape));
+        assert_eq!(key, m, "every tuned M is a key: {:?}", b.shape);
+        let expected: serde_json::Map<String, Json> = b
+            .config
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(config, expected, "{:?}", b.shape);
+        found += 1;
     }
-    (best.0, best.1.as_object().unwrap().clone())
+    found
+}
+
+/// The files of `out` under `dir`, by file name: what a consumer opens.
+fn basenames(out: &IndexMap<String, String>, dir: &str) -> consumers::Files {
+    out.iter()
+        .filter_map(|(p, c)| p.strip_prefix(dir).map(|n| (n.to_string(), c.clone())))
+        .collect()
 }
 
 #[test]
-fn vllm_nearest_m_lookup_returns_the_tuned_config() {
+fn vllm_finds_every_tuned_shape_and_the_nearest_key_between_them() {
     let results = load("moe.jsonl");
     let out = render(&results);
+    assert_eq!(
+        assert_vllm_finds_every_tuned_shape(&results, &out, "triton", None, None),
+        24
+    );
+    // Between tuned Ms vLLM takes the nearest key (the smaller on a tie).
+    let files = basenames(&out, "vllm/");
     let bests = emit::best_per_shape(&results);
-    for (file, e, n) in [
-        ("vllm/E=32,N=2880,device_name=NVIDIA_H200.json", 32, 2880),
-        ("vllm/E=128,N=1440,device_name=NVIDIA_H200.json", 128, 1440),
+    for (m, nearest) in [
+        (2, 1),
+        (3, 4),
+        (10, 4),
+        (12, 16),
+        (40, 16),
+        (41, 64),
+        (200, 256),
+        (700, 1024),
+        (5000, 1024),
     ] {
-        for (m, nearest) in [
-            (1, 1),
-            (2, 1),
-            (3, 4),
-            (10, 4),
-            (12, 16),
-            (40, 16),
-            (41, 64),
-            (100, 64),
-            (200, 256),
-            (700, 1024),
-            (5000, 1024),
-        ] {
-            let (key, config) = vllm_lookup(&out[file], m);
-            assert_eq!(key, nearest, "{file}: M={m}");
-            let tuned = best_of(
-                &bests,
-                "triton",
-                &[("E", e.into()), ("N", n.into()), ("M", nearest.into())],
-            );
-            let expected: serde_json::Map<String, Json> = tuned
-                .config
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            assert_eq!(config, expected, "{file}: M={m}");
+        let (key, config) =
+            consumers::vllm::lookup(&files, "NVIDIA H200", 128, 1440, None, None, m).unwrap();
+        assert_eq!(key, nearest, "M={m}");
+        let tuned = best_of(
+            &bests,
+            "triton",
+            &[("E", 128.into()), ("N", 1440.into()), ("M", nearest.into())],
+        );
+        assert_eq!(
+            Json::Object(config),
+            serde_json::to_value(&tuned.config).unwrap()
+        );
+    }
+}
+
+#[test]
+fn vllm_device_names_follow_vllm_and_a_stale_recorded_name_is_caught() {
+    // A GH200 is not an H200: vLLM keeps its own name.
+    let mut results = load("moe.jsonl");
+    let device = &mut results.header.as_mut().unwrap().device;
+    device.name = "NVIDIA GH200 480GB".into();
+    device.vllm_name = tunelab::device::vllm_device_name(&device.name);
+    assert_eq!(device.vllm_name, "NVIDIA_GH200_480GB");
+    let out = render(&results);
+    assert!(out.contains_key("vllm/E=32,N=2880,device_name=NVIDIA_GH200_480GB.json"));
+    assert_vllm_finds_every_tuned_shape(&results, &out, "triton", None, None);
+
+    // A journal that recorded the old rule's name renders a file vLLM never opens: an error.
+    results.header.as_mut().unwrap().device.vllm_name = "NVIDIA_H200".into();
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains("E=32,N=1440,device_name=NVIDIA_GH200_480GB.json")
+            && err.contains("older rule"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_path_vllm_never_opens_is_an_error_that_gives_the_name() {
+    let mut results = load("moe.jsonl");
+    let spec = &mut results.header.as_mut().unwrap().outputs[0];
+    assert_eq!(spec.format.name(), "vllm_moe_json");
+    spec.path = "vllm/E={{E}},N={{N}}.json".into();
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains("`E=32,N=1440,device_name=NVIDIA_H200.json`")
+            && err.contains("E={{E}},N={{N}},device_name={{device.vllm_name}}.json"),
+        "{err}"
+    );
+    // Shapes of two files in one: also an error.
+    results.header.as_mut().unwrap().outputs[0].path =
+        "vllm/E={{E}},device_name={{device.vllm_name}}.json".into();
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(err.contains("belong in different vLLM files"), "{err}");
+}
+
+/// The moe fixture as a block-quantised fp8 run.
+fn fp8_block(results: &mut Results) {
+    for j in &mut results.jobs {
+        j.shape.insert("dtype".into(), "fp8".into());
+        j.shape.insert("weight_quant".into(), "block".into());
+        j.shape
+            .insert("block_shape".into(), serde_json::json!([128, 128]));
+    }
+}
+
+#[test]
+fn quantised_shapes_get_vllms_dtype_and_block_shape_suffixes() {
+    let mut results = load("moe.jsonl");
+    fp8_block(&mut results);
+    // The plain template names the bf16 file: refused, with the name to use.
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "`E=32,N=1440,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json`"
+        ) && err.contains(",dtype=fp8_w8a8,block_shape=[128,128].json`"),
+        "{err}"
+    );
+    results.header.as_mut().unwrap().outputs[0].path =
+        "vllm/E={{E}},N={{N}},device_name={{device.vllm_name}},dtype=fp8_w8a8,block_shape=[128,128].json"
+            .into();
+    let out = render(&results);
+    assert!(out.contains_key(
+        "vllm/E=128,N=2880,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    ));
+    assert_eq!(
+        assert_vllm_finds_every_tuned_shape(
+            &results,
+            &out,
+            "triton",
+            Some("fp8_w8a8"),
+            Some([128, 128])
+        ),
+        24
+    );
+
+    // Per-tensor fp8: the dtype suffix alone.
+    let mut results = load("moe.jsonl");
+    for j in &mut results.jobs {
+        j.shape.insert("dtype".into(), "fp8".into());
+        j.shape.insert("weight_quant".into(), "per_tensor".into());
+    }
+    results.header.as_mut().unwrap().outputs[0].path =
+        "vllm/E={{E}},N={{N}},device_name={{device.vllm_name}},dtype=fp8_w8a8.json".into();
+    let out = render(&results);
+    assert_vllm_finds_every_tuned_shape(&results, &out, "triton", Some("fp8_w8a8"), None);
+
+    // fp32: vLLM's `float32` configs.
+    let mut results = load("moe.jsonl");
+    for j in &mut results.jobs {
+        j.shape.insert("dtype".into(), "fp32".into());
+    }
+    results.header.as_mut().unwrap().outputs[0].path =
+        "vllm/E={{E}},N={{N}},device_name={{device.vllm_name}},dtype=float32.json".into();
+    let out = render(&results);
+    assert_vllm_finds_every_tuned_shape(&results, &out, "triton", None, None);
+}
+
+#[test]
+fn inconsistent_quantisation_fields_are_errors() {
+    let cases: [(&[(&str, Json)], &str); 4] = [
+        (&[("weight_quant", "block".into())], "needs `block_shape"),
+        (
+            &[("block_shape", serde_json::json!([128, 128]))],
+            "needs a quantised `dtype`",
+        ),
+        (&[("dtype", "int8_w8a8".into())], "unquantised file name"),
+        (
+            &[
+                ("dtype", "fp8".into()),
+                ("block_shape", serde_json::json!([128])),
+            ],
+            "not a list of two positive integers",
+        ),
+    ];
+    for (fields, message) in cases {
+        let mut results = load("moe.jsonl");
+        for j in &mut results.jobs {
+            for (k, v) in fields {
+                j.shape.insert(k.to_string(), v.clone());
+            }
+        }
+        let err = emit::render_outputs(&results).unwrap_err().to_string();
+        assert!(err.contains(message), "{fields:?}: {err}");
+    }
+}
+
+#[test]
+fn vllm_file_names_parse_back() {
+    use tunelab::emit::vllm::FileKey;
+    for name in [
+        "E=32,N=2880,device_name=NVIDIA_H200.json",
+        "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+        "E=8,N=14336,device_name=NVIDIA_A100-SXM4-80GB,dtype=int8_w8a16.json",
+        "E=64,N=1536,device_name=AMD_Instinct_MI300X,dtype=float32.json",
+    ] {
+        let key = FileKey::parse(name).unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(key.to_string(), name);
+    }
+    let key = FileKey::parse(
+        "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+    )
+    .unwrap();
+    assert_eq!(
+        (key.e, key.n, key.dtype.as_deref(), key.block_shape),
+        (256, 256, Some("fp8_w8a8"), Some([128, 128]))
+    );
+    for bad in [
+        "E=32,N=2880.json",
+        "E=32,N=2880,device_name=X,block_shape=[128, 128].json",
+        "N=1,E=2,device_name=X.json",
+        "tuned_fmoe.csv",
+    ] {
+        assert_eq!(FileKey::parse(bad), None, "{bad}");
+    }
+}
+
+/// The committed gpt-oss runs, regenerated: vLLM finds every tuned shape.
+#[test]
+fn committed_gptoss_vllm_files_hold_every_tuned_shape() {
+    for device in ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"] {
+        let Some(results) = committed("gptoss", device) else {
+            continue;
+        };
+        let out = render(&results);
+        assert_eq!(
+            assert_vllm_finds_every_tuned_shape(&results, &out, "triton", None, None),
+            144,
+            "{device}"
+        );
+    }
+}
+
+/// A committed results directory's journal, or `None` (with a notice) when it moved.
+fn committed(experiment: &str, device: &str) -> Option<Results> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("results")
+        .join(experiment)
+        .join(device);
+    if !tunelab::store::journal::exists(&dir) {
+        eprintln!("{}: no journal, skipped", dir.display());
+        return None;
+    }
+    Some(tunelab::store::journal::read(&dir).unwrap().0)
+}
+
+// ---------------------------------------------------------------- AMD devices
+
+/// An MI300X as HIP discovery describes it.
+fn mi300x() -> tunelab::device::DeviceInfo {
+    let mut d = tunelab::device::profile("h100").unwrap();
+    d.name = "AMD Instinct MI300X".into();
+    d.vllm_name = "AMD_Instinct_MI300X".into();
+    d.backend = "hip".into();
+    d.arch = "gfx942".into();
+    d.sm_count = 304;
+    d.warp_size = 64;
+    d.source = "test".into();
+    d
+}
+
+fn on_mi300x(results: &mut Results) {
+    results.header.as_mut().unwrap().device = mi300x();
+}
+
+// ---------------------------------------------------------------- aiter fused MoE
+
+#[test]
+fn aiter_rows_are_not_written_off_amd_gpus_and_a_note_says_why() {
+    for results in [load("moe.jsonl"), {
+        let mut r = load("moe.jsonl");
+        r.header.as_mut().unwrap().device = tunelab::device::profile("cpu").unwrap();
+        r.header.as_mut().unwrap().mode = tunelab::plan::Mode::Interpreter;
+        r
+    }] {
+        let out = render(&results);
+        assert!(
+            !out.keys().any(|p| p.starts_with("aiter/")),
+            "{:?}",
+            out.keys()
+        );
+        // Everything else is still written.
+        assert!(out.contains_key("report.md") && out.contains_key("best.csv"));
+        let notes = emit::aiter::notes(&results);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with(
+                "aiter_fmoe_csv `aiter/tuned_fmoe.csv` not written: aiter runs on AMD GPUs"
+            ),
+            "{}",
+            notes[0]
+        );
+    }
+}
+
+#[test]
+fn tunelab_triton_kernels_get_no_aiter_row_even_on_amd() {
+    let mut results = load("moe.jsonl");
+    on_mi300x(&mut results);
+    let out = render(&results);
+    assert!(!out.contains_key("aiter/tuned_fmoe.csv"));
+    let notes = emit::aiter::notes(&results);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("not written: no row aiter could use")
+            && notes[0].contains("24 shape(s) whose best config names no aiter kernel (`fused_moe` of method `triton`)"),
+        "{}",
+        notes[0]
+    );
+}
+
+/// The moe fixture plus a method `aiter` that timed aiter's own two-stage
+/// CK fused MoE with forced configs, at the triton method's times.
+fn with_aiter_method(results: &mut Results) {
+    let mut extra = Vec::new();
+    for j in results.jobs.iter().filter(|j| j.method == "triton") {
+        let mut a = j.clone();
+        a.job_id = format!("a{}", j.job_id);
+        a.method = "aiter".into();
+        a.kind = tunelab::manifest::MethodKind::Python;
+        a.kernel = "aiter_fused_moe".into();
+        a.baseline = false;
+        let bm = j.config["BLOCK_SIZE_M"].as_i64().unwrap().max(32);
+        let bn = j.config["BLOCK_SIZE_N"].as_i64().unwrap();
+        a.config = IndexMap::from([
+            (
+                "kernelName1".to_string(),
+                Json::from(format!("moe_ck2stages_gemm1_256x{bm}x{bn}x64_1x4_B16")),
+            ),
+            (
+                "kernelName2".to_string(),
+                Json::from(format!("moe_ck2stages_gemm2_256x{bm}x{bn}x64_1x4_B16")),
+            ),
+            ("block_m".to_string(), Json::from(bm)),
+            ("ksplit".to_string(), Json::from(0)),
+        ]);
+        extra.push(a);
+    }
+    let finals: Vec<_> = results
+        .finals
+        .iter()
+        .filter(|f| extra.iter().any(|a| a.job_id == format!("a{}", f.job_id)))
+        .map(|f| {
+            let mut f = f.clone();
+            f.job_id = format!("a{}", f.job_id);
+            f
+        })
+        .collect();
+    results.jobs.extend(extra);
+    results.finals.extend(finals);
+    let header = results.header.as_mut().unwrap();
+    for o in &mut header.outputs {
+        if o.format.name() == "aiter_fmoe_csv" {
+            o.method = Some("aiter".into());
         }
     }
 }
 
-// ---------------------------------------------------------------- aiter
-
-#[test]
-fn aiter_csv_has_the_exact_header_and_rows() {
-    let out = render(&load("moe.jsonl"));
-    let csv = &out["aiter/tuned_fmoe.csv"];
-    let mut lines = csv.lines();
-    assert_eq!(
-        lines.next().unwrap(),
-        "cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,doweight_stage1,block_m,ksplit,us1,kernelName1,err1,us2,kernelName2,err2,us,run_1stage,tflops,bw,_tag"
-    );
-    assert_eq!(lines.clone().count(), 24, "one row per shape");
-    let row = lines
-        .find(|l| l.starts_with("132,16,2880,2880,32,4,"))
-        .unwrap();
-    assert_eq!(row, AITER_ROW_E32_N2880_M16);
-    assert!(csv.ends_with('\n') && !csv.contains('\r'));
+/// What aiter's `fused_moe` finds for a tuned shape of the moe fixture on the MI300X.
+fn aiter_query<'a>(shape: &IndexMap<String, Json>, m: i64) -> consumers::aiter_fmoe::Query<'a> {
+    let int = |f: &str| shape[f].as_i64().unwrap();
+    consumers::aiter_fmoe::Query {
+        gfx: "gfx942",
+        cu_num: 304,
+        m,
+        model_dim: int("K"),
+        inter_dim: int("N"),
+        expert: int("E"),
+        topk: int("topk"),
+        act_type: "ActivationType.Silu",
+        dtype: "torch.bfloat16",
+        q_dtype_a: "torch.bfloat16",
+        q_dtype_w: "torch.bfloat16",
+        q_type: "QuantType.No",
+        use_g1u1: true,
+        doweight_stage1: false,
+    }
 }
 
-const AITER_ROW_E32_N2880_M16: &str = "132,16,2880,2880,32,4,ActivationType.Silu,torch.bfloat16,torch.bfloat16,torch.bfloat16,QuantType.No,1,0,16,0,380.0553,tunelab_fused_moe_BM16_BN64_BK128_GM32_w4_s4,0.1%,0,,0.0%,380.0553,1,8.38,3696.0,";
-
-// ---------------------------------------------------------------- Triton M buckets
+#[test]
+fn aiter_finds_every_tuned_shape_with_the_kernels_it_was_tuned_with() {
+    let mut results = load("moe.jsonl");
+    on_mi300x(&mut results);
+    with_aiter_method(&mut results);
+    let out = render(&results);
+    let csv = &out["aiter/tuned_fmoe.csv"];
+    assert_eq!(csv.lines().next().unwrap(), tunelab::emit::aiter::HEADER);
+    assert_eq!(csv.lines().count(), 1 + 24, "one row per shape");
+    assert!(csv.ends_with('\n') && !csv.contains('\r'));
+    let bests = emit::best_per_shape(&results);
+    for b in bests.iter().filter(|b| b.method == "aiter") {
+        let m = b.shape["M"].as_i64().unwrap();
+        let row = consumers::aiter_fmoe::lookup(csv, &aiter_query(&b.shape, m))
+            .unwrap_or_else(|| panic!("aiter finds no row for {:?}", b.shape));
+        let cfg = |f: &str| match &b.config[f] {
+            Json::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        assert_eq!(row["token"], m.to_string());
+        for (column, field) in [
+            ("kernelName1", "kernelName1"),
+            ("kernelName2", "kernelName2"),
+            ("block_m", "block_m"),
+            ("ksplit", "ksplit"),
+        ] {
+            assert_eq!(row[column], cfg(field), "{column} of {:?}", b.shape);
+        }
+        assert_eq!(row["run_1stage"], "0");
+        let us: f64 = row["us"].parse().unwrap();
+        assert!((us - b.time_us).abs() < 1e-4, "{us} vs {}", b.time_us);
+    }
+    // aiter rounds a batch of 3 tokens up to 4: the M=4 row.
+    let b4 = best_of(
+        &bests,
+        "aiter",
+        &[("E", 32.into()), ("N", 2880.into()), ("M", 4.into())],
+    );
+    let row = consumers::aiter_fmoe::lookup(csv, &aiter_query(&b4.shape, 3)).unwrap();
+    assert_eq!(row["token"], "4");
+    assert!(emit::aiter::notes(&results).is_empty());
+    insta::assert_snapshot!("aiter_rows_mi300x", csv);
+}
 
 #[test]
-fn triton_mbucket_keys_follow_both_schemes() {
-    let results = load("gemm.jsonl");
+fn tuned_m_that_aiter_never_looks_up_are_left_out_and_noted() {
+    let mut results = load("moe.jsonl");
+    on_mi300x(&mut results);
+    with_aiter_method(&mut results);
+    // Retag M=64 as M=48: a batch of 48 tokens is looked up as 64.
+    for j in &mut results.jobs {
+        if j.shape["M"] == 64 {
+            j.shape.insert("M".into(), 48.into());
+        }
+    }
+    let out = render(&results);
+    let csv = &out["aiter/tuned_fmoe.csv"];
+    assert_eq!(csv.lines().count(), 1 + 20);
+    assert!(!csv
+        .lines()
+        .any(|l| l.starts_with("304,48,") || l.starts_with("304,64,")));
+    let shape = &results
+        .jobs
+        .iter()
+        .find(|j| j.method == "aiter")
+        .unwrap()
+        .shape;
+    assert_eq!(
+        consumers::aiter_fmoe::lookup(csv, &aiter_query(shape, 48)),
+        None
+    );
+    let notes = emit::aiter::notes(&results);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].starts_with("aiter_fmoe_csv `aiter/tuned_fmoe.csv`: 20 row(s) written; left out M=48 (looked up as 64)"),
+        "{}",
+        notes[0]
+    );
+}
+
+#[test]
+fn one_stage_configs_get_no_row_for_bf16() {
+    let mut results = load("moe.jsonl");
+    on_mi300x(&mut results);
+    with_aiter_method(&mut results);
+    for j in &mut results.jobs {
+        if j.method == "aiter" && j.shape["M"] == 1 {
+            j.config.shift_remove("kernelName2");
+            j.config.insert(
+                "kernelName1".into(),
+                "_ZN5aiter30fmoe_g1u1_silu_32x64E".into(),
+            );
+        }
+    }
+    let out = render(&results);
+    assert_eq!(out["aiter/tuned_fmoe.csv"].lines().count(), 1 + 20);
+    let notes = emit::aiter::notes(&results);
+    assert!(
+        notes[0].contains("4 shape(s) whose best config is aiter's one-stage path (`_ZN5aiter30fmoe_g1u1_silu_32x64E`)"),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn aiter_rows_need_a_bf16_or_fp16_shape_and_well_formed_kernel_fields() {
+    let mut results = load("moe.jsonl");
+    on_mi300x(&mut results);
+    with_aiter_method(&mut results);
+    for j in &mut results.jobs {
+        if j.shape["N"] == 1440 {
+            j.shape.insert("dtype".into(), "fp8".into());
+        }
+    }
+    // fp8 shapes have no vLLM file under the plain template either; keep only aiter's output.
+    results
+        .header
+        .as_mut()
+        .unwrap()
+        .outputs
+        .retain(|o| o.format.name() == "aiter_fmoe_csv");
+    let out = render(&results);
+    assert_eq!(out["aiter/tuned_fmoe.csv"].lines().count(), 1 + 12);
+    let notes = emit::aiter::notes(&results);
+    assert!(notes[0].contains("12 shape(s) of dtype fp8"), "{notes:?}");
+
+    let mut results = load("moe.jsonl");
+    on_mi300x(&mut results);
+    with_aiter_method(&mut results);
+    for j in &mut results.jobs {
+        if j.method == "aiter" {
+            j.config.shift_remove("block_m");
+        }
+    }
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains("aiter_fmoe_csv") && err.contains("no `block_m`"),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------- Triton M buckets (aiter GEMM)
+
+/// The gemm fixture on an MI300X, with the manifests' aiter templates.
+fn gemm_on_mi300x() -> Results {
+    let mut results = load("gemm.jsonl");
+    on_mi300x(&mut results);
+    for o in &mut results.header.as_mut().unwrap().outputs {
+        if o.format.name() == "triton_mbucket" {
+            o.path = if o.legacy_keys {
+                "triton-legacy/MI300X-GEMM-A16W16-N={{N}}-K={{K}}.json".into()
+            } else {
+                "triton/{{device.arch}}-GEMM-A16W16-N={{N}}-K={{K}}.json".into()
+            };
+        }
+    }
+    results
+}
+
+/// Every tuned shape, looked up as aiter's `get_gemm_config` looks it up,
+/// finds the config of the largest tuned M of its bucket: its own when it
+/// is the largest (every power of two is). Returns how many found their own.
+fn assert_aiter_gemm_finds_every_tuned_shape(
+    results: &Results,
+    out: &IndexMap<String, String>,
+) -> usize {
+    let files = basenames(out, "triton/");
+    let bests: Vec<emit::Best> = emit::best_per_shape(results)
+        .into_iter()
+        .filter(|b| b.method == "triton")
+        .collect();
+    let bucket = |m: i64| consumers::aiter_gemm::BOUNDS.iter().position(|b| m <= *b);
+    let mut own = 0;
+    for b in &bests {
+        let int = |s: &IndexMap<String, Json>, f: &str| s[f].as_i64().unwrap();
+        let (m, n, k) = (int(&b.shape, "M"), int(&b.shape, "N"), int(&b.shape, "K"));
+        let got = consumers::aiter_gemm::lookup(&files, "gfx942", "GEMM-A16W16", m, n, k)
+            .unwrap_or_else(|| panic!("aiter opens no file for {:?}", b.shape));
+        let edge = bests
+            .iter()
+            .filter(|o| int(&o.shape, "N") == n && int(&o.shape, "K") == k)
+            .filter(|o| bucket(int(&o.shape, "M")) == bucket(m))
+            .max_by_key(|o| int(&o.shape, "M"))
+            .unwrap();
+        assert_eq!(
+            got,
+            serde_json::to_value(&edge.config).unwrap(),
+            "{:?}",
+            b.shape
+        );
+        if edge.job_id == b.job_id || edge.config == b.config {
+            own += 1;
+        }
+    }
+    own
+}
+
+#[test]
+fn triton_mbucket_files_are_named_and_keyed_as_aiter_loads_them() {
+    let results = gemm_on_mi300x();
     let out = render(&results);
     let keys = |path: &str| -> Vec<String> {
         let doc: serde_json::Map<String, Json> = serde_json::from_str(&out[path]).unwrap();
         doc.keys().cloned().collect()
     };
     assert_eq!(
-        keys("triton/sm_90-GEMM-quickstart-N=4096-K=4096.json"),
+        keys("triton/gfx942-GEMM-A16W16-N=4096-K=4096.json"),
         [
             "M_LEQ_16",
             "M_LEQ_64",
@@ -228,7 +755,7 @@ fn triton_mbucket_keys_follow_both_schemes() {
         ]
     );
     assert_eq!(
-        keys("triton/sm_90-GEMM-quickstart-N=1024-K=1024.json"),
+        keys("triton/gfx942-GEMM-A16W16-N=1024-K=1024.json"),
         ["M_LEQ_32", "M_LEQ_128", "any"]
     );
     let legacy = [
@@ -241,18 +768,20 @@ fn triton_mbucket_keys_follow_both_schemes() {
         "any",
     ];
     assert_eq!(
-        keys("triton-legacy/sm_90-GEMM-quickstart-N=4096-K=4096.json"),
+        keys("triton-legacy/MI300X-GEMM-A16W16-N=4096-K=4096.json"),
         legacy
     );
     assert_eq!(
-        keys("triton-legacy/sm_90-GEMM-quickstart-N=1024-K=1024.json"),
+        keys("triton-legacy/MI300X-GEMM-A16W16-N=1024-K=1024.json"),
         legacy
     );
+    // Every tuned M (all powers of two or beyond 8192 here) finds its own config.
+    assert_eq!(assert_aiter_gemm_finds_every_tuned_shape(&results, &out), 7);
 
     // Values: the best config of the M each bucket holds, all fields, integers as integers.
     let bests = emit::best_per_shape(&results);
     let doc: serde_json::Map<String, Json> =
-        serde_json::from_str(&out["triton/sm_90-GEMM-quickstart-N=4096-K=4096.json"]).unwrap();
+        serde_json::from_str(&out["triton/gfx942-GEMM-A16W16-N=4096-K=4096.json"]).unwrap();
     let cfg = |m: i64| -> Json {
         serde_json::to_value(
             &best_of(&bests, "triton", &[("N", 4096.into()), ("M", m.into())]).config,
@@ -264,14 +793,135 @@ fn triton_mbucket_keys_follow_both_schemes() {
     assert_eq!(doc["any"], cfg(12288));
     assert!(doc["M_LEQ_16"]["BLOCK_SIZE_M"].is_u64());
     let legacy: serde_json::Map<String, Json> =
-        serde_json::from_str(&out["triton-legacy/sm_90-GEMM-quickstart-N=4096-K=4096.json"])
-            .unwrap();
+        serde_json::from_str(&out["triton-legacy/MI300X-GEMM-A16W16-N=4096-K=4096.json"]).unwrap();
     assert_eq!(legacy["small"], cfg(16));
     assert_eq!(legacy["medium_M64"], cfg(64));
     assert_eq!(legacy["xlarge"], cfg(12288));
 
     assert_eq!(triton_mbucket::current_key(8193), "M_GEQ_8192");
     assert_eq!(triton_mbucket::legacy_key(96), "medium_M128");
+}
+
+#[test]
+fn a_tuned_m_below_its_buckets_edge_is_served_the_edges_config() {
+    let mut results = gemm_on_mi300x();
+    // Add M=24 at N=K=1024 (aiter's M_LEQ_32 bucket, with M=32), its configs
+    // those of M=128 so that they differ from M=32's.
+    let extra: Vec<_> = results
+        .jobs
+        .iter()
+        .filter(|j| j.shape["N"] == 1024 && j.shape["M"] == 128)
+        .map(|j| {
+            let mut j = j.clone();
+            j.job_id = format!("m24{}", j.job_id);
+            j.shape.insert("M".into(), 24.into());
+            j
+        })
+        .collect();
+    results.jobs.extend(extra);
+    let out = render(&results);
+    assert_eq!(assert_aiter_gemm_finds_every_tuned_shape(&results, &out), 7);
+    let bests = emit::best_per_shape(&results);
+    let m24 = best_of(&bests, "triton", &[("N", 1024.into()), ("M", 24.into())]);
+    let m32 = best_of(&bests, "triton", &[("N", 1024.into()), ("M", 32.into())]);
+    assert_ne!(m24.config, m32.config);
+    let files = basenames(&out, "triton/");
+    assert_eq!(
+        consumers::aiter_gemm::lookup(&files, "gfx942", "GEMM-A16W16", 24, 1024, 1024),
+        Some(serde_json::to_value(&m32.config).unwrap())
+    );
+}
+
+/// Off AMD GPUs the M-bucket files are written where the manifest says, for
+/// the user's own Triton code: aiter's naming and field rules do not apply.
+#[test]
+fn triton_mbucket_files_off_amd_gpus_are_written_as_the_path_says() {
+    let results = load("gemm.jsonl");
+    let out = render(&results);
+    let triton: Vec<&String> = out.keys().filter(|p| p.starts_with("triton")).collect();
+    assert_eq!(
+        triton.len(),
+        4,
+        "both key schemes, two (N, K) each: {triton:?}"
+    );
+    assert!(
+        emit::aiter::notes(&results).is_empty(),
+        "no note: nothing was left out"
+    );
+}
+
+#[test]
+fn a_triton_path_aiter_never_opens_is_an_error() {
+    // The old manifests' tag: aiter opens GEMM-A16W16 files only.
+    let mut results = gemm_on_mi300x();
+    results.header.as_mut().unwrap().outputs[3].path =
+        "triton/{{device.arch}}-GEMM-quickstart-N={{N}}-K={{K}}.json".into();
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains("aiter opens `gfx942-GEMM-A16W16-N=1024-K=1024.json`")
+            && err.contains("never `gfx942-GEMM-quickstart-N=1024-K=1024.json`"),
+        "{err}"
+    );
+    // A suffixed arch is not the one aiter names files by.
+    let mut results = gemm_on_mi300x();
+    results.header.as_mut().unwrap().device.arch = "gfx942:sramecc+:xnack-".into();
+    results.header.as_mut().unwrap().outputs[3].path =
+        "triton/gfx942:sramecc+:xnack--GEMM-A16W16-N={{N}}-K={{K}}.json".into();
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains("aiter opens `gfx942-GEMM-A16W16-N=1024-K=1024.json`"),
+        "{err}"
+    );
+    // fp32 GEMMs have no aiter family.
+    let mut results = gemm_on_mi300x();
+    for j in &mut results.jobs {
+        j.shape.insert("dtype".into(), "fp32".into());
+    }
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains("dtype `fp32` has no aiter GEMM config family"),
+        "{err}"
+    );
+    // A config field aiter's kernel does not take would fail there.
+    let mut results = gemm_on_mi300x();
+    for j in &mut results.jobs {
+        if j.method == "triton" {
+            j.config.insert("SPLIT_K".into(), 1.into());
+        }
+    }
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains("has `SPLIT_K`, which aiter's GEMM kernel does not take"),
+        "{err}"
+    );
+}
+
+/// The committed gpt-oss attention runs, as if on an MI300X: every tuned M
+/// (24, 48, 96, 1536, 3072 included) is served the config of its bucket's edge.
+#[test]
+fn committed_gptoss_attention_configs_as_aiter_finds_them() {
+    for device in ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"] {
+        let Some(mut results) = committed("gptoss-attention", device) else {
+            continue;
+        };
+        on_mi300x(&mut results);
+        for o in &mut results.header.as_mut().unwrap().outputs {
+            if o.format.name() == "triton_mbucket" {
+                o.path = "triton/{{device.arch}}-GEMM-A16W16-N={{N}}-K={{K}}.json".into();
+            }
+        }
+        let out = render(&results);
+        assert_eq!(
+            basenames(&out, "triton/").len(),
+            2,
+            "{device}: one file per projection"
+        );
+        // 36 shapes; the 24 whose M is the largest of its bucket find their
+        // own config, the 12 others (M = 2, 24, 48, 96, 1536, 3072) their
+        // bucket edge's, which may be the same.
+        let own = assert_aiter_gemm_finds_every_tuned_shape(&results, &out);
+        assert!((24..=36).contains(&own), "{device}: {own}");
+    }
 }
 
 // ---------------------------------------------------------------- selection
@@ -469,7 +1119,8 @@ fn write_outputs_writes_every_file_and_is_deterministic() {
     let results = load("moe.jsonl");
     let dir = tempfile::tempdir().unwrap();
     let written = emit::write_outputs(&results, dir.path()).unwrap();
-    assert_eq!(written.len(), 4 + 1 + 1 + 1);
+    // Four vLLM files, best.csv, report.md; no aiter table off an AMD GPU.
+    assert_eq!(written.len(), 4 + 1 + 1);
     for p in &written {
         assert!(p.starts_with(dir.path()) && p.is_file(), "{}", p.display());
     }
@@ -488,10 +1139,10 @@ fn a_run_with_no_jobs_still_gets_a_report_and_no_empty_config_files() {
     results.finals.clear();
     let out = render(&results);
     let names: Vec<&str> = out.keys().map(String::as_str).collect();
-    // Paths that need shape fields have no shape to be rendered for.
-    assert_eq!(names, ["aiter/tuned_fmoe.csv", "best.csv", "report.md"]);
+    // Paths that need shape fields have no shape to be rendered for; an
+    // aiter table with no row is not written.
+    assert_eq!(names, ["best.csv", "report.md"]);
     assert!(out["report.md"].contains("No jobs recorded."));
-    assert_eq!(out["aiter/tuned_fmoe.csv"].lines().count(), 1);
 }
 
 #[test]

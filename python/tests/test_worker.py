@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import MODE
+from tunelab import PROTOCOL_VERSION
 from tunelab.compare import compare
 from tunelab.worker import classify, summarize
 
@@ -156,11 +157,29 @@ def test_summarize_is_short():
 # ---------------------------------------------------------------- end to end
 
 
+def test_probe_reports_methods_and_their_declared_types(spawn_worker):
+    worker = spawn_worker()
+    shape = {"M": 64, "N": 64, "K": 64, "dtype": "fp16"}
+    probed = worker.request("probe", problem="gemm", shape=shape, methods=["matmul", "torch_matmul", "nope"])
+    assert probed["ok"], probed
+    assert probed["available"] == ["matmul", "torch_matmul"]
+    assert probed["methods"]["matmul"]["found"] is True
+    assert probed["methods"]["matmul"]["config_types"]["num_warps"] == "int"
+    assert probed["methods"]["torch_matmul"]["config_types"] == {}
+    assert probed["methods"]["nope"] == {"found": False, "config_types": None}
+
+    missing = worker.request("probe", problem="no_such_module_for_tests:P", shape=shape, methods=[])
+    assert not missing["ok"] and missing["class"] == "problem_error"
+    assert "No module named 'no_such_module_for_tests'" in missing["message"]
+    bad = worker.request("probe", problem="gemm", shape=shape, methods="matmul")
+    assert not bad["ok"] and bad["class"] == "bad_request"
+
+
 def test_protocol_end_to_end(spawn_worker):
     worker = spawn_worker()
 
     hello = worker.request("hello")
-    assert hello["ok"] and hello["protocol"] == 1 and hello["mode"] == MODE
+    assert hello["ok"] and hello["protocol"] == PROTOCOL_VERSION and hello["mode"] == MODE
     assert all(key in hello for key in ("python", "torch", "triton", "device", "cuda"))
     if MODE == "interpreter":
         assert hello["device"] == "cpu"

@@ -75,6 +75,20 @@ class CompilingMethod(Method[P_contra], Protocol[P_contra]):
     def compile(self, problem: P_contra, config: Config) -> Optional[bool]: ...
 
 
+class TypedMethod(Method[P_contra], Protocol[P_contra]):
+    """A method that declares its config keys and their types.
+
+    `config_types` maps each config key the method takes to `int`, `float`,
+    `str` or `bool` (`{}` for a method that takes none). The runner checks a
+    manifest's `params`, space and derived values against it before the run,
+    so a misspelt key or a value of the wrong type is an error at its own
+    line. Without the attribute nothing is checked.
+    """
+
+    @property
+    def config_types(self) -> Mapping[str, type]: ...
+
+
 class Problem(Protocol):
     """A problem at one shape: its sizes, inputs, reference and methods.
 

@@ -406,6 +406,7 @@ class Worker:
         self._timer = None
         self._handlers = {
             "hello": self.hello,
+            "probe": self.probe,
             "describe": self.describe,
             "compile": self.compile,
             "check": self.check,
@@ -486,6 +487,29 @@ class Worker:
             "device": device,
             "cuda": cuda_version,
         }
+
+    def probe(self, request: dict) -> dict:
+        """Import and construct the problem at one shape and look up the
+        named methods, without building inputs or touching a GPU. The runner
+        asks once per experiment before its first job (and `tunelab validate`
+        for user problems), so an unimportable problem or a missing method
+        stops the run at once instead of failing every job."""
+        name, shape, names = request.get("problem"), request.get("shape"), request.get("methods")
+        if not isinstance(name, str) or not isinstance(shape, dict):
+            raise bad_request("probe needs 'problem' (string) and 'shape' (object)")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise bad_request("probe needs 'methods': a list of method names")
+        with stage("problem"):
+            problem = _make_problem(name, shape)
+            available = problem.methods()
+        methods: dict[str, dict[str, Any]] = {}
+        for n in names:
+            if n not in available:
+                methods[n] = {"found": False, "config_types": None}
+                continue
+            declared = getattr(available[n], "config_types", None)
+            methods[n] = {"found": True, "config_types": None if declared is None else _type_names(n, declared)}
+        return {"methods": methods, "available": [str(n) for n in available]}
 
     def describe(self, request: dict) -> dict:
         name, shape = request.get("problem"), request.get("shape")
@@ -643,6 +667,21 @@ class Worker:
     def _synchronize(self):
         if self.mode == "gpu":
             self.torch.cuda.synchronize()
+
+
+_TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
+
+
+def _type_names(method: str, declared) -> dict:
+    """A method's `config_types` ({key: int | float | str | bool}) as protocol names."""
+    if not isinstance(declared, dict):
+        raise WorkerError(PROBLEM_ERROR, f"method {method!r}: config_types must be a dict of key -> type")
+    out = {}
+    for key, kind in declared.items():
+        if kind not in _TYPE_NAMES:
+            raise WorkerError(PROBLEM_ERROR, f"method {method!r}: config_types[{key!r}] must be int, float, str or bool")
+        out[str(key)] = _TYPE_NAMES[kind]
+    return out
 
 
 def _make_problem(name: str, shape: dict):

@@ -5,7 +5,7 @@
 pub mod python;
 pub mod worker;
 
-pub use python::PythonBackend;
+pub use python::{Probe, PythonBackend};
 pub use worker::{CallError, Worker, WorkerSpec};
 
 use crate::manifest::ToleranceFor;
@@ -55,9 +55,14 @@ impl Flush {
 /// What the scheduler asks of a backend. The backend never decides how many
 /// samples to take; the scheduler does (see `measure`).
 pub trait Backend {
-    /// (flops, bytes) of the problem at a shape. A lane backend also builds
+    /// (flops, bytes) of the problem at a shape, each unknown where the
+    /// problem's count is not a finite number. A lane backend also builds
     /// the shape's inputs and reference for `seed` here, ahead of its first check.
-    fn describe(&mut self, shape: &serde_json::Value, seed: u64) -> Result<(f64, f64), JobFailure>;
+    fn describe(
+        &mut self,
+        shape: &serde_json::Value,
+        seed: u64,
+    ) -> Result<(Option<f64>, Option<f64>), JobFailure>;
     /// Compile without timing; returns seconds spent.
     fn compile(&mut self, job: &Job, kernel: &str, kind: &str) -> Result<f64, JobFailure>;
     /// Correctness gate; on success the job stays prepared for warmup and sampling.

@@ -9,14 +9,16 @@ use serde_json::{json, Value as Json};
 
 use super::worker::{CallError, Worker, WorkerSpec};
 use super::{Backend, Flush, JobFailure, SampleBatch};
-use crate::manifest::ToleranceFor;
+use indexmap::IndexMap;
+
+use crate::manifest::{ConfigType, ToleranceFor};
 use crate::measure::{L2Flush, Timer};
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass};
 
 /// The worker protocol this runner speaks (docs/worker-protocol.md). A worker
 /// that answers `hello` with another version is refused at start-up.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// How long a new worker may take to import torch and Triton and answer `hello`.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
@@ -29,15 +31,29 @@ pub struct Hello {
     pub torch: Option<String>,
     pub triton: Option<String>,
     pub cuda: Option<String>,
-    /// "gpu" or "interpreter".
-    pub mode: String,
-    pub device: String,
 }
 
+/// A worker's answer to `probe`: whether the problem has each method, and
+/// the config types each declares.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Probe {
+    pub methods: IndexMap<String, ProbedMethod>,
+    /// Every method the problem has.
+    pub available: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ProbedMethod {
+    pub found: bool,
+    /// `None`: the method declares no types.
+    pub config_types: Option<IndexMap<String, ConfigType>>,
+}
+
+/// `null` where a problem's count is not a finite number (JSON has no NaN).
 #[derive(Deserialize)]
 struct DescribeReply {
-    flops: f64,
-    bytes: f64,
+    flops: Option<f64>,
+    bytes: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -86,40 +102,47 @@ impl PythonBackend {
     fn worker(&mut self) -> Result<&mut Worker, JobFailure> {
         if self.worker.is_none() {
             let started = std::time::Instant::now();
+            let python = &self.spec.python;
+            let point_elsewhere = "point tunelab at a Python that has torch and triton: \
+                --python PATH, TUNELAB_PYTHON=PATH, or `python = \"PATH\"` in tunelab.toml; \
+                `tunelab doctor` checks the set-up";
             let mut w = Worker::spawn(&self.spec).map_err(|e| {
                 JobFailure::new(
                     FailureClass::Crash,
-                    format!("cannot start {}: {e}", self.spec.python),
+                    format!("cannot run `{python}`: {e}\n  = help: {point_elsewhere}"),
                 )
             })?;
             // Importing torch and Triton takes seconds, more on a loaded machine:
             // wait for the worker to be ready so start-up never eats a job's timeout.
-            let hello = w
-                .call("hello", serde_json::json!({}), STARTUP_TIMEOUT)
-                .map_err(|e| e.to_string())
-                .and_then(|reply| {
-                    let hello: Hello = serde_json::from_value(reply)
-                        .map_err(|e| format!("its answer to `hello` is not understood ({e})"))?;
-                    if hello.protocol != PROTOCOL_VERSION {
-                        return Err(format!(
-                            "it speaks worker protocol {}, and this tunelab speaks protocol {PROTOCOL_VERSION}: \
-                             the Python package ({}) and the binary come from different versions of tunelab",
-                            hello.protocol,
-                            match self.spec.python_path.as_os_str().is_empty() {
-                                true => format!("installed in {}", self.spec.python),
-                                false => self.spec.python_path.display().to_string(),
-                            }
-                        ));
-                    }
-                    Ok(hello)
-                });
+            let hello = match w.call("hello", serde_json::json!({}), STARTUP_TIMEOUT) {
+                // A start-up that fails ends in a Python exception: its last
+                // line says why (`No module named 'torch'`).
+                Err(CallError::Crash { status, stderr }) => Err(format!(
+                    "it {status}: {}\n  = help: install what it lacks into that Python \
+                     (`{python} -m pip install torch triton`), or {point_elsewhere}",
+                    stderr.last().map_or("(nothing on stderr)", |l| l.trim())
+                )),
+                Err(other) => Err(format!("{other}\n  = help: {point_elsewhere}")),
+                Ok(reply) => match serde_json::from_value::<Hello>(reply) {
+                    Err(e) => Err(format!(
+                        "its answer to `hello` is not understood ({e})\n  = help: {point_elsewhere}"
+                    )),
+                    Ok(h) if h.protocol != PROTOCOL_VERSION => Err(format!(
+                        "it speaks worker protocol {}, and this tunelab speaks protocol {PROTOCOL_VERSION}\n  \
+                         = help: the Python package `tunelab` it imports and this binary come from different \
+                         versions of tunelab: run the binary from the same checkout, or reinstall the package (`pip install .`)",
+                        h.protocol
+                    )),
+                    Ok(h) => Ok(h),
+                },
+            };
             match hello {
                 Ok(h) => self.hello = Some(h),
                 Err(why) => {
                     w.kill();
                     return Err(JobFailure::new(
                         FailureClass::Crash,
-                        format!("the worker did not start: {why}"),
+                        format!("`{python} -m tunelab.worker` did not start: {why}"),
                     ));
                 }
             }
@@ -188,6 +211,16 @@ impl PythonBackend {
         Ok(self.hello.clone().expect("a started worker said hello"))
     }
 
+    /// Imports and constructs the problem at `shape` and looks up `methods`
+    /// (kernel names), building nothing else.
+    pub fn probe(&mut self, shape: &Json, methods: &[&str]) -> Result<Probe, JobFailure> {
+        self.call_for(
+            "probe",
+            json!({"problem": self.problem, "shape": shape, "methods": methods}),
+            self.timeout,
+        )
+    }
+
     /// One call whose reply must have the fields of `T`: a missing or
     /// mistyped field is the worker's failure, never a zero.
     fn call_for<T: DeserializeOwned>(
@@ -223,7 +256,11 @@ impl PythonBackend {
 }
 
 impl Backend for PythonBackend {
-    fn describe(&mut self, shape: &Json, seed: u64) -> Result<(f64, f64), JobFailure> {
+    fn describe(
+        &mut self,
+        shape: &Json,
+        seed: u64,
+    ) -> Result<(Option<f64>, Option<f64>), JobFailure> {
         let r: DescribeReply = self.call_for(
             "describe",
             json!({"problem": self.problem, "shape": shape, "seed": seed}),
@@ -294,11 +331,11 @@ impl Backend for PythonBackend {
             }),
             self.timeout,
         )?;
-        if r.us.len() != count as usize || r.us.iter().any(|t| !t.is_finite()) {
+        if r.us.len() != count as usize {
             return Err(JobFailure::new(
                 FailureClass::Crash,
                 format!(
-                    "protocol error: asked for {count} samples, got {} (or a non-finite one)",
+                    "protocol error: asked for {count} samples, got {}",
                     r.us.len()
                 ),
             ));

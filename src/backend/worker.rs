@@ -17,9 +17,9 @@ use serde_json::{json, Value as Json};
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
     pub python: String,
-    /// `python/` of the tunelab checkout, prepended to PYTHONPATH; empty when
-    /// the package is installed in `python` (nothing is added then).
-    pub python_path: PathBuf,
+    /// Folders put first on PYTHONPATH, in order: the checkout's `python/`
+    /// (when tunelab runs from a checkout) and the manifest's `python_path:`.
+    pub python_path: Vec<PathBuf>,
     /// "lane" or "compile".
     pub role: String,
     pub interpret: bool,
@@ -37,8 +37,9 @@ pub struct WorkerSpec {
 pub enum CallError {
     /// No answer before the deadline; the worker was killed.
     Timeout(f64),
-    /// The worker exited; the last lines of its stderr.
-    Crash(String),
+    /// The worker exited (how, e.g. "exited with code 1"), and the last
+    /// lines of its stderr, oldest first.
+    Crash { status: String, stderr: Vec<String> },
     /// An answer that is not a protocol response.
     Protocol(String),
 }
@@ -47,7 +48,9 @@ impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Timeout(s) => write!(f, "no answer within {s:.0} s"),
-            CallError::Crash(m) => f.write_str(m),
+            CallError::Crash { status, stderr } => {
+                write!(f, "worker {status}; stderr: {}", stderr.join(" | "))
+            }
             CallError::Protocol(m) => write!(f, "protocol error: {m}"),
         }
     }
@@ -75,20 +78,18 @@ impl Worker {
             .create(true)
             .append(true)
             .open(&spec.log)?;
+        let mut parts: Vec<PathBuf> = spec.python_path.clone();
+        if let Some(existing) = std::env::var_os("PYTHONPATH") {
+            parts.extend(std::env::split_paths(&existing));
+        }
+        let python_path = std::env::join_paths(parts).map_err(std::io::Error::other)?;
         let mut cmd = Command::new(&spec.python);
         cmd.args(["-u", "-m", "tunelab.worker", "--role", &spec.role]);
         if let Some(target) = &spec.target {
             cmd.args(["--target", target]);
         }
-        if !spec.python_path.as_os_str().is_empty() {
-            let mut python_path = spec.python_path.as_os_str().to_owned();
-            if let Some(existing) = std::env::var_os("PYTHONPATH") {
-                python_path.push(":");
-                python_path.push(existing);
-            }
-            cmd.env("PYTHONPATH", python_path);
-        }
-        cmd.stdin(Stdio::piped())
+        cmd.env("PYTHONPATH", python_path)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
         if spec.interpret {
@@ -219,7 +220,10 @@ impl Worker {
                 "stopped answering".into()
             }
         };
-        CallError::Crash(format!("worker {status}; stderr: {}", tail(&self.log, 6)))
+        CallError::Crash {
+            status,
+            stderr: tail(&self.log, 6),
+        }
     }
 
     /// SIGTERM, a grace period, then SIGKILL.
@@ -348,9 +352,12 @@ fn describe_exit(status: std::process::ExitStatus) -> String {
     }
 }
 
-/// The last `n` non-empty lines of a log file, joined with " | ".
-pub fn tail(path: &Path, n: usize) -> String {
+/// The last `n` non-empty lines of a log file.
+pub fn tail(path: &Path, n: usize) -> Vec<String> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(n)..].join(" | ")
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| l.to_string())
+        .collect()
 }

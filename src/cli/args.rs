@@ -39,7 +39,8 @@ pub enum Command {
     /// Check manifests: syntax, keys, types, expressions, shapes, constraints.
     #[command(after_help = "Example:\n  tunelab validate experiments/*.yaml")]
     Validate {
-        #[arg(required = true)]
+        /// Manifests to check (YAML), e.g. experiments/*.yaml.
+        #[arg(required = true, value_name = "MANIFEST")]
         manifests: Vec<PathBuf>,
         #[command(flatten)]
         manifest: ManifestArgs,
@@ -49,6 +50,7 @@ pub enum Command {
         after_help = "Examples:\n  tunelab plan experiments/gptoss.yaml\n  tunelab plan experiments/gptoss.yaml --only E=32,N=2880 --json\n  tunelab plan experiments/quickstart.yaml --jobs | head"
     )]
     Plan {
+        /// The experiment's manifest (YAML), e.g. experiments/gptoss.yaml.
         manifest: PathBuf,
         #[command(flatten)]
         manifest_args: ManifestArgs,
@@ -67,6 +69,8 @@ pub enum Command {
         after_help = "Examples:\n  tunelab run experiments/quickstart.yaml\n  tunelab run experiments/gptoss.yaml --only E=32,N=2880\n  tunelab run experiments/gptoss.yaml --mode bench --use-best results/gptoss/NVIDIA_H100_80GB_HBM3\n\nRunning again resumes: finished jobs are skipped."
     )]
     Run {
+        /// The experiment's manifest (YAML), e.g. experiments/quickstart.yaml. Its
+        /// results go to RESULTS_DIR/<experiment>/<device>/; running it again resumes there.
         manifest: PathBuf,
         #[command(flatten)]
         manifest_args: ManifestArgs,
@@ -89,6 +93,28 @@ pub enum Command {
         /// writes) to FILE as Chrome trace-event JSON; open it in ui.perfetto.dev.
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
+        /// Also time the configs of a consumer's tuned file (a vLLM fused-MoE
+        /// JSON), as a method of its own in the same run, beside the tuned
+        /// method that writes that format (repeatable).
+        #[arg(long = "compare-to", value_name = "FILE")]
+        compare_to: Vec<PathBuf>,
+    },
+    /// Compare NEW against BASE per shape: FAST / SAME / SLOW by confidence
+    /// intervals, the geometric-mean speedup, the worst shapes, as markdown.
+    #[command(
+        after_help = "BASE and NEW are results directories or journals; BASE may also be a consumer's\nshipped file (a vLLM fused-MoE JSON) whose configs NEW's run timed (run --compare-to).\n\nExamples:\n  tunelab compare results-main/gptoss/NVIDIA_H100_80GB_HBM3 results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare experiments/shipped/vllm/E=128,N=2880,device_name=NVIDIA_H100_80GB_HBM3.json results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare OLD NEW --fail-on-slower 2%   # exit 5 when a shape is over 2 % slower"
+    )]
+    Compare {
+        /// The base: a results directory, a journal, or a shipped tuned file.
+        base: PathBuf,
+        /// The new results: a results directory or a journal.
+        new: PathBuf,
+        /// Exit 5 when a shape is SLOW by more than this: `2%` or `0.02`.
+        #[arg(long, value_name = "PERCENT")]
+        fail_on_slower: Option<String>,
+        /// Write the markdown here as well as to standard output.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
     /// Regenerate every output and the report of a results directory from its journal.
     #[command(after_help = "Example:\n  tunelab report results/quickstart/NVIDIA_H100_80GB_HBM3")]
@@ -104,6 +130,28 @@ pub enum Command {
         /// Results directories.
         #[arg(required = true)]
         results: Vec<PathBuf>,
+    },
+    /// Merge tuned files of one consumer format into one: vLLM fused-MoE JSON
+    /// files (same E, N, device) or aiter tuned_fmoe.csv tables.
+    #[command(
+        long_about = "Merge tuned files of one consumer format into one: vLLM fused-MoE config files \
+(.json; all of one E, N, device, dtype and block shape, keyed by M) or aiter tuned_fmoe.csv tables \
+(.csv; one header, keyed by aiter's lookup key).\n\n\
+Per key, where the inputs' entries differ, the faster one wins when every one of them has a \
+measurement in the journal of the results directory its file lies in (the nearest ancestor \
+directory holding journal.jsonl or journal.jsonl.gz); otherwise the first input's entry is kept. \
+Every such conflict is listed with the times found. OUT is written atomically, in the consumer's \
+exact format.\n\n\
+Takes files only: results directories (merging journals) are not supported yet.",
+        after_help = "Examples:\n  tunelab merge --into configs/E=32,N=2880,device_name=NVIDIA_H200.json \\\n      results/a/NVIDIA_H200/vllm/E=32,N=2880,device_name=NVIDIA_H200.json \\\n      results/b/NVIDIA_H200/vllm/E=32,N=2880,device_name=NVIDIA_H200.json\n  tunelab merge --into tuned_fmoe.csv aiter/configs/tuned_fmoe.csv results/x/AMD_Instinct_MI300X/aiter/tuned_fmoe.csv\n\nExit codes: 0 merged, 2 inputs that cannot be merged (nothing written), 1 OUT could not be written."
+    )]
+    Merge {
+        /// The merged file (or a directory, existing or ending in /: the file keeps the inputs' name).
+        #[arg(long, value_name = "OUT")]
+        into: PathBuf,
+        /// Tuned files, in priority order (the first wins a conflict nothing measured).
+        #[arg(value_name = "FILE", required = true, num_args = 2..)]
+        files: Vec<PathBuf>,
     },
     /// List the GPUs tunelab can see, with the facts it uses.
     Devices {

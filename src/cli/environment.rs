@@ -20,12 +20,11 @@ pub(super) enum WorkerPackage {
 }
 
 impl WorkerPackage {
-    /// The directory the runner prepends to the workers' PYTHONPATH; empty
-    /// for an installed package, which needs none.
-    pub(super) fn python_path(&self) -> PathBuf {
+    /// The directory the runner puts first on the workers' PYTHONPATH, if any.
+    pub(super) fn dir(&self) -> Option<&PathBuf> {
         match self {
-            WorkerPackage::Checkout(dir) => dir.clone(),
-            WorkerPackage::Installed => PathBuf::new(),
+            WorkerPackage::Checkout(dir) => Some(dir),
+            WorkerPackage::Installed => None,
         }
     }
 }
@@ -51,6 +50,19 @@ pub(super) fn worker_package(python: &str) -> WorkerPackage {
             WorkerPackage::Checkout(python.canonicalize().unwrap_or(python))
         })
         .unwrap_or(WorkerPackage::Installed)
+}
+
+/// The folders workers started with `python` import from: tunelab's own
+/// package when it comes from a checkout (none when it is installed in
+/// `python`), then the manifest's `python_path:`. A package that is in
+/// neither place makes the first worker fail to start, which says so.
+pub(super) fn worker_python_path(exp: &crate::manifest::Experiment, python: &str) -> Vec<PathBuf> {
+    worker_package(python)
+        .dir()
+        .cloned()
+        .into_iter()
+        .chain(exp.python_path.iter().cloned())
+        .collect()
 }
 
 pub(super) fn config(global: &GlobalArgs) -> Result<i32, Failure> {

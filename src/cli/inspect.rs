@@ -4,10 +4,14 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use super::args::ManifestArgs;
 use super::Failure;
+use crate::backend::{PythonBackend, WorkerSpec};
 use crate::config::Settings;
 use crate::device::{self, DeviceInfo};
+use crate::emit::num::count;
 use crate::exit;
 use crate::manifest::{self, Experiment};
 use crate::plan::{self, Filter, Mode, PlanOptions, PlanSummary};
@@ -47,15 +51,25 @@ pub(super) fn validate(
                 filter: &filter,
                 mode: Mode::Gpu,
             };
-            Ok(plan::plan(&exp, &opts, &mut |_| ControlFlow::Continue(()))?)
+            let summary = plan::plan(&exp, &opts, &mut |_| ControlFlow::Continue(()))?;
+            Ok((exp, summary))
+        });
+        let result = result.and_then(|(exp, summary)| {
+            let note = probe_user_problem(&exp, settings)?;
+            Ok((summary, note))
         });
         match result {
-            Ok(summary) => println!(
-                "ok  {}  ({} shapes, {} jobs)",
-                path.display(),
-                summary.shapes,
-                summary.jobs
-            ),
+            Ok((summary, note)) => {
+                println!(
+                    "ok  {}  ({}, {})",
+                    path.display(),
+                    count(summary.shapes, "shape", "shapes"),
+                    count(summary.jobs, "job", "jobs")
+                );
+                if let Some(note) = note {
+                    eprintln!("note: {note}");
+                }
+            }
             Err(f) => {
                 failed += 1;
                 eprint!("{}", f.message);
@@ -120,6 +134,48 @@ pub(super) fn plan(
     Ok(exit::OK)
 }
 
+/// For a user's problem, `validate` asks a worker to import and construct
+/// it and look up its methods (the builtin problems ship with tunelab). A
+/// worker that cannot start costs only the check: a note says so.
+fn probe_user_problem(exp: &Experiment, settings: &Settings) -> Result<Option<String>, Failure> {
+    if exp.builtin_problem() {
+        return Ok(None);
+    }
+    let python_path = super::environment::worker_python_path(exp, &settings.python);
+    let log = std::env::temp_dir().join(format!("tunelab-validate-{}.log", std::process::id()));
+    let spec = WorkerSpec {
+        python: settings.python.clone(),
+        python_path,
+        role: "lane".into(),
+        // Import and construct only: no GPU is touched.
+        interpret: true,
+        visible_device: Some(String::new()),
+        target: None,
+        triton_cache: None,
+        log: log.clone(),
+    };
+    let mut worker = PythonBackend::new(spec, &exp.problem, Duration::from_secs(120));
+    let result = match worker.hello() {
+        Err(f) => Ok(Some(format!(
+            "{}: problem `{}` not imported: no worker Python ({})",
+            exp.manifest_path.display(),
+            exp.problem,
+            f.message.lines().next().unwrap_or("")
+        ))),
+        Ok(_) => crate::schedule::preflight::check_problem(
+            exp,
+            &mut worker,
+            &exp.shapes[0],
+            &settings.python,
+        )
+        .map(|_| None)
+        .map_err(Failure::from),
+    };
+    worker.shutdown();
+    let _ = std::fs::remove_file(&log);
+    result
+}
+
 fn render_summary(s: &PlanSummary, device: &DeviceInfo) -> String {
     use std::fmt::Write;
     let mut out = String::new();
@@ -131,8 +187,11 @@ fn render_summary(s: &PlanSummary, device: &DeviceInfo) -> String {
     for m in &s.methods {
         let _ = writeln!(
             out,
-            "\nmethod {}: {} shapes x {} points = {} points",
-            m.method, m.shapes, m.space_points, m.points
+            "\nmethod {}: {} x {} = {}",
+            m.method,
+            count(m.shapes, "shape", "shapes"),
+            count(m.space_points, "point", "points"),
+            count(m.points, "point", "points")
         );
         for (constraint, removed) in &m.removed {
             let _ = writeln!(out, "  - {removed:>10}  removed by `{constraint}`");
@@ -140,6 +199,11 @@ fn render_summary(s: &PlanSummary, device: &DeviceInfo) -> String {
         let _ = writeln!(out, "  = {:>10}  valid", m.valid);
         let _ = writeln!(out, "  jobs: {} ({} baseline)", m.jobs, m.baseline_jobs);
     }
-    let _ = writeln!(out, "\ntotal: {} jobs over {} shapes", s.jobs, s.shapes);
+    let _ = writeln!(
+        out,
+        "\ntotal: {} over {}",
+        count(s.jobs, "job", "jobs"),
+        count(s.shapes, "shape", "shapes")
+    );
     out
 }

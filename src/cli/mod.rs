@@ -7,12 +7,15 @@
 //! - `run.rs`: `run` (with companions);
 //! - `inspect.rs`: `validate`, `plan`;
 //! - `results.rs`: `report`, `pack`;
+//! - `compare.rs`: `compare`;
 //! - `environment.rs`: `devices`, `doctor`, `config`, `schema`, and where the
 //!   worker's Python package is.
 
 pub mod args;
+mod compare;
 mod environment;
 mod inspect;
+mod merge;
 mod results;
 mod run;
 
@@ -74,6 +77,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             compile_workers,
             quiet,
             trace,
+            compare_to,
         } => {
             let mut settings = settings;
             settings.interpret |= interpret;
@@ -87,11 +91,19 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 run_mode: mode.into(),
                 use_best: use_best.as_deref(),
                 progress: !quiet,
+                compare_to: &compare_to,
             };
             run::run_traced(&request, trace.as_deref())
         }
         Command::Report { results } => results::report(&results),
+        Command::Compare {
+            base,
+            new,
+            fail_on_slower,
+            out,
+        } => compare::compare(&base, &new, fail_on_slower.as_deref(), out.as_deref()),
         Command::Pack { results } => results::pack(&results),
+        Command::Merge { into, files } => merge::merge(&into, &files),
         Command::Devices { json } => environment::devices(json),
         Command::Doctor => environment::doctor(&settings),
         Command::Schema => {

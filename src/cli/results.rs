@@ -14,8 +14,12 @@ pub(super) fn write_outputs(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
     for w in warnings {
         eprintln!("warning: {w}");
     }
-    crate::emit::write_outputs(&results, dir)
-        .map_err(|e| Failure::internal(format!("error: writing outputs: {e}")))
+    let written = crate::emit::write_outputs(&results, dir)
+        .map_err(|e| Failure::internal(format!("error: writing outputs: {e}")))?;
+    for note in crate::emit::aiter::notes(&results) {
+        eprintln!("note: {note}");
+    }
+    Ok(written)
 }
 
 fn require_journal(dir: &Path) -> Result<(), Failure> {

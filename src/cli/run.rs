@@ -9,6 +9,7 @@ use super::results::write_outputs;
 use super::Failure;
 use crate::config::Settings;
 use crate::device::{self, DeviceInfo};
+use crate::emit::num::count;
 use crate::exit;
 use crate::manifest::Experiment;
 use crate::plan::{self, Filter, Mode, PlanOptions, RunMode};
@@ -23,11 +24,13 @@ pub struct Request<'a> {
     pub run_mode: RunMode,
     pub use_best: Option<&'a Path>,
     pub progress: bool,
+    /// Consumers' tuned files to time beside the tuned method (`--compare-to`).
+    pub compare_to: &'a [std::path::PathBuf],
 }
 
 /// Runs, and writes the timeline to `trace` if asked, even when the run
 /// failed or was interrupted: that is when a timeline helps most.
-pub(super) fn run_traced(request: &Request, trace: Option<&Path>) -> Result<i32, Failure> {
+pub(super) fn run_traced(request: &Request<'_>, trace: Option<&Path>) -> Result<i32, Failure> {
     if trace.is_some() {
         crate::trace::enable();
     }
@@ -96,9 +99,10 @@ fn target(settings: &Settings) -> Target {
     }
 }
 
-fn run(request: &Request) -> Result<i32, Failure> {
+fn run(request: &Request<'_>) -> Result<i32, Failure> {
     let target = target(request.settings);
     let exp = load_experiment(request.manifest, request.args, &target.device)?;
+    let exp = with_compared(exp, request.compare_to)?;
     let mut code = run_experiment(&exp, request, &target, request.use_best)?;
     for companion in &exp.companions {
         if code == exit::INTERRUPTED {
@@ -139,6 +143,9 @@ fn run(request: &Request) -> Result<i32, Failure> {
             eprintln!("note: companion {shown} not run: --only names fields it does not have");
             continue;
         }
+        if !request.compare_to.is_empty() {
+            eprintln!("note: --compare-to files are timed in {} only", exp.name);
+        }
         eprintln!("tunelab: companion {shown}");
         let next = run_experiment(&companion_exp, request, &target, None)?;
         code = code.max(next);
@@ -149,7 +156,7 @@ fn run(request: &Request) -> Result<i32, Failure> {
 /// Run one experiment on the chosen devices, then write its outputs.
 fn run_experiment(
     exp: &Experiment,
-    request: &Request,
+    request: &Request<'_>,
     target: &Target,
     use_best: Option<&Path>,
 ) -> Result<i32, Failure> {
@@ -158,9 +165,7 @@ fn run_experiment(
         eprintln!("warning: {} has no `interpreter:` section; running its full shape set in the interpreter will be slow", exp.manifest_path.display());
     }
     let filter = Filter::parse(request.args.only.as_deref().unwrap_or(""))?;
-    // A package that is in neither place makes the first worker fail to
-    // start, which says so and points at `tunelab doctor`.
-    let python_path = super::environment::worker_package(&settings.python).python_path();
+    let python_path = super::environment::worker_python_path(exp, &settings.python);
     let only_jobs = match use_best {
         None => None,
         Some(dir) => {
@@ -203,9 +208,6 @@ fn run_experiment(
         RunError::Store(e) => Failure::environment(format!("error: {e}")),
         RunError::Environment(m) => Failure::environment(format!("error: {m}")),
     })?;
-    for notice in &outcome.notices {
-        eprintln!("warning: {notice}");
-    }
     for change in &outcome.fingerprint_changes {
         eprintln!("note: environment changed since the journal's last run: {change}");
     }
@@ -217,14 +219,15 @@ fn run_experiment(
         outputs_started,
         serde_json::json!({}),
     );
+    let run = outcome.ok + outcome.failed + outcome.pruned + outcome.checked;
     println!(
-        "{} [{}]: {} jobs run ({} ok, {} failed, {} pruned, {} checked){}, {} already done, {:.1} s",
+        "{} [{}]: {} run ({} ok, {} failed, {} pruned, {} checked){}, {} already done, {}",
         exp.name,
         match target.mode {
             Mode::Interpreter => "interpreter",
             Mode::Gpu => target.device.name.as_str(),
         },
-        outcome.ok + outcome.failed + outcome.pruned + outcome.checked,
+        count(run, "job", "jobs"),
         outcome.ok,
         outcome.failed,
         outcome.pruned,
@@ -234,8 +237,14 @@ fn run_experiment(
             n => format!(", {n} left unmeasured by the surrogate search"),
         },
         outcome.skipped,
-        outcome.wall_s
+        seconds(outcome.wall_s)
     );
+    if outcome.interrupted {
+        eprintln!(
+            "interrupted: {} recorded; run the same command to resume",
+            count(run + outcome.skipped_by_search, "job", "jobs")
+        );
+    }
     println!("results: {}", outcome.dir.display());
     for p in written {
         println!("  {}", p.display());
@@ -247,4 +256,72 @@ fn run_experiment(
     } else {
         exit::OK
     })
+}
+
+/// A wall time as people read it: `0.4 s`, `12.5 s`, `3 min 05 s`.
+fn seconds(s: f64) -> String {
+    if s < 60.0 {
+        format!("{s:.1} s")
+    } else {
+        let total = s.round() as u64;
+        format!("{} min {:02} s", total / 60, total % 60)
+    }
+}
+
+/// Adds a method for each `--compare-to` file: the configs of a consumer's
+/// tuned file, one per shape as the consumer looks them up, run in the same
+/// kernel and call as the tuned method that writes that format.
+fn with_compared(mut exp: Experiment, files: &[std::path::PathBuf]) -> Result<Experiment, Failure> {
+    for file in files {
+        let bad = |why: String| {
+            Failure::bad_input(format!("error: --compare-to {}: {why}", file.display()))
+        };
+        let shipped = crate::emit::shipped::read(file).map_err(bad)?;
+        let writer = exp
+            .outputs
+            .iter()
+            .find(|o| o.format == shipped.format)
+            .ok_or_else(|| {
+                bad(format!(
+                    "this experiment writes no {} output, so no method of it runs such configs",
+                    shipped.format.name()
+                ))
+            })?;
+        let against = match &writer.method {
+            Some(m) => exp.method(m).cloned(),
+            None => exp
+                .methods
+                .iter()
+                .find(|m| m.kind == crate::manifest::MethodKind::Triton)
+                .cloned(),
+        }
+        .ok_or_else(|| bad("no method of this experiment writes that format".into()))?;
+        let name = format!("shipped {}", shipped.short_name());
+        if exp.method(&name).is_some() {
+            return Err(bad(format!("two files would both be method `{name}`")));
+        }
+        let mut identity = blake3::Hasher::new();
+        identity.update(against.identity.as_bytes());
+        identity.update(&std::fs::read(file).map_err(|e| bad(e.to_string()))?);
+        exp.compared.push(crate::manifest::Compared {
+            method: name.clone(),
+            file: file.display().to_string(),
+            format: shipped.format,
+            against: against.name.clone(),
+        });
+        exp.methods.push(crate::manifest::Method {
+            name,
+            identity: identity.finalize().to_hex()[..16].to_string(),
+            params: Default::default(),
+            axes: Vec::new(),
+            constraints: Vec::new(),
+            derived: Vec::new(),
+            baseline: None,
+            key_spans: Default::default(),
+            param_spans: Default::default(),
+            fixed: Some(shipped.fixed_configs()),
+            ..against
+        });
+    }
+    Ok(exp)
 }

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 pub struct DeviceInfo {
     /// Name as the driver reports it ("NVIDIA H100 80GB HBM3").
     pub name: String,
-    /// The name vLLM puts in config file names ("NVIDIA_H100_80GB_HBM3", "NVIDIA_H200").
+    /// The name vLLM puts in config file names ("NVIDIA_H100_80GB_HBM3",
+    /// "NVIDIA_H200"): [`vllm_device_name`] of `name` on NVIDIA.
     pub vllm_name: String,
     /// "cuda", "hip" or "cpu" (Triton's interpreter).
     pub backend: String,
@@ -116,12 +117,21 @@ pub fn profile(name: &str) -> Option<DeviceInfo> {
     Some(info)
 }
 
-/// vLLM's device name: spaces become underscores, and any H200 variant is "NVIDIA_H200".
+/// The device name vLLM puts in its fused-MoE config file names, from the
+/// name the driver reports (the name `torch.cuda.get_device_name()` returns).
+///
+/// vLLM's rule (`get_config_file_name` in
+/// `vllm/model_executor/layers/fused_moe/fused_moe.py`): replace every space
+/// with `_`; then, if `H200` is one of the `_`-separated words, the name is
+/// `NVIDIA_H200`. Only spaces are replaced (`NVIDIA A100-SXM4-80GB` becomes
+/// `NVIDIA_A100-SXM4-80GB`), and only the whole word `H200` counts: a GH200
+/// keeps its own name.
 pub fn vllm_device_name(name: &str) -> String {
-    if name.contains("H200") {
+    let name = name.replace(' ', "_");
+    if name.split('_').any(|word| word == "H200") {
         return "NVIDIA_H200".into();
     }
-    name.replace(' ', "_")
+    name
 }
 
 #[cfg(test)]
@@ -136,6 +146,17 @@ mod tests {
         );
         assert_eq!(vllm_device_name("NVIDIA H200 NVL"), "NVIDIA_H200");
         assert_eq!(vllm_device_name("NVIDIA H200"), "NVIDIA_H200");
+        assert_eq!(vllm_device_name("NVIDIA H200 141GB HBM3e"), "NVIDIA_H200");
+        // A GH200's words are NVIDIA, GH200, 480GB: none is H200.
+        assert_eq!(vllm_device_name("NVIDIA GH200 480GB"), "NVIDIA_GH200_480GB");
+        assert_eq!(vllm_device_name("NVIDIA H100 NVL"), "NVIDIA_H100_NVL");
+        // Hyphens stay, and a word that only starts with H200 is not H200.
+        assert_eq!(
+            vllm_device_name("NVIDIA A100-SXM4-80GB"),
+            "NVIDIA_A100-SXM4-80GB"
+        );
+        assert_eq!(vllm_device_name("NVIDIA H200-SXM"), "NVIDIA_H200-SXM");
+        assert_eq!(vllm_device_name("NVIDIA_H200"), "NVIDIA_H200");
     }
 
     #[test]

@@ -133,18 +133,18 @@ fn writer() -> csv::Writer<Vec<u8>> {
         .from_writer(Vec::new())
 }
 
-pub(crate) fn finish(group: &Group, w: csv::Writer<Vec<u8>>) -> Result<String, EmitError> {
+pub(crate) fn finish(group: &Group<'_, '_>, w: csv::Writer<Vec<u8>>) -> Result<String, EmitError> {
     let bytes = w
         .into_inner()
         .map_err(|e| group.data_error(e.to_string()))?;
     String::from_utf8(bytes).map_err(|e| group.data_error(e.to_string()))
 }
 
-pub(crate) fn csv_error(group: &Group, e: csv::Error) -> EmitError {
+pub(crate) fn csv_error(group: &Group<'_, '_>, e: csv::Error) -> EmitError {
     group.data_error(e.to_string())
 }
 
-pub fn jobs_csv(group: &Group) -> Result<String, EmitError> {
+pub fn jobs_csv(group: &Group<'_, '_>) -> Result<String, EmitError> {
     let jobs = group.jobs();
     let mut shape_fields: IndexSet<&str> = IndexSet::new();
     let mut config_fields: IndexSet<&str> = IndexSet::new();
@@ -259,13 +259,13 @@ pub fn jobs_csv(group: &Group) -> Result<String, EmitError> {
     finish(group, w)
 }
 
-pub fn jobs_json(group: &Group) -> Result<String, EmitError> {
+pub fn jobs_json(group: &Group<'_, '_>) -> Result<String, EmitError> {
     let jobs = group.jobs();
     let text = serde_json::to_string_pretty(&jobs).map_err(|e| group.data_error(e.to_string()))?;
     Ok(text + "\n")
 }
 
-pub fn best_csv(group: &Group) -> Result<String, EmitError> {
+pub fn best_csv(group: &Group<'_, '_>) -> Result<String, EmitError> {
     let mut shape_fields: IndexSet<&str> = IndexSet::new();
     for s in &group.shapes {
         shape_fields.extend(s.shape.keys().map(String::as_str));

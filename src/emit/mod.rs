@@ -32,10 +32,12 @@
 //! [`triton_mbucket`], [`report`].
 
 pub mod aiter;
+pub mod compare;
 pub mod csv_out;
-pub(crate) mod num;
+pub mod num;
 pub mod report;
 pub mod select;
+pub mod shipped;
 pub mod triton_mbucket;
 pub mod vllm;
 
@@ -147,7 +149,7 @@ pub fn render_output(
             OutputFormat::JobsJson => Some(csv_out::jobs_json(&group)?),
             OutputFormat::BestCsv => Some(csv_out::best_csv(&group)?),
             OutputFormat::VllmMoeJson => vllm::render(&group)?,
-            OutputFormat::AiterFmoeCsv => Some(aiter::render(&group)?),
+            OutputFormat::AiterFmoeCsv => aiter::render(&group)?,
             OutputFormat::TritonMbucket => triton_mbucket::render(&group)?,
             OutputFormat::Report => Some(report::render(&group)?),
         };
@@ -263,7 +265,7 @@ fn group_by_path<'s, 'a>(
         Ok(path)
     };
 
-    let mut groups: IndexMap<String, Vec<&ShapeOutcome>> = IndexMap::new();
+    let mut groups: IndexMap<String, Vec<&ShapeOutcome<'_>>> = IndexMap::new();
     if sel.shapes.is_empty() {
         // Nothing recorded: a path that needs no shape field still gets its
         // (empty) file; one that does has no shape to be rendered for.

@@ -71,6 +71,14 @@ pub fn speedup(x: Option<f64>) -> String {
 }
 
 /// What missing data looks like in the report.
+/// `1 shape`, `3 shapes`: a count and its noun, singular or plural.
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    match n.into() {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    }
+}
+
 pub const DASH: &str = "—";
 
 /// A JSON scalar as a CSV cell: strings bare, null empty, lists and objects as compact JSON.
@@ -121,26 +129,6 @@ pub fn compact_config(config: &indexmap::IndexMap<String, Json>) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// A config as an identifier: `BM16_BN64_BK128_GM1_w4_s4` (other fields as `name` + value).
-pub fn config_ident(config: &indexmap::IndexMap<String, Json>) -> String {
-    config
-        .iter()
-        .map(|(k, v)| {
-            let part = format!("{}{}", abbreviation(k).unwrap_or(k), json_text(v));
-            part.chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect::<String>()
-        })
-        .collect::<Vec<_>>()
-        .join("_")
 }
 
 #[cfg(test)]

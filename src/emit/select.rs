@@ -187,10 +187,10 @@ impl<'a> Selection<'a> {
         }
 
         let order = field_order(by_shape.values().map(|(s, _)| *s));
-        let mut shapes: Vec<ShapeOutcome> = by_shape
+        let mut shapes: Vec<ShapeOutcome<'_>> = by_shape
             .into_iter()
             .map(|(key, (shape, methods))| {
-                let mut methods: Vec<MethodOutcome> = methods
+                let mut methods: Vec<MethodOutcome<'_>> = methods
                     .into_iter()
                     .map(|(method, jobs)| outcome(method, jobs, &final_map))
                     .collect();
@@ -288,8 +288,8 @@ fn outcome<'a>(
     jobs: Vec<&'a JobRecord>,
     finals: &HashMap<&'a str, &'a FinalRecord>,
 ) -> MethodOutcome<'a> {
-    let mut best: Option<Timed> = None;
-    let mut baseline: Option<Timed> = None;
+    let mut best: Option<Timed<'_>> = None;
+    let mut baseline: Option<Timed<'_>> = None;
     let mut has_baseline_job = false;
     for job in &jobs {
         has_baseline_job |= job.baseline;

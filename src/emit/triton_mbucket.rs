@@ -1,20 +1,66 @@
-//! `triton_mbucket`: Triton GEMM configs keyed by M bucket, one JSON object
-//! per rendered path (the usual template
-//! `{{device.arch}}-GEMM-<tag>-N={{N}}-K={{K}}.json` gives one per (N, K)).
+//! `triton_mbucket`: aiter's Triton GEMM configs, keyed by M bucket, one
+//! JSON object per rendered path: the file aiter loads the tuned configs of
+//! one (N, K) GEMM from.
+//!
+//! # Which files, under which names
+//!
+//! aiter reads these files on AMD GPUs. On any other device the file is the
+//! same M-bucket JSON, written where the manifest's path says, for the
+//! user's own Triton code (aiter never opens it there, so its naming and
+//! field rules are not checked; the manifests name it as aiter would, with
+//! the device's arch, e.g. `sm_90-GEMM-A16W16-N=5120-K=2880.json`).
+//!
+//! On an AMD GPU the rendered file name must be the one aiter opens
+//! (aiter `aiter/ops/triton/utils/gemm_config_utils.py`, `get_gemm_config`,
+//! called as `get_gemm_config("GEMM-A16W16", M, N, K)` by `gemm_a16w16`):
+//! `{arch}-GEMM-{family}-N={N}-K={K}.json`, in aiter's
+//! `aiter/ops/triton/configs/gemm/` directory, where
+//!
+//! - `arch` is the arch Triton reports for the GPU: HIP's `gcnArchName`
+//!   without its `:feature` suffixes (`gfx942`, not `gfx942:sramecc+:xnack-`).
+//!   HIP discovery already strips the suffixes, so the template field is
+//!   `{{device.arch}}`; the writer checks against the name up to the first `:`.
+//! - `family` follows the shapes' dtype: bf16 and fp16 GEMMs read
+//!   `A16W16` (no dtype field: fp16, the `gemm` problem's default); other
+//!   dtypes have no aiter family tunelab's configs fit, and are an error.
+//! - `N`, `K` are the shapes'; every shape of one file has the same N, K and family.
+//!
+//! The usual template is `triton/{{device.arch}}-GEMM-A16W16-N={{N}}-K={{K}}.json`.
+//! A path whose file name differs is an error at render: aiter would never
+//! open the file. (Newer aiter also reads a nested layout,
+//! `{arch}/triton/gemm/gemm_a16w16/GEMM-A16W16-N=..-K=..json`, but only for
+//! families that ship a `DEFAULT.json` there; gfx942/gfx950 `GEMM-A16W16`
+//! still load from the flat `gemm/` directory, as of 2026-08.)
+//!
+//! With `keys: legacy` the name is the one aiter's loaders of that era (before
+//! 2025-12) opened: the device name aiter derived from the arch instead of
+//! the arch, `MI300X` for gfx942 and `MI350X` for gfx950.
+//!
+//! Each config must be one aiter's `_gemm_a16_w16_kernel` launches: it passes
+//! the config as keyword arguments, so every field must be one of
+//! [`AITER_A16W16_FIELDS`] (Triton rejects any other), and `BLOCK_SIZE_M`,
+//! `BLOCK_SIZE_N`, `BLOCK_SIZE_K` and `GROUP_SIZE_M` must be there. The values
+//! are tunelab's kernel's best; aiter runs them in its own kernel, whose
+//! parameters mean the same tiles.
+//!
+//! # Content
+//!
 //! Each value is every config field of the best job, as recorded (integers
 //! stay integers). 4-space indentation, trailing newline.
 //!
-//! Current scheme (aiter's `get_gemm_config`: `M_LEQ_x` searched ascending
-//! over its standard bounds, then `M_GEQ_x` descending over the same bounds,
-//! then `any`):
+//! Current scheme (`get_gemm_config`: `M_LEQ_x` searched ascending over its
+//! standard bounds, then `M_GEQ_x` descending over the same bounds, then
+//! `any`):
 //!
 //! - a tuned M goes to `M_LEQ_x` for the smallest x in 1, 4, 8, 16, 32, 64,
-//!   128, 256, 512, 1024, 2048, 4096, 8192 with M <= x;
+//!   128, 256, 512, 1024, 2048, 4096, 8192 with M <= x (aiter before
+//!   2026-08 had no bound 1: it reads M=1 from `M_LEQ_4`);
 //! - a tuned M above 8192 goes to `M_GEQ_8192`. (Not `M_GEQ_<that M>`:
 //!   aiter only looks up `M_GEQ_x` for x among its standard bounds, so any
 //!   other x would never be read.)
 //! - when several tuned Ms land in one bucket, the bucket holds the config of
-//!   the largest of them (the bucket's upper edge is what it serves);
+//!   the largest of them (the bucket's upper edge is what it serves): a
+//!   batch of 24 rows is served the config tuned at 32 when both were tuned;
 //! - buckets no tuned M lands in are left out; the loader falls through to
 //!   the next bucket up, then `any`;
 //! - `any` holds the config of the largest tuned M.
@@ -35,8 +81,143 @@ use std::collections::BTreeMap;
 use indexmap::IndexMap;
 use serde_json::Value as Json;
 
+use super::num::json_text;
+use super::select::json_int;
 use super::vllm::to_json_indent4;
 use super::{EmitError, Group};
+use crate::device::DeviceInfo;
+
+/// The config fields aiter's `_gemm_a16_w16_kernel` accepts: its
+/// meta-parameters and the AMD Triton backend's launch options.
+pub const AITER_A16W16_FIELDS: [&str; 11] = [
+    "BLOCK_SIZE_M",
+    "BLOCK_SIZE_N",
+    "BLOCK_SIZE_K",
+    "GROUP_SIZE_M",
+    "NUM_KSPLIT",
+    "cache_modifier",
+    "num_warps",
+    "num_stages",
+    "waves_per_eu",
+    "matrix_instr_nonkdim",
+    "kpack",
+];
+
+/// The fields the kernel has no default for.
+const AITER_A16W16_REQUIRED: [&str; 4] = [
+    "BLOCK_SIZE_M",
+    "BLOCK_SIZE_N",
+    "BLOCK_SIZE_K",
+    "GROUP_SIZE_M",
+];
+
+/// The arch aiter names files by on `device`: HIP's `gcnArchName` up to its
+/// first `:`. `None` off AMD GPUs, where aiter does not run.
+pub fn aiter_arch(device: &DeviceInfo) -> Option<&str> {
+    (device.backend == "hip").then(|| device.arch.split(':').next().unwrap_or_default())
+}
+
+/// aiter's config family for a GEMM of this shape dtype: `A16W16` for bf16
+/// and fp16 (no dtype: fp16, the `gemm` problem's default).
+pub fn gemm_family(dtype: Option<&str>) -> Result<&'static str, String> {
+    match dtype {
+        None | Some("bf16" | "fp16") => Ok("A16W16"),
+        Some(other) => Err(format!(
+            "dtype `{other}` has no aiter GEMM config family these configs fit (bf16 and fp16 GEMMs read `GEMM-A16W16` files)"
+        )),
+    }
+}
+
+/// The name aiter's loaders before 2025-12 gave the arch in file names.
+fn legacy_device(arch: &str) -> Option<&'static str> {
+    match arch {
+        "gfx942" => Some("MI300X"),
+        "gfx950" => Some("MI350X"),
+        _ => None,
+    }
+}
+
+/// The file name aiter opens for the tuned configs of an (N, K) GEMM.
+pub fn file_name(prefix: &str, family: &str, n: i64, k: i64) -> String {
+    format!("{prefix}-GEMM-{family}-N={n}-K={k}.json")
+}
+
+/// Checks that aiter would open the group's file for its shapes, and that
+/// its configs are ones aiter's kernel launches.
+fn check_aiter(group: &Group<'_, '_>, arch: &str) -> Result<(), EmitError> {
+    let prefix = if group.spec.legacy_keys {
+        legacy_device(arch).ok_or_else(|| {
+            group.data_error(format!(
+                "aiter's loaders that read legacy keys named files after MI300X (gfx942) or MI350X (gfx950) and knew no other arch, and this GPU is {arch}; drop `keys: legacy`"
+            ))
+        })?
+    } else {
+        arch
+    };
+    let mut expected: Option<(String, &str)> = None;
+    for shape in &group.shapes {
+        let int = |field: &str| {
+            shape.shape.get(field).and_then(json_int).ok_or_else(|| {
+                group.data_error(format!(
+                    "shape {} has no integer field `{field}`",
+                    shape.key
+                ))
+            })
+        };
+        let dtype = shape.shape.get("dtype").map(json_text);
+        let family = gemm_family(dtype.as_deref())
+            .map_err(|m| group.data_error(format!("shape {}: {m}", shape.key)))?;
+        let name = file_name(prefix, family, int("N")?, int("K")?);
+        match &expected {
+            None => expected = Some((name, shape.key.as_str())),
+            Some((first, first_key)) if *first != name => {
+                return Err(group.data_error(format!(
+                    "shapes {first_key} and {} belong in different aiter files ({first} and {name}); put N, K and the dtype's family in the path",
+                    shape.key
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    let file = std::path::Path::new(&group.path)
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Some((name, _)) = expected {
+        if file != name {
+            return Err(group.data_error(format!(
+                "aiter opens `{name}` for these shapes ({{arch}}-GEMM-{{family}}-N={{N}}-K={{K}}.json, get_gemm_config), never `{file}`; write the path as `triton/{{{{device.arch}}}}-GEMM-A16W16-N={{{{N}}}}-K={{{{K}}}}.json`"
+            )));
+        }
+    }
+    for shape in &group.shapes {
+        let Some((_, best)) = shape.overall_best() else {
+            continue;
+        };
+        let config = &best.job.config;
+        if let Some(field) = config
+            .keys()
+            .find(|k| !AITER_A16W16_FIELDS.contains(&k.as_str()))
+        {
+            return Err(group.data_error(format!(
+                "the best config of shape {} (job {}) has `{field}`, which aiter's GEMM kernel does not take (it takes {}); a config with it would fail there",
+                shape.key,
+                best.job.job_id,
+                AITER_A16W16_FIELDS.join(", ")
+            )));
+        }
+        if let Some(field) = AITER_A16W16_REQUIRED
+            .iter()
+            .find(|f| !config.contains_key(**f))
+        {
+            return Err(group.data_error(format!(
+                "the best config of shape {} (job {}) has no `{field}`, which aiter's GEMM kernel needs",
+                shape.key, best.job.job_id
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// aiter's standard M bounds.
 pub const BOUNDS: [i64; 13] = [1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192];
@@ -109,7 +290,11 @@ pub fn buckets(
     out
 }
 
-pub fn render(group: &Group) -> Result<Option<String>, EmitError> {
+pub fn render(group: &Group<'_, '_>) -> Result<Option<String>, EmitError> {
+    // Only aiter's own GPUs hold it to aiter's names and fields.
+    if let Some(arch) = aiter_arch(&group.header.device) {
+        check_aiter(group, arch)?;
+    }
     let tuned: BTreeMap<i64, IndexMap<String, Json>> = group
         .bests_by_m()?
         .into_iter()

@@ -64,7 +64,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Spanned<T> {
         struct SpannedVisitor<T>(PhantomData<T>);
         impl<'de, T: Deserialize<'de>> Visitor<'de> for SpannedVisitor<T> {
             type Value = Spanned<T>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a value read from a manifest")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Spanned<T>, A::Error> {
@@ -112,7 +112,7 @@ impl<'de> Deserialize<'de> for Value {
         struct ValueVisitor;
         impl<'de> Visitor<'de> for ValueVisitor {
             type Value = Value;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("any value")
             }
             fn visit_unit<E>(self) -> Result<Value, E> {
@@ -246,7 +246,7 @@ impl de::Error for DeError {
         }
     }
 
-    fn invalid_type(unexp: de::Unexpected, exp: &dyn de::Expected) -> Self {
+    fn invalid_type(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
         let found = match unexp {
             de::Unexpected::Map => "a mapping".to_string(),
             de::Unexpected::Seq => "a list".to_string(),
@@ -271,7 +271,7 @@ impl de::Error for DeError {
     }
 }
 
-pub fn from_node<'de, T: de::Deserialize<'de>>(node: &'de Node) -> Result<T, Diagnostic> {
+pub fn from_node<'de, T: Deserialize<'de>>(node: &'de Node) -> Result<T, Diagnostic> {
     T::deserialize(NodeDe(node)).map_err(|e| e.or_span(node.span).into_diagnostic())
 }
 
@@ -299,7 +299,7 @@ impl<'de> NodeDe<'de> {
     }
 }
 
-impl<'de> de::Deserializer<'de> for NodeDe<'de> {
+impl<'de> Deserializer<'de> for NodeDe<'de> {
     type Error = DeError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
@@ -474,7 +474,7 @@ impl<'de> SeqAccess<'de> for SeqDe<'de> {
 }
 
 struct MapDe<'a> {
-    entries: &'a [(super::yaml::Key, Node)],
+    entries: &'a [(Key, Node)],
     index: usize,
     value: Option<&'a Node>,
 }
@@ -534,7 +534,7 @@ impl<'de> de::VariantAccess<'de> for NodeDe<'de> {
     }
 
     fn tuple_variant<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value, DeError> {
-        de::Deserializer::deserialize_seq(self, visitor)
+        Deserializer::deserialize_seq(self, visitor)
     }
 
     fn struct_variant<V: Visitor<'de>>(
@@ -542,14 +542,14 @@ impl<'de> de::VariantAccess<'de> for NodeDe<'de> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, DeError> {
-        de::Deserializer::deserialize_struct(self, "", fields, visitor)
+        Deserializer::deserialize_struct(self, "", fields, visitor)
     }
 }
 
 /// A mapping key: a string, or a [`Spanned`] string with the key's own span.
 struct KeyDe<'a>(&'a Key);
 
-impl<'de> de::Deserializer<'de> for KeyDe<'de> {
+impl<'de> Deserializer<'de> for KeyDe<'de> {
     type Error = DeError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {

@@ -4,8 +4,8 @@
 //! - `load.rs` merges `extends`, `include` and `--set` on that tree;
 //! - `de.rs` deserialises the raw mirror (`raw.rs`) from the tree, handing
 //!   spans to [`Spanned`](de::Spanned) fields;
-//! - `validate.rs` (with `shapes.rs`) checks it and resolves it into the
-//!   types of `model.rs`, which is all the rest of the program sees.
+//! - `validate.rs` (with `shapes.rs` and `values.rs`) checks it and resolves
+//!   it into the types of `model.rs`, which is all the rest of the program sees.
 
 mod de;
 mod load;
@@ -13,6 +13,7 @@ mod model;
 mod raw;
 mod shapes;
 mod validate;
+mod values;
 mod yaml;
 
 use std::path::Path;

@@ -37,6 +37,25 @@ pub struct Experiment {
     pub interpreter: Option<InterpreterPlan>,
     /// Manifests run after this one (`companions:`), resolved and checked to exist.
     pub companions: Vec<PathBuf>,
+    /// Folders the workers import problems from (`python_path:`), absolute.
+    pub python_path: Vec<PathBuf>,
+    /// Consumers' tuned files whose configs run as methods of their own
+    /// (`run --compare-to`), beside the tuned ones.
+    pub compared: Vec<Compared>,
+}
+
+/// A consumer's tuned file timed as a method (`run --compare-to FILE`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compared {
+    /// The method its configs run as.
+    pub method: String,
+    /// The file, as named on the command line.
+    pub file: String,
+    /// Its format.
+    pub format: OutputFormat,
+    /// The tuned method whose kernel and call the file's configs run in.
+    pub against: String,
 }
 
 impl Experiment {
@@ -97,6 +116,8 @@ pub struct Expr {
 pub struct Axis {
     pub name: String,
     pub values: Vec<Json>,
+    /// Where each value was written (`{range: ...}` values share the range's place).
+    pub value_spans: Vec<Span>,
 }
 
 #[derive(Debug, Clone)]
@@ -117,6 +138,7 @@ pub struct Method {
     pub name: String,
     pub kind: MethodKind,
     pub kernel: String,
+    pub kernel_span: Span,
     /// Hash of what defines the method's code: kind, kernel, source file contents, version.
     pub identity: String,
     pub params: IndexMap<String, Json>,
@@ -126,6 +148,137 @@ pub struct Method {
     pub baseline: Option<Baseline>,
     pub span: Span,
     pub constraints_span: Span,
+    /// Where each config name (parameter, space parameter, derived value) was declared.
+    pub key_spans: IndexMap<String, Span>,
+    /// Where each fixed parameter's value was written.
+    pub param_spans: IndexMap<String, Span>,
+    /// Configs read from a consumer's tuned file (`run --compare-to`): the
+    /// method runs one config per shape, looked up as the consumer does, and
+    /// searches nothing.
+    pub fixed: Option<FixedConfigs>,
+}
+
+/// One config per shape, by the shape's `M`, from a consumer's tuned file.
+#[derive(Debug, Clone)]
+pub struct FixedConfigs {
+    /// Shape fields a shape must have these values of to get a config (the
+    /// file's `E` and `N`, say).
+    pub matches: IndexMap<String, Json>,
+    /// Configs by M, in the file's order; a shape takes the one whose M is
+    /// nearest its own, the first of equals (vLLM's rule).
+    pub by_m: Vec<(i64, IndexMap<String, Json>)>,
+}
+
+impl FixedConfigs {
+    /// The config for a shape, or `None` when the shape is not the file's.
+    pub fn config_for(&self, shape: &Shape) -> Option<&IndexMap<String, Json>> {
+        if !self.matches.iter().all(|(k, v)| shape.get(k) == Some(v)) {
+            return None;
+        }
+        let m = shape.get("M").and_then(Json::as_i64)?;
+        let mut best: Option<&(i64, IndexMap<String, Json>)> = None;
+        for entry in &self.by_m {
+            if best.map_or(true, |b| (entry.0 - m).abs() < (b.0 - m).abs()) {
+                best = Some(entry);
+            }
+        }
+        best.map(|(_, c)| c)
+    }
+}
+
+/// The type of a config value, as a method declares it (`config_types`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConfigType {
+    Int,
+    Float,
+    Str,
+    Bool,
+}
+
+impl ConfigType {
+    fn accepts(self, v: &Json) -> bool {
+        match self {
+            ConfigType::Int => v.is_i64() || v.is_u64(),
+            ConfigType::Float => v.is_number(),
+            ConfigType::Str => v.is_string(),
+            ConfigType::Bool => v.is_boolean(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ConfigType::Int => "an integer",
+            ConfigType::Float => "a number",
+            ConfigType::Str => "a string",
+            ConfigType::Bool => "true or false",
+        }
+    }
+}
+
+impl Method {
+    /// Checks the names and values this method's configs carry against the
+    /// types its implementation declares (`config_types`): an unknown name
+    /// or a wrong-typed value, each at its own line.
+    pub fn check_config_types(
+        &self,
+        declared: &IndexMap<String, ConfigType>,
+    ) -> Vec<crate::diag::Diagnostic> {
+        use crate::diag::{did_you_mean, Diagnostic};
+        let mut errors = Vec::new();
+        for (name, span) in &self.key_spans {
+            let Some(kind) = declared.get(name) else {
+                let known: Vec<&str> = declared.keys().map(String::as_str).collect();
+                let help = match did_you_mean(name, known.iter().copied()) {
+                    Some(s) => format!("did you mean `{s}`?"),
+                    None if known.is_empty() => "it takes no parameters: remove them".to_string(),
+                    None => format!("it takes: {}", known.join(", ")),
+                };
+                errors.push(
+                    Diagnostic::at(
+                        *span,
+                        format!(
+                            "method `{}` (kernel `{}`) takes no parameter `{name}`",
+                            self.name, self.kernel
+                        ),
+                    )
+                    .help(help),
+                );
+                continue;
+            };
+            let values: Vec<(&Json, Span)> =
+                if let Some(axis) = self.axes.iter().find(|a| &a.name == name) {
+                    axis.values
+                        .iter()
+                        .zip(axis.value_spans.iter().copied())
+                        .collect()
+                } else if let Some(v) = self.params.get(name) {
+                    vec![(v, self.param_spans.get(name).copied().unwrap_or(*span))]
+                } else {
+                    Vec::new() // a derived value: its type shows when it is evaluated
+                };
+            for (v, at) in values {
+                if !kind.accepts(v) {
+                    errors.push(
+                        Diagnostic::at(
+                            at,
+                            format!(
+                                "`{name}` of method `{}` must be {}, found {v}",
+                                self.name,
+                                kind.name()
+                            ),
+                        )
+                        .help(format!(
+                            "the kernel `{}` declares `{name}` as {}",
+                            self.kernel,
+                            kind.name()
+                        )),
+                    );
+                }
+            }
+        }
+        errors
+    }
 }
 
 /// Numerical tolerance: an element mismatches when |out - ref| > atol + rtol·|ref|.

@@ -50,6 +50,11 @@ pub struct RawManifest {
     /// its MoE. `--only` and `--set` reach a companion only where they fit it.
     #[serde(default)]
     pub companions: Vec<Spanned<String>>,
+    /// Folders (relative to this manifest) put first on the workers'
+    /// `PYTHONPATH`, so a problem module beside the manifest imports with no
+    /// environment variable.
+    #[serde(default)]
+    pub python_path: Vec<Spanned<String>>,
 }
 
 /// A mapping of field to value, names and values with their places.
@@ -106,7 +111,7 @@ pub struct RawMethod {
     pub include: Option<Node>,
     pub kind: MethodKind,
     /// The kernel or function the problem exposes under this name.
-    pub kernel: String,
+    pub kernel: Spanned<String>,
     /// Source file of the kernel (relative to the manifest); its hash is part of every job id.
     #[serde(default)]
     pub source: Option<Spanned<String>>,

@@ -10,7 +10,7 @@ use serde_json::Value as Json;
 use super::de::Spanned;
 use super::model::{Shape, DTYPES};
 use super::raw::{RawCsvShapes, RawShapes};
-use super::validate::{axis_values, unknown};
+use super::values::{axis_values, unknown};
 use super::yaml::Node;
 use crate::diag::{add_source, Diagnostic, Span};
 

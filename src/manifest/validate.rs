@@ -24,6 +24,7 @@ use super::raw::{
     RawStrategy, RawTolerance,
 };
 use super::shapes;
+use super::values::{axis_value_spans, axis_values, check_one_type, unknown};
 use super::yaml::{Node, Value};
 use crate::device::DeviceInfo;
 use crate::diag::{did_you_mean, Diagnostic, Diagnostics, Span};
@@ -121,7 +122,29 @@ pub fn validate(
         }
     }
 
+    let mut python_path = Vec::new();
+    for dir in &raw.python_path {
+        let path = base_dir.join(dir.as_str());
+        match path.canonicalize() {
+            Ok(p) if p.is_dir() => python_path.push(p),
+            _ => found.push(
+                Diagnostic::at(
+                    dir.span,
+                    format!("`python_path` folder `{}` not found", dir.value),
+                )
+                .help(format!(
+                    "folders are relative to this manifest: looked for {}",
+                    path.display()
+                )),
+            ),
+        }
+    }
+
     if !found.errors.is_empty() {
+        // In the order a reader meets them in the file.
+        found
+            .errors
+            .sort_by_key(|d| d.span.map(|s| (s.file.raw(), s.line, s.col)));
         return Err(Diagnostics(found.errors));
     }
     let (Some(shapes), Some(tolerance), Some(protocol), Some(search)) =
@@ -146,6 +169,8 @@ pub fn validate(
         outputs,
         interpreter,
         companions,
+        python_path,
+        compared: Vec::new(),
     })
 }
 
@@ -177,14 +202,6 @@ fn place(span: Span, fallback: Span) -> Span {
 /// The resolved protocol when the manifest says nothing: the defaults.
 pub fn default_protocol() -> Protocol {
     protocol(&Spanned::default(), Span::default()).expect("the defaults are valid")
-}
-
-pub(super) fn unknown(span: Span, what: &str, name: &str, known: &[&str]) -> Diagnostic {
-    let help = match did_you_mean(name, known.iter().copied()) {
-        Some(s) => format!("did you mean `{s}`?"),
-        None => format!("known {what}s: {}", known.join(", ")),
-    };
-    Diagnostic::at(span, format!("unknown {what} `{name}`")).help(help)
 }
 
 fn check_name(name: &Spanned<String>) -> Result<(), Diagnostic> {
@@ -241,145 +258,6 @@ fn interpreter_plan(
 }
 
 // ---------------------------------------------------------------------------
-// Axis values
-
-/// The rough type of a value, for messages and for checking that one axis
-/// holds values of one type.
-fn value_kind(v: &Node) -> &'static str {
-    match v.value {
-        Value::Int(_) | Value::Float(_) => "a number",
-        Value::Str(_) => "a string",
-        Value::Bool(_) => "a boolean",
-        _ => v.kind(),
-    }
-}
-
-/// Values of one axis or space parameter: a list, `{range: [a, b, step]}` or
-/// `{pow2: [lo, hi]}`. `allow_records`: list items may be mappings of
-/// scalars (shape product axes).
-pub(super) fn axis_values(
-    node: &Node,
-    name: &str,
-    allow_records: bool,
-) -> Result<Vec<Json>, Diagnostic> {
-    let single = |key: &str| match &node.value {
-        Value::Map(entries) if entries.len() == 1 && entries[0].0.name == key => {
-            Some(&entries[0].1)
-        }
-        _ => None,
-    };
-    let values: Vec<Json> = if let Value::Seq(items) = &node.value {
-        for item in items {
-            let record_ok = allow_records
-                && matches!(&item.value, Value::Map(e) if !e.is_empty() && e.iter().all(|(_, v)| v.is_scalar()));
-            if !item.is_scalar() && !record_ok {
-                let what = if allow_records {
-                    "numbers, strings, booleans or records of them"
-                } else {
-                    "numbers, strings or booleans"
-                };
-                return Err(Diagnostic::at(
-                    item.span,
-                    format!("`{name}` holds {}, expected {what}", item.kind()),
-                ));
-            }
-        }
-        items.iter().map(Node::to_json).collect()
-    } else if let Some(r) = single("range") {
-        let r = int_list(r, name, "range", 3)?;
-        let (start, end, step) = (r[0], r[1], r[2]);
-        if step <= 0 {
-            return Err(Diagnostic::at(
-                node.span,
-                format!("`{name}`: range step must be positive, found {step}"),
-            )
-            .help("write {range: [start, end, step]} with step > 0"));
-        }
-        (0..)
-            .map(|i| start + i * step)
-            .take_while(|v| *v <= end)
-            .map(Json::from)
-            .collect()
-    } else if let Some(r) = single("pow2") {
-        let r = int_list(r, name, "pow2", 2)?;
-        let (lo, hi) = (r[0], r[1]);
-        let pow2 = |x: i64| x > 0 && x & (x - 1) == 0;
-        if !pow2(lo) || !pow2(hi) {
-            return Err(Diagnostic::at(
-                node.span,
-                format!("`{name}`: pow2 bounds must be powers of two, found [{lo}, {hi}]"),
-            )
-            .help("write {pow2: [16, 256]}"));
-        }
-        std::iter::successors(Some(lo), |v| v.checked_mul(2))
-            .take_while(|v| *v <= hi)
-            .map(Json::from)
-            .collect()
-    } else {
-        let written = node.to_json();
-        return Err(Diagnostic::at(
-            node.span,
-            format!(
-                "`{name}` must be a list of values, {{range: [start, end, step]}} or {{pow2: [from, to]}}, found {}",
-                node.kind()
-            ),
-        )
-        .help(format!("for a single value write `{name}: [{written}]`")));
-    };
-    if values.is_empty() {
-        return Err(Diagnostic::at(node.span, format!("`{name}` has no values"))
-            .help("give at least one value, or remove the axis"));
-    }
-    Ok(values)
-}
-
-/// A space parameter's values all share one type (numbers, strings or
-/// booleans): a stray `"x"` among numbers is a typo, and found here it
-/// points at its own line instead of failing jobs at run time.
-fn check_one_type(node: &Node, name: &str) -> Result<(), Diagnostic> {
-    let Value::Seq(items) = &node.value else {
-        return Ok(()); // range and pow2 are integers
-    };
-    let Some(first) = items.first() else {
-        return Ok(());
-    };
-    for item in &items[1..] {
-        if value_kind(item) != value_kind(first) {
-            return Err(Diagnostic::at(
-                item.span,
-                format!(
-                    "`{name}` mixes types: this value is {}, the first ({}) is {}",
-                    value_kind(item),
-                    first.to_json(),
-                    value_kind(first)
-                ),
-            )
-            .help("every value of one parameter has the same type; quote all or none"));
-        }
-    }
-    Ok(())
-}
-
-fn int_list(node: &Node, name: &str, form: &str, len: usize) -> Result<Vec<i64>, Diagnostic> {
-    let items: Option<Vec<i64>> = match &node.value {
-        Value::Seq(items) if items.len() == len => items
-            .iter()
-            .map(|i| match i.value {
-                Value::Int(v) => Some(v),
-                _ => None,
-            })
-            .collect(),
-        _ => None,
-    };
-    items.ok_or_else(|| {
-        Diagnostic::at(
-            node.span,
-            format!("`{name}`: `{form}` takes {len} integers"),
-        )
-    })
-}
-
-// ---------------------------------------------------------------------------
 // Methods and expressions
 
 fn method(
@@ -395,17 +273,26 @@ fn method(
     for f in shape_fields {
         declared.insert(f.clone(), (m.span, "shape field"));
     }
+    let mut key_spans = IndexMap::new();
     for k in m.params.keys() {
         declare(&mut declared, k, "parameter")?;
+        key_spans.insert(k.value.clone(), k.span);
     }
     let params = shapes::scalar_fields(&m.params, "parameter")?;
+    let param_spans = m
+        .params
+        .iter()
+        .map(|(k, v)| (k.value.clone(), v.span))
+        .collect();
     let mut axes = Vec::new();
     for (k, v) in &m.space {
         declare(&mut declared, k, "space parameter")?;
+        key_spans.insert(k.value.clone(), k.span);
         let values = axis_values(v, k, false)?;
         check_one_type(v, k)?;
         axes.push(Axis {
             name: k.value.clone(),
+            value_spans: axis_value_spans(v, values.len()),
             values,
         });
     }
@@ -419,6 +306,7 @@ fn method(
         };
         check_expr(&e, env, &known, device)?;
         declare(&mut declared, k, "derived value")?;
+        key_spans.insert(k.value.clone(), k.span);
         known.push(k.value.clone());
         derived.push((k.value.clone(), e));
     }
@@ -464,7 +352,7 @@ fn method(
         format!(
             "{:?}\0{}\0{}\0",
             m.kind,
-            m.kernel,
+            m.kernel.value,
             m.version.as_deref().unwrap_or("")
         )
         .as_bytes(),
@@ -483,7 +371,8 @@ fn method(
     Ok(Method {
         name: name.value.clone(),
         kind: m.kind,
-        kernel: m.kernel.clone(),
+        kernel: m.kernel.value.clone(),
+        kernel_span: m.kernel.span,
         identity: identity.finalize().to_hex()[..16].to_string(),
         params,
         axes,
@@ -492,6 +381,9 @@ fn method(
         baseline,
         span: m.span,
         constraints_span: place(m.constraints.span, m.span),
+        key_spans,
+        param_spans,
+        fixed: None,
     })
 }
 
@@ -752,6 +644,12 @@ fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic
 fn search(s: &Spanned<RawSearch>, root: Span) -> Result<Search, Diagnostic> {
     let section = place(s.span, root);
     let at = |sp: Span| place(sp, section);
+    if s.eta.value < 2 {
+        return Err(Diagnostic::at(
+            at(s.eta.span),
+            format!("`eta` must be at least 2, found {}", s.eta.value),
+        ));
+    }
     let kind = match s.strategy.value {
         RawStrategy::Grid => SearchKind::Grid,
         RawStrategy::Random => match s.budget.as_ref().map(|b| b.value) {
@@ -763,15 +661,7 @@ fn search(s: &Spanned<RawSearch>, root: Span) -> Result<Search, Diagnostic> {
                 )
             }
         },
-        RawStrategy::Halving => {
-            if s.eta.value < 2 {
-                return Err(Diagnostic::at(
-                    at(s.eta.span),
-                    format!("`eta` must be at least 2, found {}", s.eta.value),
-                ));
-            }
-            SearchKind::Halving { eta: s.eta.value }
-        }
+        RawStrategy::Halving => SearchKind::Halving { eta: s.eta.value },
         RawStrategy::Surrogate => match &s.budget {
             Some(b) if b.value == 0 => return Err(Diagnostic::at(
                 at(b.span),

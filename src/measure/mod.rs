@@ -7,5 +7,6 @@ mod stats;
 
 pub use protocol::{L2Flush, Protocol};
 pub use stats::{
-    median_ci, quantile, sorted, summarize, tied, Decision, Flag, Sampling, Stats, Timer,
+    geomean, median_ci, quantile, sorted, summarize, tied, verdict, Decision, Flag, Sampling,
+    Stats, Timer, Verdict,
 };

@@ -6,8 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use super::protocol::Protocol;
 
-/// Timing statistics of one job, in microseconds.
+/// Timing statistics of one job, in microseconds. Part of the journal's
+/// format (`store::record`): a change here is a new format.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct Stats {
     pub n: u64,
     pub median_us: f64,
@@ -29,7 +31,8 @@ pub struct Stats {
     pub wall_ms: f64,
 }
 
-/// What the samples of one job say about how far to trust them.
+/// What the samples of one job say about how far to trust them. Declared in
+/// the order reports list them (`Ord`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Flag {
@@ -50,17 +53,6 @@ pub enum Flag {
 }
 
 impl Flag {
-    /// Every flag, in the order reports list them.
-    pub const ALL: [Flag; 7] = [
-        Flag::Noisy,
-        Flag::Outliers,
-        Flag::SlowStart,
-        Flag::Drift,
-        Flag::Throttled,
-        Flag::TimerLimited,
-        Flag::CapHit,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             Flag::Noisy => "NOISY",
@@ -280,6 +272,50 @@ pub fn tied(a: &Stats, b: &Stats) -> bool {
     a.ci_low_us <= b.ci_high_us && b.ci_low_us <= a.ci_high_us
 }
 
+/// How a new timing stands against a base one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Verdict {
+    /// Faster, beyond the noise of both timings.
+    Fast,
+    /// The confidence intervals of the medians overlap.
+    Same,
+    /// Slower, beyond the noise of both timings.
+    Slow,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Fast => "FAST",
+            Verdict::Same => "SAME",
+            Verdict::Slow => "SLOW",
+        }
+    }
+}
+
+/// FAST / SAME / SLOW of `new` against `base`: the same when their 95 %
+/// confidence intervals overlap, else by the medians.
+pub fn verdict(base: &Stats, new: &Stats) -> Verdict {
+    if tied(base, new) {
+        Verdict::Same
+    } else if new.median_us < base.median_us {
+        Verdict::Fast
+    } else {
+        Verdict::Slow
+    }
+}
+
+/// Geometric mean of positive ratios (speedups); `None` for none.
+pub fn geomean(ratios: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let (mut log_sum, mut n) = (0.0, 0usize);
+    for r in ratios.into_iter().filter(|r| r.is_finite() && *r > 0.0) {
+        log_sum += r.ln();
+        n += 1;
+    }
+    (n > 0).then(|| (log_sum / n as f64).exp())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,6 +402,34 @@ mod tests {
         assert!(summary(&drift).flags.contains(&Flag::Drift));
         assert!(summary(&[3.0; 30]).flags.contains(&Flag::TimerLimited));
         assert!(summary(&[100.0; 30]).flags.is_empty());
+    }
+
+    #[test]
+    fn verdicts_come_from_interval_overlap_and_geomean_multiplies() {
+        let with_ci = |median: f64, half: f64| Stats {
+            median_us: median,
+            ci_low_us: median - half,
+            ci_high_us: median + half,
+            ..summary(&[median])
+        };
+        assert_eq!(
+            verdict(&with_ci(100.0, 1.0), &with_ci(101.5, 1.0)),
+            Verdict::Same
+        );
+        assert_eq!(
+            verdict(&with_ci(100.0, 1.0), &with_ci(95.0, 1.0)),
+            Verdict::Fast
+        );
+        assert_eq!(
+            verdict(&with_ci(100.0, 1.0), &with_ci(105.0, 1.0)),
+            Verdict::Slow
+        );
+        let g = geomean([2.0, 0.5, 4.0]).unwrap();
+        assert!(
+            (g - 4f64.powf(1.0 / 3.0)).abs() < 1e-12,
+            "the cube root of 2 * 0.5 * 4"
+        );
+        assert_eq!(geomean([]), None);
     }
 
     #[test]

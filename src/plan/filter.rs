@@ -39,6 +39,43 @@ impl Filter {
         self.terms.is_empty()
     }
 
+    /// How the filter was written: `--only E=32,N=2880`.
+    pub fn origin(&self) -> String {
+        self.origin.clone()
+    }
+
+    /// What each filtered key can be in this experiment, for a filter that
+    /// matched nothing: `E in {8}, N in {32}`.
+    pub fn choices(&self, exp: &Experiment, shapes: &[Shape]) -> String {
+        let mut parts = Vec::new();
+        for (key, _) in &self.terms {
+            let mut values: Vec<String> = Vec::new();
+            let mut add = |v: String| {
+                if !values.contains(&v) {
+                    values.push(v);
+                }
+            };
+            if key == "method" {
+                exp.methods.iter().for_each(|m| add(m.name.clone()));
+            }
+            for s in shapes {
+                if let Some(v) = s.get(key) {
+                    add(scalar_text(v));
+                }
+            }
+            for m in &exp.methods {
+                for a in m.axes.iter().filter(|a| &a.name == key) {
+                    a.values.iter().for_each(|v| add(scalar_text(v)));
+                }
+                if let Some(v) = m.params.get(key) {
+                    add(scalar_text(v));
+                }
+            }
+            parts.push(format!("{key} in {{{}}}", values.join(", ")));
+        }
+        parts.join(", ")
+    }
+
     /// Every key must name a shape field, `method`, or a space parameter.
     pub fn check_keys(&self, exp: &Experiment, shapes: &[Shape]) -> Result<(), Diagnostic> {
         let mut known: HashSet<String> = HashSet::from(["method".to_string()]);

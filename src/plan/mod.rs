@@ -111,7 +111,7 @@ pub struct PlanOptions<'a> {
 
 /// Whether every `--only` key names something the experiment has (a shape
 /// field, `method`, a space parameter): a companion experiment runs only then.
-pub fn filter_applies(exp: &Experiment, opts: &PlanOptions) -> bool {
+pub fn filter_applies(exp: &Experiment, opts: &PlanOptions<'_>) -> bool {
     opts.filter
         .check_keys(exp, shapes_for(exp, opts.mode))
         .is_ok()
@@ -128,7 +128,7 @@ fn shapes_for(exp: &Experiment, mode: Mode) -> &[Shape] {
 /// Streams every job to `sink`; returns the counts. `sink` may stop early.
 pub fn plan(
     exp: &Experiment,
-    opts: &PlanOptions,
+    opts: &PlanOptions<'_>,
     sink: &mut dyn FnMut(Job) -> ControlFlow<()>,
 ) -> Result<PlanSummary, Diagnostic> {
     let shapes = shapes_for(exp, opts.mode);
@@ -152,7 +152,7 @@ pub fn plan(
             "interpreter sample ({} configs per shape)",
             sample.map_or(4, |(n, _)| n)
         ),
-        Mode::Gpu => crate::search::describe(strategy.name(), &exp.search.params()),
+        Mode::Gpu => crate::search::describe(exp.search.kind.name(), &exp.search.params()),
     };
     let mut summary = PlanSummary {
         experiment: exp.name.clone(),
@@ -180,6 +180,15 @@ pub fn plan(
                 .collect(),
             ..Default::default()
         };
+        if let Some(fixed) = &method.fixed {
+            stopped = plan_fixed(exp, method, fixed, &selected, &mut counts, sink);
+            summary.jobs += counts.jobs;
+            summary.methods.push(counts);
+            if stopped {
+                break;
+            }
+            continue;
+        }
         for (shape_index, shape) in &selected {
             if stopped {
                 break;
@@ -259,9 +268,56 @@ pub fn plan(
     Ok(summary)
 }
 
+/// A method with one config per shape from a consumer's file: a job for
+/// each selected shape the file has a config for. Returns whether the sink
+/// stopped the plan.
+fn plan_fixed(
+    exp: &Experiment,
+    method: &Method,
+    fixed: &crate::manifest::FixedConfigs,
+    selected: &[(usize, &Shape)],
+    counts: &mut MethodCounts,
+    sink: &mut dyn FnMut(Job) -> ControlFlow<()>,
+) -> bool {
+    counts.space_points = 1;
+    for (shape_index, shape) in selected {
+        let Some(config) = fixed.config_for(shape) else {
+            continue;
+        };
+        counts.points += 1;
+        counts.valid += 1;
+        counts.jobs += 1;
+        let mut hasher = blake3::Hasher::new();
+        for part in [
+            exp.problem.as_str(),
+            &serde_json::to_string(shape).expect("shape serialises"),
+            &method.name,
+            &method.identity,
+            &serde_json::to_string(config).expect("config serialises"),
+        ] {
+            hasher.update(part.as_bytes());
+            hasher.update(b"\0");
+        }
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&hasher.finalize().as_bytes()[..8]);
+        let job = Job {
+            id: hex16(id),
+            shape_index: *shape_index,
+            method: method.name.clone(),
+            shape: (*shape).clone(),
+            config: config.clone(),
+            baseline: false,
+        };
+        if sink(job).is_break() {
+            return true;
+        }
+    }
+    false
+}
+
 /// Emits one job unless it is the baseline already emitted. Returns (flow, whether it was emitted).
 fn counts_job_skip(
-    space: &SpacePlan,
+    space: &SpacePlan<'_>,
     slots: &[Val],
     shape_index: usize,
     baseline_id: Option<&str>,
@@ -422,7 +478,7 @@ impl<'a> SpacePlan<'a> {
             }
             level
         };
-        let mut by_level: Vec<Vec<(usize, Check)>> =
+        let mut by_level: Vec<Vec<(usize, Check<'_>)>> =
             (0..=method.axes.len()).map(|_| Vec::new()).collect();
         for (i, c) in method.constraints.iter().enumerate() {
             let uses_derived = {
@@ -483,7 +539,7 @@ impl<'a> SpacePlan<'a> {
         })
     }
 
-    fn eval(&self, check: &Check, slots: &[Val]) -> Result<Val, Diagnostic> {
+    fn eval(&self, check: &Check<'_>, slots: &[Val]) -> Result<Val, Diagnostic> {
         match check {
             Check::Fast(c) => c.eval(slots).map_err(|e| self.eval_error(None, slots, e)),
             Check::Reference(e) => {
@@ -516,7 +572,7 @@ impl<'a> SpacePlan<'a> {
 
     /// Visits every valid point; `visit` gets the full slot vector and returns
     /// (flow, counted) where `counted` says whether it became a job.
-    fn walk(&self, counts: &mut MethodCounts, visit: &mut Visit) -> Result<(), Diagnostic> {
+    fn walk(&self, counts: &mut MethodCounts, visit: &mut Visit<'_>) -> Result<(), Diagnostic> {
         let mut slots = self.base.clone();
         let total: u64 = self.axes.iter().map(|a| a.len() as u64).product();
         counts.points += total;
@@ -551,7 +607,7 @@ impl<'a> SpacePlan<'a> {
         slots: &mut Vec<Val>,
         counts: &mut MethodCounts,
         suffix: &[u64],
-        visit: &mut Visit,
+        visit: &mut Visit<'_>,
         flow: &mut ControlFlow<()>,
     ) -> Result<(), Diagnostic> {
         if level == self.axes.len() {
@@ -681,7 +737,7 @@ impl<'a> SpacePlan<'a> {
 /// benchmarks. Returns (summary, xor of all ids) so the work cannot be skipped.
 pub fn count_with_ids(
     exp: &Experiment,
-    opts: &PlanOptions,
+    opts: &PlanOptions<'_>,
 ) -> Result<(PlanSummary, u64), Diagnostic> {
     let constants = device_constants(opts.device);
     let env = expr::environment();

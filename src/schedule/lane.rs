@@ -102,7 +102,7 @@ enum Slot {
 }
 
 pub fn run_group(
-    ctx: &LaneContext,
+    ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     group: Group,
     emit: &mut dyn FnMut(Event),
@@ -113,10 +113,9 @@ pub fn run_group(
         "shape": group.shape, "method": group.method, "jobs": group.jobs.len(),
     });
     let shape = serde_json::to_value(&group.shape).expect("shape");
-    let (flops, bytes) = match backend.describe(&shape, ctx.protocol.seed) {
-        Ok((f, b)) => (Some(f), Some(b)),
-        Err(_) => (None, None),
-    };
+    let (flops, bytes) = backend
+        .describe(&shape, ctx.protocol.seed)
+        .unwrap_or((None, None));
     let prior = ctx
         .prior
         .get(&group_key(&group.method, &group.shape))
@@ -125,7 +124,7 @@ pub fn run_group(
     let configs: Vec<IndexMap<String, serde_json::Value>> =
         jobs.iter().map(|j| j.config.clone()).collect();
     let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
-    let candidates: Vec<Candidate> = jobs
+    let candidates: Vec<Candidate<'_>> = jobs
         .iter()
         .zip(&configs)
         .zip(&ids)
@@ -412,7 +411,7 @@ impl Trials for Lane<'_, '_> {
 
 /// Check (fresh inputs, poisoned output, compare) and, unless only checking, warm up.
 fn prepare(
-    ctx: &LaneContext,
+    ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     kernel: &str,
     kind: MethodKind,
@@ -453,7 +452,7 @@ fn prepare(
 }
 
 fn take_batch(
-    ctx: &LaneContext,
+    ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     m: &mut Measured,
 ) -> Result<(), JobFailure> {
@@ -471,7 +470,7 @@ fn take_batch(
 /// The best few configs of a group, re-timed interleaved in shuffled order so
 /// that clock and thermal drift hit them alike.
 fn retime_finalists(
-    ctx: &LaneContext,
+    ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     kernel: &str,
     kind: MethodKind,
@@ -547,8 +546,12 @@ mod tests {
     }
 
     impl Backend for Fake {
-        fn describe(&mut self, _: &serde_json::Value, _: u64) -> Result<(f64, f64), JobFailure> {
-            Ok((1e9, 1e6))
+        fn describe(
+            &mut self,
+            _: &serde_json::Value,
+            _: u64,
+        ) -> Result<(Option<f64>, Option<f64>), JobFailure> {
+            Ok((Some(1e9), Some(1e6)))
         }
         fn compile(&mut self, _: &Job, _: &str, _: &str) -> Result<f64, JobFailure> {
             Ok(0.0)
@@ -723,6 +726,61 @@ mod tests {
         assert!(skipped
             .iter()
             .all(|j| j.stats.is_none() && j.check.is_none()));
+    }
+
+    /// A resumed surrogate search finds what the earlier run measured in its
+    /// group (the keys `prior_observations` builds are the ones a lane looks
+    /// up) and spends only what is left of its budget.
+    #[test]
+    fn a_resumed_surrogate_in_a_lane_finds_its_earlier_measurements() {
+        let surrogate = Surrogate {
+            budget: Some(6),
+            seed: 0,
+        };
+        let (first, _) = run(&surrogate, None);
+        // The earlier run measured three configs of the group.
+        let earlier: Vec<JobRecord> = first
+            .iter()
+            .filter(|j| !j.baseline && j.status == JobStatus::Ok)
+            .take(3)
+            .cloned()
+            .collect();
+        assert_eq!(earlier.len(), 3);
+        let prior = prior_observations(&earlier);
+        assert_eq!(prior.values().map(Vec::len).sum::<usize>(), 3);
+        let mut g = group();
+        g.jobs.retain(|j| !earlier.iter().any(|e| e.job_id == j.id));
+        let peak = |_: Option<&str>| 1000.0;
+        let mut protocol = crate::manifest::default_protocol();
+        protocol.finalists = 0;
+        let ctx = LaneContext {
+            protocol,
+            tolerance: Tolerance {
+                atol: 0.0,
+                rtol: 0.0,
+                max_mismatch: 0.0,
+                per_dtype: IndexMap::new(),
+            },
+            strategy: &surrogate,
+            run_mode: RunMode::Tune,
+            flush: Flush::NONE,
+            peak_gbs: 1000.0,
+            peak_tflops: &peak,
+            compile: None,
+            lane: 0,
+            prior: &prior,
+        };
+        let mut jobs = Vec::new();
+        run_group(&ctx, &mut Fake { prepared: None }, g, &mut |e| {
+            if let Event::Job(r) = e {
+                jobs.push(*r)
+            }
+        });
+        let measured = jobs
+            .iter()
+            .filter(|j| !j.baseline && j.status != JobStatus::Skipped)
+            .count();
+        assert_eq!(measured, 3, "6 in the budget, 3 measured before");
     }
 
     /// The compiler's verdict from the pool is the job's; a compile worker

@@ -5,15 +5,20 @@
 //!
 //! [`run`] reads as its phases:
 //! 1. [`Resume::read`]: what the results directory already holds;
-//! 2. [`count_plan`]: the jobs to run (a bad `--only` or manifest stops here);
+//! 2. [`count_plan`]: the jobs to run (a bad `--only` or manifest, or a plan
+//!    with nothing to run, stops here);
 //! 3. [`Workers::start`]: the compile pool and the first lane's worker, which
-//!    must answer before anything is written;
-//! 4. [`Journal::open`]: the results directory and its lock, the run header;
+//!    must answer before anything is written; then
+//!    [`preflight::check_problem`]: the problem imports, has its methods, and
+//!    its space values have the types they declare;
+//! 4. [`Journal::open`]: the results directory and its lock, the run header.
+//!    Until here a refused run leaves nothing behind ([`preflight::CreatedDirs`]);
 //! 5. [`drain`]: planner, lanes and the journal's single writer until done;
 //! 6. the outputs, regenerated from the journal.
 
 pub mod compile;
 pub mod lane;
+pub mod preflight;
 pub mod progress;
 
 use std::collections::{HashMap, HashSet};
@@ -65,7 +70,8 @@ pub struct RunOptions<'a> {
     pub run_mode: RunMode,
     pub filter: Filter,
     pub python: String,
-    pub python_path: PathBuf,
+    /// Folders put first on the workers' PYTHONPATH.
+    pub python_path: Vec<PathBuf>,
     pub results_dir: PathBuf,
     pub compile_workers: usize,
     /// Only these job ids (from `--use-best`), besides baselines.
@@ -86,15 +92,13 @@ pub struct RunOutcome {
     pub checked: u64,
     pub interrupted: bool,
     pub fingerprint_changes: Vec<String>,
-    /// What opening the journal repaired, and other things worth a line.
-    pub notices: Vec<String>,
     pub wall_s: f64,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("{0}")]
-    Input(Diagnostic),
+    Input(crate::diag::Diagnostics),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -137,14 +141,24 @@ pub fn effective_protocol(p: &Protocol, mode: Mode) -> Protocol {
     }
 }
 
-pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome, RunError> {
+pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOutcome, RunError> {
     let started = Instant::now();
     install_interrupt_handler();
     let exp = opts.exp;
-    let strategy = exp.search.strategy(exp.protocol.finalists);
     let protocol = effective_protocol(&exp.protocol, opts.mode);
+    // Halving keeps at least the finalists of the protocol this run uses.
+    let strategy = exp.search.strategy(protocol.finalists);
     let dir = results_dir(&opts.results_dir, exp, &opts.device, opts.mode);
+    let mut created = preflight::CreatedDirs::before(&dir);
 
+    // A directory that holds results is locked and repaired before it is
+    // read, so what is read is what this run appends to and no other run
+    // starts workers against it. A new one is made only once the run starts.
+    let existing = if dir.exists() {
+        Some(open_journal(&dir)?)
+    } else {
+        None
+    };
     let resume = Resume::read(&dir, strategy.as_ref(), opts.run_mode, &protocol, exp)?;
     let select = Selection {
         done: &resume.done,
@@ -156,45 +170,22 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         filter: &opts.filter,
         mode: opts.mode,
     };
-    let (planned, skipped) = count_plan(exp, &plan_opts, &select)?;
+    let (planned, skipped, first_shape) = count_plan(exp, &plan_opts, &select)?;
+    let Some(first_shape) = first_shape else {
+        let use_best = opts.only_jobs.is_some();
+        return Err(RunError::Input(
+            preflight::no_jobs(exp, &opts.filter, opts.mode, opts.run_mode, use_best).into(),
+        ));
+    };
 
     let timeout = Duration::from_secs_f64(protocol.timeout_s);
-    let workers = Workers::start(&opts, &dir, timeout)?;
-    let (mut journal, repaired) = Journal::open(&dir)?;
-
-    let mut outcome = RunOutcome {
-        dir: dir.clone(),
-        planned,
-        skipped,
-        notices: resume.warnings.clone(),
-        ..Default::default()
-    };
-    outcome.notices.extend(repaired);
-    let mut fingerprint = fingerprint_base;
-    fingerprint.python = Some(workers.hello.python.clone());
-    fingerprint.torch = workers.hello.torch.clone();
-    fingerprint.triton = workers.hello.triton.clone();
-    fingerprint.cuda = workers.hello.cuda.clone();
-    outcome.fingerprint_changes = resume
-        .previous
-        .header
-        .as_ref()
-        .map(|h| diff_fingerprint(&h.fingerprint, &fingerprint))
-        .unwrap_or_default();
+    let workers = Workers::start(&opts, &dir, timeout);
     let tolerance = match (opts.mode, &exp.interpreter) {
         (Mode::Interpreter, Some(i)) => {
             i.tolerance.clone().unwrap_or_else(|| exp.tolerance.clone())
         }
         _ => exp.tolerance.clone(),
     };
-    journal.append(&Entry::Run(Box::new(run_header(
-        &opts,
-        &protocol,
-        &tolerance,
-        fingerprint,
-        planned,
-    ))))?;
-
     let run = Drain {
         opts: &opts,
         protocol,
@@ -204,17 +195,38 @@ pub fn run(opts: RunOptions, fingerprint_base: Fingerprint) -> Result<RunOutcome
         select: &select,
         plan_opts: &plan_opts,
     };
-    drain(&run, workers, &mut journal, &mut outcome)?;
-    drop(journal);
+    let mut outcome = RunOutcome {
+        dir: dir.clone(),
+        planned,
+        skipped,
+        ..Default::default()
+    };
+    let opening = Opening {
+        dir: &dir,
+        existing,
+        created: &mut created,
+        first_shape: &first_shape,
+        previous: resume.previous.header.as_ref(),
+        fingerprint: fingerprint_base,
+    };
+    drain(&run, workers, opening, &mut outcome)?;
     outcome.interrupted = interrupted();
     outcome.wall_s = started.elapsed().as_secs_f64();
     Ok(outcome)
 }
 
+/// Locks and opens a results directory's journal, saying at once what it repaired.
+fn open_journal(dir: &Path) -> Result<Journal, RunError> {
+    let (journal, repaired) = Journal::open(dir)?;
+    if let Some(notice) = repaired {
+        eprintln!("warning: {notice}");
+    }
+    Ok(journal)
+}
+
 /// What a results directory already holds, read before anything is written.
 struct Resume {
     previous: Results,
-    warnings: Vec<String>,
     /// Jobs this run need not run again.
     done: HashSet<String>,
     /// What earlier runs measured, by group, for a strategy that learns from it.
@@ -235,14 +247,19 @@ impl Resume {
         } else {
             Default::default()
         };
+        for w in &warnings {
+            eprintln!("warning: {w}");
+        }
         if let Some(h) = &previous.header {
             if let Some(message) = flush_conflict(h.protocol.flush, protocol.flush) {
                 return Err(RunError::Input(
-                    Diagnostic::in_file(&exp.manifest_path, message).help(format!(
-                        "set `protocol: {{flush_with: {}}}` to go on with {}, or pass a fresh --results-dir",
-                        h.protocol.flush.as_str(),
-                        dir.display()
-                    )),
+                    Diagnostic::in_file(&exp.manifest_path, message)
+                        .help(format!(
+                            "set `protocol: {{flush_with: {}}}` to go on with {}, or pass a fresh --results-dir",
+                            h.protocol.flush.as_str(),
+                            dir.display()
+                        ))
+                        .into(),
                 ));
             }
         }
@@ -267,7 +284,6 @@ impl Resume {
         };
         Ok(Resume {
             previous,
-            warnings,
             done,
             prior,
         })
@@ -276,33 +292,36 @@ impl Resume {
 
 /// Plans once to count the jobs to run and those already done, so progress
 /// has a total and a bad filter or space stops the run before it starts.
+/// Also returns the first selected job's shape, if any job is selected.
 fn count_plan(
     exp: &Experiment,
-    plan_opts: &PlanOptions,
-    select: &Selection,
-) -> Result<(u64, u64), RunError> {
-    let (mut planned, mut skipped) = (0u64, 0u64);
+    plan_opts: &PlanOptions<'_>,
+    select: &Selection<'_>,
+) -> Result<(u64, u64, Option<Shape>), RunError> {
+    let (mut planned, mut skipped, mut first) = (0u64, 0u64, None);
     plan::plan(exp, plan_opts, &mut |job| {
         match select.keep(&job, exp) {
             Keep::Run => planned += 1,
             Keep::Done => skipped += 1,
-            Keep::No => {}
+            Keep::No => return ControlFlow::Continue(()),
+        }
+        if first.is_none() {
+            first = Some(job.shape);
         }
         ControlFlow::Continue(())
     })
-    .map_err(RunError::Input)?;
-    Ok((planned, skipped))
+    .map_err(|d| RunError::Input(d.into()))?;
+    Ok((planned, skipped, first))
 }
 
 /// How a worker of a role, for a device, logging to a file, is started.
 type SpecFor = dyn Fn(&str, Option<String>, String) -> WorkerSpec;
 
-/// The Python workers of a run: a compile pool and the first lane's worker,
-/// which has answered `hello`.
+/// The Python workers of a run: a compile pool, and the first lane's worker
+/// starting on a thread of its own (importing torch takes seconds).
 struct Workers {
     pool: Option<compile::CompilePool>,
-    first_lane: PythonBackend,
-    hello: Hello,
+    first_lane: std::thread::JoinHandle<(PythonBackend, Result<Hello, JobFailure>)>,
     /// Starts the worker of every further lane.
     spec: Box<SpecFor>,
     lanes: Vec<Option<String>>,
@@ -311,8 +330,9 @@ struct Workers {
 
 impl Workers {
     /// Starts the compile pool first (its workers import Triton while the
-    /// lane's worker imports torch), then waits for the first lane's worker.
-    fn start(opts: &RunOptions, dir: &Path, timeout: Duration) -> Result<Workers, RunError> {
+    /// lane's worker imports torch), and the first lane's worker; neither
+    /// is waited for here.
+    fn start(opts: &RunOptions<'_>, dir: &Path, timeout: Duration) -> Workers {
         let exp = opts.exp;
         let lanes: Vec<Option<String>> = if opts.mode == Mode::Interpreter || opts.gpus.is_empty() {
             vec![None]
@@ -348,32 +368,40 @@ impl Workers {
                 .collect();
             compile::CompilePool::start(workers)
         });
-        let mut first_lane = PythonBackend::new(
+        let mut first = PythonBackend::new(
             spec("lane", lanes[0].clone(), "lane0.log".into()),
             &exp.problem,
             timeout,
         );
-        let hello = first_lane.hello().map_err(|f: JobFailure| {
-            RunError::Environment(format!(
-                "the Python worker did not start ({}): {}\n  = help: run `tunelab doctor`",
-                f.class.as_str(),
-                f.message
-            ))
-        })?;
-        Ok(Workers {
+        let first_lane = std::thread::spawn(move || {
+            let hello = first.hello();
+            (first, hello)
+        });
+        Workers {
             pool,
             first_lane,
-            hello,
             spec: Box::new(spec),
             lanes,
             timeout,
-        })
+        }
     }
+}
+
+/// What the run needs to open its journal once its first worker answered.
+struct Opening<'a> {
+    dir: &'a Path,
+    /// The journal of a directory that already held results, locked.
+    existing: Option<Journal>,
+    created: &'a mut preflight::CreatedDirs,
+    first_shape: &'a Shape,
+    /// The journal's last run header, to report what changed since.
+    previous: Option<&'a RunHeader>,
+    fingerprint: Fingerprint,
 }
 
 /// The journal header of this run.
 fn run_header(
-    opts: &RunOptions,
+    opts: &RunOptions<'_>,
     protocol: &Protocol,
     tolerance: &Tolerance,
     fingerprint: Fingerprint,
@@ -401,6 +429,7 @@ fn run_header(
         protocol: protocol.clone(),
         search: SearchRecord::from(&exp.search),
         tolerance: tolerance.clone(),
+        compared: exp.compared.clone(),
         fingerprint,
         started_at: now_rfc3339(),
         planned_jobs: planned,
@@ -418,14 +447,16 @@ struct Drain<'a> {
     plan_opts: &'a PlanOptions<'a>,
 }
 
-/// Runs the plan to the end (or to Ctrl-C): the planner feeds groups to the
-/// lanes and jobs to the compile pool; each lane measures its groups; this
-/// thread is the journal's single writer, so every record is on disk before
-/// the next is read.
+/// Runs the plan to the end (or to Ctrl-C). The planner starts at once,
+/// feeding the compile pool while the first lane's worker imports torch;
+/// then the worker must answer and the problem load (else the run stops,
+/// having written nothing), the journal opens with the run's header, the
+/// lanes start, and this thread becomes the journal's single writer: every
+/// record is on disk before the next is read.
 fn drain(
-    run: &Drain,
+    run: &Drain<'_>,
     workers: Workers,
-    journal: &mut Journal,
+    opening: Opening<'_>,
     outcome: &mut RunOutcome,
 ) -> Result<(), RunError> {
     let opts = run.opts;
@@ -435,7 +466,6 @@ fn drain(
         spec,
         lanes,
         timeout,
-        ..
     } = workers;
     let flush = match (opts.mode, run.protocol.flush) {
         (Mode::Gpu, L2Flush::Read | L2Flush::Memset) => Flush {
@@ -446,6 +476,7 @@ fn drain(
     };
     let unused_board = compile::CompileBoard::default();
     let board = pool.as_ref().map_or(&unused_board, |p| p.board());
+    let use_pool = pool.is_some();
     let peak = |dtype: Option<&str>| -> f64 {
         match dtype {
             Some("fp32") => opts.device.peak_tflops_fp32,
@@ -454,60 +485,54 @@ fn drain(
             _ => opts.device.peak_tflops_bf16,
         }
     };
-    // Groups queued ahead of the lanes; the compile pool sees their jobs as
-    // soon as they are queued, so this is also how far ahead it can compile.
-    let (group_tx, group_rx) = mpsc::sync_channel::<Group>(GROUPS_AHEAD);
-    let group_rx = Arc::new(Mutex::new(group_rx));
-    let (event_tx, event_rx) = mpsc::channel::<Event>();
-    let mut display = progress::Progress::new(outcome.planned, opts.progress);
-    let use_pool = pool.is_some();
-
-    std::thread::scope(|scope| -> Result<(), RunError> {
+    let lane_opts = LaneOptions {
+        run,
+        flush,
+        peak: &peak,
+        board: use_pool.then_some(board),
+    };
+    let result = std::thread::scope(|scope| -> Result<(), RunError> {
+        // Groups queued ahead of the lanes; the compile pool sees their jobs
+        // as soon as they are queued, so this is also how far ahead it
+        // compiles. The queue lives in this closure: whatever ends it drops
+        // the queue, and the planner, finding no reader, stops.
+        let (group_tx, group_rx) = mpsc::sync_channel::<Group>(GROUPS_AHEAD);
+        let group_rx = Arc::new(Mutex::new(group_rx));
         let planner = spawn_planner(scope, run, group_tx, use_pool.then_some(board));
-        let mut first = Some(first_lane);
-        for (i, device) in lanes.iter().enumerate() {
-            let mut backend = first.take().unwrap_or_else(|| {
-                PythonBackend::new(
-                    spec("lane", device.clone(), format!("lane{i}.log")),
-                    &opts.exp.problem,
-                    timeout,
-                )
-            });
-            let rx = Arc::clone(&group_rx);
-            let events = event_tx.clone();
-            let ctx = lane::LaneContext {
-                protocol: run.protocol.clone(),
-                tolerance: run.tolerance.clone(),
-                strategy: run.strategy,
-                run_mode: opts.run_mode,
-                flush,
-                peak_gbs: opts.device.peak_gbs,
-                peak_tflops: &peak,
-                compile: use_pool.then_some(board),
-                lane: i as u32,
-                prior: run.prior,
-            };
-            scope.spawn(move || {
-                loop {
-                    let group = match rx.lock().expect("group queue").recv() {
-                        Ok(g) => g,
-                        Err(_) => break,
-                    };
-                    // The journal's writer stops at its first failed write; a
-                    // result nobody can record is not worth measuring.
-                    let mut writer_gone = false;
-                    lane::run_group(&ctx, &mut backend as &mut dyn Backend, group, &mut |e| {
-                        writer_gone |= events.send(e).is_err();
-                    });
-                    if interrupted() || writer_gone {
-                        break;
-                    }
-                }
-                backend.shutdown();
-            });
-        }
-        drop(event_tx);
 
+        let (mut first, hello) = first_lane.join().expect("lane start-up thread");
+        // The failure's message says what to do.
+        let hello = hello.map_err(|f| RunError::Environment(f.message))?;
+        preflight::check_problem(opts.exp, &mut first, opening.first_shape, &opts.python)
+            .map_err(RunError::Input)?;
+        let mut journal = match opening.existing {
+            Some(journal) => journal,
+            None => open_journal(opening.dir)?,
+        };
+        opening.created.keep();
+        let mut fingerprint = opening.fingerprint;
+        fingerprint.python = Some(hello.python.clone());
+        fingerprint.torch = hello.torch.clone();
+        fingerprint.triton = hello.triton.clone();
+        fingerprint.cuda = hello.cuda.clone();
+        outcome.fingerprint_changes = opening
+            .previous
+            .map(|h| diff_fingerprint(&h.fingerprint, &fingerprint))
+            .unwrap_or_default();
+        journal.append(&Entry::Run(Box::new(run_header(
+            opts,
+            &run.protocol,
+            &run.tolerance,
+            fingerprint,
+            outcome.planned,
+        ))))?;
+
+        let (event_tx, event_rx) = mpsc::channel::<Event>();
+        spawn_lanes(
+            scope, &lane_opts, first, &spec, &lanes, timeout, &group_rx, &event_tx,
+        );
+        drop((event_tx, group_rx));
+        let mut display = progress::Progress::new(outcome.planned, opts.progress);
         for event in event_rx {
             match event {
                 Event::Job(record) => {
@@ -530,11 +555,78 @@ fn drain(
         planner
             .join()
             .expect("planner thread")
-            .map_err(RunError::Input)
-    })?;
+            .map_err(|d| RunError::Input(d.into()))
+    });
     // The compile workers have drained their queue by now; wait for them to exit.
     drop(pool);
-    Ok(())
+    result
+}
+
+/// What every lane of a run shares.
+struct LaneOptions<'a> {
+    run: &'a Drain<'a>,
+    flush: Flush,
+    peak: &'a (dyn Fn(Option<&str>) -> f64 + Sync),
+    board: Option<&'a compile::CompileBoard>,
+}
+
+/// One thread per lane, each owning one GPU's worker: it takes groups from
+/// the queue until the queue closes, the run is interrupted or the journal's
+/// writer is gone, then shuts its worker down.
+#[allow(clippy::too_many_arguments)]
+fn spawn_lanes<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    o: &'scope LaneOptions<'env>,
+    first_lane: PythonBackend,
+    spec: &SpecFor,
+    lanes: &[Option<String>],
+    timeout: Duration,
+    group_rx: &Arc<Mutex<mpsc::Receiver<Group>>>,
+    event_tx: &mpsc::Sender<Event>,
+) {
+    let run = o.run;
+    let mut first = Some(first_lane);
+    for (i, device) in lanes.iter().enumerate() {
+        let mut backend = first.take().unwrap_or_else(|| {
+            PythonBackend::new(
+                spec("lane", device.clone(), format!("lane{i}.log")),
+                &run.opts.exp.problem,
+                timeout,
+            )
+        });
+        let rx = Arc::clone(group_rx);
+        let events = event_tx.clone();
+        let ctx = lane::LaneContext {
+            protocol: run.protocol.clone(),
+            tolerance: run.tolerance.clone(),
+            strategy: run.strategy,
+            run_mode: run.opts.run_mode,
+            flush: o.flush,
+            peak_gbs: run.opts.device.peak_gbs,
+            peak_tflops: o.peak,
+            compile: o.board,
+            lane: i as u32,
+            prior: run.prior,
+        };
+        scope.spawn(move || {
+            loop {
+                let group = match rx.lock().expect("group queue").recv() {
+                    Ok(g) => g,
+                    Err(_) => break,
+                };
+                // The journal's writer stops at its first failed write; a
+                // result nobody can record is not worth measuring.
+                let mut writer_gone = false;
+                lane::run_group(&ctx, &mut backend as &mut dyn Backend, group, &mut |e| {
+                    writer_gone |= events.send(e).is_err();
+                });
+                if interrupted() || writer_gone {
+                    break;
+                }
+            }
+            backend.shutdown();
+        });
+    }
 }
 
 /// The planner thread: jobs in plan order, grouped by (shape, method), to the

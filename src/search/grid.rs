@@ -2,23 +2,19 @@
 //! full protocol, in plan order. Adaptive stopping makes this cheap: most
 //! configs converge in one sample batch.
 
-use super::{Candidate, Strategy, StrategyName, Trials};
+use super::{Candidate, Strategy, Trials};
 
 pub struct Grid;
 
 impl Strategy for Grid {
-    fn name(&self) -> StrategyName {
-        StrategyName::Grid
-    }
-
-    fn search(&self, candidates: &[Candidate], trials: &mut dyn Trials) {
+    fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
         measure_all(candidates, trials);
     }
 }
 
 /// Measure every candidate fully, in order: grid's search, and random's on
 /// the sample the planner drew.
-pub(super) fn measure_all(candidates: &[Candidate], trials: &mut dyn Trials) {
+pub(super) fn measure_all(candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
     for i in 0..candidates.len() {
         if trials.interrupted() {
             return;

@@ -5,7 +5,7 @@
 //! fresh samples. Dropped configs are recorded as pruned with their
 //! screening statistics.
 
-use super::{Candidate, Strategy, StrategyName, Trials};
+use super::{Candidate, Strategy, Trials};
 
 /// Screening batches per survivor grow as eta^round, up to this many.
 const MAX_SCREEN_BATCHES: usize = 16;
@@ -17,11 +17,7 @@ pub struct Halving {
 }
 
 impl Strategy for Halving {
-    fn name(&self) -> StrategyName {
-        StrategyName::Halving
-    }
-
-    fn search(&self, candidates: &[Candidate], trials: &mut dyn Trials) {
+    fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
         // (candidate, median of its screening samples so far)
         let mut alive: Vec<(usize, f64)> = Vec::new();
         for i in 0..candidates.len() {

@@ -60,17 +60,6 @@ pub enum StrategyName {
     Surrogate,
 }
 
-impl StrategyName {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StrategyName::Grid => "grid",
-            StrategyName::Random => "random",
-            StrategyName::Halving => "halving",
-            StrategyName::Surrogate => "surrogate",
-        }
-    }
-}
-
 impl SearchKind {
     pub fn name(&self) -> StrategyName {
         match self {
@@ -191,8 +180,6 @@ pub trait Trials {
 
 /// One search strategy. See the module documentation.
 pub trait Strategy: Send + Sync {
-    /// The name journals record.
-    fn name(&self) -> StrategyName;
     /// At plan time: draw this many configs per group, seeded, and plan only
     /// those (random search). `None`: every valid config becomes a job.
     fn sample_per_group(&self) -> Option<(u64, u64)> {
@@ -209,7 +196,7 @@ pub trait Strategy: Send + Sync {
         false
     }
     /// Measure the group's candidates (tune mode).
-    fn search(&self, candidates: &[Candidate], trials: &mut dyn Trials);
+    fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials);
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! seeded reservoir sample when the run is planned, so `tunelab plan` shows
 //! exactly the jobs that will run; each is measured fully.
 
-use super::{Candidate, Strategy, StrategyName, Trials};
+use super::{Candidate, Strategy, Trials};
 
 pub struct Random {
     pub budget: u64,
@@ -10,15 +10,11 @@ pub struct Random {
 }
 
 impl Strategy for Random {
-    fn name(&self) -> StrategyName {
-        StrategyName::Random
-    }
-
     fn sample_per_group(&self) -> Option<(u64, u64)> {
         Some((self.budget, self.seed))
     }
 
-    fn search(&self, candidates: &[Candidate], trials: &mut dyn Trials) {
+    fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
         super::grid::measure_all(candidates, trials);
     }
 }

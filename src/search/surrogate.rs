@@ -8,7 +8,7 @@
 use indexmap::IndexMap;
 use serde_json::Value as Json;
 
-use super::{gp, Candidate, PriorObservation, Strategy, StrategyName, Trials};
+use super::{gp, Candidate, PriorObservation, Strategy, Trials};
 use crate::rng::{hash_str, SplitMix64};
 
 pub struct Surrogate {
@@ -18,10 +18,6 @@ pub struct Surrogate {
 }
 
 impl Strategy for Surrogate {
-    fn name(&self) -> StrategyName {
-        StrategyName::Surrogate
-    }
-
     fn keeps_skipped(&self) -> bool {
         true
     }
@@ -30,7 +26,7 @@ impl Strategy for Surrogate {
         true
     }
 
-    fn search(&self, candidates: &[Candidate], trials: &mut dyn Trials) {
+    fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
         for (i, c) in candidates.iter().enumerate() {
             if c.baseline {
                 if trials.interrupted() {

@@ -12,6 +12,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
+
 use std::path::{Path, PathBuf};
 
 use super::record::{Entry, Results, FORMAT_VERSION};
@@ -88,28 +89,18 @@ impl Journal {
             .read(true)
             .open(&path)
             .map_err(io(&path))?;
-        let journal = Journal { file, path, lock };
+        let mut journal = Journal { file, path, lock };
         let notice = journal.repair_torn_line()?;
         Ok((journal, notice))
     }
 
-    /// A run that died mid-write leaves a last line without its newline: an
-    /// entry that was never whole. Cut it off, so every later reader sees
-    /// only whole entries and the next entry starts on its own line.
-    fn repair_torn_line(&self) -> Result<Option<String>, StoreError> {
-        let text = std::fs::read(&self.path).map_err(io(&self.path))?;
-        if text.is_empty() || text.last() == Some(&b'\n') {
-            return Ok(None);
-        }
-        let keep = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        let line = text[..keep].iter().filter(|&&b| b == b'\n').count() + 1;
-        self.file.set_len(keep as u64).map_err(io(&self.path))?;
-        self.file.sync_data().map_err(io(&self.path))?;
-        Ok(Some(format!(
-            "{}:{line}: removed a torn last entry ({} bytes) left by a run that stopped mid-write; every whole entry is kept",
-            self.path.display(),
-            text.len() - keep
-        )))
+    /// A run that died mid-write can leave a last line without its newline.
+    /// If that line is a whole entry, only the newline is missing: it is
+    /// added. Otherwise the entry was never whole: it is cut off, so every
+    /// later reader sees only whole entries and the next one starts on its
+    /// own line.
+    fn repair_torn_line(&mut self) -> Result<Option<String>, StoreError> {
+        repair_tail(&mut self.file, &self.path)
     }
 
     pub fn append(&mut self, entry: &Entry) -> Result<(), StoreError> {
@@ -120,16 +111,34 @@ impl Journal {
             .map_err(io(&self.path))?;
         self.file.sync_data().map_err(io(&self.path))
     }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 impl Drop for Journal {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.lock);
     }
+}
+
+/// See [`Journal::repair_torn_line`]; `file` is the live journal, open for appending.
+fn repair_tail(file: &mut File, path: &Path) -> Result<Option<String>, StoreError> {
+    let text = std::fs::read(path).map_err(io(path))?;
+    if text.is_empty() || text.last() == Some(&b'\n') {
+        return Ok(None);
+    }
+    let keep = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let line = text[..keep].iter().filter(|&&b| b == b'\n').count() + 1;
+    if serde_json::from_slice::<Entry>(&text[keep..]).is_ok() {
+        file.write_all(b"\n").map_err(io(path))?;
+        file.sync_data().map_err(io(path))?;
+        return Ok(None);
+    }
+    file.set_len(keep as u64).map_err(io(path))?;
+    file.sync_data().map_err(io(path))?;
+    Ok(Some(format!(
+        "{}:{line}: removed a torn last entry ({} bytes) left by a run that stopped mid-write; every whole entry is kept",
+        path.display(),
+        text.len() - keep
+    )))
 }
 
 fn acquire(lock: &Path, dir: &Path) -> Result<(), StoreError> {
@@ -215,9 +224,14 @@ struct Reader {
 
 impl Reader {
     fn read(&mut self, path: &Path, source: Box<dyn Read>) -> Result<(), StoreError> {
-        for (n, line) in BufReader::new(source).lines().enumerate() {
+        // Split on bytes: a torn line may end inside a character, and one bad
+        // line must not make the whole journal unreadable.
+        for (n, line) in BufReader::new(source).split(b'\n').enumerate() {
             let line = line.map_err(read_err(path))?;
-            self.line(path, n + 1, &line)?;
+            match std::str::from_utf8(&line) {
+                Ok(text) => self.line(path, n + 1, text)?,
+                Err(_) => self.warn(path, n + 1, "not UTF-8 text"),
+            }
         }
         Ok(())
     }
@@ -321,6 +335,18 @@ pub fn pack(dir: &Path) -> Result<(u64, u64), StoreError> {
 fn pack_locked(dir: &Path) -> Result<(u64, u64), StoreError> {
     let packed = dir.join(PACKED_JOURNAL);
     let live = dir.join(JOURNAL);
+    if live.is_file() {
+        // A torn tail must not be frozen into the packed file, where no
+        // repair reaches it.
+        let mut file = OpenOptions::new()
+            .append(true)
+            .read(true)
+            .open(&live)
+            .map_err(io(&live))?;
+        if let Some(notice) = repair_tail(&mut file, &live)? {
+            eprintln!("warning: {notice}");
+        }
+    }
     if !live.is_file() {
         return match packed.metadata() {
             Ok(m) => Ok((m.len(), m.len())),

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use crate::device::DeviceInfo;
+pub use crate::manifest::Compared;
 use crate::manifest::{MethodKind, OutputFormat, Tolerance};
 use crate::measure::{Protocol, Stats};
 use crate::plan::{Mode, RunMode};
@@ -53,6 +54,7 @@ impl FailureClass {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct Failure {
     pub class: FailureClass,
     pub message: String,
@@ -60,6 +62,7 @@ pub struct Failure {
 
 /// The correctness gate's findings.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct CheckResult {
     pub passed: bool,
     pub max_abs_err: Option<f64>,
@@ -153,6 +156,8 @@ pub struct RunHeader {
     pub protocol: Protocol,
     pub search: SearchRecord,
     pub tolerance: Tolerance,
+    /// Consumers' tuned files timed as methods of their own (`--compare-to`).
+    pub compared: Vec<Compared>,
     pub fingerprint: Fingerprint,
     pub started_at: String,
     pub planned_jobs: u64,

@@ -146,6 +146,7 @@ impl RunHeaderV1 {
             protocol,
             search: search(&self.search).ok_or_else(|| bad("search", &self.search))?,
             tolerance,
+            compared: Vec::new(),
             fingerprint: self.fingerprint,
             started_at: self.started_at,
             planned_jobs: self.planned_jobs,

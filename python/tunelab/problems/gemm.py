@@ -14,7 +14,7 @@ from tunelab.lazy import torch
 from tunelab.dtypes import element_size, torch_dtype
 
 if TYPE_CHECKING:
-    from tunelab.protocols import CompilingMethod, Method, ProblemClass
+    from tunelab.protocols import CompilingMethod, Method, ProblemClass, TypedMethod
 
 
 class Launch:
@@ -80,6 +80,15 @@ class Gemm:
 class TritonMatmul:
     """tunelab's own Triton GEMM (tunelab.kernels.matmul)."""
 
+    config_types = {
+        "BLOCK_SIZE_M": int,
+        "BLOCK_SIZE_N": int,
+        "BLOCK_SIZE_K": int,
+        "GROUP_SIZE_M": int,
+        "num_warps": int,
+        "num_stages": int,
+    }
+
     def bind(self, problem: Gemm, inputs: dict, config: dict) -> Launch:
         from tunelab.kernels import matmul
 
@@ -95,6 +104,8 @@ class TritonMatmul:
 class TorchMatmul:
     """torch.matmul (cuBLAS on GPU) writing into the preallocated output."""
 
+    config_types: dict = {}
+
     def bind(self, problem: Gemm, inputs: dict, config: dict) -> Launch:
         a, b = inputs["a"], inputs["b"]
         out = problem.new_output(inputs)
@@ -109,4 +120,5 @@ if TYPE_CHECKING:
     # The contract of tunelab.protocols, checked by mypy (`just typecheck`).
     _problem: ProblemClass = Gemm
     _matmul: CompilingMethod[Gemm] = TritonMatmul()
-    _torch_matmul: Method[Gemm] = TorchMatmul()
+    _matmul_typed: TypedMethod[Gemm] = TritonMatmul()
+    _torch_matmul: TypedMethod[Gemm] = TorchMatmul()

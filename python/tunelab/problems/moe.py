@@ -29,7 +29,7 @@ from tunelab.dtypes import element_size, torch_dtype
 from tunelab.kernels.launch import interpreting
 
 if TYPE_CHECKING:
-    from tunelab.protocols import CompilingMethod, Method, ProblemClass, ProblemWithBytesFor
+    from tunelab.protocols import CompilingMethod, Method, ProblemClass, ProblemWithBytesFor, TypedMethod
 
 ACTIVATIONS = ("silu", "swiglu_oai")
 ROUTINGS = ("random", "uniform")
@@ -219,6 +219,7 @@ class TritonFusedMoE:
     name = "fused_moe"
     kind = "triton"
     config_keys = CONFIG_KEYS
+    config_types = {key: int for key in CONFIG_KEYS}
 
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
         from tunelab.kernels.fused_moe import FusedMoELaunch, make_plan
@@ -251,6 +252,7 @@ class TorchMoE:
     name = "torch"
     kind = "torch"
     config_keys = ()
+    config_types: dict = {}
 
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
         return _TorchLaunch(problem, inputs)
@@ -293,4 +295,5 @@ if TYPE_CHECKING:
     _problem: ProblemClass = FusedMoE
     _bytes_for: type[ProblemWithBytesFor] = FusedMoE
     _fused: CompilingMethod[FusedMoE] = TritonFusedMoE()
-    _torch: Method[FusedMoE] = TorchMoE()
+    _fused_typed: TypedMethod[FusedMoE] = TritonFusedMoE()
+    _torch: TypedMethod[FusedMoE] = TorchMoE()

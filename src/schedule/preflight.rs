@@ -1,0 +1,194 @@
+//! What a run checks before it writes anything: that the plan holds jobs,
+//! that the problem imports and has its methods, that the space values are
+//! of the types the methods declare. Any failure here is bad input (exit 2)
+//! and leaves nothing behind: [`CreatedDirs`] removes the folders the start
+//! of the run made.
+
+use std::path::{Path, PathBuf};
+
+use crate::backend::{JobFailure, PythonBackend};
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::manifest::{Experiment, Shape};
+use crate::plan::{Filter, Mode, RunMode};
+
+/// Why a run has nothing to do: an `--only` that matches nothing (naming
+/// what there is), a bench run with no baselines, or `--use-best` naming
+/// none of this experiment's jobs.
+pub fn no_jobs(
+    exp: &Experiment,
+    filter: &Filter,
+    mode: Mode,
+    run_mode: RunMode,
+    use_best: bool,
+) -> Diagnostic {
+    let shapes = match (mode, &exp.interpreter) {
+        (Mode::Interpreter, Some(i)) => &i.shapes,
+        _ => &exp.shapes,
+    };
+    if !filter.is_empty() {
+        let set = match (mode, &exp.interpreter) {
+            (Mode::Interpreter, Some(_)) => {
+                "without a GPU the experiment runs its `interpreter:` shapes, and "
+            }
+            _ => "",
+        };
+        return Diagnostic::in_file(
+            Path::new(&filter.origin()),
+            format!("`{}` leaves no jobs to run", filter.origin()),
+        )
+        .help(format!(
+            "{set}its jobs have {}",
+            filter.choices(exp, shapes)
+        ));
+    }
+    if use_best {
+        return Diagnostic::in_file(
+            &exp.manifest_path,
+            "--use-best names no job of this experiment",
+        )
+        .help("pass the results directory of a run of this manifest");
+    }
+    match run_mode {
+        RunMode::Bench => Diagnostic::in_file(
+            &exp.manifest_path,
+            "bench mode runs each method's baseline, and no method here has one",
+        )
+        .help("add `baseline:` to a method, or pass --use-best DIR"),
+        _ => Diagnostic::in_file(&exp.manifest_path, "the plan has no jobs"),
+    }
+}
+
+/// Asks the first lane's worker to import and construct the problem at the
+/// first planned shape and look up every method; then checks each method's
+/// configs against the types its implementation declares.
+pub fn check_problem(
+    exp: &Experiment,
+    worker: &mut PythonBackend,
+    shape: &Shape,
+    python: &str,
+) -> Result<(), Diagnostics> {
+    let kernels: Vec<&str> = exp.methods.iter().map(|m| m.kernel.as_str()).collect();
+    let shape_json = serde_json::to_value(shape).expect("shape serialises");
+    let probe = worker
+        .probe(&shape_json, &kernels)
+        .map_err(|f| Diagnostics::from(unloadable(exp, &f, python)))?;
+    let mut errors = Vec::new();
+    for method in &exp.methods {
+        let Some(found) = probe.methods.get(&method.kernel) else {
+            continue;
+        };
+        if !found.found {
+            errors.push(
+                Diagnostic::at(
+                    method.kernel_span,
+                    format!(
+                        "method `{}`: problem `{}` has no method `{}`",
+                        method.name, exp.problem, method.kernel
+                    ),
+                )
+                .help(format!(
+                    "set `kernel:` to one it has: {}",
+                    probe.available.join(", ")
+                )),
+            );
+            continue;
+        }
+        if let Some(types) = &found.config_types {
+            errors.extend(method.check_config_types(types));
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Diagnostics(errors))
+    }
+}
+
+fn unloadable(exp: &Experiment, f: &JobFailure, python: &str) -> Diagnostic {
+    let module = exp
+        .problem
+        .split_once(':')
+        .map_or(exp.problem.as_str(), |(m, _)| m);
+    let last_line = f.message.lines().last().unwrap_or("").trim();
+    Diagnostic::at(
+        exp.problem_span,
+        format!("problem `{}` cannot be loaded: {last_line}", exp.problem),
+    )
+    .help(if exp.builtin_problem() {
+        format!("the workers' Python ({python}) must have torch and triton: run `tunelab doctor`")
+    } else {
+        format!(
+            "the workers' Python ({python}) must import `{module}`: install it there, or name its folder in `python_path:` (relative to this manifest)"
+        )
+    })
+}
+
+/// The folders a run's start creates (the results directory and any missing
+/// parent), removed again unless the run gets as far as [`keep`](Self::keep):
+/// a run refused before its first job leaves nothing behind.
+pub struct CreatedDirs {
+    topmost: Option<PathBuf>,
+    keep: bool,
+}
+
+impl CreatedDirs {
+    /// Notes which of `dir` and its parents do not exist yet.
+    pub fn before(dir: &Path) -> CreatedDirs {
+        let topmost = dir
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+            .last()
+            .map(Path::to_path_buf);
+        CreatedDirs {
+            topmost,
+            keep: false,
+        }
+    }
+
+    /// The run started: what it created stays.
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for CreatedDirs {
+    fn drop(&mut self) {
+        if let (false, Some(top)) = (self.keep, &self.topmost) {
+            let _ = std::fs::remove_dir_all(top);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_a_failed_start_created_is_removed() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("exp/device");
+        {
+            let _guard = CreatedDirs::before(&dir);
+            std::fs::create_dir_all(dir.join("logs")).unwrap();
+        }
+        assert!(
+            !base.path().join("exp").exists(),
+            "a failed start leaves nothing"
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("journal.jsonl"), "kept\n").unwrap();
+        {
+            let _guard = CreatedDirs::before(&dir);
+        }
+        assert!(
+            dir.join("journal.jsonl").exists(),
+            "an existing results directory stays"
+        );
+        {
+            let mut guard = CreatedDirs::before(&base.path().join("other/device"));
+            std::fs::create_dir_all(base.path().join("other/device")).unwrap();
+            guard.keep();
+        }
+        assert!(base.path().join("other/device").exists());
+    }
+}

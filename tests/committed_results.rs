@@ -1,0 +1,98 @@
+//! Committed results are evidence: every results directory under `results/`
+//! regenerates its committed outputs byte for byte from its journal alone,
+//! and holds what docs/architecture.md ("Results") says a commit holds.
+
+use std::path::{Path, PathBuf};
+
+use tunelab::manifest::OutputFormat;
+use tunelab::store::{self, journal};
+
+fn results_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("results")
+}
+
+/// Every directory under `results/` that holds a journal.
+fn journal_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    if journal::exists(dir) {
+        out.push(dir.to_path_buf());
+    }
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() && !path.ends_with("cpu-interpreter") {
+            journal_dirs(&path, out);
+        }
+    }
+}
+
+/// The files of a results directory that an output could have written:
+/// everything but the journal, traces, worker logs, caches, and the files
+/// that are never committed (jobs.csv, jobs.json).
+fn files_under(root: &Path, dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if !matches!(name.as_str(), "traces" | "logs" | ".cache") {
+                out.extend(files_under(root, &path));
+            }
+        } else if !matches!(
+            name.as_str(),
+            "journal.jsonl" | "journal.jsonl.gz" | "jobs.csv" | "jobs.json" | ".lock"
+        ) {
+            out.push(path.strip_prefix(root).unwrap().to_path_buf());
+        }
+    }
+    out
+}
+
+#[test]
+fn every_committed_results_directory_regenerates_byte_for_byte() {
+    let mut dirs = Vec::new();
+    journal_dirs(&results_root(), &mut dirs);
+    assert!(!dirs.is_empty(), "results/ holds committed runs");
+    let mut checked = 0;
+    for dir in &dirs {
+        let shown = dir.strip_prefix(results_root()).unwrap().display();
+        let (results, warnings) = journal::read(dir).unwrap_or_else(|e| panic!("{shown}: {e}"));
+        assert!(warnings.is_empty(), "{shown}: {warnings:?}");
+        assert!(
+            !dir.join(store::JOURNAL).exists(),
+            "{shown}: commit the journal packed (`tunelab pack {shown}`)"
+        );
+        // Benchmark evidence (results/bench/) keeps journals the benchmark's
+        // own tables were made from; only experiment results commit outputs.
+        if dir.starts_with(results_root().join("bench")) {
+            continue;
+        }
+        let rendered = tunelab::emit::render_outputs(&results).unwrap();
+        for file in files_under(dir, dir) {
+            assert!(
+                rendered.iter().any(|r| r.path == file),
+                "{shown}/{}: no output of the journal produces this file; remove it (git rm) or regenerate",
+                file.display()
+            );
+        }
+        for out in rendered {
+            let committed = dir.join(&out.path);
+            match out.format {
+                // Restate the journal; regenerated on demand, never committed.
+                OutputFormat::JobsCsv | OutputFormat::JobsJson => continue,
+                _ => {}
+            }
+            let on_disk = std::fs::read_to_string(&committed).unwrap_or_else(|e| {
+                panic!(
+                    "{shown}/{}: committed output missing ({e})",
+                    out.path.display()
+                )
+            });
+            assert!(
+                on_disk == out.contents,
+                "{shown}/{}: differs from what `tunelab report` regenerates; run it and commit the result",
+                out.path.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+}

@@ -1,0 +1,283 @@
+//! The journal's on-disk format: what format 2 writes (pinned), how a
+//! format-1 journal is read, what happens to a newer one, a torn line, a
+//! packed journal and a journal resumed beside its packed part.
+
+use std::path::Path;
+
+use indexmap::IndexMap;
+use tunelab::manifest::{MethodKind, OutputFormat, Tolerance};
+use tunelab::measure::{Flag, L2Flush, Stats, Timer};
+use tunelab::plan::{Mode, RunMode};
+use tunelab::search::StrategyName;
+use tunelab::store::journal::{self, Journal};
+use tunelab::store::{
+    Entry, Fingerprint, JobRecord, JobStatus, OutputSpec, RunHeader, SearchRecord, StoreError,
+    FORMAT_VERSION,
+};
+
+fn header() -> RunHeader {
+    let mut params = IndexMap::new();
+    params.insert("eta".to_string(), 3);
+    RunHeader {
+        format: FORMAT_VERSION,
+        experiment: "x".into(),
+        description: None,
+        problem: "gemm".into(),
+        mode: Mode::Gpu,
+        run_mode: RunMode::Tune,
+        // Written out, not a profile: a profile's figures may change, the format may not.
+        device: tunelab::device::DeviceInfo {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            vllm_name: "NVIDIA_H100_80GB_HBM3".into(),
+            backend: "cuda".into(),
+            arch: "sm_90".into(),
+            cc_major: 9,
+            cc_minor: 0,
+            sm_count: 132,
+            l2_bytes: 52428800,
+            smem_bytes: 232448,
+            mem_bytes: 85899345920,
+            mem_clock_khz: 2619000,
+            bus_width_bits: 5120,
+            peak_gbs: 3350.0,
+            peak_tflops_bf16: 989.4,
+            peak_tflops_fp16: 989.4,
+            peak_tflops_fp8: 1978.9,
+            peak_tflops_fp32: 66.9,
+            warp_size: 32,
+            driver: Some("580.159.04".into()),
+            source: "discovered".into(),
+        },
+        outputs: vec![OutputSpec {
+            format: OutputFormat::Report,
+            path: "report.md".into(),
+            method: None,
+            legacy_keys: false,
+        }],
+        protocol: tunelab::measure::Protocol {
+            warmup_launches: 3,
+            warmup_ms: 5.0,
+            flush: L2Flush::Read,
+            flush_bytes: None,
+            batch: 32,
+            min_samples: 20,
+            max_samples: 2000,
+            target_ci: 0.005,
+            max_gpu_ms: 100.0,
+            max_wall_ms: 1500.0,
+            finalists: 5,
+            timeout_s: 60.0,
+            seed: 0,
+        },
+        search: SearchRecord {
+            strategy: StrategyName::Halving,
+            params,
+        },
+        tolerance: Tolerance {
+            atol: 0.01,
+            rtol: 0.01,
+            max_mismatch: 0.0,
+            per_dtype: IndexMap::new(),
+        },
+        compared: Vec::new(),
+        fingerprint: Fingerprint::default(),
+        started_at: "2026-11-23T00:00:00Z".into(),
+        planned_jobs: 1,
+    }
+}
+
+fn job(id: &str) -> JobRecord {
+    JobRecord {
+        job_id: id.into(),
+        method: "triton".into(),
+        kind: MethodKind::Triton,
+        kernel: "matmul".into(),
+        shape: IndexMap::new(),
+        config: IndexMap::new(),
+        baseline: false,
+        status: JobStatus::Ok,
+        failure: None,
+        check: None,
+        stats: Some(Stats {
+            n: 20,
+            median_us: 10.0,
+            ci_low_us: 9.9,
+            ci_high_us: 10.1,
+            min_us: 9.8,
+            q1_us: 9.9,
+            q3_us: 10.1,
+            mean_us: 10.0,
+            cv: 0.01,
+            flags: vec![Flag::Drift, Flag::CapHit],
+            timer: Timer::CudaEvent,
+            sm_clock_mhz: Some(1980.0),
+            gpu_ms: 0.2,
+            wall_ms: 1.0,
+        }),
+        flops: None,
+        bytes: None,
+        tflops: None,
+        gbs: None,
+        roofline_pct: None,
+        compile_s: None,
+        duration_s: 0.5,
+        lane: 0,
+        finished_at: "2026-11-23T00:00:01Z".into(),
+    }
+}
+
+fn write_lines(dir: &Path, lines: &[String]) {
+    std::fs::write(dir.join(journal::JOURNAL), lines.join("\n") + "\n").unwrap();
+}
+
+/// A change here is a change of the on-disk format: bump FORMAT_VERSION and
+/// keep a reader for the old one (see `store/v1.rs`), then update the snapshot.
+#[test]
+fn format_2_entries_serialise_as_pinned() {
+    let run = serde_json::to_string_pretty(&Entry::Run(Box::new(header()))).unwrap();
+    insta::assert_snapshot!("format_2_run_header", run);
+    let job = serde_json::to_string_pretty(&Entry::Job(Box::new(job("j1")))).unwrap();
+    insta::assert_snapshot!("format_2_job_record", job);
+}
+
+#[test]
+fn a_format_1_journal_is_migrated_field_by_field() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/journals/moe.jsonl");
+    let (results, warnings) = journal::read_file(&fixture).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let h = results.header.expect("a header");
+    assert_eq!(h.format, FORMAT_VERSION, "read as the current format");
+    assert_eq!((h.mode, h.run_mode), (Mode::Gpu, RunMode::Tune));
+    // Format 1 had no `flush_with`: those runs flushed with a memset.
+    assert_eq!(h.protocol.flush, L2Flush::Memset);
+    assert_eq!(h.search.strategy, StrategyName::Halving);
+    assert_eq!(h.search.label(), "halving (eta 3)");
+    assert_eq!(h.tolerance.atol, 0.02);
+    assert!(results
+        .jobs
+        .iter()
+        .all(|j| j.kind == MethodKind::Triton || j.kind == MethodKind::Torch));
+}
+
+#[test]
+fn a_newer_format_is_refused_naming_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut newer = serde_json::to_value(Entry::Run(Box::new(header()))).unwrap();
+    newer["format"] = serde_json::json!(FORMAT_VERSION + 1);
+    newer["something_new"] = serde_json::json!(true);
+    write_lines(dir.path(), &[newer.to_string()]);
+    let err = journal::read(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::NewerFormat { .. }), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("format {}", FORMAT_VERSION + 1))
+            && message.contains(&format!("format {FORMAT_VERSION}"))
+            && message.contains("journal.jsonl:1"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_torn_last_line_is_cut_off_once_with_a_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = serde_json::to_string(&Entry::Run(Box::new(header()))).unwrap();
+    let j1 = serde_json::to_string(&Entry::Job(Box::new(job("j1")))).unwrap();
+    let torn = &j1[..j1.len() / 2];
+    std::fs::write(
+        dir.path().join(journal::JOURNAL),
+        format!("{run}\n{j1}\n{torn}"),
+    )
+    .unwrap();
+    let (_, warnings) = journal::read(dir.path()).unwrap();
+    assert_eq!(warnings.len(), 1, "before repair the torn entry is skipped");
+    let (mut j, notice) = Journal::open(dir.path()).unwrap();
+    let notice = notice.expect("a notice");
+    assert!(
+        notice.contains("journal.jsonl:3") && notice.contains("torn"),
+        "{notice}"
+    );
+    j.append(&Entry::Job(Box::new(job("j2")))).unwrap();
+    drop(j);
+    let (results, warnings) = journal::read(dir.path()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        results.jobs.len(),
+        2,
+        "j1 kept, j2 appended on its own line"
+    );
+    let (_, again) = Journal::open(dir.path()).unwrap();
+    assert!(again.is_none(), "nothing left to repair");
+}
+
+#[test]
+fn a_whole_last_entry_without_its_newline_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = serde_json::to_string(&Entry::Run(Box::new(header()))).unwrap();
+    let j1 = serde_json::to_string(&Entry::Job(Box::new(job("j1")))).unwrap();
+    std::fs::write(dir.path().join(journal::JOURNAL), format!("{run}\n{j1}")).unwrap();
+    let (mut j, notice) = Journal::open(dir.path()).unwrap();
+    assert!(notice.is_none(), "nothing was torn: {notice:?}");
+    j.append(&Entry::Job(Box::new(job("j2")))).unwrap();
+    drop(j);
+    let (results, warnings) = journal::read(dir.path()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let ids: Vec<&str> = results.jobs.iter().map(|j| j.job_id.as_str()).collect();
+    assert_eq!(ids, ["j1", "j2"]);
+}
+
+#[test]
+fn a_line_torn_inside_a_character_does_not_make_the_journal_unreadable() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = serde_json::to_string(&Entry::Run(Box::new(header()))).unwrap();
+    let mut bytes = format!("{run}\n{{\"type\":\"job\",\"job_id\":\"µ").into_bytes();
+    bytes.pop(); // half of the two bytes of µ
+    std::fs::write(dir.path().join(journal::JOURNAL), &bytes).unwrap();
+    let (results, warnings) = journal::read(dir.path()).unwrap();
+    assert!(results.header.is_some());
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let (_, notice) = Journal::open(dir.path()).unwrap();
+    assert!(notice.is_some());
+    assert!(journal::read(dir.path()).unwrap().1.is_empty());
+}
+
+#[test]
+fn packing_keeps_every_entry_and_a_resumed_run_appends_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(dir.path()).unwrap();
+    j.append(&Entry::Run(Box::new(header()))).unwrap();
+    j.append(&Entry::Job(Box::new(job("j1")))).unwrap();
+    drop(j);
+    journal::pack(dir.path()).unwrap();
+    assert!(dir.path().join(journal::PACKED_JOURNAL).is_file());
+    assert!(!dir.path().join(journal::JOURNAL).exists());
+    let (packed, _) = journal::read(dir.path()).unwrap();
+    assert_eq!(packed.jobs.len(), 1);
+
+    // A resumed run appends to a live journal next to the packed one.
+    let (mut j, _) = Journal::open(dir.path()).unwrap();
+    j.append(&Entry::Job(Box::new(job("j2")))).unwrap();
+    drop(j);
+    let (both, _) = journal::read(dir.path()).unwrap();
+    let ids: Vec<&str> = both.jobs.iter().map(|j| j.job_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["j1", "j2"],
+        "packed entries first, then the live ones"
+    );
+
+    journal::pack(dir.path()).unwrap();
+    let (repacked, _) = journal::read(dir.path()).unwrap();
+    assert_eq!(repacked.jobs, both.jobs);
+    assert!(!dir.path().join(journal::JOURNAL).exists());
+}
+
+#[test]
+fn packing_refuses_a_directory_a_run_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(dir.path()).unwrap();
+    j.append(&Entry::Run(Box::new(header()))).unwrap();
+    let err = journal::pack(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    drop(j);
+    journal::pack(dir.path()).expect("free once the run is done");
+}
