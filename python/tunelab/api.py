@@ -317,6 +317,6 @@ def run(
     return RunResult(exit_code=code, results=[Path(d) for d in dirs], new_records=delivered)
 
 
-# `tunelab compare` (two results directories, side by side) is coming with the
-# runner's compare command; it will be exposed here as a call of the same Rust
-# code, like `plan` (docs/python-api.md, "What is coming").
+# The place for `compare(base, new)`: `tunelab compare` (two results, side by
+# side) as a call of the same Rust code, like `plan` (see the note in
+# python/native/src/lib.rs; docs/python-api.md, "What is coming").

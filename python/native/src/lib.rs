@@ -352,6 +352,12 @@ fn run_cli(
     Ok((code, delivered, interrupted, dirs))
 }
 
+// The place for `compare` (two results side by side, `tunelab compare`): a
+// wrapper here like `plan_manifest`, over `tunelab::emit::compare::between`
+// on two `store::journal::read`s, its rows as dicts; and a `compare` beside
+// `plan` in python/tunelab/api.py. Not written yet: the comparison has no
+// serde form of its own to hand over.
+
 #[pymodule]
 mod _native {
     use pyo3::prelude::*;
