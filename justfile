@@ -48,7 +48,7 @@ setup:
 
 # Also the type check and the installed wheel's API tests.
 # Everything CI checks: formatting, lints, the HIP build, Rust tests, Python tests, the interpreter end to end.
-test: lint check-hip
+test: lint lint-python-native check-hip
     TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets
     PYTHONPATH=python {{python}} -m pytest -q python/tests --ignore=python/tests/api
     just typecheck

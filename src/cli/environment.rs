@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::args::GlobalArgs;
 use super::Failure;
+use crate::backend::python::PROTOCOL_VERSION;
 use crate::config::{self, Settings};
 use crate::device;
 use crate::exit;
@@ -157,7 +158,16 @@ pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
                 WorkerPackage::Checkout(dir) => format!("the checkout's {}", dir.display()),
                 WorkerPackage::Installed => "installed in this Python".to_string(),
             };
+            let speaks = facts["protocol"].as_u64();
             match facts["worker"].as_str() {
+                Some(file) if speaks != Some(PROTOCOL_VERSION.into()) => {
+                    problems += 1;
+                    println!(
+                        "worker      {file} ({from}) speaks worker protocol {}, this tunelab {PROTOCOL_VERSION}",
+                        speaks.map_or("?".to_string(), |v| v.to_string())
+                    );
+                    println!("  fix: the package and this binary come from different versions of tunelab: run the binary from the same checkout, or reinstall (`pip install .`)");
+                }
                 Some(file) => println!("worker      {file} ({from})"),
                 None => {
                     problems += 1;
