@@ -93,7 +93,7 @@ lint:
 
 # clippy on the extension module (python/native): needs a Python for pyo3's build script.
 lint-python-native:
-    PYO3_PYTHON={{python}} cargo clippy -p tunelab-python -- -D warnings
+    PYO3_PYTHON="$({{python}} -c 'import sys; print(sys.executable)')" cargo clippy -p tunelab-python -- -D warnings
 
 # Regenerate schemas/manifest.schema.json from the Rust types.
 schemas:

@@ -17,6 +17,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -198,7 +199,23 @@ def test_reading_where_there_is_no_journal(tmp_path):
 
 def test_run_calls_back_with_every_job_and_resumes(tmp_path):
     seen = []
-    result = tunelab.run(QUICKSTART, interpret=True, quiet=True, results_dir=tmp_path, on_job=seen.append)
+    # The GIL is released while the run works: another Python thread keeps going.
+    ticks, stop = [], threading.Event()
+
+    def tick():
+        while not stop.wait(0.01):
+            ticks.append(time.monotonic())
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    started = time.monotonic()
+    try:
+        result = tunelab.run(QUICKSTART, interpret=True, quiet=True, results_dir=tmp_path, on_job=seen.append)
+    finally:
+        stop.set()
+        ticker.join()
+    took = time.monotonic() - started
+    assert len(ticks) > 0.2 * took / 0.01, f"{len(ticks)} ticks in {took:.1f} s"
     assert result.exit_code == 0 and result.ok
     assert result.results == [tmp_path / "quickstart" / "cpu-interpreter"]
     records = result.records()
