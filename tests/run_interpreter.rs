@@ -524,14 +524,14 @@ fn a_shipped_file_is_timed_beside_the_tuned_method_and_compared() {
     let dir = results.path().join("compare-to/cpu-interpreter");
     let entries = journal(&dir);
     assert_eq!(entries[0]["compared"][0]["method"], "shipped E=8,N=32");
-    assert_eq!(entries[0]["compared"][0]["against"], "triton");
+    assert_eq!(entries[0]["compared"][0]["against"], "triton_vllm");
     let shipped: Vec<_> = jobs(&entries)
         .into_iter()
         .filter(|j| j["method"] == "shipped E=8,N=32")
         .collect();
     assert_eq!(shipped.len(), 2, "one job per shape");
     for j in &shipped {
-        assert_eq!(j["kernel"], "fused_moe", "run in the tuned method's kernel");
+        assert_eq!(j["kernel"], "fused_moe_vllm", "run in the kernel and call of the method that writes vLLM files");
         assert_eq!(j["status"], "ok", "{j}");
         // M=1 takes the file's "1" entry, M=16 its "16" entry (BLOCK_SIZE_K 64 and 32).
         let want = if j["shape"]["M"] == 1 { 64 } else { 32 };

@@ -21,6 +21,7 @@ from tunelab.kernels.fused_moe import _self_aligned_block, align_sizes, moe_alig
 from tunelab.problems import resolve  # noqa: E402
 from tunelab.problems.moe import FusedMoE, vllm_default_config  # noqa: E402
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 2, "num_warps": 4, "num_stages": 2}
 TOL = {"fp16": dict(atol=1e-2, rtol=1e-2), "fp32": dict(atol=1e-4, rtol=1e-4)}
 
@@ -388,9 +389,10 @@ def test_registry_methods_and_defaults():
     cls = resolve("moe")
     assert cls is FusedMoE
     p = cls(shape())
-    assert set(p.methods()) == {"fused_moe", "torch"}
+    assert set(p.methods()) == {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch", "vllm", "aiter"}
     if os.environ.get("TRITON_INTERPRET") == "1":
-        assert p.methods()["fused_moe"].compile(p, CFG) is False
+        for name in ("fused_moe", "fused_moe_vllm", "fused_moe_persistent"):
+            assert p.methods()[name].compile(p, CFG) is False
     assert vllm_default_config(1, 128) == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
                                            "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
     assert vllm_default_config(4096, 32) == {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
@@ -408,3 +410,373 @@ def test_bad_shapes_and_configs():
     p = FusedMoE(shape())
     with pytest.raises(ValueError, match="BLOCK_SIZE_N"):
         p.methods()["fused_moe"].bind(p, p.inputs(0, "cpu"), dict(CFG, BLOCK_SIZE_N=24))
+
+
+# ---------------------------------------------------------------- the other methods
+
+PCFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "BLOCK_SIZE_N2": 32, "BLOCK_SIZE_K2": 16,
+        "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
+# M=13, topk=2: 26 slots, not a multiple of BLOCK_SIZE_M=16. Every shape has fewer slots
+# than experts, so some experts get no token whatever the generator draws (CPU and CUDA differ).
+NEW_SHAPES = [dict(E=32), dict(M=1), dict(M=5, E=16, topk=3)]
+
+
+def new_method_config(name):
+    return PCFG if name == "fused_moe_persistent" else CFG if name == "fused_moe_vllm" else {}
+
+
+def run_method(name, problem, inputs, config=None):
+    launch = problem.methods()[name].bind(problem, inputs, new_method_config(name) if config is None else config)
+    launch.out.fill_(float("nan"))
+    for buf in ("inter", "gate_up", "out2", "part"):
+        if getattr(launch, buf, None) is not None:
+            getattr(launch, buf).fill_(float("nan"))
+    launch()
+    return launch
+
+
+@pytest.mark.parametrize("kw", NEW_SHAPES, ids=["M13-E32", "M1-E8", "M5-E16-top3"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("method", ["fused_moe_vllm", "fused_moe_persistent", "torch"])
+def test_new_methods_match_reference(method, activation, dtype, kw, device):
+    p = FusedMoE(shape(activation=activation, dtype=dtype, **kw))
+    inputs = p.inputs(11, device)
+    assert p.M * p.topk < p.E, "some experts get no token"
+    assert_close(run_method(method, p, inputs).out, p.reference(inputs), dtype)
+
+
+def test_vllm_structure_launches_five_plain_kernels():
+    """fused_moe_vllm is vLLM's call kernel for kernel, checked on the plan (no GPU
+    needed): the alignment even for one token, GEMM 1 without activation, the
+    activation kernel, GEMM 2, the sum, and no dependent launch anywhere."""
+    from tunelab.dtypes import int32, pointer, torch_dtype
+    from tunelab.kernels.fused_moe import ACT_NONE, _launch_specs, vllm_plan
+
+    for M, activation in ((1, "silu"), (40, "swiglu_oai")):
+        p = FusedMoE(shape(M=M, E=8, topk=4, activation=activation))
+        plan = vllm_plan(p, CFG)
+        assert plan.self_align == 0 and not plan.pdl and plan.split_activation
+        bufs = {n: pointer(torch_dtype("fp16")) for n in
+                ["x", "w1", "b1", "w2", "b2", "inter", "gate_up", "out2", "out", "topk_weights"]}
+        bufs.update({n: pointer(int32()) for n in ("topk_ids", "sorted_ids", "expert_ids", "num_post", "cursor")})
+        specs = _launch_specs(plan, bufs)
+        names = [spec[0].fn.__name__ if hasattr(spec[0], "fn") else spec[0].__name__ for spec in specs]
+        assert names == ["moe_align_kernel", "moe_gemm1_kernel", "moe_act_kernel", "moe_gemm2_kernel",
+                         "moe_sum_kernel"]
+        assert all("launch_pdl" not in kwargs and not kwargs.get("USE_PDL", False) for _, _, _, kwargs in specs)
+        assert specs[1][3]["ACTIVATION"] == ACT_NONE and specs[1][2][3] is bufs["gate_up"]
+        assert specs[2][3]["ACTIVATION"] == plan.activation
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_vllm_structure_gemm1_writes_gate_and_up(activation, device):
+    """GEMM 1's ACT_NONE path: every slot's row of gate_up is x @ w1[e].T + b1[e],
+    all 2N columns in w1's own order; the activation kernel then makes `inter`."""
+    p = FusedMoE(shape(M=7, N=24, activation=activation))  # 2N=48: a partial last BLOCK_SIZE_N tile
+    inputs = p.inputs(12, device)
+    launch = run_method("fused_moe_vllm", p, inputs)
+    x, ids = inputs["x"].float().cpu(), inputs["topk_ids"].reshape(-1).long().cpu()
+    w1 = inputs["w1"].float().cpu()
+    expected = torch.stack([w1[e] @ x[s // p.topk] for s, e in enumerate(ids.tolist())])
+    if p.bias:
+        expected += inputs["b1"].float().cpu()[ids]
+    torch.testing.assert_close(launch.gate_up.float().cpu(), expected, **TOL["fp16"])
+    torch.testing.assert_close(launch.inter.float().cpu(), p.activate(expected), **TOL["fp16"])
+
+
+# ---- the persistent kernel
+
+
+def persistent_launch(p, inputs, config=PCFG, self_align_max=None, grid=None):
+    from tunelab.kernels.fused_moe import PersistentMoELaunch, make_persistent_plan
+
+    plan = make_persistent_plan(p, config, self_align_max=self_align_max)
+    launch = PersistentMoELaunch(plan, inputs, grid=grid)
+    launch.out.fill_(float("nan"))
+    launch.inter.fill_(float("nan"))
+    launch.part.fill_(float("nan"))
+    return launch
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("grid", [1, 2, 7, "more than tiles"])
+@pytest.mark.parametrize("self_align", [True, False])
+def test_persistent_alignment_and_grids(self_align, grid, split_k, device):
+    """Both alignments (registers in every program; program 0 into memory), one
+    program doing every tile, a few, more programs than tiles, GEMM 1 whole or
+    split in K. Every call leaves the workspace zero, and a second call gives
+    the same bits."""
+    from tunelab.kernels.fused_moe import make_persistent_plan
+
+    p = FusedMoE(shape(M=9, E=8, topk=2, activation="swiglu_oai"))
+    inputs = p.inputs(13, device)
+    config = dict(PCFG, SPLIT_K=split_k)
+    if not isinstance(grid, int):
+        grid = make_persistent_plan(p, config).max_items() + 2
+    launch = persistent_launch(p, inputs, config=config, self_align_max=None if self_align else 0, grid=grid)
+    assert launch.plan.split_k == split_k
+    assert (launch.plan.self_align > 0) == self_align
+    assert launch.phases == ([-1] if not INTERPRETED else [1, 2] if self_align else [0, 1, 2])
+    launch()
+    assert_close(launch.out, p.reference(inputs), "fp16")
+    assert launch.workspace_clear() and not launch.timed_out()
+    first = launch.out.clone()
+    launch.out.fill_(float("nan"))
+    launch()
+    torch.testing.assert_close(launch.out, first, atol=0, rtol=0)
+    assert launch.workspace_clear()
+    if not self_align:
+        check_alignment(inputs["topk_ids"], p.E, PCFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids,
+                        launch.num_post)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(BLOCK_SIZE_N=16, BLOCK_SIZE_K=64, BLOCK_SIZE_N2=16, BLOCK_SIZE_K2=64),  # one K step, N2 tiles of 16
+    dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=16, BLOCK_SIZE_N2=128, BLOCK_SIZE_K2=32),  # one N2 tile > K
+    dict(BLOCK_SIZE_K=16, SPLIT_K=2),  # 3 K steps in slices of 2 and 1
+    dict(BLOCK_SIZE_K=32, SPLIT_K=4),  # 2 K steps in 4 slices: two slices are empty
+    dict(BLOCK_SIZE_K2=32, BLOCK_SIZE_N2=16),  # GEMM 2 in one (masked) step
+], ids=["small-tiles", "large-tiles", "split-uneven", "split-empty-slices", "gemm2-one-step"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_persistent_tails(cfg, dtype, device):
+    # K=48 and N=24 are multiples of no tile: masked K loops, partial tiles in both GEMMs.
+    p = FusedMoE(shape(M=6, E=4, topk=3, K=48, N=24, dtype=dtype, activation="swiglu_oai"))
+    inputs = p.inputs(14, device)
+    launch = persistent_launch(p, inputs, config=dict(PCFG, **cfg))
+    launch()
+    assert_close(launch.out, p.reference(inputs), dtype)
+    assert launch.workspace_clear()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the phase-split path is the interpreter's")
+@pytest.mark.parametrize("self_align", [True, False])
+def test_persistent_phases_one_at_a_time(self_align, device):
+    """The interpreter runs moe_persistent_kernel once per phase: check what each
+    phase leaves behind (the alignment, the activated intermediate, the output)."""
+    p = FusedMoE(shape(M=11, E=8, topk=2))
+    inputs = p.inputs(15, device)
+    launch = persistent_launch(p, inputs, self_align_max=None if self_align else 0)
+    runners = dict(zip(launch.phases, launch._runners))
+    assert sorted(runners) == ([1, 2] if self_align else [0, 1, 2])
+    if not self_align:
+        launch.sorted_ids.fill_(-7)
+        runners[0]()
+        check_alignment(inputs["topk_ids"], p.E, PCFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids,
+                        launch.num_post)
+        assert torch.isnan(launch.inter).all(), "phase 0 only aligns"
+    runners[1]()
+    x, ids = inputs["x"].float(), inputs["topk_ids"].reshape(-1).long()
+    h = torch.stack([inputs["w1"][e].float() @ x[s // p.topk] for s, e in enumerate(ids.tolist())])
+    torch.testing.assert_close(launch.inter.float(), p.activate(h), **TOL["fp16"])
+    assert torch.isnan(launch.out).all(), "phase 1 writes no output"
+    # Each block's READY word counts its GEMM 1 tiles; phase 2 clears it.
+    from tunelab.kernels.fused_moe import WS_HEADER
+
+    ready = launch.ws[WS_HEADER:WS_HEADER + launch.plan.max_blocks]
+    assert int(ready.max()) == launch.plan.n_tiles1
+    runners[2]()
+    assert_close(launch.out, p.reference(inputs), "fp16")
+    assert launch.workspace_clear()
+
+
+def test_persistent_plan_and_defaults():
+    from tunelab.kernels.fused_moe import PERSISTENT_CONFIG_KEYS, make_persistent_plan, persistent_default_config
+
+    method = FusedMoE(shape()).methods()["fused_moe_persistent"]
+    assert tuple(method.config_keys) == PERSISTENT_CONFIG_KEYS
+    for M in (1, 64, 4096):
+        assert set(persistent_default_config(M, 360)) == set(PERSISTENT_CONFIG_KEYS)
+    # gpt-oss decode: four slots, aligned in registers; prefetch only where the
+    # selectable w2 rows fit the budget, and never in the interpreter.
+    small = FusedMoE({"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 360, "dtype": "bf16"})
+    decode = dict(persistent_default_config(1, 360), BLOCK_SIZE_N=32, BLOCK_SIZE_N2=64, SPLIT_K=1, PREFETCH_W2=1)
+    plan = make_persistent_plan(small, decode)
+    assert plan.self_align == 4 and plan.max_blocks == 4 and plan.n_tiles1 == 23 and plan.n_tiles2 == 45
+    assert plan.prefetch == (0 if INTERPRETED else 64)
+    big = FusedMoE({"M": 64, "E": 128, "topk": 4, "K": 2880, "N": 2880, "dtype": "bf16"})
+    plan = make_persistent_plan(big, persistent_default_config(64, 2880))
+    assert plan.self_align == 0 and plan.prefetch == 0 and plan.split_k == 1 and plan.slices_elems() == 1
+    assert plan.ws_words == 32 + 2 * plan.max_blocks + 64 * plan.n_tiles2
+    # K slices at decode sizes add one count a GEMM 1 tile; above SPLIT_K_MAX_TILES they do not apply.
+    split = make_persistent_plan(small, dict(decode, SPLIT_K=3))
+    assert split.split_k == 3 and split.max_items() == 4 * (23 * 3 + 45)
+    assert split.ws_words == 32 + 2 * 4 + 45 + 4 * 23 and split.slices_elems() == 4 * 23 * 3 * 16 * 32
+    assert make_persistent_plan(big, dict(persistent_default_config(64, 2880), SPLIT_K=3)).split_k == 1
+    with pytest.raises(ValueError, match="BLOCK_SIZE_N2"):
+        make_persistent_plan(small, dict(decode, BLOCK_SIZE_N2=24))
+    with pytest.raises(ValueError, match="PROGRAMS_PER_SM"):
+        make_persistent_plan(small, dict(persistent_default_config(1, 360), PROGRAMS_PER_SM=0))
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        make_persistent_plan(small, dict(persistent_default_config(1, 360), SPLIT_K=0))
+
+
+def test_resident_programs_per_sm():
+    from types import SimpleNamespace
+
+    from tunelab.kernels.fused_moe import resident_programs_per_sm
+
+    h100 = SimpleNamespace(warp_size=32, max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+                           shared_memory_per_multiprocessor=233472)
+    # 128 registers x 4 warps: 16 K registers a program, 4 a SM; shared memory allows 6.
+    assert resident_programs_per_sm(128, 36864, 4, h100) == 4
+    # Shared memory binds: 100 KB a program, two fit.
+    assert resident_programs_per_sm(64, 100 * 1024, 4, h100) == 2
+    # Registers round up to 256 a warp: 129 -> 136 a thread.
+    assert resident_programs_per_sm(129, 0, 8, h100) == 65536 // (136 * 32 * 8)
+    # Threads: 16 warps a program, four a SM.
+    assert resident_programs_per_sm(32, 0, 16, h100) == 4
+    assert resident_programs_per_sm(255, 200 * 1024, 8, h100) == 1
+
+
+@pytest.mark.skipif(INTERPRETED, reason="the in-kernel waits run on a GPU only")
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("M", [1, 4, 16, 17, 64, 300])
+def test_persistent_on_the_gpu(M, split_k, device):
+    """The synchronised single launch: gpt-oss-like proportions, sizes on both
+    sides of the self-alignment limit, the default grid (every SM) and repeated
+    calls (the workspace must come back to zero each time)."""
+    p = FusedMoE({"M": M, "E": 32, "topk": 4, "K": 256, "N": 96, "dtype": "fp16", "activation": "swiglu_oai"})
+    inputs = p.inputs(16, device)
+    from tunelab.kernels.fused_moe import persistent_default_config
+
+    launch = persistent_launch(p, inputs, config=dict(persistent_default_config(M, p.N), SPLIT_K=split_k))
+    assert launch.phases == [-1] and launch.grid >= 1
+    ref = p.reference(inputs)
+    for _ in range(3):
+        launch.out.fill_(float("nan"))
+        launch()
+        assert_close(launch.out, ref, "fp16")
+        assert launch.workspace_clear() and not launch.timed_out()
+
+
+# ---- torch
+
+
+@pytest.mark.parametrize("path", ["grouped_mm", "gather_bmm", "dense_bmm"])
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_torch_paths(path, activation, device):
+    from tunelab.problems.moe import TorchMoELaunch
+
+    p = FusedMoE(shape(M=5, E=16, topk=3, dtype="fp32", activation=activation))
+    inputs = p.inputs(17, device)
+    if path == "grouped_mm" and device.type == "cuda":
+        pytest.skip("torch._grouped_mm's CUDA fast path is bf16 only; fp32 would sync")
+    launch = TorchMoELaunch(p, inputs, path=path)
+    launch.out.fill_(float("nan"))
+    launch()
+    assert launch.path == path
+    assert_close(launch.out, p.reference(inputs), "fp32")
+
+
+def test_torch_path_choice():
+    from tunelab.problems.moe import torch_path
+
+    # fp16 on CUDA never takes _grouped_mm (its fallback syncs), whatever the GPU.
+    decode = FusedMoE({"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 360, "dtype": "fp16"})
+    prefill = FusedMoE({"M": 64, "E": 32, "topk": 4, "K": 2880, "N": 360, "dtype": "fp16"})
+    assert torch_path(decode, "cuda")[0] == "gather_bmm" and "bf16" in torch_path(decode, "cuda")[1]
+    assert torch_path(prefill, "cuda")[0] == "dense_bmm"
+    launch = FusedMoE(shape()).methods()["torch"].bind(FusedMoE(shape()), FusedMoE(shape()).inputs(0, "cpu"), {})
+    assert launch.path in ("grouped_mm", "gather_bmm") and launch.path_reason
+
+
+@pytest.mark.skipif(INTERPRETED, reason="needs a GPU")
+def test_torch_method_never_syncs(device):
+    p = FusedMoE({"M": 8, "E": 32, "topk": 4, "K": 256, "N": 128, "dtype": "bf16"})
+    inputs = p.inputs(18, device)
+    for path in ("gather_bmm", "dense_bmm"):
+        from tunelab.problems.moe import TorchMoELaunch
+
+        launch = TorchMoELaunch(p, inputs, path=path)
+        launch()  # lazy initialisation outside the check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            launch()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    default = p.methods()["torch"].bind(p, inputs, {})
+    default()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        default()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_close(default.out, p.reference(inputs), "fp16")  # bf16 output, fp16 tolerance is generous enough
+
+
+# ---- library methods
+
+
+def test_library_methods_say_why_they_cannot_run():
+    """Neither vLLM nor aiter is installed where tunelab's tests run: both say so
+    in one line, and binding anyway fails with the same reason."""
+    p = FusedMoE(shape())
+    methods = p.methods()
+    for name, library in (("vllm", "vllm"), ("aiter", "aiter")):
+        reason = methods[name].unavailable(p)
+        if reason is None:
+            pytest.skip(f"{library} is usable here")
+        assert isinstance(reason, str) and "\n" not in reason and reason
+        with pytest.raises(RuntimeError, match="cannot run here"):
+            methods[name].bind(p, p.inputs(0, "cpu"), {})
+    assert all(getattr(methods[n], "unavailable", None) is None for n in ("fused_moe", "torch"))
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("enum_activation", [False, True])
+def test_vllm_adapter_maps_the_call(activation, enum_activation, monkeypatch, device):
+    """The vllm method's call, against a stand-in vLLM that computes the MoE with
+    the reference's formula from exactly the arguments vLLM would get: the
+    activation's name (string or vLLM's newer Enum), biases through
+    biased_moe_quant_config."""
+    import enum
+    import sys
+    import types
+
+    from tunelab.problems import moe
+
+    class MoEActivation(enum.Enum):
+        SILU = "silu"
+        SWIGLUOAI = "swigluoai"
+
+    seen = {}
+
+    class QuantConfig:
+        def __init__(self, w1_bias, w2_bias):
+            self.w1_bias, self.w2_bias = w1_bias, w2_bias
+
+    def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,
+                      activation=MoEActivation.SILU if enum_activation else "silu", quant_config=None):
+        seen["activation"] = activation
+        name = activation.value if isinstance(activation, enum.Enum) else activation
+        shape_ = dict(problem.shape, activation={"silu": "silu", "swigluoai": "swiglu_oai"}[name],
+                      bias=quant_config is not None)
+        inputs = {"x": hidden_states, "w1": w1, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids}
+        if quant_config is not None:
+            inputs.update(b1=quant_config.w1_bias, b2=quant_config.w2_bias)
+        return FusedMoE(shape_).reference(inputs)
+
+    fused = types.ModuleType("vllm.model_executor.layers.fused_moe")
+    fused.fused_experts = fused_experts
+    config = types.ModuleType("vllm.model_executor.layers.fused_moe.config")
+    config.biased_moe_quant_config = QuantConfig
+    for name in ("vllm", "vllm.model_executor", "vllm.model_executor.layers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.fused_moe", fused)
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.fused_moe.config", config)
+    monkeypatch.setattr(moe, "_VLLM", None)
+
+    problem = FusedMoE(shape(activation=activation))
+    inputs = problem.inputs(19, device)
+    entry = moe._vllm_entry()
+    assert entry["bias"] == "quant_config"
+    launch = moe._LibraryLaunch(problem, inputs, moe._vllm_call(problem, inputs, entry))
+    launch.out.fill_(float("nan"))
+    launch()
+    assert_close(launch.out, problem.reference(inputs), "fp16")
+    want = "swigluoai" if activation == "swiglu_oai" else "silu"
+    assert seen["activation"] == (MoEActivation(want) if enum_activation else want)
+    monkeypatch.setattr(moe, "_VLLM", None)  # forget the stand-in

@@ -167,6 +167,7 @@ def test_probe_reports_methods_and_their_declared_types(spawn_worker):
     assert probed["methods"]["matmul"]["config_types"]["num_warps"] == "int"
     assert probed["methods"]["torch_matmul"]["config_types"] == {}
     assert probed["methods"]["nope"] == {"found": False, "config_types": None}
+    assert probed["methods"]["matmul"]["description"] == "tunelab's own Triton GEMM (tunelab.kernels.matmul)."
 
     missing = worker.request("probe", problem="no_such_module_for_tests:P", shape=shape, methods=[])
     assert not missing["ok"] and missing["class"] == "problem_error"
@@ -186,7 +187,7 @@ def test_protocol_end_to_end(spawn_worker):
 
     described = worker.request("describe", problem="gemm", shape={"M": 64, "N": 64, "K": 64, "dtype": "fp16"})
     assert described == {"id": described["id"], "ok": True, "flops": 524288.0, "bytes": 24576.0,
-                         "methods": ["matmul", "torch_matmul"]}
+                         "methods": ["matmul", "torch_matmul"], "unavailable": {}}
 
     job = gemm_job()
     compiled = worker.request("compile", job=job)
@@ -421,3 +422,141 @@ def test_target_is_only_for_the_compile_role(spawn_worker):
     assert worker.at_eof()
     assert worker.proc.wait(timeout=30) == 2
     assert "--target is for --role compile" in worker.stderr_text()
+
+
+# ---------------------------------------------------------------- timing modes (protocol 2)
+
+
+def test_timing_modes(shared_worker):
+    worker = shared_worker
+    job = axpy_job("axpy-timing", "triton")
+    assert worker.request("check", job=job, seed=0, tolerance=TOLERANCE)["passed"]
+    for timing in ("cold", "hot"):
+        sampled = worker.request("sample", job_id=job["job_id"], count=3, flush_bytes=1 << 20, timing=timing)
+        assert sampled["ok"] and len(sampled["us"]) == 3 and all(t > 0 for t in sampled["us"]), sampled
+        assert sampled["timer"] == ("cuda_event" if MODE == "gpu" else "wall")
+    for calls in (1, 4):
+        sampled = worker.request("sample", job_id=job["job_id"], count=2, timing="graph", graph_calls=calls)
+        assert sampled["ok"] and len(sampled["us"]) == 2 and all(t > 0 for t in sampled["us"]), sampled
+        assert sampled["timer"] == ("cuda_graph" if MODE == "gpu" else "wall")
+    # graph_calls defaults to 10; a second request replays the cached graph.
+    assert worker.request("sample", job_id=job["job_id"], count=2, timing="graph")["ok"]
+    assert worker.request("sample", job_id=job["job_id"], count=2, timing="graph")["ok"]
+    for bad in ({"timing": "warm"}, {"timing": 3}, {"timing": "graph", "graph_calls": 0},
+                {"timing": "graph", "graph_calls": 2.5}, {"timing": "graph", "graph_calls": True}):
+        assert_failed(worker.request("sample", job_id=job["job_id"], count=1, **bad), "bad_request")
+
+
+def test_graph_timing_emulation_divides_by_the_calls(shared_worker):
+    """Interpreter (or GPU) graph timing reports per-launch time: a 20-launch
+    sample is not 20 times one launch."""
+    job = axpy_job("axpy-graph", "torch")
+    assert shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)["passed"]
+    one = shared_worker.request("sample", job_id=job["job_id"], count=5, timing="graph", graph_calls=1)["us"]
+    many = shared_worker.request("sample", job_id=job["job_id"], count=5, timing="graph", graph_calls=20)["us"]
+    assert min(many) < 5 * max(one), (one, many)
+
+
+@pytest.mark.skipif(MODE != "gpu", reason="CUDA graphs need a GPU")
+def test_a_launch_that_syncs_cannot_be_graph_timed(spawn_worker):
+    worker = spawn_worker()
+    job = axpy_job("axpy-syncs", "syncs")
+    assert worker.request("check", job=job, seed=0, tolerance=TOLERANCE)["passed"]
+    assert worker.request("sample", job_id=job["job_id"], count=2, timing="hot")["ok"]
+    response = worker.request("sample", job_id=job["job_id"], count=2, timing="graph")
+    assert_failed(response, "launch_error")
+    assert "cannot be captured in a CUDA graph" in response["message"]
+    # The worker answers on (the runner replaces it after a launch_error anyway).
+    assert worker.request("hello")["ok"]
+
+
+@pytest.mark.skipif(MODE != "gpu", reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("method", ["fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch"])
+def test_moe_methods_under_graph_timing(shared_worker, method):
+    shape = {"M": 4, "E": 32, "topk": 4, "K": 256, "N": 128, "dtype": "bf16"}
+    job = {"job_id": f"moe-graph-{method}", "problem": "moe", "shape": shape,
+           "method": {"name": method, "kernel": method}, "config": {}}
+    checked = shared_worker.request("check", job=job, seed=0, tolerance={"atol": 2e-2, "rtol": 2e-2})
+    assert checked["ok"] and checked["passed"], checked
+    sampled = shared_worker.request("sample", job_id=job["job_id"], count=4, timing="graph", graph_calls=5)
+    assert sampled["ok"] and sampled["timer"] == "cuda_graph" and all(t > 0 for t in sampled["us"]), sampled
+
+
+# ---------------------------------------------------------------- methods that cannot run here
+
+
+def test_describe_names_the_methods_that_cannot_run(shared_worker):
+    described = shared_worker.request("describe", problem="my_problems:Axpy", shape={"N": 100})
+    assert described["ok"], described
+    assert described["unavailable"]["needs_frobnicator"] == "needs the frobnicator library"
+    assert "KeyError" in described["unavailable"]["broken_hook"]
+    assert "triton" not in described["unavailable"] and "needs_frobnicator" in described["methods"]
+    job = axpy_job("axpy-frob", "needs_frobnicator")
+    response = shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
+    assert_failed(response, "problem_error")
+    assert "cannot run here: needs the frobnicator library" in response["message"]
+
+
+def test_moe_library_methods_are_reported_unavailable(shared_worker):
+    import importlib.util
+
+    shape = {"M": 2, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "fp16"}
+    described = shared_worker.request("describe", problem="moe", shape=shape)
+    assert described["ok"]
+    assert {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch", "vllm", "aiter"} == set(
+        described["methods"])
+    assert not {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch"} & set(described["unavailable"])
+    if importlib.util.find_spec("vllm") is None:
+        assert "not installed" in described["unavailable"]["vllm"]
+    job = {"job_id": "moe-aiter", "problem": "moe", "shape": shape, "method": {"name": "aiter", "kernel": "aiter"},
+           "config": {}}
+    if "aiter" in described["unavailable"]:
+        response = shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
+        assert_failed(response, "problem_error")
+        assert described["unavailable"]["aiter"] in response["message"]
+
+
+def test_a_compile_worker_with_a_target_leaves_unavailable_out(spawn_worker, tmp_path):
+    worker = spawn_worker("--role", "compile", "--target", "cuda:90:32",
+                          env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "",
+                                         "TRITON_CACHE_DIR": str(tmp_path / "cache")})
+    described = worker.request("describe", problem="moe",
+                               shape={"M": 2, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "bf16"})
+    assert described["ok"] and "unavailable" not in described and "vllm" in described["methods"]
+
+
+def test_compile_worker_compiles_the_new_moe_methods(spawn_worker, tmp_path):
+    """fused_moe_vllm and fused_moe_persistent compile for sm_90 in a compile
+    worker that sees no GPU and refuses torch, like fused_moe."""
+    cache = tmp_path / "triton-cache"
+    no_torch = tmp_path / "no-torch"
+    (no_torch / "torch").mkdir(parents=True)
+    (no_torch / "torch" / "__init__.py").write_text("raise ImportError('a compile worker imported torch')\n")
+    worker = spawn_worker(
+        "--role", "compile", "--target", "cuda:90:32",
+        extra_path=(no_torch,),
+        env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
+    )
+    shape = {"M": 1, "E": 8, "topk": 4, "K": 128, "N": 64, "dtype": "bf16", "activation": "swiglu_oai"}
+
+    def compile_job(job_id, method, **shape_changes):
+        job = {"job_id": job_id, "problem": "moe", "shape": dict(shape, **shape_changes),
+               "method": {"name": method, "kernel": method}, "config": {}}
+        compiled = worker.request("compile", job=job)
+        assert compiled["ok"] and compiled["compiled"] is True, compiled
+
+    # vLLM's structure: the alignment and activation kernels even for 4 slots, no dependent launch.
+    compile_job("vllm-1", "fused_moe_vllm")
+    assert {"moe_align_kernel.cubin", "moe_gemm1_kernel.cubin", "moe_act_kernel.cubin", "moe_gemm2_kernel.cubin",
+            "moe_sum_kernel.cubin"} == set(_cubins(cache))
+    assert not any("griddepcontrol" in f.read_text() for f in cache.rglob("*.ptx"))
+
+    # Persistent, 4 slots: aligned in registers, waits (volatile polls), w2 prefetched into L2.
+    compile_job("persistent-1", "fused_moe_persistent")
+    ptx = [f.read_text() for f in cache.rglob("moe_persistent_kernel.ptx")]
+    assert len(ptx) == 1 and "ld.volatile.global" in ptx[0] and "prefetch.global.L2" in ptx[0]
+    # 160 slots: program 0 aligns into memory, the others wait for its flag.
+    compile_job("persistent-40", "fused_moe_persistent", M=40)
+    ptx = [f.read_text() for f in cache.rglob("moe_persistent_kernel.ptx")]
+    assert len(ptx) == 2
+    assert worker.request("shutdown")["ok"]

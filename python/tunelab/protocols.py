@@ -89,6 +89,19 @@ class TypedMethod(Method[P_contra], Protocol[P_contra]):
     def config_types(self) -> Mapping[str, type]: ...
 
 
+class AvailabilityMethod(Method[P_contra], Protocol[P_contra]):
+    """A method that may not run in every worker (a library that is not
+    installed, a GPU it does not support).
+
+    `unavailable(problem)` returns a one-line reason it cannot run this
+    problem here, or None when it can. The worker reports the reason in
+    `describe`, and the runner records the method's jobs as skipped with it
+    instead of failing them.
+    """
+
+    def unavailable(self, problem: P_contra) -> Optional[str]: ...
+
+
 class Problem(Protocol):
     """A problem at one shape: its sizes, inputs, reference and methods.
 

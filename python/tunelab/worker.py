@@ -72,6 +72,10 @@ _MESSAGE_CHARS = 800
 
 _MAX_SAMPLES = 1_000_000
 FLUSH_WITH = ("read", "memset")  # how a sample's L2 flush evicts the cache
+# What a sample times: "cold" (L2 flushed before each launch when flush_bytes > 0),
+# "hot" (no flush), "graph" (graph_calls launches captured in one CUDA graph).
+TIMINGS = ("cold", "hot", "graph")
+_MAX_GRAPH_CALLS = 10_000
 
 
 # --------------------------------------------------------------------------
@@ -213,6 +217,23 @@ class WallTimer:
             us.append((time.perf_counter() - started) * 1e6)
         return us, None
 
+    graph_name = "wall"
+
+    def sample_graph(self, prepared, count: int, graph_calls: int):
+        """The graph timing's emulation: wall-clock over graph_calls back-to-back
+        launches, per launch. One warm-up launch first, once per prepared job
+        and graph size, as a capture would make."""
+        if graph_calls not in prepared.graphs:
+            prepared.launch()
+            prepared.graphs[graph_calls] = "warm"
+        us = []
+        for _ in range(count):
+            started = time.perf_counter()
+            for _ in range(graph_calls):
+                prepared.launch()
+            us.append((time.perf_counter() - started) * 1e6 / graph_calls)
+        return us, None
+
 
 class CudaEventTimer:
     """GPU mode: a CUDA event pair around each launch, one host sync per batch.
@@ -332,6 +353,60 @@ class CudaEventTimer:
             self._clock = SmClock(self._torch)
         return self._clock.read()
 
+    graph_name = "cuda_graph"
+
+    def sample_graph(self, prepared, count: int, graph_calls: int):
+        """`count` replays of one CUDA graph holding `graph_calls` launches back
+        to back, each between an event pair; a sample is elapsed / graph_calls.
+
+        vLLM's MoE benchmark times a config this way: launch gaps and host
+        launch cost are gone, the data stays in L2 from one call to the next
+        (no flush). The graph is captured once per prepared job and graph size
+        (after a warm-up launch outside the capture) and replayed by every
+        later sample request.
+        """
+        graph = prepared.graphs.get(graph_calls)
+        if graph is None:
+            graph = self._capture(prepared.launch, graph_calls)
+            prepared.graphs[graph_calls] = graph
+        starts, ends = self._events(count)
+        self._hold_gpu(count)
+        queued_at = time.perf_counter()
+        for start, end in zip(starts, ends):
+            start.record()
+            graph.replay()
+            end.record()
+        self._enqueue_us = (time.perf_counter() - queued_at) * 1e6 / count
+        self._torch.cuda.synchronize()
+        clock = self._sm_clock()
+        return [start.elapsed_time(end) * 1e3 / graph_calls for start, end in zip(starts, ends)], clock
+
+    def _capture(self, launch, calls: int):
+        torch = self._torch
+        # Warm up on a side stream, as torch's CUDA graph notes ask: whatever the
+        # first call sets up (workspaces, handles) is not captured.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            launch()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    launch()
+        except Exception as exc:  # noqa: BLE001 - the launch may do anything a capture forbids
+            print("tunelab worker: CUDA graph capture failed:", file=sys.stderr)
+            traceback.print_exception(exc, file=sys.stderr)
+            sys.stderr.flush()
+            raise WorkerError(
+                LAUNCH_ERROR,
+                "timing 'graph': this launch cannot be captured in a CUDA graph (a host sync, or a CUDA call "
+                f"a capture forbids, inside the call): {summarize(exc)}. Time it with timing 'cold' or 'hot'.",
+            ) from exc
+        return graph
+
 
 class SmClock:
     """The current SM clock in MHz, or None where it cannot be read cheaply.
@@ -382,6 +457,9 @@ class Prepared:
         self.problem = problem
         self.inputs = inputs
         self.launch = launch
+        # graph_calls -> the CUDA graph of that many launches (timing "graph"),
+        # freed with the job.
+        self.graphs = {}
 
 
 class Worker:
@@ -508,7 +586,11 @@ class Worker:
                 methods[n] = {"found": False, "config_types": None}
                 continue
             declared = getattr(available[n], "config_types", None)
-            methods[n] = {"found": True, "config_types": None if declared is None else _type_names(n, declared)}
+            methods[n] = {
+                "found": True,
+                "config_types": None if declared is None else _type_names(n, declared),
+                "description": _first_line(type(available[n]).__doc__),
+            }
         return {"methods": methods, "available": [str(n) for n in available]}
 
     def describe(self, request: dict) -> dict:
@@ -517,10 +599,17 @@ class Worker:
             raise bad_request("describe needs 'problem' (string) and 'shape' (object)")
         with stage("problem"):
             problem = _make_problem(name, shape)
+            methods = problem.methods()
             facts = {
                 "flops": float(problem.flops()),
                 "bytes": float(problem.bytes()),
-                "methods": [str(method) for method in problem.methods()],
+                "methods": [str(method) for method in methods],
+            }
+        if self.target is None:
+            # A compile worker with a target refuses torch, so it cannot tell
+            # whether a library method runs here: only workers that can answer do.
+            facts["unavailable"] = {
+                str(key): reason for key, method in methods.items() if (reason := _unavailable(method, problem))
             }
         if "seed" in request and self.role == "lane":
             # The runner describes a shape before its first job, which may still
@@ -560,6 +649,9 @@ class Worker:
         # Free the previous job's tensors before allocating this one's.
         self.prepared = None
         problem, method = self._problem_and_method(job)
+        reason = _unavailable(method, problem)
+        if reason:
+            raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} cannot run here: {reason}")
         inputs, expected, nbytes = self._shape_data(problem, job.problem, job.shape, seed)
         with stage("problem"):
             flops = float(problem.flops())
@@ -604,10 +696,20 @@ class Worker:
         flush_with = request.get("flush_with", "read")
         if flush_with not in FLUSH_WITH:
             raise bad_request(f"sample: flush_with must be one of {list(FLUSH_WITH)}, got {flush_with!r}")
+        timing = request.get("timing", "cold")
+        if timing not in TIMINGS:
+            raise bad_request(f"sample: timing must be one of {list(TIMINGS)}, got {timing!r}")
+        graph_calls = _int_field(request, "graph_calls", default=10, minimum=1, maximum=_MAX_GRAPH_CALLS)
         timer = self._timing()
         with stage("launch"):
-            us, clock = timer.sample(prepared.launch, count, flush_bytes, flush_with)
-        return {"us": us, "timer": timer.name, "sm_clock_mhz": clock}
+            if timing == "graph":
+                us, clock = timer.sample_graph(prepared, count, graph_calls)
+                name = timer.graph_name
+            else:
+                # hot: the same event pairs, never a flush, whatever flush_bytes says.
+                us, clock = timer.sample(prepared.launch, count, flush_bytes if timing == "cold" else 0, flush_with)
+                name = timer.name
+        return {"us": us, "timer": name, "sm_clock_mhz": clock}
 
     def release(self, request: dict) -> dict:
         self.prepared = None
@@ -672,6 +774,14 @@ class Worker:
 _TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
 
 
+def _first_line(doc):
+    """A method class's docstring's first line: what a report calls the method."""
+    if not doc:
+        return None
+    line = doc.strip().splitlines()[0].strip()
+    return line or None
+
+
 def _type_names(method: str, declared) -> dict:
     """A method's `config_types` ({key: int | float | str | bool}) as protocol names."""
     if not isinstance(declared, dict):
@@ -688,6 +798,20 @@ def _make_problem(name: str, shape: dict):
     from tunelab.problems import resolve
 
     return resolve(name)(shape)
+
+
+def _unavailable(method, problem):
+    """The method's one-line reason it cannot run here, or None (no hook: it can).
+
+    A hook that raises does not fail the shape: its error becomes the reason."""
+    hook = getattr(method, "unavailable", None)
+    if hook is None:
+        return None
+    try:
+        reason = hook(problem)
+    except Exception as exc:  # noqa: BLE001 - a user's method may raise anything
+        return f"its unavailable() check failed: {summarize(exc)}"
+    return str(reason) if reason else None
 
 
 def _poison(torch, out):

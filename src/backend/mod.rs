@@ -6,10 +6,11 @@ pub mod python;
 pub mod worker;
 
 pub use python::{Probe, PythonBackend};
+
 pub use worker::{CallError, Worker, WorkerSpec};
 
 use crate::manifest::ToleranceFor;
-use crate::measure::{L2Flush, Timer};
+use crate::measure::{L2Flush, Timer, Timing};
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass};
 
@@ -27,6 +28,17 @@ impl JobFailure {
             message: message.into(),
         }
     }
+}
+
+/// The problem at one shape, as a worker describes it.
+#[derive(Debug, Clone, Default)]
+pub struct ShapeFacts {
+    /// Useful floating-point operations; unknown when the problem's count is not finite.
+    pub flops: Option<f64>,
+    /// Minimal bytes moved; likewise.
+    pub bytes: Option<f64>,
+    /// Methods (by kernel name) that cannot run in this worker, and why.
+    pub unavailable: indexmap::IndexMap<String, String>,
 }
 
 /// Raw timings of one batch of launches.
@@ -52,17 +64,37 @@ impl Flush {
     };
 }
 
+/// How a batch of samples is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleMode {
+    pub timing: Timing,
+    /// Before each sample, for cold timing only.
+    pub flush: Flush,
+    /// Launches per CUDA graph, for graph timing.
+    pub graph_calls: u32,
+}
+
+impl SampleMode {
+    /// Cold samples with no flush: what the interpreter and tests take.
+    pub const PLAIN: SampleMode = SampleMode {
+        timing: Timing::Cold,
+        flush: Flush::NONE,
+        graph_calls: 1,
+    };
+
+    /// The same, timed another way (the flush applies to cold samples only).
+    pub fn with_timing(self, timing: Timing) -> SampleMode {
+        SampleMode { timing, ..self }
+    }
+}
+
 /// What the scheduler asks of a backend. The backend never decides how many
 /// samples to take; the scheduler does (see `measure`).
 pub trait Backend {
-    /// (flops, bytes) of the problem at a shape, each unknown where the
-    /// problem's count is not a finite number. A lane backend also builds
-    /// the shape's inputs and reference for `seed` here, ahead of its first check.
-    fn describe(
-        &mut self,
-        shape: &serde_json::Value,
-        seed: u64,
-    ) -> Result<(Option<f64>, Option<f64>), JobFailure>;
+    /// What the problem is at a shape: flops, bytes, methods that cannot run
+    /// here. A lane backend also builds the shape's inputs and reference for
+    /// `seed` here, ahead of its first check.
+    fn describe(&mut self, shape: &serde_json::Value, seed: u64) -> Result<ShapeFacts, JobFailure>;
     /// Compile without timing; returns seconds spent.
     fn compile(&mut self, job: &Job, kernel: &str, kind: &str) -> Result<f64, JobFailure>;
     /// Correctness gate; on success the job stays prepared for warmup and sampling.
@@ -75,6 +107,10 @@ pub trait Backend {
         seed: u64,
     ) -> Result<CheckResult, JobFailure>;
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure>;
-    fn sample(&mut self, job_id: &str, count: u32, flush: Flush)
-        -> Result<SampleBatch, JobFailure>;
+    fn sample(
+        &mut self,
+        job_id: &str,
+        count: u32,
+        mode: SampleMode,
+    ) -> Result<SampleBatch, JobFailure>;
 }

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
 use super::worker::{CallError, Worker, WorkerSpec};
-use super::{Backend, Flush, JobFailure, SampleBatch};
+use super::{Backend, JobFailure, SampleBatch, SampleMode, ShapeFacts};
 use indexmap::IndexMap;
 
 use crate::manifest::{ConfigType, ToleranceFor};
@@ -47,6 +47,9 @@ pub struct ProbedMethod {
     pub found: bool,
     /// `None`: the method declares no types.
     pub config_types: Option<IndexMap<String, ConfigType>>,
+    /// The first line of the method's documentation, if it has one.
+    #[serde(default)]
+    pub description: Option<String>,
 }
 
 /// `null` where a problem's count is not a finite number (JSON has no NaN).
@@ -54,6 +57,10 @@ pub struct ProbedMethod {
 struct DescribeReply {
     flops: Option<f64>,
     bytes: Option<f64>,
+    /// Methods that cannot run in this worker; a compile worker cannot tell
+    /// and leaves it out.
+    #[serde(default)]
+    unavailable: IndexMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -256,17 +263,17 @@ impl PythonBackend {
 }
 
 impl Backend for PythonBackend {
-    fn describe(
-        &mut self,
-        shape: &Json,
-        seed: u64,
-    ) -> Result<(Option<f64>, Option<f64>), JobFailure> {
+    fn describe(&mut self, shape: &Json, seed: u64) -> Result<ShapeFacts, JobFailure> {
         let r: DescribeReply = self.call_for(
             "describe",
             json!({"problem": self.problem, "shape": shape, "seed": seed}),
             self.timeout,
         )?;
-        Ok((r.flops, r.bytes))
+        Ok(ShapeFacts {
+            flops: r.flops,
+            bytes: r.bytes,
+            unavailable: r.unavailable,
+        })
     }
 
     fn compile(&mut self, job: &Job, kernel: &str, kind: &str) -> Result<f64, JobFailure> {
@@ -313,9 +320,10 @@ impl Backend for PythonBackend {
         &mut self,
         job_id: &str,
         count: u32,
-        flush: Flush,
+        mode: SampleMode,
     ) -> Result<SampleBatch, JobFailure> {
-        // Protocol 1 knows a read and a memset; no flush is a size of zero.
+        // The protocol knows a read and a memset; no flush is a size of zero.
+        let flush = mode.flush;
         let (bytes, with) = match flush.with {
             L2Flush::Off => (0, "read"),
             L2Flush::Read => (flush.bytes, "read"),
@@ -328,6 +336,8 @@ impl Backend for PythonBackend {
                 "count": count,
                 "flush_bytes": bytes,
                 "flush_with": with,
+                "timing": mode.timing.as_str(),
+                "graph_calls": mode.graph_calls,
             }),
             self.timeout,
         )?;

@@ -193,6 +193,9 @@ fn render_summary(s: &PlanSummary, device: &DeviceInfo) -> String {
             count(m.space_points, "point", "points"),
             count(m.points, "point", "points")
         );
+        if let Some(search) = &m.search {
+            let _ = writeln!(out, "  search: {search}");
+        }
         for (constraint, removed) in &m.removed {
             let _ = writeln!(out, "  - {removed:>10}  removed by `{constraint}`");
         }

@@ -232,10 +232,14 @@ fn run_experiment(
         outcome.failed,
         outcome.pruned,
         outcome.checked,
-        match outcome.skipped_by_search {
-            0 => String::new(),
-            n => format!(", {n} left unmeasured by the surrogate search"),
-        },
+        [
+            (outcome.skipped_by_search, "left unmeasured by the surrogate search"),
+            (outcome.unavailable, "skipped: their method cannot run here"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!(", {n} {what}"))
+        .collect::<String>(),
         outcome.skipped,
         seconds(outcome.wall_s)
     );
@@ -317,6 +321,7 @@ fn with_compared(mut exp: Experiment, files: &[std::path::PathBuf]) -> Result<Ex
             constraints: Vec::new(),
             derived: Vec::new(),
             baseline: None,
+            search: None,
             key_spans: Default::default(),
             param_spans: Default::default(),
             fixed: Some(shipped.fixed_configs()),

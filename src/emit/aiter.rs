@@ -485,7 +485,7 @@ pub fn notes(results: &Results) -> Vec<String> {
             notes.push(format!("{what} not written: {why}"));
             continue;
         }
-        let sel = Selection::build(&results.jobs, &results.finals, |j| feeds(spec, j));
+        let sel = Selection::build(results, |j| feeds(spec, j));
         let shapes: Vec<&ShapeOutcome<'_>> = sel.shapes.iter().collect();
         // A data error is the writer's to report.
         let Ok(planned) = plan(device, &shapes) else {

@@ -132,7 +132,7 @@ pub fn render_output(
     header: &RunHeader,
     spec: &OutputSpec,
 ) -> Result<Vec<Rendered>, EmitError> {
-    let sel = Selection::build(&results.jobs, &results.finals, |j| feeds(spec, j));
+    let sel = Selection::build(results, |j| feeds(spec, j));
     let groups = group_by_path(header, spec, &sel)?;
     let mut out = Vec::new();
     for (path, shapes) in groups {

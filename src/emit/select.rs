@@ -28,7 +28,7 @@ use serde::Serialize;
 use serde_json::Value as Json;
 
 use crate::manifest::MethodKind;
-use crate::measure::Stats;
+use crate::measure::{Stats, Timing};
 use crate::store::{FinalRecord, JobRecord, JobStatus, Results};
 
 /// Shape fields in a stable order, as job records carry them.
@@ -156,25 +156,37 @@ pub struct Selection<'a> {
     /// The latest record per job id, in journal order, after the filter.
     pub jobs: Vec<&'a JobRecord>,
     pub shapes: Vec<ShapeOutcome<'a>>,
+    /// Finalist re-timings under the run's own timing: they rank.
     finals: HashMap<&'a str, &'a FinalRecord>,
+    /// Finalist re-timings under the run's other timings (`retime_with`).
+    retimed: HashMap<(&'a str, Timing), &'a FinalRecord>,
 }
 
 impl<'a> Selection<'a> {
     /// Every job of the results.
     pub fn new(results: &'a Results) -> Self {
-        Self::build(&results.jobs, &results.finals, |_| true)
+        Self::build(results, |_| true)
     }
 
-    /// The jobs `keep` accepts; others are as if absent.
-    pub fn build(
-        jobs: &'a [JobRecord],
-        finals: &'a [FinalRecord],
-        keep: impl Fn(&JobRecord) -> bool,
-    ) -> Self {
-        let jobs: Vec<&JobRecord> = latest_jobs(jobs).into_iter().filter(|j| keep(j)).collect();
+    /// The jobs `keep` accepts; others are as if absent. Finalist re-timings
+    /// rank under the run's own timing (its header's `protocol.timing`).
+    pub fn build(results: &'a Results, keep: impl Fn(&JobRecord) -> bool) -> Self {
+        let jobs: Vec<&JobRecord> = latest_jobs(&results.jobs)
+            .into_iter()
+            .filter(|j| keep(j))
+            .collect();
+        let primary = results
+            .header
+            .as_ref()
+            .map_or(Timing::Cold, |h| h.protocol.timing);
         let mut final_map: HashMap<&str, &FinalRecord> = HashMap::new();
-        for f in finals {
-            final_map.insert(f.job_id.as_str(), f);
+        let mut retimed = HashMap::new();
+        for f in &results.finals {
+            if f.timing == primary {
+                final_map.insert(f.job_id.as_str(), f);
+            } else {
+                retimed.insert((f.job_id.as_str(), f.timing), f);
+            }
         }
 
         let mut by_shape: IndexMap<String, (&ShapeFields, IndexMap<&str, Vec<&JobRecord>>)> =
@@ -209,12 +221,18 @@ impl<'a> Selection<'a> {
             jobs,
             shapes,
             finals: final_map,
+            retimed,
         }
     }
 
-    /// The finalist record of a job, if it was re-timed.
+    /// The finalist record of a job, if it was re-timed (the run's own way).
     pub fn final_of(&self, job_id: &str) -> Option<&'a FinalRecord> {
         self.finals.get(job_id).copied()
+    }
+
+    /// A finalist's re-timing under another timing (`retime_with`), if any.
+    pub fn retimed_under(&self, job_id: &str, timing: Timing) -> Option<&'a FinalRecord> {
+        self.retimed.get(&(job_id, timing)).copied()
     }
 
     /// The selection time of any job (eligible or not): finalist median, else own median.

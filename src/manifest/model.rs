@@ -63,6 +63,26 @@ impl Experiment {
         self.methods.iter().find(|m| m.name == name)
     }
 
+    /// How a method is searched: its own `search:`, else the experiment's.
+    pub fn search_for<'a>(&'a self, method: &'a Method) -> &'a Search {
+        method.search.as_ref().unwrap_or(&self.search)
+    }
+
+    /// The strategy of every method, for a run whose protocol keeps `finalists`.
+    pub fn strategies(&self, finalists: u32) -> crate::search::Strategies {
+        crate::search::Strategies::new(
+            self.search.strategy(finalists),
+            self.methods
+                .iter()
+                .filter_map(|m| {
+                    m.search
+                        .as_ref()
+                        .map(|s| (m.name.clone(), s.strategy(finalists)))
+                })
+                .collect(),
+        )
+    }
+
     /// Whether tunelab's own Python package provides the problem.
     pub fn builtin_problem(&self) -> bool {
         BUILTIN_PROBLEMS.contains(&self.problem.as_str())
@@ -146,6 +166,8 @@ pub struct Method {
     pub constraints: Vec<Expr>,
     pub derived: Vec<(String, Expr)>,
     pub baseline: Option<Baseline>,
+    /// The method's own search (`methods.X.search`); `None`: the experiment's.
+    pub search: Option<Search>,
     pub span: Span,
     pub constraints_span: Span,
     /// Where each config name (parameter, space parameter, derived value) was declared.

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::de::Spanned;
 use super::model::{MethodKind, OutputFormat};
 use super::yaml::Node;
+use crate::measure::Timing;
 
 /// One experiment: which problem, at which shapes, with which methods and
 /// search spaces, checked against which tolerance, timed how, written where.
@@ -132,6 +133,9 @@ pub struct RawMethod {
     /// Parameters computed from others by expression, in order.
     #[serde(default)]
     pub derived: IndexMap<Spanned<String>, Spanned<String>>,
+    /// This method's own search, instead of the experiment's `search:`.
+    #[serde(default)]
+    pub search: Option<Spanned<RawSearch>>,
     /// The config to compare with: a builtin rule name (`vllm_moe_default`) or a mapping of
     /// parameter to value or expression. It is run as an extra job per shape.
     #[serde(default)]
@@ -227,9 +231,19 @@ pub struct RawProtocol {
     /// Best configs per shape re-timed interleaved at the end.
     #[serde(default = "d_finalists")]
     pub finalists: u32,
-    /// Reserved: timing back-to-back launches in a CUDA graph ("hot"). Not implemented; `true` is refused.
+    /// How every job is timed and ranked: `cold` (L2 flushed before each
+    /// sample; the default), `hot` (no flush), or `graph` (`graph_calls`
+    /// back-to-back launches captured in one CUDA graph, timed per call, as
+    /// vLLM's benchmark and its decode steps run).
+    #[serde(default = "d_timing")]
+    pub timing: Timing,
+    /// Launches per CUDA graph for graph timing.
+    #[serde(default = "d_graph_calls")]
+    pub graph_calls: Spanned<u32>,
+    /// Other timings to re-time each group's finalists under, so the report
+    /// shows where their winner differs: `[graph]`.
     #[serde(default)]
-    pub hot: Spanned<bool>,
+    pub retime_with: Vec<Spanned<Timing>>,
     /// Seconds a job may take (compile, check or sampling) before its worker is killed.
     #[serde(default = "d_timeout_s")]
     pub timeout_s: Spanned<f64>,
@@ -253,7 +267,9 @@ impl Default for RawProtocol {
             max_gpu_ms: d_max_gpu_ms(),
             max_wall_ms: d_max_wall_ms(),
             finalists: d_finalists(),
-            hot: unspanned(false),
+            timing: d_timing(),
+            graph_calls: d_graph_calls(),
+            retime_with: Vec::new(),
             timeout_s: d_timeout_s(),
             seed: 0,
         }
@@ -394,6 +410,12 @@ fn d_max_wall_ms() -> f64 {
 }
 fn d_finalists() -> u32 {
     5
+}
+fn d_timing() -> Timing {
+    Timing::Cold
+}
+fn d_graph_calls() -> Spanned<u32> {
+    unspanned(10)
 }
 fn d_timeout_s() -> Spanned<f64> {
     unspanned(60.0)

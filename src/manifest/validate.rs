@@ -29,7 +29,7 @@ use super::yaml::{Node, Value};
 use crate::device::DeviceInfo;
 use crate::diag::{did_you_mean, Diagnostic, Diagnostics, Span};
 use crate::expr;
-use crate::measure::{L2Flush, Protocol};
+use crate::measure::{L2Flush, Protocol, Timing};
 use crate::search::{Search, SearchKind};
 
 /// Checks a raw manifest against itself and the device facts. `root` is the
@@ -324,6 +324,7 @@ fn method(
         None => None,
         Some(node) => Some(baseline(node, &known, env, device)?),
     };
+    let own_search = m.search.as_ref().map(|s| search(s, m.span)).transpose()?;
     if let (Some(b), Some(node)) = (&baseline, &m.baseline) {
         for (k, _) in &b.values {
             let tunable = m.space.keys().any(|s| s.value == *k);
@@ -379,6 +380,7 @@ fn method(
         constraints,
         derived,
         baseline,
+        search: own_search,
         span: m.span,
         constraints_span: place(m.constraints.span, m.span),
         key_spans,
@@ -578,9 +580,28 @@ fn tolerance(t: &Spanned<RawTolerance>, root: Span) -> Result<Tolerance, Diagnos
 fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic> {
     let section = place(p.span, root);
     let at = |s: Span| place(s, section);
-    if p.hot.value {
-        return Err(Diagnostic::at(at(p.hot.span), "`hot: true` (CUDA-graph timing) is not implemented yet")
-            .help("remove `hot` or set it to false; cold, L2-flushed samples are what tunelab measures today"));
+    if p.graph_calls.value == 0 || p.graph_calls.value > 10_000 {
+        return Err(Diagnostic::at(
+            at(p.graph_calls.span),
+            format!(
+                "`graph_calls` must be between 1 and 10000, found {}",
+                p.graph_calls.value
+            ),
+        ));
+    }
+    let mut retime_with: Vec<Timing> = Vec::new();
+    for t in &p.retime_with {
+        if t.value == p.timing || retime_with.contains(&t.value) {
+            return Err(Diagnostic::at(
+                at(t.span),
+                format!(
+                    "`retime_with` names `{}` twice, or the run's own `timing`",
+                    t.value.as_str()
+                ),
+            )
+            .help("list other timings only: the finalists are timed the run's way already"));
+        }
+        retime_with.push(t.value);
     }
     if p.batch.value == 0 {
         return Err(Diagnostic::at(
@@ -627,6 +648,9 @@ fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic
     Ok(Protocol {
         warmup_launches: p.warmup_launches,
         warmup_ms: p.warmup_ms.value,
+        timing: p.timing,
+        graph_calls: p.graph_calls.value,
+        retime_with,
         flush,
         flush_bytes: p.flush_bytes,
         batch: p.batch.value,

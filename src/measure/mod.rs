@@ -5,7 +5,7 @@
 mod protocol;
 mod stats;
 
-pub use protocol::{L2Flush, Protocol};
+pub use protocol::{L2Flush, Protocol, Timing};
 pub use stats::{
     geomean, median_ci, quantile, sorted, summarize, tied, verdict, Decision, Flag, Sampling,
     Stats, Timer, Verdict,

@@ -13,6 +13,14 @@ pub struct Protocol {
     pub warmup_launches: u32,
     /// GPU time spent warming up before the first sample, at least.
     pub warmup_ms: f64,
+    /// How every job is timed, and so ranked.
+    pub timing: Timing,
+    /// Calls captured in one CUDA graph and replayed per sample, for graph timing.
+    pub graph_calls: u32,
+    /// Other timings the finalists of each group are re-timed under, so a
+    /// report can show where their winner differs (`[graph]`: as vLLM's
+    /// benchmark and its decode steps run).
+    pub retime_with: Vec<Timing>,
     /// How L2 is evicted before each cold sample.
     pub flush: L2Flush,
     /// Size of the buffer that evicts L2; `None`: max(2 × the device's L2, 32 MiB).
@@ -53,6 +61,30 @@ pub enum L2Flush {
     Memset,
 }
 
+/// How a sample is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Timing {
+    /// Events around each launch, L2 evicted before each (the protocol's flush).
+    Cold,
+    /// Events around each launch, L2 left as the previous launch left it.
+    Hot,
+    /// `graph_calls` back-to-back launches captured in one CUDA graph,
+    /// replayed between two events; a sample is the replay's time per call.
+    /// No flush: the consumer's decode conditions (vLLM's benchmark times so).
+    Graph,
+}
+
+impl Timing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Timing::Cold => "cold",
+            Timing::Hot => "hot",
+            Timing::Graph => "graph",
+        }
+    }
+}
+
 impl L2Flush {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -80,6 +112,7 @@ impl Protocol {
         Protocol {
             warmup_launches: 1,
             warmup_ms: 0.0,
+            retime_with: Vec::new(),
             flush: L2Flush::Off,
             batch: 2,
             min_samples: 2,

@@ -80,6 +80,8 @@ pub enum Timer {
     CudaEvent,
     /// Host wall-clock around each launch: the interpreter. Never written as tuned configs.
     Wall,
+    /// CUDA events around the replay of a CUDA graph of back-to-back launches, per launch.
+    CudaGraph,
 }
 
 impl Timer {
@@ -87,6 +89,7 @@ impl Timer {
         match self {
             Timer::CudaEvent => "cuda_event",
             Timer::Wall => "wall",
+            Timer::CudaGraph => "cuda_graph",
         }
     }
 }
@@ -325,6 +328,9 @@ mod tests {
         Protocol {
             warmup_launches: 3,
             warmup_ms: 5.0,
+            timing: crate::measure::Timing::Cold,
+            graph_calls: 10,
+            retime_with: Vec::new(),
             flush: L2Flush::Read,
             flush_bytes: None,
             batch: 32,

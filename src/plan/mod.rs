@@ -50,6 +50,8 @@ pub struct MethodCounts {
     pub valid: u64,
     /// Jobs the search strategy will run (plus baselines).
     pub jobs: u64,
+    /// The method's own search, when it has one (`methods.X.search`).
+    pub search: Option<String>,
     pub baseline_jobs: u64,
 }
 
@@ -171,6 +173,10 @@ pub fn plan(
     {
         let mut counts = MethodCounts {
             method: method.name.clone(),
+            search: method
+                .search
+                .as_ref()
+                .map(|s| crate::search::describe(s.kind.name(), &s.params())),
             shapes: selected.len() as u64,
             space_points: method.axes.iter().map(|a| a.values.len() as u64).product(),
             removed: method
@@ -179,6 +185,13 @@ pub fn plan(
                 .map(|c| (c.source.clone(), 0))
                 .collect(),
             ..Default::default()
+        };
+        let sample = match opts.mode {
+            Mode::Interpreter => sample,
+            Mode::Gpu => exp
+                .search_for(method)
+                .strategy(exp.protocol.finalists)
+                .sample_per_group(),
         };
         if let Some(fixed) = &method.fixed {
             stopped = plan_fixed(exp, method, fixed, &selected, &mut counts, sink);

@@ -11,11 +11,11 @@ use std::time::Instant;
 
 use indexmap::IndexMap;
 
-use crate::backend::{Backend, Flush, JobFailure};
+use crate::backend::{Backend, JobFailure, SampleMode};
 use crate::manifest::{shape_dtype, MethodKind, Shape, Tolerance};
-use crate::measure::{self, Decision, Protocol, Sampling, Stats};
+use crate::measure::{self, Decision, Protocol, Sampling, Stats, Timing};
 use crate::plan::{Job, RunMode};
-use crate::search::{Candidate, Grid, PriorObservation, Strategy, Trials};
+use crate::search::{Candidate, Grid, PriorObservation, Strategies, Strategy, Trials};
 use crate::store::{FailureClass, FinalRecord, JobRecord, JobStatus};
 
 use super::compile::CompileBoard;
@@ -24,9 +24,11 @@ use super::{now_rfc3339, Event, Group};
 pub struct LaneContext<'a> {
     pub protocol: Protocol,
     pub tolerance: Tolerance,
-    pub strategy: &'a dyn Strategy,
+    /// Each method's search strategy.
+    pub strategies: &'a Strategies,
     pub run_mode: RunMode,
-    pub flush: Flush,
+    /// How the run's own samples are taken.
+    pub sampling: SampleMode,
     pub peak_gbs: f64,
     pub peak_tflops: &'a (dyn Fn(Option<&str>) -> f64 + Sync),
     pub compile: Option<&'a CompileBoard>,
@@ -113,9 +115,10 @@ pub fn run_group(
         "shape": group.shape, "method": group.method, "jobs": group.jobs.len(),
     });
     let shape = serde_json::to_value(&group.shape).expect("shape");
-    let (flops, bytes) = backend
+    let facts = backend
         .describe(&shape, ctx.protocol.seed)
-        .unwrap_or((None, None));
+        .unwrap_or_default();
+    let (flops, bytes) = (facts.flops, facts.bytes);
     let prior = ctx
         .prior
         .get(&group_key(&group.method, &group.shape))
@@ -147,10 +150,19 @@ pub fn run_group(
         track: &track,
         emit,
     };
+    if let Some(why) = facts.unavailable.get(&lane.kernel) {
+        // The method cannot run here: every job is recorded as skipped,
+        // with the reason, and runs again on a later resume.
+        lane.skip_all(why);
+    }
     match ctx.run_mode {
+        _ if lane.slots.iter().all(|s| matches!(s, Slot::Done)) => {}
         RunMode::Check => lane.check_all(),
         RunMode::Bench => Grid.search(&candidates, &mut lane),
-        RunMode::Tune => ctx.strategy.search(&candidates, &mut lane),
+        RunMode::Tune => ctx
+            .strategies
+            .for_method(&group.method)
+            .search(&candidates, &mut lane),
     }
     let Lane {
         backend,
@@ -256,6 +268,18 @@ impl Lane<'_, '_> {
             duration_s: m.started.elapsed().as_secs_f64(),
             lane: ctx.lane,
             finished_at: now_rfc3339(),
+        }
+    }
+
+    /// Every job recorded as skipped because the method cannot run here.
+    fn skip_all(&mut self, why: &str) {
+        for i in 0..self.slots.len() {
+            let (m, _) = self.take(i);
+            if let Some(board) = self.ctx.compile {
+                board.cancel(&m.job.id);
+            }
+            let failure = JobFailure::new(FailureClass::Unavailable, why);
+            self.finish(&m, JobStatus::Skipped, Some(failure), None);
         }
     }
 
@@ -456,8 +480,18 @@ fn take_batch(
     backend: &mut dyn Backend,
     m: &mut Measured,
 ) -> Result<(), JobFailure> {
+    take_batch_as(backend, m, ctx.sampling, ctx.protocol.batch)
+}
+
+/// One batch of `count` samples, timed as `mode` says.
+fn take_batch_as(
+    backend: &mut dyn Backend,
+    m: &mut Measured,
+    mode: SampleMode,
+    count: u32,
+) -> Result<(), JobFailure> {
     let start = Instant::now();
-    let batch = backend.sample(&m.job.id, ctx.protocol.batch, ctx.flush)?;
+    let batch = backend.sample(&m.job.id, count, mode)?;
     m.sampling.wall_ms += start.elapsed().as_secs_f64() * 1e3;
     m.sampling.samples_us.extend(batch.us);
     m.sampling.timer = Some(batch.timer);
@@ -468,7 +502,9 @@ fn take_batch(
 }
 
 /// The best few configs of a group, re-timed interleaved in shuffled order so
-/// that clock and thermal drift hit them alike.
+/// that clock and thermal drift hit them alike: the run's own way, then each
+/// way of `protocol.retime_with`, each recorded as a finalist record of its
+/// timing.
 fn retime_finalists(
     ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
@@ -479,6 +515,33 @@ fn retime_finalists(
 ) {
     alive.sort_by(|a, b| a.median().total_cmp(&b.median()));
     alive.truncate(ctx.protocol.finalists as usize);
+    let timings =
+        std::iter::once(ctx.protocol.timing).chain(ctx.protocol.retime_with.iter().copied());
+    for timing in timings {
+        if super::interrupted() {
+            return;
+        }
+        retime(ctx, backend, kernel, kind, &mut alive, timing, emit);
+    }
+}
+
+/// One interleaved re-timing of the finalists under `timing`. A graph sample
+/// is already the mean of `graph_calls` launches, so a graph batch holds
+/// that many times fewer samples (at least 4): the same launches timed.
+fn retime(
+    ctx: &LaneContext<'_>,
+    backend: &mut dyn Backend,
+    kernel: &str,
+    kind: MethodKind,
+    alive: &mut [Measured],
+    timing: Timing,
+    emit: &mut dyn FnMut(Event),
+) {
+    let mode = ctx.sampling.with_timing(timing);
+    let count = match timing {
+        Timing::Graph => ctx.protocol.batch.div_ceil(mode.graph_calls).max(4),
+        Timing::Cold | Timing::Hot => ctx.protocol.batch,
+    };
     let mut samples: HashMap<String, Sampling> = HashMap::new();
     let mut rng = crate::rng::SplitMix64::new(ctx.protocol.seed ^ 0x5eed);
     const ROUNDS: usize = 3;
@@ -490,8 +553,8 @@ fn retime_finalists(
         for &i in &order {
             let m = &mut alive[i];
             let before = std::mem::take(&mut m.sampling);
-            let ok =
-                prepare(ctx, backend, kernel, kind, m).and_then(|_| take_batch(ctx, backend, m));
+            let ok = prepare(ctx, backend, kernel, kind, m)
+                .and_then(|_| take_batch_as(backend, m, mode, count));
             let got = std::mem::replace(&mut m.sampling, before);
             if ok.is_ok() {
                 let acc = samples.entry(m.job.id.clone()).or_default();
@@ -521,6 +584,7 @@ fn retime_finalists(
         let tied_with_best = measure::tied(&s, &best);
         emit(Event::Final(FinalRecord {
             job_id,
+            timing,
             stats: s,
             tied_with_best,
         }));
@@ -543,6 +607,7 @@ mod tests {
     /// Time of a config: |B - 5| * 10 + 100 us, so B = 5 is best; B = 9 does not compile.
     struct Fake {
         prepared: Option<Job>,
+        unavailable: IndexMap<String, String>,
     }
 
     impl Backend for Fake {
@@ -550,8 +615,12 @@ mod tests {
             &mut self,
             _: &serde_json::Value,
             _: u64,
-        ) -> Result<(Option<f64>, Option<f64>), JobFailure> {
-            Ok((Some(1e9), Some(1e6)))
+        ) -> Result<crate::backend::ShapeFacts, JobFailure> {
+            Ok(crate::backend::ShapeFacts {
+                flops: Some(1e9),
+                bytes: Some(1e6),
+                unavailable: self.unavailable.clone(),
+            })
         }
         fn compile(&mut self, _: &Job, _: &str, _: &str) -> Result<f64, JobFailure> {
             Ok(0.0)
@@ -584,7 +653,7 @@ mod tests {
             &mut self,
             job_id: &str,
             count: u32,
-            _: Flush,
+            _: SampleMode,
         ) -> Result<SampleBatch, JobFailure> {
             let job = self
                 .prepared
@@ -597,6 +666,13 @@ mod tests {
                 timer: Timer::CudaEvent,
                 sm_clock_mhz: None,
             })
+        }
+    }
+
+    fn surrogate() -> Surrogate {
+        Surrogate {
+            budget: Some(6),
+            seed: 0,
         }
     }
 
@@ -625,7 +701,7 @@ mod tests {
     }
 
     fn run(
-        strategy: &dyn Strategy,
+        strategy: Box<dyn Strategy>,
         compile: Option<&CompileBoard>,
     ) -> (Vec<JobRecord>, Vec<FinalRecord>) {
         let peak = |_: Option<&str>| 1000.0;
@@ -640,16 +716,19 @@ mod tests {
                 max_mismatch: 0.0,
                 per_dtype: IndexMap::new(),
             },
-            strategy,
+            strategies: &Strategies::single(strategy),
             run_mode: RunMode::Tune,
-            flush: Flush::NONE,
+            sampling: SampleMode::PLAIN,
             peak_gbs: 1000.0,
             peak_tflops: &peak,
             compile,
             lane: 0,
             prior: &prior,
         };
-        let mut backend = Fake { prepared: None };
+        let mut backend = Fake {
+            prepared: None,
+            unavailable: IndexMap::new(),
+        };
         let (mut jobs, mut finals) = (Vec::new(), Vec::new());
         run_group(&ctx, &mut backend, group(), &mut |e| match e {
             Event::Job(r) => jobs.push(*r),
@@ -660,7 +739,7 @@ mod tests {
 
     #[test]
     fn grid_records_every_job_once_and_retimes_the_finalists() {
-        let (jobs, finals) = run(&Grid, None);
+        let (jobs, finals) = run(Box::new(Grid), None);
         assert_eq!(jobs.len(), 10);
         let failed: Vec<_> = jobs
             .iter()
@@ -688,7 +767,7 @@ mod tests {
             eta: 3,
             keep_at_least: 3,
         };
-        let (jobs, _) = run(&halving, None);
+        let (jobs, _) = run(Box::new(halving), None);
         assert_eq!(jobs.len(), 10, "every job gets exactly one record");
         let status = |id: &str| jobs.iter().find(|j| j.job_id == id).unwrap().status;
         assert_eq!(status("job5"), JobStatus::Ok, "the best is measured fully");
@@ -712,11 +791,7 @@ mod tests {
 
     #[test]
     fn surrogate_in_a_lane_records_skipped_configs_without_statistics() {
-        let surrogate = Surrogate {
-            budget: Some(6),
-            seed: 0,
-        };
-        let (jobs, _) = run(&surrogate, None);
+        let (jobs, _) = run(Box::new(surrogate()), None);
         assert_eq!(jobs.len(), 10);
         let skipped: Vec<_> = jobs
             .iter()
@@ -733,11 +808,7 @@ mod tests {
     /// up) and spends only what is left of its budget.
     #[test]
     fn a_resumed_surrogate_in_a_lane_finds_its_earlier_measurements() {
-        let surrogate = Surrogate {
-            budget: Some(6),
-            seed: 0,
-        };
-        let (first, _) = run(&surrogate, None);
+        let (first, _) = run(Box::new(surrogate()), None);
         // The earlier run measured three configs of the group.
         let earlier: Vec<JobRecord> = first
             .iter()
@@ -761,9 +832,9 @@ mod tests {
                 max_mismatch: 0.0,
                 per_dtype: IndexMap::new(),
             },
-            strategy: &surrogate,
+            strategies: &Strategies::single(Box::new(surrogate())),
             run_mode: RunMode::Tune,
-            flush: Flush::NONE,
+            sampling: SampleMode::PLAIN,
             peak_gbs: 1000.0,
             peak_tflops: &peak,
             compile: None,
@@ -771,16 +842,69 @@ mod tests {
             prior: &prior,
         };
         let mut jobs = Vec::new();
-        run_group(&ctx, &mut Fake { prepared: None }, g, &mut |e| {
-            if let Event::Job(r) = e {
-                jobs.push(*r)
-            }
-        });
+        run_group(
+            &ctx,
+            &mut Fake {
+                prepared: None,
+                unavailable: IndexMap::new(),
+            },
+            g,
+            &mut |e| {
+                if let Event::Job(r) = e {
+                    jobs.push(*r)
+                }
+            },
+        );
         let measured = jobs
             .iter()
             .filter(|j| !j.baseline && j.status != JobStatus::Skipped)
             .count();
         assert_eq!(measured, 3, "6 in the budget, 3 measured before");
+    }
+
+    /// A method its worker says cannot run here (a library not installed):
+    /// every job is recorded as skipped, with the reason, none is checked.
+    #[test]
+    fn an_unavailable_method_is_skipped_with_its_reason() {
+        let peak = |_: Option<&str>| 1000.0;
+        let prior = HashMap::new();
+        let ctx = LaneContext {
+            protocol: crate::manifest::default_protocol(),
+            tolerance: Tolerance {
+                atol: 0.0,
+                rtol: 0.0,
+                max_mismatch: 0.0,
+                per_dtype: IndexMap::new(),
+            },
+            strategies: &Strategies::single(Box::new(Grid)),
+            run_mode: RunMode::Tune,
+            sampling: SampleMode::PLAIN,
+            peak_gbs: 1000.0,
+            peak_tflops: &peak,
+            compile: None,
+            lane: 0,
+            prior: &prior,
+        };
+        let mut unavailable = IndexMap::new();
+        unavailable.insert("k".to_string(), "vLLM is not installed".to_string());
+        let mut backend = Fake {
+            prepared: None,
+            unavailable,
+        };
+        let mut jobs = Vec::new();
+        run_group(&ctx, &mut backend, group(), &mut |e| {
+            if let Event::Job(r) = e {
+                jobs.push(*r)
+            }
+        });
+        assert_eq!(jobs.len(), 10);
+        assert!(jobs.iter().all(|j| j.status == JobStatus::Skipped
+            && j.check.is_none()
+            && j.failure
+                .as_ref()
+                .is_some_and(|f| f.class == FailureClass::Unavailable
+                    && f.message == "vLLM is not installed")));
+        assert!(backend.prepared.is_none(), "nothing was checked");
     }
 
     /// The compiler's verdict from the pool is the job's; a compile worker
@@ -800,7 +924,7 @@ mod tests {
             };
             board.finish(&job.id, result);
         }
-        let (jobs, _) = run(&Grid, Some(&board));
+        let (jobs, _) = run(Box::new(Grid), Some(&board));
         let get = |id: &str| jobs.iter().find(|j| j.job_id == id).unwrap();
         assert_eq!(
             get("job3").status,

@@ -30,16 +30,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::python::Hello;
-use crate::backend::{Backend, Flush, JobFailure, PythonBackend, WorkerSpec};
+use crate::backend::{Backend, Flush, JobFailure, PythonBackend, SampleMode, WorkerSpec};
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
 use crate::manifest::{Experiment, MethodKind, Shape, Tolerance};
 use crate::measure::{L2Flush, Protocol};
 use crate::plan::{self, Filter, Job, Mode, PlanOptions, RunMode};
-use crate::search::{PriorObservation, Strategy};
+use crate::search::{PriorObservation, Strategies};
 use crate::store::{
-    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, OutputSpec, Results, RunHeader,
-    SearchRecord, StoreError, FORMAT_VERSION,
+    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, MethodRecord, OutputSpec,
+    Results, RunHeader, SearchRecord, StoreError, FORMAT_VERSION,
 };
 
 /// Groups the planner may queue ahead of the lanes (and so the compile pool
@@ -89,6 +89,8 @@ pub struct RunOutcome {
     pub pruned: u64,
     /// Never run: the surrogate spent its budget on other configs.
     pub skipped_by_search: u64,
+    /// Never run: the method cannot run here (vLLM not installed, say).
+    pub unavailable: u64,
     pub checked: u64,
     pub interrupted: bool,
     pub fingerprint_changes: Vec<String>,
@@ -147,7 +149,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     let exp = opts.exp;
     let protocol = effective_protocol(&exp.protocol, opts.mode);
     // Halving keeps at least the finalists of the protocol this run uses.
-    let strategy = exp.search.strategy(protocol.finalists);
+    let strategies = exp.strategies(protocol.finalists);
     let dir = results_dir(&opts.results_dir, exp, &opts.device, opts.mode);
     let mut created = preflight::CreatedDirs::before(&dir);
 
@@ -159,7 +161,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     } else {
         None
     };
-    let resume = Resume::read(&dir, strategy.as_ref(), opts.run_mode, &protocol, exp)?;
+    let resume = Resume::read(&dir, &strategies, opts.run_mode, &protocol, exp)?;
     let select = Selection {
         done: &resume.done,
         run_mode: opts.run_mode,
@@ -190,7 +192,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         opts: &opts,
         protocol,
         tolerance,
-        strategy: strategy.as_ref(),
+        strategies: &strategies,
         prior: &resume.prior,
         select: &select,
         plan_opts: &plan_opts,
@@ -236,7 +238,7 @@ struct Resume {
 impl Resume {
     fn read(
         dir: &Path,
-        strategy: &dyn Strategy,
+        strategies: &Strategies,
         run_mode: RunMode,
         protocol: &Protocol,
         exp: &Experiment,
@@ -251,6 +253,24 @@ impl Resume {
             eprintln!("warning: {w}");
         }
         if let Some(h) = &previous.header {
+            if h.protocol.timing != protocol.timing && run_mode != RunMode::Check {
+                return Err(RunError::Input(
+                    Diagnostic::in_file(
+                        &exp.manifest_path,
+                        format!(
+                            "the journal's jobs were timed {} and this run would time them {}: one ranking would mix the two",
+                            h.protocol.timing.as_str(),
+                            protocol.timing.as_str()
+                        ),
+                    )
+                    .help(format!(
+                        "set `protocol: {{timing: {}}}` to go on with {}, time the other way in `retime_with:`, or pass a fresh --results-dir",
+                        h.protocol.timing.as_str(),
+                        dir.display()
+                    ))
+                    .into(),
+                ));
+            }
             if let Some(message) = flush_conflict(h.protocol.flush, protocol.flush) {
                 return Err(RunError::Input(
                     Diagnostic::in_file(&exp.manifest_path, message)
@@ -271,13 +291,15 @@ impl Resume {
                 // A config a strategy skipped was never run: only a strategy
                 // that keeps its skips leaves it unrun.
                 _ if r.status == JobStatus::Skipped => {
-                    run_mode == RunMode::Tune && strategy.keeps_skipped()
+                    run_mode == RunMode::Tune
+                        && r.failure.is_none()
+                        && strategies.for_method(&r.method).keeps_skipped()
                 }
                 _ => r.status != JobStatus::Checked,
             })
             .map(|r| r.job_id.clone())
             .collect();
-        let prior = if strategy.learns_from_earlier_runs() && run_mode == RunMode::Tune {
+        let prior = if strategies.any_learns() && run_mode == RunMode::Tune {
             lane::prior_observations(&previous.jobs)
         } else {
             HashMap::new()
@@ -404,6 +426,7 @@ fn run_header(
     opts: &RunOptions<'_>,
     protocol: &Protocol,
     tolerance: &Tolerance,
+    descriptions: &HashMap<String, String>,
     fingerprint: Fingerprint,
     planned: u64,
 ) -> RunHeader {
@@ -429,6 +452,18 @@ fn run_header(
         protocol: protocol.clone(),
         search: SearchRecord::from(&exp.search),
         tolerance: tolerance.clone(),
+        methods: exp
+            .methods
+            .iter()
+            .map(|m| MethodRecord {
+                name: m.name.clone(),
+                kind: m.kind,
+                kernel: m.kernel.clone(),
+                description: descriptions.get(&m.kernel).cloned(),
+                baseline: m.baseline.as_ref().map(|b| b.name.clone()),
+                search: m.search.as_ref().map(SearchRecord::from),
+            })
+            .collect(),
         compared: exp.compared.clone(),
         fingerprint,
         started_at: now_rfc3339(),
@@ -441,7 +476,7 @@ struct Drain<'a> {
     opts: &'a RunOptions<'a>,
     protocol: Protocol,
     tolerance: Tolerance,
-    strategy: &'a dyn Strategy,
+    strategies: &'a Strategies,
     prior: &'a HashMap<String, Vec<PriorObservation>>,
     select: &'a Selection<'a>,
     plan_opts: &'a PlanOptions<'a>,
@@ -487,7 +522,11 @@ fn drain(
     };
     let lane_opts = LaneOptions {
         run,
-        flush,
+        sampling: SampleMode {
+            timing: run.protocol.timing,
+            flush,
+            graph_calls: run.protocol.graph_calls,
+        },
         peak: &peak,
         board: use_pool.then_some(board),
     };
@@ -503,8 +542,9 @@ fn drain(
         let (mut first, hello) = first_lane.join().expect("lane start-up thread");
         // The failure's message says what to do.
         let hello = hello.map_err(|f| RunError::Environment(f.message))?;
-        preflight::check_problem(opts.exp, &mut first, opening.first_shape, &opts.python)
-            .map_err(RunError::Input)?;
+        let descriptions =
+            preflight::check_problem(opts.exp, &mut first, opening.first_shape, &opts.python)
+                .map_err(RunError::Input)?;
         let mut journal = match opening.existing {
             Some(journal) => journal,
             None => open_journal(opening.dir)?,
@@ -523,6 +563,7 @@ fn drain(
             opts,
             &run.protocol,
             &run.tolerance,
+            &descriptions,
             fingerprint,
             outcome.planned,
         ))))?;
@@ -540,6 +581,9 @@ fn drain(
                         JobStatus::Ok => outcome.ok += 1,
                         JobStatus::Failed => outcome.failed += 1,
                         JobStatus::Pruned => outcome.pruned += 1,
+                        JobStatus::Skipped if record.failure.is_some() => {
+                            outcome.unavailable += 1
+                        }
                         JobStatus::Skipped => outcome.skipped_by_search += 1,
                         JobStatus::Checked => outcome.checked += 1,
                     }
@@ -565,7 +609,7 @@ fn drain(
 /// What every lane of a run shares.
 struct LaneOptions<'a> {
     run: &'a Drain<'a>,
-    flush: Flush,
+    sampling: SampleMode,
     peak: &'a (dyn Fn(Option<&str>) -> f64 + Sync),
     board: Option<&'a compile::CompileBoard>,
 }
@@ -599,9 +643,9 @@ fn spawn_lanes<'scope, 'env>(
         let ctx = lane::LaneContext {
             protocol: run.protocol.clone(),
             tolerance: run.tolerance.clone(),
-            strategy: run.strategy,
+            strategies: run.strategies,
             run_mode: run.opts.run_mode,
-            flush: o.flush,
+            sampling: o.sampling,
             peak_gbs: run.opts.device.peak_gbs,
             peak_tflops: o.peak,
             compile: o.board,

@@ -4,6 +4,7 @@
 //! and leaves nothing behind: [`CreatedDirs`] removes the folders the start
 //! of the run made.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::backend::{JobFailure, PythonBackend};
@@ -60,13 +61,14 @@ pub fn no_jobs(
 
 /// Asks the first lane's worker to import and construct the problem at the
 /// first planned shape and look up every method; then checks each method's
-/// configs against the types its implementation declares.
+/// configs against the types its implementation declares. Returns each
+/// method's description, by kernel name.
 pub fn check_problem(
     exp: &Experiment,
     worker: &mut PythonBackend,
     shape: &Shape,
     python: &str,
-) -> Result<(), Diagnostics> {
+) -> Result<HashMap<String, String>, Diagnostics> {
     let kernels: Vec<&str> = exp.methods.iter().map(|m| m.kernel.as_str()).collect();
     let shape_json = serde_json::to_value(shape).expect("shape serialises");
     let probe = worker
@@ -98,7 +100,11 @@ pub fn check_problem(
         }
     }
     if errors.is_empty() {
-        Ok(())
+        Ok(probe
+            .methods
+            .into_iter()
+            .filter_map(|(kernel, m)| m.description.map(|d| (kernel, d)))
+            .collect())
     } else {
         Err(Diagnostics(errors))
     }

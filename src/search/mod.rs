@@ -178,6 +178,38 @@ pub trait Trials {
     fn prior(&self) -> &[PriorObservation];
 }
 
+/// The strategy of each method of a run: the experiment's, or a method's own
+/// (`methods.X.search`).
+pub struct Strategies {
+    default: Box<dyn Strategy>,
+    by_method: std::collections::HashMap<String, Box<dyn Strategy>>,
+}
+
+impl Strategies {
+    pub fn new(
+        default: Box<dyn Strategy>,
+        by_method: std::collections::HashMap<String, Box<dyn Strategy>>,
+    ) -> Strategies {
+        Strategies { default, by_method }
+    }
+
+    /// One strategy for every method.
+    pub fn single(strategy: Box<dyn Strategy>) -> Strategies {
+        Strategies::new(strategy, Default::default())
+    }
+
+    pub fn for_method(&self, method: &str) -> &dyn Strategy {
+        self.by_method.get(method).unwrap_or(&self.default).as_ref()
+    }
+
+    /// Whether any method's strategy learns from earlier runs.
+    pub fn any_learns(&self) -> bool {
+        std::iter::once(&self.default)
+            .chain(self.by_method.values())
+            .any(|s| s.learns_from_earlier_runs())
+    }
+}
+
 /// One search strategy. See the module documentation.
 pub trait Strategy: Send + Sync {
     /// At plan time: draw this many configs per group, seeded, and plan only

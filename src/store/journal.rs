@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::record::{Entry, Results, FORMAT_VERSION};
-use super::v1::RunHeaderV1;
+use super::v1::{FinalRecordV1, RunHeaderV1};
 
 /// The live journal.
 pub const JOURNAL: &str = "journal.jsonl";
@@ -127,7 +127,8 @@ fn repair_tail(file: &mut File, path: &Path) -> Result<Option<String>, StoreErro
     }
     let keep = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
     let line = text[..keep].iter().filter(|&&b| b == b'\n').count() + 1;
-    if serde_json::from_slice::<Entry>(&text[keep..]).is_ok() {
+    // Any complete JSON value is a whole entry (of whatever format).
+    if serde_json::from_slice::<serde_json::Value>(&text[keep..]).is_ok() {
         file.write_all(b"\n").map_err(io(path))?;
         file.sync_data().map_err(io(path))?;
         return Ok(None);
@@ -220,6 +221,8 @@ struct Reader {
     results: Results,
     warnings: Vec<String>,
     index: std::collections::HashMap<String, usize>,
+    /// The format the last header was written in: the records after it follow it.
+    format: u32,
 }
 
 impl Reader {
@@ -240,6 +243,12 @@ impl Reader {
         if line.trim().is_empty() {
             return Ok(());
         }
+        if self.format == 1 {
+            if let Ok(f) = serde_json::from_str::<FinalRecordV1>(line) {
+                self.add(Entry::Final(f.migrate()));
+                return Ok(());
+            }
+        }
         let entry = match serde_json::from_str::<Entry>(line) {
             Ok(Entry::Run(h)) if h.format > FORMAT_VERSION => {
                 return Err(StoreError::NewerFormat {
@@ -250,7 +259,11 @@ impl Reader {
             }
             Ok(e) => e,
             Err(e) => match older_header(line) {
-                Some(Ok(h)) => Entry::Run(Box::new(h)),
+                Some(Ok(h)) => {
+                    self.add(Entry::Run(Box::new(h)));
+                    self.format = 1;
+                    return Ok(());
+                }
                 Some(Err(why)) => {
                     self.warn(path, n, &why);
                     return Ok(());
@@ -268,6 +281,14 @@ impl Reader {
                 }
             },
         };
+        if let Entry::Run(h) = &entry {
+            self.format = h.format;
+        }
+        self.add(entry);
+        Ok(())
+    }
+
+    fn add(&mut self, entry: Entry) {
         match entry {
             Entry::Run(h) => {
                 self.results.runs.push((*h).clone());
@@ -281,11 +302,12 @@ impl Reader {
                 }
             },
             Entry::Final(f) => {
-                self.results.finals.retain(|x| x.job_id != f.job_id);
+                self.results
+                    .finals
+                    .retain(|x| !(x.job_id == f.job_id && x.timing == f.timing));
                 self.results.finals.push(f);
             }
         }
-        Ok(())
     }
 
     fn warn(&mut self, path: &Path, n: usize, why: &str) {

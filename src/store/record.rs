@@ -16,7 +16,7 @@ use serde_json::Value as Json;
 use crate::device::DeviceInfo;
 pub use crate::manifest::Compared;
 use crate::manifest::{MethodKind, OutputFormat, Tolerance};
-use crate::measure::{Protocol, Stats};
+use crate::measure::{Protocol, Stats, Timing};
 use crate::plan::{Mode, RunMode};
 use crate::search::{Search, StrategyName};
 
@@ -36,6 +36,9 @@ pub enum FailureClass {
     Crash,
     /// The worker rejected the request or the problem could not be built.
     ProblemError,
+    /// The method cannot run in this worker (a library that is not
+    /// installed, a GPU it does not support); its jobs are skipped.
+    Unavailable,
 }
 
 impl FailureClass {
@@ -49,6 +52,7 @@ impl FailureClass {
             FailureClass::Timeout => "timeout",
             FailureClass::Crash => "crash",
             FailureClass::ProblemError => "problem_error",
+            FailureClass::Unavailable => "unavailable",
         }
     }
 }
@@ -134,6 +138,8 @@ pub struct JobRecord {
 #[serde(deny_unknown_fields)]
 pub struct FinalRecord {
     pub job_id: String,
+    /// How it was re-timed: the run's timing, or one of its `retime_with`.
+    pub timing: Timing,
     pub stats: Stats,
     /// Finalists whose medians are within the measured noise of the best.
     pub tied_with_best: bool,
@@ -156,11 +162,30 @@ pub struct RunHeader {
     pub protocol: Protocol,
     pub search: SearchRecord,
     pub tolerance: Tolerance,
+    /// Each method of the run: what it is, what ran, what its baseline means.
+    pub methods: Vec<MethodRecord>,
     /// Consumers' tuned files timed as methods of their own (`--compare-to`).
     pub compared: Vec<Compared>,
     pub fingerprint: Fingerprint,
     pub started_at: String,
     pub planned_jobs: u64,
+}
+
+/// A method as the run header records it: enough for a report to say what
+/// was timed and what its baseline is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MethodRecord {
+    pub name: String,
+    pub kind: MethodKind,
+    pub kernel: String,
+    /// What the problem says the method is (its documentation's first line).
+    pub description: Option<String>,
+    /// The baseline rule's name (`vllm_moe_default`), `baseline` for one the
+    /// manifest writes out, or none.
+    pub baseline: Option<String>,
+    /// The method's own search; `None`: the run's.
+    pub search: Option<SearchRecord>,
 }
 
 /// How a run searched: the strategy, and its parameters as the run used them.

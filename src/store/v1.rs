@@ -10,6 +10,9 @@
 //! - `protocol`: `flush_l2` + optional `flush_with` (absent meant a memset:
 //!   the option came later) + an unused `hot` -> one `flush` mode;
 //! - `tolerance`: free JSON with per-dtype triples -> a typed record.
+//!
+//! And in finalist records, which follow their header's format: format 1
+//! re-timed finalists one way only, cold, and did not say so.
 
 use indexmap::IndexMap;
 use serde::Deserialize;
@@ -17,7 +20,7 @@ use serde::Deserialize;
 use super::record::{Fingerprint, OutputSpec, RunHeader, SearchRecord};
 use crate::device::DeviceInfo;
 use crate::manifest::{DtypeOverride, Tolerance};
-use crate::measure::{L2Flush, Protocol};
+use crate::measure::{L2Flush, Protocol, Stats, Timing};
 use crate::plan::{Mode, RunMode};
 use crate::search::StrategyName;
 
@@ -102,6 +105,9 @@ impl RunHeaderV1 {
         let protocol = Protocol {
             warmup_launches: p.warmup_launches,
             warmup_ms: p.warmup_ms,
+            timing: Timing::Cold,
+            graph_calls: 10,
+            retime_with: Vec::new(),
             flush,
             flush_bytes: p.flush_bytes,
             batch: p.batch,
@@ -146,11 +152,34 @@ impl RunHeaderV1 {
             protocol,
             search: search(&self.search).ok_or_else(|| bad("search", &self.search))?,
             tolerance,
+            methods: Vec::new(),
             compared: Vec::new(),
             fingerprint: self.fingerprint,
             started_at: self.started_at,
             planned_jobs: self.planned_jobs,
         })
+    }
+}
+
+/// A finalist re-timing of format 1: no `timing` (they were all cold).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinalRecordV1 {
+    #[serde(rename = "type")]
+    _type: String,
+    job_id: String,
+    stats: Stats,
+    tied_with_best: bool,
+}
+
+impl FinalRecordV1 {
+    pub fn migrate(self) -> super::record::FinalRecord {
+        super::record::FinalRecord {
+            job_id: self.job_id,
+            timing: Timing::Cold,
+            stats: self.stats,
+            tied_with_best: self.tied_with_best,
+        }
     }
 }
 

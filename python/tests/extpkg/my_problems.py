@@ -79,6 +79,9 @@ class Axpy:
             "off_by_one": OffByOne(),
             "nan": MakesNan(),
             "faults": Faults(),
+            "syncs": Syncs(),
+            "needs_frobnicator": NeedsFrobnicator(),
+            "broken_hook": BrokenHook(),
         }
 
 
@@ -142,6 +145,33 @@ class Faults:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
         return Launch(run, _output(problem, inputs))
+
+
+class Syncs:
+    """Right, but reads a value back to the host inside the call: no CUDA graph can capture it."""
+
+    def bind(self, problem, inputs, config):
+        out = _output(problem, inputs)
+
+        def run():
+            alpha = float(torch.tensor(problem.alpha, device=out.device).item())  # the host sync
+            torch.add(inputs["y"], inputs["x"], alpha=alpha, out=out)
+
+        return Launch(run, out)
+
+
+class NeedsFrobnicator(TorchAxpy):
+    """A method that says it cannot run here (the optional `unavailable` hook)."""
+
+    def unavailable(self, problem):
+        return "needs the frobnicator library"
+
+
+class BrokenHook(TorchAxpy):
+    """A method whose `unavailable` hook itself fails."""
+
+    def unavailable(self, problem):
+        raise KeyError("frobnicator_version")
 
 
 class NoisyAxpy(Axpy):

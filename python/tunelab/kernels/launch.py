@@ -30,6 +30,12 @@ def direct_runner(kernel, grid, args, kwargs):
     compiled = kernel.warmup(*args, grid=grid, **kwargs)
     if compiled is None:
         return None
+    return compiled_runner(kernel, compiled, grid, args, kwargs)
+
+
+def compiled_runner(kernel, compiled, grid, args, kwargs):
+    """direct_runner for a kernel already compiled (`kernel.warmup`): the caller
+    may need the binary first, e.g. its registers to size the grid."""
     names = [p.name for p in kernel.params]
     full = list(args) + [kwargs[name] for name in names[len(args):]]
     run = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the compiled runner indexes all three

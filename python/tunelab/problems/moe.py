@@ -29,7 +29,14 @@ from tunelab.dtypes import element_size, torch_dtype
 from tunelab.kernels.launch import interpreting
 
 if TYPE_CHECKING:
-    from tunelab.protocols import CompilingMethod, Method, ProblemClass, ProblemWithBytesFor, TypedMethod
+    from tunelab.protocols import (
+        AvailabilityMethod,
+        CompilingMethod,
+        Method,
+        ProblemClass,
+        ProblemWithBytesFor,
+        TypedMethod,
+    )
 
 ACTIVATIONS = ("silu", "swiglu_oai")
 ROUTINGS = ("random", "uniform")
@@ -210,7 +217,14 @@ class FusedMoE:
         return out.to(self.dtype)
 
     def methods(self) -> dict[str, Method[FusedMoE]]:
-        return {"fused_moe": TritonFusedMoE(), "torch": TorchMoE()}
+        return {
+            "fused_moe": TritonFusedMoE(),
+            "fused_moe_vllm": TritonFusedMoEVllm(),
+            "fused_moe_persistent": TritonPersistentMoE(),
+            "torch": TorchMoE(),
+            "vllm": VllmMoE(),
+            "aiter": AiterMoE(),
+        }
 
 
 class TritonFusedMoE:
@@ -240,14 +254,172 @@ class TritonFusedMoE:
         return True
 
 
+class TritonFusedMoEVllm:
+    """The call exactly as vLLM's `fused_experts` makes it (what its tuned
+    JSON configs are used by): the alignment kernel at every size, GEMM 1
+    writing gate and up ([M*topk, 2N], biases added, no activation), the
+    activation kernel (silu_and_mul or swigluoai_and_mul), GEMM 2 times the
+    routing weights, the top-k sum; five plain launches, no dependent launches
+    and no self-alignment. Same kernels, config keys and compile contract as
+    `fused_moe` (tunelab.kernels.fused_moe.vllm_plan)."""
+
+    name = "fused_moe_vllm"
+    kind = "triton"
+    config_keys = CONFIG_KEYS
+    config_types = {key: int for key in CONFIG_KEYS}
+
+    def bind(self, problem: FusedMoE, inputs: dict, config: dict):
+        from tunelab.kernels.fused_moe import FusedMoELaunch, vllm_plan
+
+        return FusedMoELaunch(vllm_plan(problem, _full_config(problem, config)), inputs)
+
+    def compile(self, problem: FusedMoE, config: dict) -> bool:
+        """Compile the five kernels without launching (no GPU needed); False in interpreter mode."""
+        if interpreting():
+            return False
+        from tunelab.kernels.fused_moe import compile_plan, vllm_plan
+
+        compile_plan(vllm_plan(problem, _full_config(problem, config)))
+        return True
+
+
+class TritonPersistentMoE:
+    """The whole call in one persistent Triton launch
+    (tunelab.kernels.fused_moe.moe_persistent_kernel; the design is in
+    PersistentMoELaunch's docstring).
+
+    Config keys (missing ones come from persistent_default_config):
+      BLOCK_SIZE_M     slots per block: the alignment pads each expert's run to it
+      BLOCK_SIZE_N     GEMM 1 tile: w1 rows, as (gate, up) pairs (BLOCK_SIZE_N / 2 outputs)
+      BLOCK_SIZE_K     GEMM 1 reduction step over the hidden size K
+      BLOCK_SIZE_N2    GEMM 2 tile: output columns (of the hidden size K)
+      BLOCK_SIZE_K2    GEMM 2 reduction step over the intermediate size N
+      SPLIT_K          GEMM 1 tiles split into this many K slices, summed by the
+                       last slice's program (1: no split; applies while GEMM 1 has
+                       at most SPLIT_K_MAX_TILES tiles, i.e. decode sizes)
+      num_warps, num_stages   as for any Triton kernel
+      PROGRAMS_PER_SM  programs per SM asked for; the grid is SMs x min(this,
+                       what one SM holds of this binary), so every program is
+                       resident (the in-kernel waits need it)
+      PREFETCH_W2      1: each program asks L2 for its GEMM 2 weights before
+                       GEMM 1 (only where the selectable w2 rows fit 16 MiB)
+
+    The in-kernel synchronisation only runs on a GPU. Under Triton's
+    interpreter, which runs programs one after another (a wait would never
+    end), the kernel is launched once per phase instead, so the arithmetic of
+    every phase and the workspace bookkeeping are still checked.
+    """
+
+    name = "fused_moe_persistent"
+    kind = "triton"
+
+    @property
+    def config_keys(self):
+        from tunelab.kernels.fused_moe import PERSISTENT_CONFIG_KEYS
+
+        return PERSISTENT_CONFIG_KEYS
+
+    @property
+    def config_types(self):
+        return {key: int for key in self.config_keys}
+
+    def bind(self, problem: FusedMoE, inputs: dict, config: dict):
+        from tunelab.kernels.fused_moe import PersistentMoELaunch, make_persistent_plan
+
+        return PersistentMoELaunch(make_persistent_plan(problem, _persistent_config(problem, config)), inputs)
+
+    def compile(self, problem: FusedMoE, config: dict) -> bool:
+        """Compile the kernel without launching (no GPU, no SM count needed: the
+        grid is not part of the binary); False in interpreter mode."""
+        if interpreting():
+            return False
+        from tunelab.kernels.fused_moe import compile_persistent, make_persistent_plan
+
+        compile_persistent(make_persistent_plan(problem, _persistent_config(problem, config)))
+        return True
+
+
 def _full_config(problem: FusedMoE, config: dict) -> dict:
     full = vllm_default_config(problem.M, problem.E)
     full.update({k: config[k] for k in CONFIG_KEYS if k in config})
     return full
 
 
+def _persistent_config(problem: FusedMoE, config: dict) -> dict:
+    from tunelab.kernels.fused_moe import PERSISTENT_CONFIG_KEYS, persistent_default_config
+
+    full = persistent_default_config(problem.M, problem.N)
+    full.update({k: config[k] for k in PERSISTENT_CONFIG_KEYS if k in config})
+    return full
+
+
+# ---------------------------------------------------------------------------
+# torch: the fastest MoE the installed torch has, no Triton.
+
+TORCH_PATHS = ("grouped_mm", "gather_bmm", "dense_bmm")
+
+
+def torch_path(problem: FusedMoE, device) -> tuple:
+    """(path, why) of the torch method for this problem on this device.
+
+    - "grouped_mm": sort the (token, k) slots by expert, then two
+      `torch._grouped_mm` calls with per-expert offsets (2-D x 3-D). On CUDA
+      that is torch's CUTLASS grouped GEMM only for bf16 on sm_90/sm_100 (and
+      16-byte aligned rows: K and N multiples of 8); anything else goes
+      through torch's fallback, which copies the offsets to the host and loops
+      over the experts, a host sync in the call. On the CPU there is no
+      device to sync with, so the call is used wherever this torch has it.
+    - "gather_bmm" (no fast grouped GEMM, M*topk <= E): each slot's expert
+      weights gathered, one batched matmul per GEMM. Reads M*topk experts.
+    - "dense_bmm" (no fast grouped GEMM, M*topk > E): every token through
+      every expert in one batched matmul per GEMM, combined with the routing
+      weights (zero for unrouted experts). E/topk times the flops, no copies.
+    None of them loops over experts in Python or syncs with the host.
+    """
+    device = torch.device(device)
+    grouped = getattr(torch, "_grouped_mm", None)
+    numel = problem.M * problem.topk
+    fallback = "gather_bmm" if numel <= problem.E else "dense_bmm"
+    if grouped is None:
+        return fallback, f"torch {torch.__version__} has no torch._grouped_mm"
+    if device.type == "cpu":
+        if _grouped_mm_works_on_cpu(problem.dtype):
+            return "grouped_mm", "torch._grouped_mm on the CPU (no device, no sync)"
+        return fallback, f"torch._grouped_mm does not run on the CPU for {problem.dtype} in this torch"
+    if device.type != "cuda" or getattr(torch.version, "hip", None):
+        return fallback, "torch._grouped_mm's fast path is CUDA-only here (ROCm's needs CK, else it syncs)"
+    if problem.dtype != torch.bfloat16:
+        return fallback, (f"torch._grouped_mm's CUDA fast path is bf16 only; {problem.dtype_name} would take "
+                          "its per-expert fallback, which syncs with the host")
+    major, _ = torch.cuda.get_device_capability(device)
+    if major not in (9, 10):
+        return fallback, f"torch._grouped_mm's CUDA fast path needs sm_90 or sm_100 (this GPU is sm_{major}x)"
+    if problem.K % 8 or problem.N % 8:
+        return fallback, "torch._grouped_mm needs 16-byte row strides (K and N multiples of 8)"
+    return "grouped_mm", "torch._grouped_mm, CUTLASS grouped GEMM (bf16, sm_90/sm_100)"
+
+
+_CPU_GROUPED: dict[object, bool] = {}
+
+
+def _grouped_mm_works_on_cpu(dtype) -> bool:
+    """Probe once per dtype: CPU support for _grouped_mm differs between torch versions."""
+    if dtype not in _CPU_GROUPED:
+        try:
+            a = torch.zeros(4, 8, dtype=dtype)
+            b = torch.zeros(2, 8, 8, dtype=dtype)
+            torch._grouped_mm(a, b, offs=torch.tensor([2, 4], dtype=torch.int32))
+            _CPU_GROUPED[dtype] = True
+        except Exception:  # noqa: BLE001 - any refusal means "not here"
+            _CPU_GROUPED[dtype] = False
+    return _CPU_GROUPED[dtype]
+
+
 class TorchMoE:
-    """Untuned torch: per-expert index_select, matmuls in the problem's dtype, index_add."""
+    """torch's fastest MoE in the installed build: see `torch_path` for the
+    paths and when each is taken; the bound launch's `path` and `path_reason`
+    say which one this job runs. Activations are computed in fp32 and the
+    top-k sum in fp32, as the Triton methods do."""
 
     name = "torch"
     kind = "torch"
@@ -255,39 +427,227 @@ class TorchMoE:
     config_types: dict = {}
 
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
-        return _TorchLaunch(problem, inputs)
+        return TorchMoELaunch(problem, inputs)
 
 
-class _TorchLaunch:
-    def __init__(self, problem: FusedMoE, inputs: dict):
+class TorchMoELaunch:
+    """A bound torch call. `path` forces a path (tests); by default `torch_path` picks."""
+
+    def __init__(self, problem: FusedMoE, inputs: dict, path: str | None = None):
         self.p = problem
-        self.inputs = inputs
         x = inputs["x"]
+        if path is None:
+            self.path, self.path_reason = torch_path(problem, x.device)
+        elif path in TORCH_PATHS:
+            self.path, self.path_reason = path, "forced"
+        else:
+            raise ValueError(f"unknown torch path {path!r}; expected one of {list(TORCH_PATHS)}")
+        self.inputs = inputs
+        self.ids = inputs["topk_ids"].reshape(-1).to(torch.int64)
+        self.weights = inputs["topk_weights"].float()
         self.out = torch.empty(problem.M, problem.K, dtype=problem.dtype, device=x.device)
-        self.acc = torch.empty(problem.M, problem.K, dtype=torch.float32, device=x.device)
+        self.experts = torch.arange(problem.E, device=x.device, dtype=self.ids.dtype)
+        self.slot_token = torch.arange(problem.M * problem.topk, device=x.device) // problem.topk
+        self._run = {"grouped_mm": self._grouped, "gather_bmm": self._gather, "dense_bmm": self._dense}[self.path]
 
     def __call__(self):
+        self._run()
+        return self.out
+
+    def _act(self, h):
+        """The activation of [rows, 2N] pre-activations, in fp32, back in the problem's dtype."""
+        return self.p.activate(h.float()).to(self.p.dtype)
+
+    def _combine(self, y_slots):
+        """out = sum over k of weight * y, y_slots [M * topk, K] in slot order, in fp32."""
+        p = self.p
+        y = y_slots.view(p.M, p.topk, p.K).float()
+        self.out.copy_((y * self.weights[:, :, None]).sum(dim=1))
+
+    def _grouped(self):
         p, inp = self.p, self.inputs
-        ids = inp["topk_ids"].reshape(-1).long()
-        order = torch.argsort(ids, stable=True)
-        counts = torch.bincount(ids, minlength=p.E).tolist()  # one host sync
-        tok_sorted = order // p.topk
-        w_sorted = inp["topk_weights"].reshape(-1)[order]
-        self.acc.zero_()
-        start = 0
-        for e, c in enumerate(counts):
-            if c == 0:
-                continue
-            tok = tok_sorted[start : start + c]
-            h = inp["x"].index_select(0, tok) @ inp["w1"][e].T
-            if p.bias:
-                h += inp["b1"][e]
-            y = p.activate(h) @ inp["w2"][e].T
-            if p.bias:
-                y += inp["b2"][e]
-            self.acc.index_add_(0, tok, y.float() * w_sorted[start : start + c, None])
-            start += c
-        self.out.copy_(self.acc)
+        sorted_e, order = torch.sort(self.ids, stable=True)
+        # Per-expert ends of the sorted slots, computed on the device (no sync).
+        offs = torch.searchsorted(sorted_e, self.experts, right=True, out_int32=True)
+        xs = inp["x"].index_select(0, self.slot_token.index_select(0, order))
+        h = torch._grouped_mm(xs, inp["w1"].transpose(1, 2), offs=offs)
+        if p.bias:
+            h = h + inp["b1"].index_select(0, sorted_e)
+        y = torch._grouped_mm(self._act(h), inp["w2"].transpose(1, 2), offs=offs)
+        if p.bias:
+            y = y + inp["b2"].index_select(0, sorted_e)
+        y_slots = torch.empty_like(y).index_copy_(0, order, y)
+        self._combine(y_slots)
+
+    def _gather(self):
+        p, inp = self.p, self.inputs
+        xs = inp["x"].index_select(0, self.slot_token)
+        h = torch.bmm(xs[:, None, :], inp["w1"].index_select(0, self.ids).transpose(1, 2))[:, 0]
+        if p.bias:
+            h = h + inp["b1"].index_select(0, self.ids)
+        y = torch.bmm(self._act(h)[:, None, :], inp["w2"].index_select(0, self.ids).transpose(1, 2))[:, 0]
+        if p.bias:
+            y = y + inp["b2"].index_select(0, self.ids)
+        self._combine(y)
+
+    def _dense(self):
+        p, inp = self.p, self.inputs
+        E, M = p.E, p.M
+        h = torch.matmul(inp["x"][None], inp["w1"].transpose(1, 2))  # [E, M, 2N]
+        if p.bias:
+            h = h + inp["b1"][:, None, :]
+        a = self._act(h.reshape(E * M, 2 * p.N)).view(E, M, p.N)
+        y = torch.bmm(a, inp["w2"].transpose(1, 2))  # [E, M, K]
+        if p.bias:
+            y = y + inp["b2"][:, None, :]
+        # Routing weights per (token, expert), zero where the token does not go.
+        combine = torch.zeros(M, E, dtype=torch.float32, device=h.device)
+        combine.scatter_(1, self.ids.view(M, p.topk), self.weights)
+        self.out.copy_(torch.einsum("me,emk->mk", combine, y.float()))
+
+
+# ---------------------------------------------------------------------------
+# Methods that call the user's installed libraries.
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class VllmMoE:
+    """vLLM's own `fused_experts` (vllm.model_executor.layers.fused_moe), with
+    vLLM's own config choice (its tuned JSON files or its default): no config
+    keys. Biases go in through `biased_moe_quant_config` (or the older
+    `w1_bias`/`w2_bias` arguments); gpt-oss's activation is "swigluoai".
+    Usable only where vLLM imports and a GPU runs it."""
+
+    name = "vllm"
+    kind = "library"
+    config_keys = ()
+    config_types: dict = {}
+
+    def unavailable(self, problem: FusedMoE):
+        if not _installed("vllm"):
+            return "vLLM is not installed in the worker's Python environment"
+        if interpreting():
+            return "vLLM's fused_experts needs a GPU (this worker runs Triton's interpreter)"
+        entry = _vllm_entry()
+        if isinstance(entry, str):
+            return entry
+        if problem.bias and entry["bias"] is None:
+            return "this vLLM's fused_experts takes no expert biases (no biased_moe_quant_config, no w1_bias)"
+        return None
+
+    def bind(self, problem: FusedMoE, inputs: dict, config: dict):
+        reason = self.unavailable(problem)
+        if reason:
+            raise RuntimeError(f"method vllm cannot run here: {reason}")
+        return _LibraryLaunch(problem, inputs, _vllm_call(problem, inputs, _vllm_entry()))
+
+
+_VLLM = None
+
+
+def _vllm_entry():
+    """{"fn", "bias", "activation"} for the installed vLLM, or a one-line reason it cannot be used."""
+    global _VLLM
+    if _VLLM is None:
+        import inspect
+
+        try:
+            from vllm.model_executor.layers.fused_moe import fused_experts
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"
+            _VLLM = f"vLLM is installed but fused_experts does not import ({type(exc).__name__}: {exc})"
+            return _VLLM
+        params = inspect.signature(fused_experts).parameters
+        bias = None
+        if "quant_config" in params:
+            try:
+                from vllm.model_executor.layers.fused_moe.config import biased_moe_quant_config
+
+                bias = "quant_config"
+            except ImportError:
+                pass
+        if bias is None and "w1_bias" in params:
+            bias = "w1_bias"
+        act = params.get("activation")
+        _VLLM = {"fn": fused_experts, "bias": bias, "activation": None if act is None else act.default}
+    return _VLLM
+
+
+def _vllm_call(problem: FusedMoE, inputs: dict, entry: dict):
+    import enum
+
+    name = "swigluoai" if problem.activation == "swiglu_oai" else "silu"
+    default = entry["activation"]
+    # Newer vLLM takes an Enum whose values are these names; older ones take the string.
+    activation = type(default)(name) if isinstance(default, enum.Enum) else name
+    kwargs = {"activation": activation}
+    if problem.bias:
+        if entry["bias"] == "quant_config":
+            from vllm.model_executor.layers.fused_moe.config import biased_moe_quant_config
+
+            kwargs["quant_config"] = biased_moe_quant_config(inputs["b1"], inputs["b2"])
+        else:
+            kwargs.update(w1_bias=inputs["b1"], w2_bias=inputs["b2"])
+    fn, args = entry["fn"], (inputs["x"], inputs["w1"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"])
+    return lambda: fn(*args, **kwargs)
+
+
+class AiterMoE:
+    """AMD aiter's `fused_moe` (aiter.fused_moe), SiLU-and-mul without biases
+    in fp16/bf16, aiter's own kernel choice: no config keys. aiter runs on
+    ROCm only. gpt-oss's clamped, interleaved SwiGLU with biases is not mapped
+    onto aiter's activation types (tunelab cannot check such a mapping
+    anywhere it runs), so those shapes report themselves unavailable."""
+
+    name = "aiter"
+    kind = "library"
+    config_keys = ()
+    config_types: dict = {}
+
+    def unavailable(self, problem: FusedMoE):
+        if not _installed("aiter"):
+            return "aiter is not installed in the worker's Python environment"
+        if interpreting() or not getattr(torch.version, "hip", None):
+            return "aiter runs on AMD GPUs only (this worker has no ROCm GPU)"
+        if problem.activation != "silu" or problem.bias:
+            return "tunelab maps only SiLU-and-mul without biases onto aiter's fused_moe"
+        if problem.dtype_name not in ("fp16", "bf16"):
+            return f"aiter's fused_moe takes fp16 or bf16, not {problem.dtype_name}"
+        try:
+            from aiter.fused_moe import fused_moe  # noqa: F401
+        except Exception as exc:  # noqa: BLE001
+            return f"aiter is installed but fused_moe does not import ({type(exc).__name__}: {exc})"
+        return None
+
+    def bind(self, problem: FusedMoE, inputs: dict, config: dict):
+        reason = self.unavailable(problem)
+        if reason:
+            raise RuntimeError(f"method aiter cannot run here: {reason}")
+        from aiter import ActivationType, QuantType
+        from aiter.fused_moe import fused_moe
+
+        args = (inputs["x"], inputs["w1"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"])
+        call = lambda: fused_moe(*args, activation=ActivationType.Silu, quant_type=QuantType.No)  # noqa: E731
+        return _LibraryLaunch(problem, inputs, call)
+
+
+class _LibraryLaunch:
+    """A library call that returns its output: copied into the preallocated `out`."""
+
+    def __init__(self, problem: FusedMoE, inputs: dict, call):
+        self.out = torch.empty(problem.M, problem.K, dtype=problem.dtype, device=inputs["x"].device)
+        self._call = call
+
+    def __call__(self):
+        self.out.copy_(self._call())
+        return self.out
 
 
 if TYPE_CHECKING:
@@ -296,4 +656,8 @@ if TYPE_CHECKING:
     _bytes_for: type[ProblemWithBytesFor] = FusedMoE
     _fused: CompilingMethod[FusedMoE] = TritonFusedMoE()
     _fused_typed: TypedMethod[FusedMoE] = TritonFusedMoE()
+    _fused_vllm: TypedMethod[FusedMoE] = TritonFusedMoEVllm()
+    _persistent: TypedMethod[FusedMoE] = TritonPersistentMoE()
     _torch: TypedMethod[FusedMoE] = TorchMoE()
+    _vllm: AvailabilityMethod[FusedMoE] = VllmMoE()
+    _aiter: AvailabilityMethod[FusedMoE] = AiterMoE()

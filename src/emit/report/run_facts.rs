@@ -306,6 +306,7 @@ pub(super) fn counts(group: &Group<'_, '_>, jobs: &[&JobRecord]) -> Vec<Row> {
             .finals
             .iter()
             .filter(|f| job_ids.contains(f.job_id.as_str()))
+            // every re-timing took GPU time, whichever way it timed
             .map(|f| f.stats.gpu_ms)
             .filter(|g| g.is_finite())
             .sum::<f64>();
