@@ -531,7 +531,10 @@ fn a_shipped_file_is_timed_beside_the_tuned_method_and_compared() {
         .collect();
     assert_eq!(shipped.len(), 2, "one job per shape");
     for j in &shipped {
-        assert_eq!(j["kernel"], "fused_moe_vllm", "run in the kernel and call of the method that writes vLLM files");
+        assert_eq!(
+            j["kernel"], "fused_moe_vllm",
+            "run in the kernel and call of the method that writes vLLM files"
+        );
         assert_eq!(j["status"], "ok", "{j}");
         // M=1 takes the file's "1" entry, M=16 its "16" entry (BLOCK_SIZE_K 64 and 32).
         let want = if j["shape"]["M"] == 1 { 64 } else { 32 };

@@ -233,7 +233,10 @@ fn run_experiment(
         outcome.pruned,
         outcome.checked,
         [
-            (outcome.skipped_by_search, "left unmeasured by the surrogate search"),
+            (
+                outcome.skipped_by_search,
+                "left unmeasured by the surrogate search"
+            ),
             (outcome.unavailable, "skipped: their method cannot run here"),
         ]
         .iter()

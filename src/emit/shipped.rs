@@ -15,16 +15,6 @@ use serde_json::Value as Json;
 
 use crate::manifest::{FixedConfigs, OutputFormat};
 
-/// The config keys of a vLLM fused-MoE entry, in file order.
-pub const VLLM_KEYS: [&str; 6] = [
-    "BLOCK_SIZE_M",
-    "BLOCK_SIZE_N",
-    "BLOCK_SIZE_K",
-    "GROUP_SIZE_M",
-    "num_warps",
-    "num_stages",
-];
-
 /// A consumer's tuned file, read.
 #[derive(Debug, Clone)]
 pub struct ShippedFile {
@@ -96,7 +86,7 @@ pub fn read(path: &Path) -> Result<ShippedFile, String> {
             .as_object()
             .ok_or(format!("the entry for M={m} is not an object"))?;
         let mut config = IndexMap::new();
-        for k in VLLM_KEYS {
+        for k in super::vllm::REQUIRED {
             let v = entry
                 .get(k)
                 .and_then(Json::as_i64)

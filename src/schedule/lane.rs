@@ -700,15 +700,20 @@ mod tests {
         }
     }
 
-    fn run(
-        strategy: Box<dyn Strategy>,
-        compile: Option<&CompileBoard>,
-    ) -> (Vec<JobRecord>, Vec<FinalRecord>) {
-        let peak = |_: Option<&str>| 1000.0;
+    fn peak(_: Option<&str>) -> f64 {
+        1000.0
+    }
+
+    /// A lane context for the fake: tune mode, exact tolerance, no flush.
+    fn context<'a>(
+        strategies: &'a Strategies,
+        prior: &'a HashMap<String, Vec<PriorObservation>>,
+        compile: Option<&'a CompileBoard>,
+        finalists: u32,
+    ) -> LaneContext<'a> {
         let mut protocol = crate::manifest::default_protocol();
-        protocol.finalists = 2;
-        let prior = HashMap::new();
-        let ctx = LaneContext {
+        protocol.finalists = finalists;
+        LaneContext {
             protocol,
             tolerance: Tolerance {
                 atol: 0.0,
@@ -716,15 +721,24 @@ mod tests {
                 max_mismatch: 0.0,
                 per_dtype: IndexMap::new(),
             },
-            strategies: &Strategies::single(strategy),
+            strategies,
             run_mode: RunMode::Tune,
             sampling: SampleMode::PLAIN,
             peak_gbs: 1000.0,
             peak_tflops: &peak,
             compile,
             lane: 0,
-            prior: &prior,
-        };
+            prior,
+        }
+    }
+
+    fn run(
+        strategy: Box<dyn Strategy>,
+        compile: Option<&CompileBoard>,
+    ) -> (Vec<JobRecord>, Vec<FinalRecord>) {
+        let strategies = Strategies::single(strategy);
+        let prior = HashMap::new();
+        let ctx = context(&strategies, &prior, compile, 2);
         let mut backend = Fake {
             prepared: None,
             unavailable: IndexMap::new(),
@@ -821,26 +835,8 @@ mod tests {
         assert_eq!(prior.values().map(Vec::len).sum::<usize>(), 3);
         let mut g = group();
         g.jobs.retain(|j| !earlier.iter().any(|e| e.job_id == j.id));
-        let peak = |_: Option<&str>| 1000.0;
-        let mut protocol = crate::manifest::default_protocol();
-        protocol.finalists = 0;
-        let ctx = LaneContext {
-            protocol,
-            tolerance: Tolerance {
-                atol: 0.0,
-                rtol: 0.0,
-                max_mismatch: 0.0,
-                per_dtype: IndexMap::new(),
-            },
-            strategies: &Strategies::single(Box::new(surrogate())),
-            run_mode: RunMode::Tune,
-            sampling: SampleMode::PLAIN,
-            peak_gbs: 1000.0,
-            peak_tflops: &peak,
-            compile: None,
-            lane: 0,
-            prior: &prior,
-        };
+        let strategies = Strategies::single(Box::new(surrogate()));
+        let ctx = context(&strategies, &prior, None, 0);
         let mut jobs = Vec::new();
         run_group(
             &ctx,
@@ -866,25 +862,9 @@ mod tests {
     /// every job is recorded as skipped, with the reason, none is checked.
     #[test]
     fn an_unavailable_method_is_skipped_with_its_reason() {
-        let peak = |_: Option<&str>| 1000.0;
+        let strategies = Strategies::single(Box::new(Grid));
         let prior = HashMap::new();
-        let ctx = LaneContext {
-            protocol: crate::manifest::default_protocol(),
-            tolerance: Tolerance {
-                atol: 0.0,
-                rtol: 0.0,
-                max_mismatch: 0.0,
-                per_dtype: IndexMap::new(),
-            },
-            strategies: &Strategies::single(Box::new(Grid)),
-            run_mode: RunMode::Tune,
-            sampling: SampleMode::PLAIN,
-            peak_gbs: 1000.0,
-            peak_tflops: &peak,
-            compile: None,
-            lane: 0,
-            prior: &prior,
-        };
+        let ctx = context(&strategies, &prior, None, 5);
         let mut unavailable = IndexMap::new();
         unavailable.insert("k".to_string(), "vLLM is not installed".to_string());
         let mut backend = Fake {

@@ -581,9 +581,7 @@ fn drain(
                         JobStatus::Ok => outcome.ok += 1,
                         JobStatus::Failed => outcome.failed += 1,
                         JobStatus::Pruned => outcome.pruned += 1,
-                        JobStatus::Skipped if record.failure.is_some() => {
-                            outcome.unavailable += 1
-                        }
+                        JobStatus::Skipped if record.failure.is_some() => outcome.unavailable += 1,
                         JobStatus::Skipped => outcome.skipped_by_search += 1,
                         JobStatus::Checked => outcome.checked += 1,
                     }
