@@ -120,7 +120,8 @@ def validate(
     config: Optional[PathLike] = None,
 ) -> dict[str, Any]:
     """What `tunelab validate` checks: load the manifest, then plan it for a GPU
-    (a constraint set that rejects everything is an error too).
+    (a constraint set that rejects everything is an error too). Unlike the
+    command, it starts no worker to import a user's problem class.
 
     Returns the plan summary (as `plan`); raises ManifestError otherwise.
     """
