@@ -6,20 +6,22 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @just --list --unsorted
 
-# The Python that runs workers: .venv if `just setup` made one, else python3.
+# The Python for tests and bench scripts: .venv if `just setup` made one, else
+# python3. (The binary finds the same one for its workers by itself.)
 python := env_var_or_default("TUNELAB_PYTHON", if path_exists(".venv/bin/python") == "true" { ".venv/bin/python" } else { "python3" })
 
 # Build the release binary.
 build:
     cargo build --release
 
+# Workers run in .venv's Python (or TUNELAB_PYTHON, or python3): `tunelab config` says.
 # Tune an experiment: `just tune gptoss`, `just tune gptoss --only E=32,N=2880`.
 tune NAME *ARGS: build
-    TUNELAB_PYTHON={{python}} ./target/release/tunelab run experiments/{{NAME}}.yaml {{ARGS}}
+    ./target/release/tunelab run experiments/{{NAME}}.yaml {{ARGS}}
 
 # Compare methods at their baseline (or --use-best) configs.
 bench NAME *ARGS: build
-    TUNELAB_PYTHON={{python}} ./target/release/tunelab run experiments/{{NAME}}.yaml --mode bench {{ARGS}}
+    ./target/release/tunelab run experiments/{{NAME}}.yaml --mode bench {{ARGS}}
 
 # Check every manifest in experiments/.
 validate: build
@@ -37,15 +39,39 @@ report DIR: build
 pack +DIRS: build
     ./target/release/tunelab pack {{DIRS}}
 
-# Make .venv with torch, triton and pytest (what tests and interpreter runs need).
+# `pip install .` there gives the `tunelab` command and `import tunelab`.
+# Make .venv with torch, triton, numpy, pytest, pandas and mypy, and install tunelab into it.
 setup:
     test -x .venv/bin/python || python3 -m venv .venv
-    .venv/bin/python -m pip install -q --disable-pip-version-check torch triton numpy pytest
+    .venv/bin/python -m pip install -q --disable-pip-version-check torch triton numpy
+    .venv/bin/python -m pip install -q --disable-pip-version-check ".[dev]"
 
+# Also the type check and the installed wheel's API tests.
 # Everything CI checks: formatting, lints, the HIP build, Rust tests, Python tests, the interpreter end to end.
 test: lint check-hip
     TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets
-    PYTHONPATH=python {{python}} -m pytest -q python/tests
+    PYTHONPATH=python {{python}} -m pytest -q python/tests --ignore=python/tests/api
+    just typecheck
+    just test-api
+
+# mypy over the package, the problem protocols and the example user problem (pyproject.toml).
+typecheck:
+    {{python}} -m mypy
+
+# The wheel (`pip install .`, dev profile: it reuses the test build's compiled
+# crates) goes into a fresh venv, target/api-venv, that sees {{python}}'s
+# packages (torch, Triton, pytest) through a .pth file; {{python}}'s own
+# environment is left as it was.
+# Test the Python API and the `tunelab` command as `pip install .` installs them.
+test-api:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    {{python}} -m venv --clear target/api-venv
+    {{python}} -c 'import sysconfig; print(sysconfig.get_path("purelib")); print(sysconfig.get_path("platlib"))' \
+        > "$(target/api-venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/outer-venv.pth"
+    target/api-venv/bin/python -m pip install -q --disable-pip-version-check --no-deps . \
+        --config-settings=build-args="--profile dev"
+    TUNELAB_TEST_INSTALLED=1 target/api-venv/bin/python -m pytest -q --noconftest python/tests/api
 
 # Lint the `hip` feature (AMD discovery); needs HIP headers: apt-get install libamdhip64-dev, or set HIP_PATH.
 check-hip:
@@ -59,10 +85,18 @@ check-hip:
     done
     echo "check-hip: skipped, no HIP headers found (apt-get install libamdhip64-dev, or set HIP_PATH)"
 
+# The extension module has its own: `just lint-python-native`.
 # rustfmt and clippy, warnings denied.
 lint:
     cargo fmt --all -- --check
     cargo clippy --all-targets -- -D warnings
+
+# Not part of `just test` (CI): it checks pyo3 and the runner's crates once
+# more (about a minute on 2 cores); the wheel build in `just test-api`
+# compiles the module anyway.
+# clippy on the extension module (python/native): needs a Python for pyo3's build script.
+lint-python-native:
+    PYO3_PYTHON="$({{python}} -c 'import sys; print(sys.executable)')" cargo clippy -p tunelab-python -- -D warnings
 
 # Regenerate schemas/manifest.schema.json from the Rust types.
 schemas:

@@ -1,7 +1,10 @@
 //! Settings, layered with figment: built-in defaults < `tunelab.toml` <
 //! `TUNELAB_*` environment variables < command-line flags.
+//!
+//! The built-in default of `python` is found, not fixed: see [`default_python`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
@@ -15,7 +18,7 @@ pub struct Settings {
     pub results_dir: PathBuf,
     /// Device profile used to plan when no GPU is queried (plan, validate).
     pub device_profile: String,
-    /// CPU compile workers; 0 = the cores the lanes leave, 1 to 16.
+    /// CPU compile workers; 0 = the cores the lanes leave, 1 to 64.
     pub compile_workers: usize,
     /// Force interpreter mode even when a GPU is present.
     pub interpret: bool,
@@ -24,13 +27,91 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            python: "python3".into(),
+            python: default_python().python,
             results_dir: PathBuf::from("results"),
             device_profile: "h100".into(),
             compile_workers: 0,
             interpret: false,
         }
     }
+}
+
+/// The Python of the environment tunelab is installed in: set by the
+/// extension module (`tunelab._native`) to `sys.executable` when the Python
+/// package loads it, so the `tunelab` entry point and the Python API know it.
+/// The standalone binary never sets it.
+static INSTALLED_PYTHON: OnceLock<String> = OnceLock::new();
+
+/// Records the interpreter tunelab is installed in; the first call wins.
+pub fn set_installed_python(python: impl Into<String>) {
+    let _ = INSTALLED_PYTHON.set(python.into());
+}
+
+/// The interpreter tunelab is installed in, when it runs inside one.
+pub fn installed_python() -> Option<&'static str> {
+    INSTALLED_PYTHON.get().map(String::as_str)
+}
+
+/// The default Python and where it was found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DefaultPython {
+    pub python: String,
+    /// Said by `tunelab config`: "default: ...".
+    pub origin: String,
+}
+
+/// The Python workers run in when neither `--python`, `TUNELAB_PYTHON` nor a
+/// settings file names one, first found of:
+/// 1. the interpreter of the environment tunelab is installed in (`pip
+///    install .` and the `tunelab` entry point, or `import tunelab`);
+/// 2. `.venv/bin/python` in the working directory, then in the checkout the
+///    binary was built in (`target/release/tunelab` of a checkout with `just
+///    setup`'s `.venv`);
+/// 3. `python3` on PATH.
+pub fn default_python() -> DefaultPython {
+    if let Some(python) = installed_python() {
+        return DefaultPython {
+            python: python.to_string(),
+            origin: "default: the Python tunelab is installed in".into(),
+        };
+    }
+    let cwd = std::env::current_dir().ok();
+    for dir in cwd.into_iter().chain(checkout_root()) {
+        let venv = dir.join(".venv").join("bin").join("python");
+        if venv.is_file() {
+            // Absolute, but symlinks kept: a venv's python is a symlink whose
+            // target is the base interpreter, without the venv's packages.
+            let shown = std::path::absolute(&venv).unwrap_or(venv);
+            return DefaultPython {
+                python: shown.display().to_string(),
+                origin: format!("default: the .venv in {}", dir.display()),
+            };
+        }
+    }
+    DefaultPython {
+        python: "python3".into(),
+        origin: "default: python3 on PATH".into(),
+    }
+}
+
+/// The tunelab checkout the running binary was built in: the nearest
+/// ancestor of the executable (`target/release/tunelab`) that holds
+/// `python/tunelab/worker.py`.
+pub fn checkout_root() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(4)
+        .find(|dir| is_checkout(dir))
+        .map(Path::to_path_buf)
+}
+
+/// Whether `dir` is a tunelab checkout (holds the worker package's sources).
+pub fn is_checkout(dir: &Path) -> bool {
+    dir.join("python")
+        .join("tunelab")
+        .join("worker.py")
+        .is_file()
 }
 
 /// Values given on the command line; `None` leaves the lower layers in force.
@@ -75,14 +156,21 @@ impl Layered {
         let map = value.as_object().expect("settings are a struct");
         map.iter()
             .map(|(key, v)| {
+                let default = || {
+                    if key == "python" {
+                        default_python().origin
+                    } else {
+                        "built-in default".to_string()
+                    }
+                };
                 let origin = match self.figment.find_metadata(key) {
-                    None => "built-in default".to_string(),
+                    None => default(),
                     Some(meta) => {
                         let name = meta.name.to_string();
                         if name.ends_with("FlagSettings") {
                             "command-line flag".to_string()
                         } else if name.ends_with("Settings") {
-                            "built-in default".to_string()
+                            default()
                         } else if name.contains("environment") {
                             format!("environment variable TUNELAB_{}", key.to_uppercase())
                         } else {

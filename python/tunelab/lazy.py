@@ -8,6 +8,7 @@ attribute access, which a compile worker never makes.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 
 class LazyModule:
@@ -30,4 +31,8 @@ class LazyModule:
         return f"<lazy module {self.__dict__['_name']!r}, {state}>"
 
 
-torch = LazyModule("torch")
+if TYPE_CHECKING:
+    # Type checkers see the module itself.
+    import torch as torch
+else:
+    torch = LazyModule("torch")

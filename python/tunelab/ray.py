@@ -40,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 JOURNAL = "journal.jsonl"
@@ -177,10 +178,12 @@ def main(argv=None) -> int:
         started = time.monotonic()
         pending = list(gens)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=5.0)
+            # Streaming generators' refs: Ray's stubs type them as plain ObjectRefs.
+            waited: Any = ray.wait(pending, num_returns=1, timeout=5.0)
+            ready, pending = waited
             for gen in ready:
                 try:
-                    event = ray.get(next(gen))
+                    event: dict = ray.get(next(gen))
                 except StopIteration:
                     continue
                 pending.append(gen)
@@ -215,7 +218,7 @@ def resources_text(ray) -> str:
 def gather_and_merge(done, stages: Path, results: Path, args, workdir) -> int:
     """Writes each shard's journals here, then merges each experiment directory."""
     worst = 0
-    by_dir = {}
+    by_dir: dict = {}
     for shard, event in sorted(done.items()):
         worst = max(worst, event["code"] if event["code"] is not None else 1)
         k = shard.split("/")[0]

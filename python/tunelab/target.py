@@ -34,13 +34,14 @@ def parse_target(text: str) -> Target:
     parts = text.split(":")
     if len(parts) != 3:
         raise ValueError(f"target {text!r} must be BACKEND:ARCH:WARP_SIZE, e.g. cuda:90:32 or hip:gfx942:64")
-    backend, arch, warp = parts
+    backend, arch_text, warp = parts
+    arch: "int | str" = arch_text
     if backend not in ("cuda", "hip"):
         raise ValueError(f"target backend {backend!r} must be cuda or hip")
     if backend == "cuda":
-        if not arch.isdigit():
+        if not arch_text.isdigit():
             raise ValueError(f"a cuda target's arch is the compute capability as digits (90 for sm_90), got {arch!r}")
-        arch = int(arch)
+        arch = int(arch_text)
     if not warp.isdigit() or int(warp) <= 0:
         raise ValueError(f"target warp size must be a positive integer, got {warp!r}")
     return Target(backend, arch, int(warp))

@@ -87,7 +87,7 @@ pub enum Command {
         /// Run Triton's interpreter on the CPU even if a GPU is present [settings: interpret].
         #[arg(long)]
         interpret: bool,
-        /// CPU compile workers (0 = the cores the lanes leave, 1 to 16) [settings: compile_workers].
+        /// CPU compile workers (0 = the cores the lanes leave, 1 to 64) [settings: compile_workers].
         #[arg(long, value_name = "N")]
         compile_workers: Option<usize>,
         /// No progress line.

@@ -5,42 +5,65 @@ use std::path::PathBuf;
 
 use super::args::GlobalArgs;
 use super::Failure;
+use crate::backend::python::PROTOCOL_VERSION;
 use crate::config::{self, Settings};
 use crate::device;
 use crate::exit;
 
-/// Where `python/tunelab` lives: next to the working directory, next to the
-/// binary (target/release/tunelab in a checkout), or where it was built.
-pub(super) fn python_package_dir() -> Option<PathBuf> {
-    let mut candidates = vec![PathBuf::from("python")];
-    if let Ok(exe) = std::env::current_exe() {
-        for up in exe.ancestors().skip(1).take(4) {
-            candidates.push(up.join("python"));
-        }
-    }
-    candidates.push(PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/python"
-    )));
-    candidates
-        .into_iter()
-        .find(|c| c.join("tunelab").join("worker.py").is_file())
-        .map(|c| c.canonicalize().unwrap_or(c))
+/// Where the workers import tunelab's Python package (`tunelab.worker`) from.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum WorkerPackage {
+    /// `python/` of a tunelab checkout, put first on the workers' PYTHONPATH.
+    Checkout(PathBuf),
+    /// Installed in the workers' Python (the wheel `pip install .` makes):
+    /// the runner adds nothing to PYTHONPATH.
+    Installed,
 }
 
-/// The folders workers import from: tunelab's own package (in a checkout)
-/// and the manifest's `python_path:`.
-pub(super) fn worker_python_path(
-    exp: &crate::manifest::Experiment,
-) -> Result<Vec<PathBuf>, Failure> {
-    let package = python_package_dir().ok_or_else(|| {
-        Failure::environment(
-            "error: cannot find tunelab's Python package (python/tunelab)\n  = help: run tunelab from the repository root",
-        )
-    })?;
-    Ok(std::iter::once(package)
+impl WorkerPackage {
+    /// The directory the runner puts first on the workers' PYTHONPATH, if any.
+    pub(super) fn dir(&self) -> Option<&PathBuf> {
+        match self {
+            WorkerPackage::Checkout(dir) => Some(dir),
+            WorkerPackage::Installed => None,
+        }
+    }
+}
+
+/// Where workers started with `python` find tunelab's Python package. When
+/// `python` is the interpreter tunelab is installed in, its own installed
+/// package, which comes from the same build as the runner. Otherwise
+/// `python/` of a checkout: next to the working directory, above the binary
+/// (target/release/tunelab), or the one this was built from. With no
+/// checkout in sight, the package must be installed in `python`.
+pub(super) fn worker_package(python: &str) -> WorkerPackage {
+    if config::installed_python() == Some(python) {
+        return WorkerPackage::Installed;
+    }
+    let mut candidates = vec![PathBuf::from(".")];
+    candidates.extend(config::checkout_root());
+    candidates.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    candidates
+        .into_iter()
+        .find(|dir| config::is_checkout(dir))
+        .map(|dir| {
+            let python = dir.join("python");
+            WorkerPackage::Checkout(python.canonicalize().unwrap_or(python))
+        })
+        .unwrap_or(WorkerPackage::Installed)
+}
+
+/// The folders workers started with `python` import from: tunelab's own
+/// package when it comes from a checkout (none when it is installed in
+/// `python`), then the manifest's `python_path:`. A package that is in
+/// neither place makes the first worker fail to start, which says so.
+pub(super) fn worker_python_path(exp: &crate::manifest::Experiment, python: &str) -> Vec<PathBuf> {
+    worker_package(python)
+        .dir()
+        .cloned()
+        .into_iter()
         .chain(exp.python_path.iter().cloned())
-        .collect())
+        .collect()
 }
 
 pub(super) fn config(global: &GlobalArgs) -> Result<i32, Failure> {
@@ -92,11 +115,20 @@ pub(super) fn devices(json: bool) -> Result<i32, Failure> {
 pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
     let mut problems = 0;
     println!("python      {}", settings.python);
-    let probe = "import json, sys\nout = {'python': sys.version.split()[0]}\ntry:\n    import torch; out['torch'] = torch.__version__; out['cuda'] = torch.cuda.is_available(); out['gpu'] = torch.cuda.get_device_name() if out['cuda'] else None\nexcept Exception as e: out['torch_error'] = str(e)\ntry:\n    import triton; out['triton'] = triton.__version__\nexcept Exception as e: out['triton_error'] = str(e)\nprint(json.dumps(out))";
-    match std::process::Command::new(&settings.python)
-        .args(["-c", probe])
-        .output()
-    {
+    let probe = "import json, sys\nout = {'python': sys.version.split()[0]}\ntry:\n    import torch; out['torch'] = torch.__version__; out['cuda'] = torch.cuda.is_available(); out['gpu'] = torch.cuda.get_device_name() if out['cuda'] else None\nexcept Exception as e: out['torch_error'] = str(e)\ntry:\n    import triton; out['triton'] = triton.__version__\nexcept Exception as e: out['triton_error'] = str(e)\ntry:\n    import tunelab.worker; out['worker'] = tunelab.worker.__file__; out['protocol'] = tunelab.PROTOCOL_VERSION\nexcept Exception as e: out['worker_error'] = str(e)\nprint(json.dumps(out))";
+    let package = worker_package(&settings.python);
+    let mut command = std::process::Command::new(&settings.python);
+    command.args(["-c", probe]);
+    if let WorkerPackage::Checkout(dir) = &package {
+        // As the runner starts its workers.
+        let mut path = dir.as_os_str().to_owned();
+        if let Some(existing) = std::env::var_os("PYTHONPATH") {
+            path.push(":");
+            path.push(existing);
+        }
+        command.env("PYTHONPATH", path);
+    }
+    match command.output() {
         Err(e) => {
             problems += 1;
             println!("  missing: cannot run `{}` ({e})", settings.python);
@@ -122,13 +154,31 @@ pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
                 Some(gpu) => println!("  mode      GPU ({gpu})"),
                 None => println!("  mode      interpreter (torch sees no GPU; kernels run in Triton's interpreter on the CPU)"),
             }
-        }
-    }
-    match python_package_dir() {
-        Some(p) => println!("worker      {}", p.join("tunelab").display()),
-        None => {
-            problems += 1;
-            println!("worker      missing: python/tunelab not found; run tunelab from the repository root");
+            let from = match &package {
+                WorkerPackage::Checkout(dir) => format!("the checkout's {}", dir.display()),
+                WorkerPackage::Installed => "installed in this Python".to_string(),
+            };
+            let speaks = facts["protocol"].as_u64();
+            match facts["worker"].as_str() {
+                Some(file) if speaks != Some(PROTOCOL_VERSION.into()) => {
+                    problems += 1;
+                    println!(
+                        "worker      {file} ({from}) speaks worker protocol {}, this tunelab {PROTOCOL_VERSION}",
+                        speaks.map_or("?".to_string(), |v| v.to_string())
+                    );
+                    println!("  fix: the package and this binary come from different versions of tunelab: run the binary from the same checkout, or reinstall (`pip install .`)");
+                }
+                Some(file) => println!("worker      {file} ({from})"),
+                None => {
+                    problems += 1;
+                    println!(
+                        "worker      missing: {} cannot import tunelab.worker ({})",
+                        settings.python,
+                        facts["worker_error"].as_str().unwrap_or("not importable")
+                    );
+                    println!("  fix: {} -m pip install PATH/TO/tunelab (the checkout), or run tunelab from a checkout", settings.python);
+                }
+            }
         }
     }
     let found = device::discover();

@@ -164,7 +164,7 @@ fn probe_user_problem(exp: &Experiment, settings: &Settings) -> Result<Option<St
     if exp.builtin_problem() {
         return Ok(None);
     }
-    let python_path = super::environment::worker_python_path(exp)?;
+    let python_path = super::environment::worker_python_path(exp, &settings.python);
     let log = std::env::temp_dir().join(format!("tunelab-validate-{}.log", std::process::id()));
     let spec = WorkerSpec {
         python: settings.python.clone(),

@@ -287,7 +287,7 @@ fn run_experiment(
         eprintln!("warning: {} has no `interpreter:` section; running its full shape set in the interpreter will be slow", exp.manifest_path.display());
     }
     let filter = Filter::parse(request.args.only.as_deref().unwrap_or(""))?;
-    let python_path = super::environment::worker_python_path(exp)?;
+    let python_path = super::environment::worker_python_path(exp, &settings.python);
     let only_jobs = match use_best {
         None => None,
         Some(dir) => {
@@ -449,7 +449,7 @@ fn keep_ir(
         store::journal::read(dir).map_err(|e| Failure::environment(format!("error: {e}")))?;
     let spec = crate::backend::WorkerSpec {
         python: python.to_string(),
-        python_path: super::environment::worker_python_path(exp)?,
+        python_path: super::environment::worker_python_path(exp, python),
         role: "compile".into(),
         interpret: false,
         visible_device: target.gpus.first().cloned(),

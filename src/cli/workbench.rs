@@ -104,7 +104,7 @@ pub(super) fn profile(settings: &Settings, a: &ProfileArgs<'_>) -> Result<i32, F
         Some(m) => {
             let device = super::inspect::planning_device(settings)?;
             let exp = super::inspect::load_experiment(m, &ManifestArgs::default(), &device)?;
-            let path = super::environment::worker_python_path(&exp)?;
+            let path = super::environment::worker_python_path(&exp, &settings.python);
             (exp.ir_files(), path)
         }
         None => {
@@ -173,12 +173,10 @@ fn python_module(
     module: &str,
     extra: &[std::path::PathBuf],
 ) -> Result<Command, Failure> {
-    let package = super::environment::python_package_dir().ok_or_else(|| {
-        Failure::environment(
-            "error: cannot find tunelab's Python package (python/tunelab)\n  = help: run tunelab from the repository root",
-        )
-    })?;
-    let mut parts = vec![package];
+    // As the runner starts its workers: a checkout's python/ first, nothing
+    // when tunelab is installed in this Python.
+    let package = super::environment::worker_package(&settings.python);
+    let mut parts: Vec<std::path::PathBuf> = package.dir().cloned().into_iter().collect();
     parts.extend(extra.iter().cloned());
     if let Some(existing) = std::env::var_os("PYTHONPATH") {
         parts.extend(std::env::split_paths(&existing));

@@ -1,20 +1,28 @@
 """An example user problem, defined outside the tunelab package.
 
-A manifest names it as `problem: "my_problems:Axpy"`; the runner puts this
-folder on the worker's PYTHONPATH. It shows everything a user problem needs:
-a shape, flop and byte counts, seeded inputs, an fp32 reference and methods
-whose `bind` returns a Launch (an `out` tensor plus a no-argument call).
+A manifest names it as `problem: "my_problems:Axpy"`, with this folder on the
+worker's PYTHONPATH. It shows everything a user problem needs: a shape, flop
+and byte counts, seeded inputs, an fp32 reference and methods whose `bind`
+returns a Launch (an `out` tensor plus a no-argument call). It meets the
+contract in tunelab.protocols, which mypy checks (`just typecheck`; the
+assignments at the end).
 
 Besides a real Triton kernel it carries deliberately broken methods and a
 noisy variant, which tunelab's tests use to exercise the worker's failure
 paths.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    from tunelab.protocols import Config, Device, Inputs, Method, ProblemClass, Shape, Tensor
 
 _DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
@@ -29,18 +37,20 @@ def axpy_kernel(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
 
 
 class Launch:
-    def __init__(self, run, out):
+    """What `bind` returns: the preallocated `out` and a call that fills it."""
+
+    def __init__(self, run, out: Tensor):
         self._run = run
         self.out = out
 
-    def __call__(self):
+    def __call__(self) -> None:
         self._run()
 
 
 class Axpy:
     """out = alpha * x + y over N elements."""
 
-    def __init__(self, shape: dict):
+    def __init__(self, shape: Shape):
         if "N" not in shape:
             raise ValueError("Axpy needs shape key N")
         self.n = int(shape["N"])
@@ -53,16 +63,16 @@ class Axpy:
     def bytes(self) -> float:
         return 3.0 * self.n * torch.tensor([], dtype=self.dtype).element_size()
 
-    def inputs(self, seed: int, device) -> dict:
+    def inputs(self, seed: int, device: Device) -> Inputs:
         generator = torch.Generator(device=device).manual_seed(seed)
         x = torch.rand(self.n, generator=generator, device=device).to(self.dtype)
         y = torch.rand(self.n, generator=generator, device=device).to(self.dtype)
         return {"x": x, "y": y}
 
-    def reference(self, inputs: dict):
+    def reference(self, inputs: Inputs) -> Tensor:
         return self.alpha * inputs["x"].float() + inputs["y"].float()
 
-    def methods(self) -> dict:
+    def methods(self) -> dict[str, Method[Axpy]]:
         return {
             "triton": TritonAxpy(),
             "torch": TorchAxpy(),
@@ -75,12 +85,12 @@ class Axpy:
         }
 
 
-def _output(problem, inputs):
+def _output(problem: Axpy, inputs: Inputs) -> Tensor:
     return torch.empty_like(inputs["x"])
 
 
 class TritonAxpy:
-    def bind(self, problem, inputs, config):
+    def bind(self, problem: Axpy, inputs: Inputs, config: Config) -> Launch:
         out = _output(problem, inputs)
         block = int(config.get("BLOCK", 64))
         grid = (triton.cdiv(problem.n, block),)
@@ -92,7 +102,7 @@ class TritonAxpy:
 
 
 class TorchAxpy:
-    def bind(self, problem, inputs, config):
+    def bind(self, problem: Axpy, inputs: Inputs, config: Config) -> Launch:
         out = _output(problem, inputs)
 
         def run():
@@ -191,3 +201,10 @@ class NoisyTorchAxpy(TorchAxpy):
             inner()
 
         return Launch(run, launch.out)
+
+
+if TYPE_CHECKING:
+    # The contract of tunelab.protocols, checked by mypy (`just typecheck`).
+    _problem: ProblemClass = Axpy
+    _noisy: ProblemClass = NoisyAxpy
+    _triton: Method[Axpy] = TritonAxpy()

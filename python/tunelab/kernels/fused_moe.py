@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import triton
 import triton.language as tl
@@ -1017,7 +1018,7 @@ def _launch_specs(plan: MoEPlan, b: dict):
     # A dependent launch only where an earlier kernel of the call precedes it:
     # the call's first kernel follows the timer's event and the L2 flush.
     dependent = {"launch_pdl": True} if plan.pdl else {}
-    specs = []
+    specs: list[tuple[Any, tuple, tuple, dict]] = []  # (kernel, grid, args, keyword args)
     if not plan.self_align:
         specs.append((
             moe_align_kernel,
@@ -1488,6 +1489,8 @@ class PersistentMoELaunch:
             # Compile (or find in the cache) first: the grid depends on the binary's registers.
             compiled = kernel.warmup(*args, grid=(1,), **kwargs)
             compiled._init_handles()
+            self.n_regs: int | None
+            self.shared: int | None
             self.n_regs, self.shared = int(compiled.n_regs), int(compiled.metadata.shared)
             threads = plan.config["num_warps"] * getattr(compiled.metadata, "warp_size", 32)
             self.driver_resident = pin_resident(compiled.function, threads, self.shared)

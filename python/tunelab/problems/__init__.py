@@ -1,6 +1,10 @@
 """Builtin problems and the loader for user problems named "module:Class"."""
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tunelab.protocols import ProblemClass
 
 # Short names a manifest may use for `problem:`. Values are import paths so a
 # worker only imports the problem it serves.
@@ -10,8 +14,12 @@ BUILTINS = {
 }
 
 
-def resolve(name: str):
-    """Return the problem class for a builtin short name or "module.path:Class"."""
+def resolve(name: str) -> "ProblemClass":
+    """Return the problem class for a builtin short name or "module.path:Class".
+
+    What it returns is trusted to meet tunelab.protocols.ProblemClass; the
+    worker classes whatever it does not as a problem_error.
+    """
     target = BUILTINS.get(name, name)
     if ":" not in target:
         known = ", ".join(sorted(BUILTINS))

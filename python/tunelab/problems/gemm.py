@@ -5,9 +5,16 @@ Methods: `matmul` (tunelab's Triton kernel, tunable) and `torch_matmul`
 (torch.matmul, a baseline; its config is ignored).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from tunelab.lazy import torch
 
 from tunelab.dtypes import element_size, torch_dtype
+
+if TYPE_CHECKING:
+    from tunelab.protocols import CompilingMethod, Method, ProblemClass, TypedMethod
 
 
 class Launch:
@@ -62,7 +69,7 @@ class Gemm:
         # are summation order and the rounding of C to the output dtype.
         return torch.matmul(inputs["a"].float(), inputs["b"].float())
 
-    def methods(self) -> dict:
+    def methods(self) -> dict[str, Method[Gemm]]:
         return {"matmul": TritonMatmul(), "torch_matmul": TorchMatmul()}
 
     def new_output(self, inputs: dict):
@@ -107,3 +114,11 @@ class TorchMatmul:
             torch.matmul(a, b, out=out)
 
         return Launch(run, out)
+
+
+if TYPE_CHECKING:
+    # The contract of tunelab.protocols, checked by mypy (`just typecheck`).
+    _problem: ProblemClass = Gemm
+    _matmul: CompilingMethod[Gemm] = TritonMatmul()
+    _matmul_typed: TypedMethod[Gemm] = TritonMatmul()
+    _torch_matmul: TypedMethod[Gemm] = TorchMatmul()

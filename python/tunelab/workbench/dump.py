@@ -25,7 +25,7 @@ def write_kernels(kernels, directory, load: bool = False) -> list:
     returns each kernel's resources with the files written (relative names)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    seen = {}
+    seen: dict = {}
     out = []
     for compiled in kernels:
         name = str(compiled.name)

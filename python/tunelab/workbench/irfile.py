@@ -146,7 +146,9 @@ def _balanced(text: str, open_at: int) -> str:
 
 
 def _split_top(text: str, sep: str):
-    parts, depth, current, in_string = [], 0, [], False
+    parts: list[str] = []
+    current: list[str] = []
+    depth, in_string = 0, False
     for i, c in enumerate(text):
         if in_string:
             in_string = c != '"' or text[i - 1] == "\\"

@@ -27,6 +27,7 @@ run (the runner skips them).
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 import os
 import subprocess
 import tempfile
@@ -61,9 +62,9 @@ class JobContext:
         self.ir_applied = False
         self.recording = True
         # hash -> compiled kernel, in the order first seen
-        self.kernels = {}
+        self.kernels: dict[str, Any] = {}
         # JIT function names launched, for a message when the IR's entry is not among them
-        self.launched = []
+        self.launched: list[str] = []
 
     def without_ir(self) -> "JobContext":
         """The same options, compiling the source (to compare the IR's signature with)."""
@@ -105,7 +106,7 @@ def install() -> bool:
         ctx.record(kernel)
         return kernel
 
-    run.__wrapped__ = original
+    run.__wrapped__ = original  # type: ignore[attr-defined]
     JITFunction.run = run
     _installed = True
     return True

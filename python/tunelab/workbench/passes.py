@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable
 
 # The stage functions of a backend whose passes apply to a file of each stage,
 # in pipeline order (a .ttir file goes through make_ttir's passes and on).
@@ -43,7 +44,7 @@ class Step:
 
     name: str  # dotted, without `add_`: "ttgpuir.coalesce", "nvidia.ttnvgpuir.fence_insertion"
     args: tuple
-    fn: object = field(repr=False)
+    fn: Callable[..., Any] = field(repr=False)
     stage: str = ""
 
     def describe(self) -> str:

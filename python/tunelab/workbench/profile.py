@@ -201,7 +201,7 @@ def hatchet_scopes(data, labels) -> dict:
     Proton tree profile (`proton.hatchet`): for each scope named by a label,
     the GPU time and launch count of the kernels under it."""
     roots = data if isinstance(data, list) else [data]
-    found = {}
+    found: dict = {}
 
     def kernels_under(node, acc):
         for child in node.get("children", []):
@@ -346,8 +346,8 @@ def main(argv=None) -> int:
     elif ncu is None:
         files["ncu_note"] = "Nsight Compute: `ncu` is not on PATH here, so only Proton profiled the jobs."
     else:
-        for label, why in run_ncu(args.request, request, args.out, ncu).items():
-            failed.setdefault(label, why)
+        for label, reason in run_ncu(args.request, request, args.out, ncu).items():
+            failed.setdefault(label, reason)
         for job in request["jobs"]:
             report = args.out / "ncu" / (slug(job["label"]) + ".ncu-rep")
             if report.is_file():
@@ -357,8 +357,8 @@ def main(argv=None) -> int:
     (args.out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
     files["summary"] = "summary.json"
     (args.out / "summary.md").write_text(markdown(request, rows, files))
-    for label, why in failed.items():
-        print(f"tunelab profile: {label}: {why}", file=sys.stderr)
+    for label, reason in failed.items():
+        print(f"tunelab profile: {label}: {reason}", file=sys.stderr)
     return 3 if failed else 0
 
 
