@@ -21,11 +21,22 @@ the token-to-expert alignment is part of the timed call, as in vLLM.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from tunelab.lazy import torch
 
 from tunelab.dtypes import element_size, torch_dtype
 from tunelab.kernels.launch import interpreting
+
+if TYPE_CHECKING:
+    from tunelab.protocols import (
+        AvailabilityMethod,
+        CompilingMethod,
+        Method,
+        ProblemClass,
+        ProblemWithBytesFor,
+        TypedMethod,
+    )
 
 ACTIVATIONS = ("silu", "swiglu_oai")
 ROUTINGS = ("random", "uniform")
@@ -205,7 +216,7 @@ class FusedMoE:
             out.index_add_(0, tok, y * wts[sel, None])
         return out.to(self.dtype)
 
-    def methods(self) -> dict:
+    def methods(self) -> dict[str, Method[FusedMoE]]:
         return {
             "fused_moe": TritonFusedMoE(),
             "fused_moe_vllm": TritonFusedMoEVllm(),
@@ -388,7 +399,7 @@ def torch_path(problem: FusedMoE, device) -> tuple:
     return "grouped_mm", "torch._grouped_mm, CUTLASS grouped GEMM (bf16, sm_90/sm_100)"
 
 
-_CPU_GROUPED = {}
+_CPU_GROUPED: dict[object, bool] = {}
 
 
 def _grouped_mm_works_on_cpu(dtype) -> bool:
@@ -437,10 +448,17 @@ class TorchMoELaunch:
         self.out = torch.empty(problem.M, problem.K, dtype=problem.dtype, device=x.device)
         self.experts = torch.arange(problem.E, device=x.device, dtype=self.ids.dtype)
         self.slot_token = torch.arange(problem.M * problem.topk, device=x.device) // problem.topk
-        self._run = {"grouped_mm": self._grouped, "gather_bmm": self._gather, "dense_bmm": self._dense}[self.path]
 
     def __call__(self):
-        self._run()
+        # Dispatch by name: a bound method kept on self would make a reference
+        # cycle that holds the shape's weights until Python's cycle collector
+        # runs (gigabytes per shape; the worker ran out of GPU memory on an H100).
+        if self.path == "grouped_mm":
+            self._grouped()
+        elif self.path == "gather_bmm":
+            self._gather()
+        else:
+            self._dense()
         return self.out
 
     def _act(self, h):
@@ -637,3 +655,16 @@ class _LibraryLaunch:
     def __call__(self):
         self.out.copy_(self._call())
         return self.out
+
+
+if TYPE_CHECKING:
+    # The contract of tunelab.protocols, checked by mypy (`just typecheck`).
+    _problem: ProblemClass = FusedMoE
+    _bytes_for: type[ProblemWithBytesFor] = FusedMoE
+    _fused: CompilingMethod[FusedMoE] = TritonFusedMoE()
+    _fused_typed: TypedMethod[FusedMoE] = TritonFusedMoE()
+    _fused_vllm: TypedMethod[FusedMoE] = TritonFusedMoEVllm()
+    _persistent: TypedMethod[FusedMoE] = TritonPersistentMoE()
+    _torch: TypedMethod[FusedMoE] = TorchMoE()
+    _vllm: AvailabilityMethod[FusedMoE] = VllmMoE()
+    _aiter: AvailabilityMethod[FusedMoE] = AiterMoE()
