@@ -355,6 +355,7 @@ pub(super) fn summary(a: &Analysis<'_, '_, '_>) -> Vec<String> {
     }
     // Spilling winners are worth a look in `tunelab profile`; jobs.csv has
     // every job's registers, spills and shared memory.
+    let labels = &a.labels;
     let spilling: Vec<String> = a
         .group
         .shapes
@@ -364,16 +365,24 @@ pub(super) fn summary(a: &Analysis<'_, '_, '_>) -> Vec<String> {
                 let n = m.best?.job.spills().filter(|n| *n > 0)?;
                 Some(format!(
                     "{} {} ({n} registers spilled per thread)",
-                    crate::manifest::shape_label(s.shape),
+                    labels.label(s.shape),
                     m.method
                 ))
             })
         })
         .collect();
+    // A few name the pattern; the jobs file lists every one.
+    const SPILLS_SHOWN: usize = 5;
     if !spilling.is_empty() {
+        let more = spilling.len().saturating_sub(SPILLS_SHOWN);
         lines.push(format!(
-            "Winners that spill registers to local memory: {}.",
-            spilling.join("; ")
+            "Winners that spill registers to local memory: {}{}.",
+            spilling[..spilling.len().min(SPILLS_SHOWN)].join("; "),
+            if more > 0 {
+                format!("; and {more} more (every job's registers and spills are in the jobs file)")
+            } else {
+                String::new()
+            }
         ));
     }
     if a.group.results.profile_summary {
