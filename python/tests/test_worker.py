@@ -162,7 +162,7 @@ def test_probe_reports_methods_and_their_declared_types(spawn_worker):
     shape = {"M": 64, "N": 64, "K": 64, "dtype": "fp16"}
     probed = worker.request("probe", problem="gemm", shape=shape, methods=["matmul", "torch_matmul", "nope"])
     assert probed["ok"], probed
-    assert probed["available"] == ["matmul", "torch_matmul"]
+    assert probed["available"] == ["matmul", "torch_matmul", "matmul_a8w8_blockscale"]
     assert probed["methods"]["matmul"]["found"] is True
     assert probed["methods"]["matmul"]["config_types"]["num_warps"] == "int"
     assert probed["methods"]["torch_matmul"]["config_types"] == {}
@@ -187,7 +187,9 @@ def test_protocol_end_to_end(spawn_worker):
 
     described = worker.request("describe", problem="gemm", shape={"M": 64, "N": 64, "K": 64, "dtype": "fp16"})
     assert described == {"id": described["id"], "ok": True, "flops": 524288.0, "bytes": 24576.0,
-                         "methods": ["matmul", "torch_matmul"], "unavailable": {}}
+                         "methods": ["matmul", "torch_matmul", "matmul_a8w8_blockscale"],
+                         "unavailable": {"matmul_a8w8_blockscale": "matmul_a8w8_blockscale multiplies fp8 operands "
+                                                                   "(dtype: fp8), not fp16"}}
 
     job = gemm_job()
     compiled = worker.request("compile", job=job)
