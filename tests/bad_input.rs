@@ -123,6 +123,12 @@ bad_input!(
 );
 
 bad_input!(
+    shape_field_list_of_strings,
+    "shape_value_list_of_strings.yaml",
+    "shape_value_list_of_strings.yaml:5:"
+);
+
+bad_input!(
     missing_companion_manifest,
     "missing_companion.yaml",
     "missing_companion.yaml:8:"

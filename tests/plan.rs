@@ -303,6 +303,39 @@ fn interpreter_mode_uses_its_own_shapes_and_config_cap() {
 }
 
 #[test]
+fn shape_fields_may_be_lists_of_integers() {
+    // Quantised shapes name their weights' block shape as vLLM does: [block_n, block_k].
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "q.yaml",
+        r#"
+experiment: q
+problem: moe
+shapes:
+  product:
+    M: [1, 8]
+    quant:
+      - {weight_quant: block, block_shape: [128, 128]}
+      - {weight_quant: block, block_shape: [64, 128]}
+  fixed: {E: 8, topk: 2, K: 256, N: 256, dtype: fp8}
+methods:
+  triton:
+    kind: triton
+    kernel: fused_moe
+    space: {BLOCK_SIZE_K: [64, 128]}
+    constraints: ["block_shape == '[128,128]' or BLOCK_SIZE_K == 64"]
+"#,
+    );
+    let exp = load(&path, &[]);
+    let (summary, jobs) = plan_all(&exp, "", Mode::Gpu);
+    assert_eq!(summary.shapes, 4);
+    assert_eq!(jobs[0].shape["block_shape"], serde_json::json!([128, 128]));
+    // Expressions see a list as its JSON text.
+    assert_eq!(jobs.len(), 2 * 2 + 2);
+}
+
+#[test]
 fn every_manifest_in_experiments_validates_and_plans() {
     let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/experiments"));
     let mut seen = 0;
