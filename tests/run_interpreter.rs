@@ -301,6 +301,22 @@ fn gptoss_moe_in_the_interpreter_writes_vllm_files_and_notes_the_aiter_table() {
     let attention = results.path().join("gptoss-attention/cpu-interpreter");
     assert!(attention.join("report.md").is_file(), "{}", show(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("companion"));
+
+    // Then the quantised MoE: fp8 configs go to vLLM's fp8 file name, MXFP4's to the report only.
+    let fp8 = results.path().join("gptoss-fp8/cpu-interpreter");
+    let text =
+        std::fs::read_to_string(fp8.join("vllm/E=8,N=32,device_name=cpu,dtype=fp8_w8a8.json"))
+            .unwrap_or_else(|e| panic!("{e}\n{}", show(&out)));
+    let json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(json.keys().skip(1).collect::<Vec<_>>(), ["1", "4", "16"]);
+    let mxfp4 = results.path().join("gptoss-mxfp4/cpu-interpreter");
+    let best = std::fs::read_to_string(mxfp4.join("best.csv")).unwrap();
+    // One best per shape (M = 1, 4, 16) and method: the method is the 9th column.
+    for method in ["triton", "triton_dot_scaled"] {
+        let rows = best.lines().filter(|l| l.split(',').nth(8) == Some(method));
+        assert_eq!(rows.count(), 3, "{best}");
+    }
+    assert!(!mxfp4.join("vllm").exists());
 }
 
 #[test]

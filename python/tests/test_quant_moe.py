@@ -194,6 +194,22 @@ def test_inputs_layout_and_shared_weights(device):
     assert f["w1_scale"].shape == (8, 3, 2) and f["w2_scale"].shape == (8, 3, 1)
 
 
+def test_weight_cache_keeps_the_most_recent_within_its_limit(device, monkeypatch):
+    from tunelab.problems import moe
+
+    cache = moe._WeightCache()
+    monkeypatch.setattr(moe, "_WEIGHTS", cache)
+    shapes = [FusedMoE(shape(FP8_TENSOR, N=n)) for n in (16, 32, 48)]
+    sizes = [cache.nbytes(p._build_weights(0, device)) for p in shapes]
+    monkeypatch.setattr(cache, "limit_bytes", lambda _: sizes[1] + sizes[2])
+    first = shapes[0].inputs(0, device)["w1"]
+    assert shapes[0].inputs(0, device)["w1"] is first  # kept
+    shapes[1].inputs(0, device)
+    shapes[2].inputs(0, device)  # N=16's weights go first to make room
+    assert len(cache.entries) == 2 and shapes[0].inputs(0, device)["w1"] is not first
+    assert torch.equal(shapes[0].inputs(0, device)["w1"].float(), first.float())  # rebuilt the same
+
+
 def test_reference_uses_the_dequantised_weights(device):
     p = FusedMoE(shape(MXFP4, M=2, E=2, topk=1, bias=False))
     inputs = p.inputs(0, device)

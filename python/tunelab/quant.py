@@ -159,18 +159,19 @@ def quantize_mxfp4(w):
     return packed.contiguous(), scales.contiguous()
 
 
+# Midpoints between consecutive E2M1 magnitudes, and whether a value exactly
+# on one rounds up: ties go to the even code (mantissa bit 0).
+_E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
 def _nearest_e2m1(v):
     """E2M1 codes (uint8, 0..15) nearest to v, ties to the even code, saturating at 6."""
-    mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=v.device)
-    a = v.abs().clamp(max=6.0)
-    # Distance to every magnitude; on a tie the even code (smaller mantissa bit) wins.
-    dist = (a[..., None] - mags).abs()
-    best = dist.min(dim=-1, keepdim=True).values
-    ties = dist == best
-    even = torch.arange(8, device=v.device) % 2 == 0
-    pick = torch.where((ties & even).any(dim=-1), (ties & even).float().argmax(dim=-1), ties.float().argmax(dim=-1))
-    sign = (v < 0) & (pick > 0)
-    return (pick + 8 * sign.long()).to(torch.uint8)
+    a = v.abs()
+    code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
+    for mid, tie_up in _E2M1_MIDPOINTS:
+        code += (a >= mid) if tie_up else (a > mid)
+    sign = (v < 0) & (code > 0)
+    return code + 8 * sign.to(torch.uint8)
 
 
 def unpack_e2m1(packed):

@@ -64,9 +64,50 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # MXFP4 only: 1 runs tl.dot_scaled (Triton's upcast), 0 tunelab's own dequantisation (tunelab.kernels.quant_moe).
 MX_KEYS = ("DOT_SCALED",)
 
-# The weights of the last quantised shape built (see FusedMoE._weights): shapes
-# that differ only in M reuse them.
-_WEIGHTS = {"key": None, "value": None}
+
+class _WeightCache:
+    """Quantised weights by (E, N, K, format, ..., seed, device), least recently
+    used first out, at most `limit_bytes` in all (see FusedMoE._weights).
+
+    A tuning run deals its (shape, method) groups largest estimated cost
+    first, so shapes of one (E, N) do not come back to back; quantising 128
+    experts again for each would cost about as much as timing the group."""
+
+    def __init__(self):
+        import collections
+
+        self.entries = collections.OrderedDict()
+
+    @staticmethod
+    def nbytes(weights: dict) -> int:
+        return sum(t.numel() * t.element_size() for t in weights.values())
+
+    def limit_bytes(self, device) -> int:
+        device = torch.device(device)
+        if device.type == "cuda":
+            return torch.cuda.get_device_properties(device).total_memory // 4
+        return 2 << 30
+
+    def get(self, key, build, device, size_hint: float) -> dict:
+        """The weights under `key`, built by `build()` when missing; older
+        entries go first so that they and the new ones (about `size_hint`
+        bytes) fit the limit."""
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        limit = self.limit_bytes(device)
+        while self.entries and sum(self.nbytes(w) for w in self.entries.values()) + size_hint > limit:
+            self.entries.popitem(last=False)
+        weights = build()
+        if self.nbytes(weights) <= limit:
+            self.entries[key] = weights
+        return weights
+
+    def clear(self):
+        self.entries.clear()
+
+
+_WEIGHTS = _WeightCache()
 
 
 def vllm_default_config(M: int, E: int, block_shape=None) -> dict:
@@ -286,9 +327,9 @@ class FusedMoE:
         """x, routing, quantised weights and their scales, biases.
 
         The weights come from a generator of their own, so they do not depend
-        on M: shapes that differ only in M share them, and the last weights
-        built are kept (`_weights`), which saves quantising them again for
-        every M of a tuning run."""
+        on M: shapes that differ only in M share them, and weights once built
+        are kept (`_WeightCache`, a quarter of the GPU's memory at most), which
+        saves quantising them again for every M of a tuning run."""
         device = torch.device(device)
         gen = torch.Generator(device=device)
         gen.manual_seed(int(seed))
@@ -301,11 +342,8 @@ class FusedMoE:
                 self.block_shape, self.activation, self.bias, int(seed), str(device))
 
     def _weights(self, seed: int, device) -> dict:
-        key = self._weights_key(seed, device)
-        if _WEIGHTS["key"] != key:
-            _WEIGHTS.update(key=None, value=None)  # free the last shape's weights before building these
-            _WEIGHTS.update(key=key, value=self._build_weights(seed, device))
-        return dict(_WEIGHTS["value"])
+        build = lambda: self._build_weights(seed, device)  # noqa: E731
+        return dict(_WEIGHTS.get(self._weights_key(seed, device), build, device, self.E * self.expert_bytes()))
 
     def _build_weights(self, seed: int, device) -> dict:
         """Master weights drawn in fp32 one expert at a time (as `inputs` scales
