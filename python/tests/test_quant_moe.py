@@ -160,6 +160,35 @@ def test_round_e4m3_is_torchs_rounding(device):
     assert torch.equal(y.float(), x.to(torch.float8_e4m3fn).float())
 
 
+@triton.jit
+def _halves_kernel(p_ptr, s_ptr, lo_ptr, hi_ptr, BK: tl.constexpr, BN: tl.constexpr):
+    h = tl.arange(0, BK // 2)
+    n = tl.arange(0, BN)
+    packed = tl.load(p_ptr + n[None, :] * (BK // 2) + h[:, None])
+    scales = tl.load(s_ptr + n[:, None] * (BK // 32) + tl.arange(0, BK // 32)[None, :])
+    lo, hi = quant_moe._mx_halves(packed, scales, tl.float32, BK, BN)
+    tl.store(lo_ptr + h[:, None] * BN + n[None, :], lo)
+    tl.store(hi_ptr + h[:, None] * BN + n[None, :], hi)
+
+
+@pytest.mark.parametrize("scale_range", [(0, 128), (100, 200)], ids=["one-multiply", "two-multiplies"])
+def test_mxfp4_dequantisation_is_exact(scale_range, device):
+    """Every code at every scale, both ways (a tile whose scales are all <= 128
+    takes one multiply; any larger scale, two): the values tunelab.quant's
+    dequantisation gives, bit for bit."""
+    BK, BN = 64, 16
+    codes = torch.arange(BN * BK, device=device).view(BN, BK) % 16
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).contiguous()
+    lo_e, hi_e = scale_range
+    scales = torch.randint(lo_e, hi_e + 1, (BN, BK // 32), device=device, dtype=torch.int32).to(torch.uint8)
+    scales[0, 0], scales[1, 1] = lo_e, hi_e
+    lo = torch.empty(BK // 2, BN, device=device)
+    hi = torch.empty(BK // 2, BN, device=device)
+    _halves_kernel[(1,)](packed, scales, lo, hi, BK=BK, BN=BN)
+    want = quant.dequantize_mxfp4(packed, scales, BK)  # [BN, BK]; scale 0 gives subnormal products, still exact
+    assert torch.equal(lo, want[:, 0::2].T) and torch.equal(hi, want[:, 1::2].T)
+
+
 def test_gpt_oss_interleaved_bias_with_block_scales(align, device):
     """Interleaved gate/up rows and biases with fp8 block scales: each w1 row's
     scale is its own block row's, wherever the tile takes the row from."""

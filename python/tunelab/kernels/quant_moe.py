@@ -30,11 +30,12 @@ use. What changes is what the GEMMs read and how they dequantise
   32. Each K step loads BLOCK_SIZE_K / 2 bytes and BLOCK_SIZE_K / 32 scales
   per weight row, and either
   - DOT_SCALED=0 (tunelab's own dequantisation): splits the bytes into their
-    low and high nibbles, builds each value's fp32 bits from its code (no
-    table, no subnormals), multiplies by its group's 2^(e - 127), converts
-    to the activation dtype, and makes two dots of BLOCK_SIZE_K / 2: the
-    activation's even columns with the low nibbles, its odd columns with the
-    high ones, so no register shuffle interleaves the nibbles; or
+    low and high nibbles, turns each code into fp32 bits (the value times
+    2^-126, no table and no select: `_e2m1_bits`), multiplies by 2^126 times
+    its group's 2^(e - 127) in one go, converts to the activation dtype, and
+    makes two dots of BLOCK_SIZE_K / 2: the activation's even columns with
+    the low nibbles, its odd columns with the high ones, so no register
+    shuffle interleaves the nibbles; or
   - DOT_SCALED=1: hands the packed bytes and scales to `tl.dot_scaled`,
     Triton's own upcast (on Hopper it converts to bf16 and runs an ordinary
     dot).
@@ -170,21 +171,14 @@ def moe_quant_act_kernel(
 
 
 @triton.jit
-def _e2m1_to_f32(code):
-    """fp32 value of E2M1 codes (uint32, 0..15): sign bit 3, exponent bits 1-2,
-    mantissa bit 0. Built from the bits: exponent e > 0 gives 2^(e - 1) x
-    (1 + m / 2), which is the fp32 pattern (em << 22) + (126 << 23); e = 0
-    gives m / 2 (0 or 0.5, i.e. em times the pattern of 0.5)."""
-    em = code & 7
-    mag = tl.where(em >= 2, (em << 22) + 0x3F000000, em * 0x3F000000)
-    return (mag | ((code & 8) << 28)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e8m0_to_f32(e):
-    """2^(e - 127) for E8M0 bytes as fp32 (bits e << 23). e = 0 (2^-127, below
-    fp32's normal range) reads as 0: weights that small are zeros in bf16."""
-    return (e.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+def _e2m1_bits(code):
+    """fp32 values of E2M1 codes (uint32, 0..15; sign bit 3, exponent bits 1-2,
+    mantissa bit 0), times 2^-126, from their bits alone: the three magnitude
+    bits go to fp32 bits 22-24 and the sign to bit 31. Exponent e > 0 then
+    reads 2^(e - 127) x (1 + m / 2) = value x 2^-126, and e = 0 with m = 1 is
+    fp32's subnormal 2^-127 = 0.5 x 2^-126 (exact; `mul.f32` without .ftz,
+    what Triton emits, keeps subnormals). No compare, no select."""
+    return (((code & 7) << 22) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -192,14 +186,27 @@ def _mx_halves(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constex
     """(low, high): the dequantised values of packed bytes [BLOCK_SIZE_K / 2,
     BLOCK_SIZE_N] (byte i holds reduction indices 2i and 2i + 1), each
     [BLOCK_SIZE_K / 2, BLOCK_SIZE_N] in OUT_DTYPE; scales [BLOCK_SIZE_N,
-    BLOCK_SIZE_K / 32] E8M0 bytes (byte i's group is i // 16)."""
+    BLOCK_SIZE_K / 32] E8M0 bytes (byte i's group is i // 16).
+
+    A value is its bits (x 2^-126, _e2m1_bits) times 2^126 x 2^(e - 127) =
+    2^(e - 1): one multiply, exact. 2^(e - 1) is an fp32 for e <= 128 (a
+    group whose largest weight is below 16); a tile with a larger scale takes
+    two multiplies (2^126, then 2^(e - 127))."""
     HALF: tl.constexpr = BLOCK_SIZE_K // 2
     GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
     p = packed.to(tl.uint32)
-    s = tl.trans(_e8m0_to_f32(scales))  # [GROUPS, BLOCK_SIZE_N]
-    s = tl.reshape(tl.broadcast_to(s[:, None, :], (GROUPS, 16, BLOCK_SIZE_N)), (HALF, BLOCK_SIZE_N))
-    lo = (_e2m1_to_f32(p & 15) * s).to(OUT_DTYPE)
-    hi = (_e2m1_to_f32(p >> 4) * s).to(OUT_DTYPE)
+    e = tl.trans(scales.to(tl.uint32))  # [GROUPS, BLOCK_SIZE_N]
+    e = tl.reshape(tl.broadcast_to(e[:, None, :], (GROUPS, 16, BLOCK_SIZE_N)), (HALF, BLOCK_SIZE_N))
+    u_lo = _e2m1_bits(p & 15)
+    u_hi = _e2m1_bits(p >> 4)
+    if tl.max(tl.max(scales, axis=1), axis=0) <= 128:
+        factor = ((e + 126) << 23).to(tl.float32, bitcast=True)  # 2^(e - 1)
+        lo = (u_lo * factor).to(OUT_DTYPE)
+        hi = (u_hi * factor).to(OUT_DTYPE)
+    else:
+        factor = (e << 23).to(tl.float32, bitcast=True)  # 2^(e - 127); e = 0 reads as 0
+        lo = (u_lo * 8.507059173023462e37 * factor).to(OUT_DTYPE)  # 2^126
+        hi = (u_hi * 8.507059173023462e37 * factor).to(OUT_DTYPE)
     return lo, hi
 
 
