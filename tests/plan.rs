@@ -364,3 +364,54 @@ fn checked_in_schema_is_current() {
     let on_disk = std::fs::read_to_string(path).unwrap_or_default();
     assert!(on_disk == manifest::json_schema(), "schemas/manifest.schema.json is stale: run `just schemas` (or `tunelab schema > schemas/manifest.schema.json`)");
 }
+
+/// The quantised companions of gptoss.yaml measure at most their surrogate
+/// budget plus the baseline in each (shape, method) group: the job counts
+/// docs/quantisation.md ("Tuning budget") gives for `just tune gptoss`.
+#[test]
+fn quantised_gptoss_companions_stay_within_their_job_budget() {
+    use std::collections::BTreeMap;
+    use tunelab::search::SearchKind;
+
+    for (file, groups, planned, measured) in [
+        ("gptoss-fp8.yaml", 56, 2980, 504),
+        ("gptoss-mxfp4.yaml", 96, 3528, 864),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("experiments")
+            .join(file);
+        let exp = load(&path, &[]);
+        let SearchKind::Surrogate {
+            budget: Some(budget),
+        } = exp.search.kind
+        else {
+            panic!(
+                "{file}: a surrogate search with a fixed budget, not {:?}",
+                exp.search.kind
+            );
+        };
+        assert!(exp.methods.iter().all(|m| m.search.is_none()), "{file}");
+        let (_, jobs) = plan_all(&exp, "", Mode::Gpu);
+        // (shape, method) -> (baseline jobs, the rest)
+        let mut by_group: BTreeMap<(usize, String), (u64, u64)> = BTreeMap::new();
+        for j in &jobs {
+            let g = by_group
+                .entry((j.shape_index, j.method.clone()))
+                .or_default();
+            if j.baseline {
+                g.0 += 1;
+            } else {
+                g.1 += 1;
+            }
+        }
+        let timed: u64 = by_group
+            .values()
+            .map(|(b, rest)| b + rest.min(&budget))
+            .sum();
+        assert_eq!(
+            (by_group.len(), jobs.len(), timed),
+            (groups, planned, measured),
+            "{file}: groups, planned jobs, measured jobs"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 """tunelab.quant: the fp8 and MXFP4 formats the quantised problems use.
 
 Pure torch on the CPU: these are the references' building blocks, checked
-against values worked out by hand (docs/quantised-moe.md).
+against values worked out by hand (docs/quantisation.md).
 """
 
 import math

@@ -3,7 +3,7 @@
 Runs under Triton's interpreter without a GPU (fp16 activations: the
 interpreter can get bf16 wrong) and on a GPU with the real kernels, where
 bf16 activations and gpt-oss-sized reductions are checked as well
-(`test_gpu_*`; bench/quant_gpu_check.sh runs this module on the GPU).
+(`test_gpu_*`; docs/quantisation.md, "On a GPU", has the command).
 """
 
 import os
@@ -23,9 +23,10 @@ from tunelab.kernels import quant_moe  # noqa: E402
 from tunelab.problems.moe import FusedMoE, vllm_default_config  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-GPU = pytest.mark.skipif(INTERPRETED, reason="needs a GPU (bf16 and gpt-oss-sized shapes; bench/quant_gpu_check.sh)")
+GPU = pytest.mark.skipif(INTERPRETED, reason="needs a GPU (bf16 and gpt-oss-sized shapes)")
 CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
-# Per format, as experiments/gptoss-quant.yaml has them (docs/quantised-moe.md says why fp8's is wider).
+# Per format, as experiments/gptoss-fp8.yaml and gptoss-mxfp4.yaml have them (docs/quantisation.md says why
+# fp8's is wider); MXFP4's max_mismatch is 0 at these small shapes.
 TOL = {"fp8": dict(atol=5e-2, rtol=5e-2, max_mismatch=0.005), "mxfp4": dict(atol=2e-2, rtol=2e-2, max_mismatch=0.0)}
 # K = 96 and N = 40: K steps of 64 leave a tail, and MXFP4's w2 rows are padded from 40 to 64.
 FP8_TENSOR = {"dtype": "fp8", "act_dtype": "fp16"}
@@ -349,7 +350,7 @@ def test_gpu_gpt_oss_shapes(fmt, method, N, M, cfg, device):
         pytest.skip("BLOCK_SIZE_K must divide block_k")
     inputs = p.inputs(0, device)
     launch = run(method, p, inputs, config)
-    # bf16 activations: gptoss-quant.yaml's tolerances.
+    # bf16 activations: gptoss-fp8.yaml's and gptoss-mxfp4.yaml's tolerances.
     check(launch.out, p.reference(inputs), "fp8" if fmt.startswith("fp8") else "mxfp4",
           **({"max_mismatch": 0.005} if fmt.startswith("mxfp4") else {}))
 

@@ -1,7 +1,7 @@
 """Weight and activation quantisation for the quantised problems, in torch.
 
 What the Triton kernels read, and what references dequantise
-(docs/quantised-moe.md has the formats and where each rule comes from):
+(docs/quantisation.md has the formats and where each rule comes from):
 
 - fp8 (E4M3, torch.float8_e4m3fn, largest finite value 448):
   - weights per tensor: one fp32 scale per expert and weight,

@@ -5,7 +5,7 @@ A and W are fp8 (E4M3). A has one fp32 scale per row and per GROUP_K columns
 checkpoints); W one per GROUP_N x GROUP_K tile (w_scale [ceil(N / GROUP_N),
 ceil(K / GROUP_K)]). C is written in its own dtype (bf16 by default). The
 layout and scale shapes are those of aiter's `gemm_a8w8_blockscale` and
-vLLM's `w8a8_block_fp8_matmul` (docs/quantised-moe.md), so a config tuned
+vLLM's `w8a8_block_fp8_matmul` (docs/quantisation.md), so a config tuned
 here means the same tiles there.
 
 Tunable parameters (the `config` of a job):

@@ -8,7 +8,7 @@ activation kernel), GEMM 2 with the routing weights, the top-k sum. A config
 (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages) means the same tiles
 as for bf16 weights, so a tuned fp8 config is one vLLM's fused-MoE kernel can
 use. What changes is what the GEMMs read and how they dequantise
-(docs/quantised-moe.md has the formats; tunelab.quant the torch side):
+(docs/quantisation.md has the formats; tunelab.quant the torch side):
 
 - fp8 w8a8 (WFMT_FP8_TENSOR, WFMT_FP8_BLOCK): the activations are quantised
   to fp8 by `moe_quant_act_kernel` before each GEMM (x before GEMM 1, the

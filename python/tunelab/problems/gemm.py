@@ -6,7 +6,7 @@ Shape keys: M, N, K (positive integers) and dtype:
   (torch.matmul, a baseline; its config is ignored).
 - fp8: the a8w8 block-scale GEMM, C[M, N] = A[M, K] @ W[N, K]^T with A and W
   in fp8 (E4M3), A scaled per row and per block_k columns, W per
-  [block_n, block_k] tile (docs/quantised-moe.md). Extra keys:
+  [block_n, block_k] tile (docs/quantisation.md). Extra keys:
   `weight_quant` ("block", the default and only choice), `block_shape`
   ([block_n, block_k], default [128, 128]; block_k a power of two) and
   `out_dtype` (C's dtype: bf16, the default, fp16 or fp32). Method:

@@ -4,7 +4,7 @@ Shape fields:
   M (tokens), E (experts), topk, K (hidden size), N (expert intermediate size
   per tensor-parallel shard),
   dtype: fp16|bf16|fp32 (weights and activations), or a quantised weight
-      format (docs/quantised-moe.md):
+      format (docs/quantisation.md):
       "fp8": fp8 w8a8, E4M3 weights and activations; the activations are
           quantised inside the call from `act_dtype`;
       "mxfp4": MXFP4 weights (gpt-oss's format), `act_dtype` activations;
@@ -113,7 +113,7 @@ _WEIGHTS = _WeightCache()
 def vllm_default_config(M: int, E: int, block_shape=None) -> dict:
     """vLLM's fused-MoE config when no tuned file exists: for bf16/fp16 and
     per-tensor fp8 the M rule below; for block-quantised fp8 one config whose
-    tiles are the weights' blocks (docs/quantised-moe.md)."""
+    tiles are the weights' blocks (docs/quantisation.md)."""
     if block_shape:
         return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": block_shape[0], "BLOCK_SIZE_K": block_shape[1],
                 "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 3}
