@@ -69,7 +69,11 @@ pub fn check_problem(
     shape: &Shape,
     python: &str,
 ) -> Result<HashMap<String, String>, Diagnostics> {
-    let kernels: Vec<&str> = exp.methods.iter().map(|m| m.kernel.as_str()).collect();
+    let kernels: Vec<(&str, crate::manifest::MethodKind)> = exp
+        .methods
+        .iter()
+        .map(|m| (m.kernel.as_str(), m.kind))
+        .collect();
     let shape_json = serde_json::to_value(shape).expect("shape serialises");
     let probe = worker
         .probe(&shape_json, &kernels)
