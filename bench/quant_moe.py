@@ -606,7 +606,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.smoke:
         gpu = False
-        device, name = "cpu", "CPU (Triton interpreter)"
+        device, name = torch.device("cpu"), "CPU (Triton interpreter)"
         peak = args.peak or 10.0  # nominal: the smoke run's % of bound only exercises the arithmetic
         flush_bytes, rule, compiler, sm_count = 0, SMOKE_RULE, None, None
         smem, space = SM90_SMEM, SMOKE_SPACE
@@ -615,7 +615,7 @@ def main(argv=None):
             sys.exit("quant_moe: TRITON_INTERPRET=1 is set; unset it, or pass --smoke for the CPU run")
         if not torch.cuda.is_available():
             sys.exit("quant_moe: no CUDA GPU visible (--smoke runs on the CPU)")
-        gpu, device = True, "cuda"
+        gpu, device = True, torch.device("cuda")
         name = torch.cuda.get_device_name()
         props = torch.cuda.get_device_properties(0)
         peak = args.peak or peak_bandwidth_gbs(name, getattr(props, "memory_clock_rate", None),
