@@ -123,6 +123,12 @@ bad_input!(
 );
 
 bad_input!(
+    shape_field_list_of_strings,
+    "shape_value_list_of_strings.yaml",
+    "shape_value_list_of_strings.yaml:5:"
+);
+
+bad_input!(
     ir_on_a_torch_method,
     "ir_on_torch.yaml",
     "ir_on_torch.yaml:6:50"

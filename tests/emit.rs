@@ -896,6 +896,72 @@ fn a_triton_path_aiter_never_opens_is_an_error() {
     );
 }
 
+/// The gemm fixture as an fp8 block-scale GEMM (dtype fp8, 128 x 128 scale
+/// blocks) tuned on an MI300X, written where aiter's gemm_a8w8_blockscale looks.
+fn a8w8_on_mi300x() -> Results {
+    let mut results = gemm_on_mi300x();
+    for o in &mut results.header.as_mut().unwrap().outputs {
+        o.path = o.path.replace("A16W16", "A8W8_BLOCKSCALE");
+    }
+    for j in &mut results.jobs {
+        j.shape.insert("dtype".into(), "fp8".into());
+        j.shape
+            .insert("block_shape".into(), serde_json::json!([128, 128]));
+        if j.method == "triton" {
+            j.config.insert("BLOCK_SIZE_K".into(), 128.into());
+            j.config.insert("NUM_KSPLIT".into(), 1.into());
+        }
+    }
+    results
+}
+
+#[test]
+fn fp8_block_scale_gemms_go_to_aiters_a8w8_blockscale_files() {
+    let results = a8w8_on_mi300x();
+    let out = render(&results);
+    let files = basenames(&out, "triton/");
+    assert!(
+        files.contains_key("gfx942-GEMM-A8W8_BLOCKSCALE-N=4096-K=4096.json"),
+        "{:?}",
+        files.keys()
+    );
+    let got =
+        consumers::aiter_gemm::lookup(&files, "gfx942", "GEMM-A8W8_BLOCKSCALE", 4096, 4096, 4096)
+            .expect("aiter finds the tuned file");
+    assert_eq!(got["NUM_KSPLIT"], 1);
+    assert_eq!(got["BLOCK_SIZE_K"], 128);
+
+    // The A16W16 name is not the file aiter opens for fp8 GEMMs.
+    let mut results = a8w8_on_mi300x();
+    results.header.as_mut().unwrap().outputs[3].path =
+        "triton/{{device.arch}}-GEMM-A16W16-N={{N}}-K={{K}}.json".into();
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains("aiter opens `gfx942-GEMM-A8W8_BLOCKSCALE-N=1024-K=1024.json`")
+            && err.contains("GEMM-A8W8_BLOCKSCALE-N={{N}}-K={{K}}.json`"),
+        "{err}"
+    );
+    // gemm_a8w8_blockscale reads NUM_KSPLIT from every config...
+    let mut results = a8w8_on_mi300x();
+    for j in &mut results.jobs {
+        j.config.shift_remove("NUM_KSPLIT");
+    }
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(err.contains("has no `NUM_KSPLIT`"), "{err}");
+    // ... and asserts that BLOCK_SIZE_K is the scale block's K.
+    let mut results = a8w8_on_mi300x();
+    for j in &mut results.jobs {
+        if j.method == "triton" {
+            j.config.insert("BLOCK_SIZE_K".into(), 64.into());
+        }
+    }
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(
+        err.contains("has BLOCK_SIZE_K 64") && err.contains("equals the scale block's K (128)"),
+        "{err}"
+    );
+}
+
 /// The committed gpt-oss attention runs, as if on an MI300X: every tuned M
 /// (24, 48, 96, 1536, 3072 included) is served the config of its bucket's edge.
 #[test]

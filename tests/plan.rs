@@ -303,6 +303,39 @@ fn interpreter_mode_uses_its_own_shapes_and_config_cap() {
 }
 
 #[test]
+fn shape_fields_may_be_lists_of_integers() {
+    // Quantised shapes name their weights' block shape as vLLM does: [block_n, block_k].
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "q.yaml",
+        r#"
+experiment: q
+problem: moe
+shapes:
+  product:
+    M: [1, 8]
+    quant:
+      - {weight_quant: block, block_shape: [128, 128]}
+      - {weight_quant: block, block_shape: [64, 128]}
+  fixed: {E: 8, topk: 2, K: 256, N: 256, dtype: fp8}
+methods:
+  triton:
+    kind: triton
+    kernel: fused_moe
+    space: {BLOCK_SIZE_K: [64, 128]}
+    constraints: ["block_shape == '[128,128]' or BLOCK_SIZE_K == 64"]
+"#,
+    );
+    let exp = load(&path, &[]);
+    let (summary, jobs) = plan_all(&exp, "", Mode::Gpu);
+    assert_eq!(summary.shapes, 4);
+    assert_eq!(jobs[0].shape["block_shape"], serde_json::json!([128, 128]));
+    // Expressions see a list as its JSON text.
+    assert_eq!(jobs.len(), 2 * 2 + 2);
+}
+
+#[test]
 fn every_manifest_in_experiments_validates_and_plans() {
     let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/experiments"));
     let mut seen = 0;
@@ -330,6 +363,57 @@ fn checked_in_schema_is_current() {
     ));
     let on_disk = std::fs::read_to_string(path).unwrap_or_default();
     assert!(on_disk == manifest::json_schema(), "schemas/manifest.schema.json is stale: run `just schemas` (or `tunelab schema > schemas/manifest.schema.json`)");
+}
+
+/// The quantised companions of gptoss.yaml measure at most their surrogate
+/// budget plus the baseline in each (shape, method) group: the job counts
+/// docs/quantisation.md ("Tuning budget") gives for `just tune gptoss`.
+#[test]
+fn quantised_gptoss_companions_stay_within_their_job_budget() {
+    use std::collections::BTreeMap;
+    use tunelab::search::SearchKind;
+
+    for (file, groups, planned, measured) in [
+        ("gptoss-fp8.yaml", 56, 1268, 504),
+        ("gptoss-mxfp4.yaml", 96, 2216, 864),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("experiments")
+            .join(file);
+        let exp = load(&path, &[]);
+        let SearchKind::Surrogate {
+            budget: Some(budget),
+        } = exp.search.kind
+        else {
+            panic!(
+                "{file}: a surrogate search with a fixed budget, not {:?}",
+                exp.search.kind
+            );
+        };
+        assert!(exp.methods.iter().all(|m| m.search.is_none()), "{file}");
+        let (_, jobs) = plan_all(&exp, "", Mode::Gpu);
+        // (shape, method) -> (baseline jobs, the rest)
+        let mut by_group: BTreeMap<(usize, String), (u64, u64)> = BTreeMap::new();
+        for j in &jobs {
+            let g = by_group
+                .entry((j.shape_index, j.method.clone()))
+                .or_default();
+            if j.baseline {
+                g.0 += 1;
+            } else {
+                g.1 += 1;
+            }
+        }
+        let timed: u64 = by_group
+            .values()
+            .map(|(b, rest)| b + rest.min(&budget))
+            .sum();
+        assert_eq!(
+            (by_group.len(), jobs.len(), timed),
+            (groups, planned, measured),
+            "{file}: groups, planned jobs, measured jobs"
+        );
+    }
 }
 
 /// An `ir:` method's jobs are named by the IR file's contents: an edited

@@ -301,6 +301,61 @@ fn gptoss_moe_in_the_interpreter_writes_vllm_files_and_notes_the_aiter_table() {
     let attention = results.path().join("gptoss-attention/cpu-interpreter");
     assert!(attention.join("report.md").is_file(), "{}", show(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("companion"));
+
+    // Then the quantised MoE: fp8 configs go to vLLM's fp8 file name, MXFP4's to the report only.
+    let fp8 = results.path().join("gptoss-fp8/cpu-interpreter");
+    let text =
+        std::fs::read_to_string(fp8.join("vllm/E=8,N=32,device_name=cpu,dtype=fp8_w8a8.json"))
+            .unwrap_or_else(|e| panic!("{e}\n{}", show(&out)));
+    let json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(json.keys().skip(1).collect::<Vec<_>>(), ["1", "4", "16"]);
+    let mxfp4 = results.path().join("gptoss-mxfp4/cpu-interpreter");
+    let best = std::fs::read_to_string(mxfp4.join("best.csv")).unwrap();
+    // One best per shape (M = 1, 4, 16) and method: the method is the 9th column.
+    for method in ["triton", "triton_dot_scaled"] {
+        let rows = best.lines().filter(|l| l.split(',').nth(8) == Some(method));
+        assert_eq!(rows.count(), 3, "{best}");
+    }
+    assert!(!mxfp4.join("vllm").exists());
+}
+
+#[test]
+fn quantised_configs_go_to_files_named_with_their_block_shapes() {
+    let Some(py) = python() else { return };
+    let results = tempfile::tempdir().unwrap();
+    let out = tunelab(
+        &py,
+        results.path(),
+        &["run", "tests/fixtures/runs/fp8_block_moe.yaml"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let dir = results.path().join("fp8-block-moe/cpu-interpreter/vllm");
+    let text = std::fs::read_to_string(
+        dir.join("E=4,N=128,device_name=cpu,dtype=fp8_w8a8,block_shape=[128,128].json"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", show(&out)));
+    let json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(json.keys().skip(1).collect::<Vec<_>>(), ["1", "6"]);
+
+    // The a8w8 block-scale GEMM's M buckets, in the file aiter's gemm_a8w8_blockscale opens.
+    let out = tunelab(&py, results.path(), &["run", "experiments/gemm-a8w8.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let path = results
+        .path()
+        .join("gemm-a8w8/cpu-interpreter/triton/cpu-GEMM-A8W8_BLOCKSCALE-N=96-K=256.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}\n{}", show(&out)));
+    let json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        json.keys().collect::<Vec<_>>(),
+        ["M_LEQ_1", "M_LEQ_16", "any"]
+    );
+    assert!(json
+        .values()
+        .all(|c| c["NUM_KSPLIT"].is_i64() && c["BLOCK_SIZE_K"] == 128));
 }
 
 #[test]

@@ -43,7 +43,8 @@ def test_flops_and_bytes():
 
 
 def test_methods_are_named_for_describe():
-    assert sorted(Gemm({"M": 1, "N": 1, "K": 1, "dtype": "fp16"}).methods()) == ["matmul", "torch_matmul"]
+    assert sorted(Gemm({"M": 1, "N": 1, "K": 1, "dtype": "fp16"}).methods()) == [
+        "matmul", "matmul_a8w8_blockscale", "torch_matmul"]
 
 
 @pytest.mark.parametrize(
@@ -158,3 +159,62 @@ def test_direct_and_jit_launch_agree(device):
         outs.append(c)
     assert torch.equal(outs[0], outs[1])
     assert not torch.isnan(outs[0]).any()
+
+
+# ---- fp8 a8w8 block-scale
+
+A8W8 = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 2, "NUM_KSPLIT": 1,
+        "num_warps": 4, "num_stages": 2}
+
+
+def fp8_gemm(**kw):
+    # fp16 C under the interpreter (its bf16 is not trustworthy); bf16, the default, on a GPU.
+    base = {"M": 33, "N": 130, "K": 300, "dtype": "fp8", "out_dtype": "fp16" if INTERPRET else "bf16"}
+    return Gemm(dict(base, **kw))
+
+
+@pytest.mark.parametrize("split,block_k", [(1, 64), (3, 128), (8, 32)])
+def test_a8w8_blockscale_matches_reference(split, block_k, device):
+    # K=300: a partial last scale block (300 = 2 x 128 + 44) and K-step tails; N=130: a partial block row.
+    out, result = run_method(fp8_gemm(), "matmul_a8w8_blockscale",
+                             dict(A8W8, NUM_KSPLIT=split, BLOCK_SIZE_K=block_k), device)
+    assert result["passed"] and result["nan_count"] == 0, result
+    assert out.dtype == (torch.float16 if INTERPRET else torch.bfloat16)
+
+
+def test_a8w8_inputs_and_scales(device):
+    p = fp8_gemm(M=3, N=200, K=256, block_shape=[64, 128])
+    inputs = p.inputs(0, device)
+    assert inputs["a"].dtype == inputs["w"].dtype == torch.float8_e4m3fn
+    assert inputs["a"].shape == (3, 256) and inputs["w"].shape == (200, 256)
+    assert inputs["a_scale"].shape == (3, 2) and inputs["w_scale"].shape == (4, 2)
+    # Each scale is its block's amax over 448: the block's largest value is 448 in fp8.
+    assert inputs["w"][64:128, 128:].float().abs().max() == 448.0
+    assert p.bytes() == 3 * 256 + 200 * 256 + 4 * (3 * 2 + 4 * 2) + 3 * 200 * 2
+    assert p.flops() == 2 * 3 * 200 * 256
+
+
+def test_a8w8_errors_and_availability(device):
+    p = fp8_gemm()
+    methods = p.methods()
+    assert methods["matmul"].unavailable(p) and methods["torch_matmul"].unavailable(p)
+    assert methods["matmul_a8w8_blockscale"].unavailable(p) is None
+    plain = Gemm({"M": 4, "N": 4, "K": 4, "dtype": "fp16"})
+    assert "fp8 operands" in methods["matmul_a8w8_blockscale"].unavailable(plain)
+    with pytest.raises(ValueError, match="divide the scale block's K"):
+        methods["matmul_a8w8_blockscale"].bind(p, p.inputs(0, device), dict(A8W8, BLOCK_SIZE_K=256))
+    for shape, message in (({"weight_quant": "per_tensor"}, "block scales"), ({"block_shape": [128, 96]}, "power of two"),
+                           ({"out_dtype": "fp8"}, "out_dtype")):
+        with pytest.raises(ValueError, match=message):
+            fp8_gemm(**shape)
+    with pytest.raises(ValueError, match="is for dtype fp8"):
+        Gemm({"M": 4, "N": 4, "K": 4, "dtype": "bf16", "block_shape": [128, 128]})
+
+
+def test_a8w8_split_k_partials_cover_k_once():
+    from tunelab.kernels.matmul_a8w8 import k_per_split
+
+    # 300 columns in K steps of 64: 5 steps; 3 splits take 2, 2 and 1 steps.
+    assert k_per_split(300, 64, 3) == 128
+    # More splits than steps: one step each, and the splits past K are not launched.
+    assert k_per_split(100, 64, 8) == 64

@@ -162,7 +162,7 @@ def test_probe_reports_methods_and_their_declared_types(spawn_worker):
     shape = {"M": 64, "N": 64, "K": 64, "dtype": "fp16"}
     probed = worker.request("probe", problem="gemm", shape=shape, methods=["matmul", "torch_matmul", "nope"])
     assert probed["ok"], probed
-    assert probed["available"] == ["matmul", "torch_matmul"]
+    assert probed["available"] == ["matmul", "torch_matmul", "matmul_a8w8_blockscale"]
     assert probed["methods"]["matmul"]["found"] is True
     assert probed["methods"]["matmul"]["config_types"]["num_warps"] == "int"
     assert probed["methods"]["torch_matmul"]["config_types"] == {}
@@ -187,7 +187,9 @@ def test_protocol_end_to_end(spawn_worker):
 
     described = worker.request("describe", problem="gemm", shape={"M": 64, "N": 64, "K": 64, "dtype": "fp16"})
     assert described == {"id": described["id"], "ok": True, "flops": 524288.0, "bytes": 24576.0,
-                         "methods": ["matmul", "torch_matmul"], "unavailable": {}}
+                         "methods": ["matmul", "torch_matmul", "matmul_a8w8_blockscale"],
+                         "unavailable": {"matmul_a8w8_blockscale": "matmul_a8w8_blockscale multiplies fp8 operands "
+                                                                   "(dtype: fp8), not fp16"}}
 
     job = gemm_job()
     compiled = worker.request("compile", job=job)
@@ -407,6 +409,45 @@ def test_compile_role_with_a_target_compiles_for_a_gpu_it_cannot_see(spawn_worke
     assert_failed(worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE), "bad_request")
     assert worker.request("shutdown")["ok"]
     assert worker.proc.wait(timeout=30) == 0
+
+
+def test_quantised_kernels_compile_for_sm90_without_a_gpu(spawn_worker, tmp_path):
+    """fp8 and MXFP4 MoE kernels and the a8w8 GEMM compile for Hopper in a
+    compile worker (what the interpreter cannot check: fp8 dots, tl.dot_scaled's
+    lowering, dependent launches)."""
+    cache = tmp_path / "triton-cache"
+    worker = spawn_worker(
+        "--role", "compile", "--target", "cuda:90:32",
+        env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
+    )
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+           "num_stages": 3}
+    base = {"M": 4, "E": 8, "topk": 2, "K": 256, "N": 96, "act_dtype": "bf16"}
+    jobs = [
+        ("fused_moe", dict(base, dtype="fp8"), cfg),
+        ("fused_moe_vllm", dict(base, dtype="fp8", weight_quant="block", block_shape=[128, 128]), cfg),
+        ("fused_moe", dict(base, dtype="mxfp4", activation="swiglu_oai"), dict(cfg, DOT_SCALED=0)),
+        ("fused_moe", dict(base, dtype="mxfp4", activation="swiglu_oai"), dict(cfg, DOT_SCALED=1)),
+    ]
+    for i, (kernel, shape, config) in enumerate(jobs):
+        job = {"job_id": f"q{i}", "problem": "moe", "shape": shape, "method": {"name": kernel, "kernel": kernel},
+               "config": config}
+        compiled = worker.request("compile", job=job)
+        assert compiled["ok"] and compiled["compiled"] is True, compiled
+    gemm = {"job_id": "a8w8", "problem": "gemm", "shape": {"M": 16, "N": 256, "K": 512, "dtype": "fp8"},
+            "method": {"name": "a8w8", "kernel": "matmul_a8w8_blockscale"},
+            "config": dict(cfg, NUM_KSPLIT=2)}
+    compiled = worker.request("compile", job=gemm)
+    assert compiled["ok"] and compiled["compiled"] is True, compiled
+    assert {"moe_quant_act_kernel.cubin", "moe_gemm1_q_kernel.cubin", "moe_gemm2_q_kernel.cubin",
+            "moe_act_kernel.cubin", "matmul_a8w8_blockscale_kernel.cubin",
+            "reduce_splits_kernel.cubin"} <= set(_cubins(cache))
+    ptx = [f.read_text() for f in cache.rglob("moe_gemm1_q_kernel.ptx")]
+    # tunelab's fp8 call: GEMM 1 waits for the quantised x (a dependent launch on sm_90);
+    # fp8 operands reach the tensor cores (wgmma or mma.sync after an fp8 -> 16-bit conversion).
+    assert any("griddepcontrol.wait" in text and "e4m3" in text for text in ptx)
+    assert any("mma" in text and "e4m3" not in text for text in ptx)  # the MXFP4 GEMMs
+    assert worker.request("shutdown")["ok"]
 
 
 def test_a_malformed_target_stops_the_worker_with_a_message(spawn_worker):

@@ -43,7 +43,7 @@ class PointerStandIn:
 def use_stand_ins():
     """From now on `torch_dtype` and `INDEX`/`WEIGHT` dtypes are stand-ins (compile workers)."""
     global _STAND_INS
-    names = {**_NAMES, "i32": "int32"}
+    names = {**_NAMES, "i32": "int32", "u8": "uint8", "fp8e4m3": "float8_e4m3fn"}
     _STAND_INS = {name: DtypeStandIn(torch_name) for name, torch_name in names.items()}
 
 
@@ -58,6 +58,16 @@ def torch_dtype(name: str):
 def int32():
     """torch.int32, or its stand-in in a compile worker."""
     return _STAND_INS["i32"] if _STAND_INS is not None else torch.int32
+
+
+def uint8():
+    """torch.uint8 (packed MXFP4 values, E8M0 scales), or its stand-in in a compile worker."""
+    return _STAND_INS["u8"] if _STAND_INS is not None else torch.uint8
+
+
+def fp8_e4m3():
+    """torch.float8_e4m3fn (fp8 weights and activations), or its stand-in in a compile worker."""
+    return _STAND_INS["fp8e4m3"] if _STAND_INS is not None else torch.float8_e4m3fn
 
 
 def is_fp32(dtype) -> bool:

@@ -21,11 +21,15 @@
 //!   HIP discovery already strips the suffixes, so the template field is
 //!   `{{device.arch}}`; the writer checks against the name up to the first `:`.
 //! - `family` follows the shapes' dtype: bf16 and fp16 GEMMs read
-//!   `A16W16` (no dtype field: fp16, the `gemm` problem's default); other
-//!   dtypes have no aiter family tunelab's configs fit, and are an error.
+//!   `A16W16` (no dtype field: fp16, the `gemm` problem's default); fp8
+//!   GEMMs with block scales (the `gemm` problem's a8w8 block-scale GEMM)
+//!   read `A8W8_BLOCKSCALE` (`gemm_a8w8_blockscale` calls
+//!   `get_gemm_config("GEMM-A8W8_BLOCKSCALE", M, N, K)`); other dtypes have
+//!   no aiter family tunelab's configs fit, and are an error.
 //! - `N`, `K` are the shapes'; every shape of one file has the same N, K and family.
 //!
-//! The usual template is `triton/{{device.arch}}-GEMM-A16W16-N={{N}}-K={{K}}.json`.
+//! The usual template is `triton/{{device.arch}}-GEMM-A16W16-N={{N}}-K={{K}}.json`
+//! (`...-GEMM-A8W8_BLOCKSCALE-...` for fp8).
 //! A path whose file name differs is an error at render: aiter would never
 //! open the file. (Newer aiter also reads a nested layout,
 //! `{arch}/triton/gemm/gemm_a16w16/GEMM-A16W16-N=..-K=..json`, but only for
@@ -36,12 +40,16 @@
 //! 2025-12) opened: the device name aiter derived from the arch instead of
 //! the arch, `MI300X` for gfx942 and `MI350X` for gfx950.
 //!
-//! Each config must be one aiter's `_gemm_a16_w16_kernel` launches: it passes
-//! the config as keyword arguments, so every field must be one of
-//! [`AITER_A16W16_FIELDS`] (Triton rejects any other), and `BLOCK_SIZE_M`,
-//! `BLOCK_SIZE_N`, `BLOCK_SIZE_K` and `GROUP_SIZE_M` must be there. The values
-//! are tunelab's kernel's best; aiter runs them in its own kernel, whose
-//! parameters mean the same tiles.
+//! Each config must be one aiter's kernel launches: it passes the config as
+//! keyword arguments, so every field must be one of [`AITER_A16W16_FIELDS`]
+//! (Triton rejects any other; `_gemm_a8w8_blockscale_kernel` takes the same
+//! ones), and `BLOCK_SIZE_M`, `BLOCK_SIZE_N`, `BLOCK_SIZE_K` and
+//! `GROUP_SIZE_M` must be there. `gemm_a8w8_blockscale` also reads
+//! `NUM_KSPLIT` from the config (a config without it fails there) and
+//! asserts that `BLOCK_SIZE_K` equals the scale block's K (`GROUP_K`, the
+//! shape's `block_shape[1]`, 128 by default). The values are tunelab's
+//! kernel's best; aiter runs them in its own kernel, whose parameters mean
+//! the same tiles.
 //!
 //! # Content
 //!
@@ -118,13 +126,24 @@ pub fn aiter_arch(device: &DeviceInfo) -> Option<&str> {
 }
 
 /// aiter's config family for a GEMM of this shape dtype: `A16W16` for bf16
-/// and fp16 (no dtype: fp16, the `gemm` problem's default).
+/// and fp16 (no dtype: fp16, the `gemm` problem's default), `A8W8_BLOCKSCALE`
+/// for fp8 (the `gemm` problem's fp8 GEMM has block scales).
 pub fn gemm_family(dtype: Option<&str>) -> Result<&'static str, String> {
     match dtype {
         None | Some("bf16" | "fp16") => Ok("A16W16"),
+        Some("fp8") => Ok("A8W8_BLOCKSCALE"),
         Some(other) => Err(format!(
-            "dtype `{other}` has no aiter GEMM config family these configs fit (bf16 and fp16 GEMMs read `GEMM-A16W16` files)"
+            "dtype `{other}` has no aiter GEMM config family these configs fit (bf16 and fp16 GEMMs read `GEMM-A16W16` files, fp8 block-scale GEMMs `GEMM-A8W8_BLOCKSCALE`)"
         )),
+    }
+}
+
+/// The scale block's K of an fp8 block-scale GEMM shape (`block_shape[1]`, default 128).
+fn scale_block_k(shape: &super::select::ShapeFields) -> Option<i64> {
+    match shape.get("block_shape") {
+        None => Some(128),
+        Some(Json::Array(items)) if items.len() == 2 => json_int(&items[1]),
+        Some(_) => None,
     }
 }
 
@@ -154,7 +173,7 @@ fn check_aiter(group: &Group<'_, '_>, arch: &str) -> Result<(), EmitError> {
     } else {
         arch
     };
-    let mut expected: Option<(String, &str)> = None;
+    let mut expected: Option<(String, &str, &str)> = None;
     for shape in &group.shapes {
         let int = |field: &str| {
             shape.shape.get(field).and_then(json_int).ok_or_else(|| {
@@ -169,8 +188,8 @@ fn check_aiter(group: &Group<'_, '_>, arch: &str) -> Result<(), EmitError> {
             .map_err(|m| group.data_error(format!("shape {}: {m}", shape.key)))?;
         let name = file_name(prefix, family, int("N")?, int("K")?);
         match &expected {
-            None => expected = Some((name, shape.key.as_str())),
-            Some((first, first_key)) if *first != name => {
+            None => expected = Some((name, shape.key.as_str(), family)),
+            Some((first, first_key, _)) if *first != name => {
                 return Err(group.data_error(format!(
                     "shapes {first_key} and {} belong in different aiter files ({first} and {name}); put N, K and the dtype's family in the path",
                     shape.key
@@ -183,10 +202,10 @@ fn check_aiter(group: &Group<'_, '_>, arch: &str) -> Result<(), EmitError> {
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if let Some((name, _)) = expected {
+    if let Some((name, _, family)) = expected {
         if file != name {
             return Err(group.data_error(format!(
-                "aiter opens `{name}` for these shapes ({{arch}}-GEMM-{{family}}-N={{N}}-K={{K}}.json, get_gemm_config), never `{file}`; write the path as `triton/{{{{device.arch}}}}-GEMM-A16W16-N={{{{N}}}}-K={{{{K}}}}.json`"
+                "aiter opens `{name}` for these shapes ({{arch}}-GEMM-{{family}}-N={{N}}-K={{K}}.json, get_gemm_config), never `{file}`; write the path as `triton/{{{{device.arch}}}}-GEMM-{family}-N={{{{N}}}}-K={{{{K}}}}.json`"
             )));
         }
     }
@@ -195,6 +214,9 @@ fn check_aiter(group: &Group<'_, '_>, arch: &str) -> Result<(), EmitError> {
             continue;
         };
         let config = &best.job.config;
+        if shape.shape.get("dtype").map(json_text).as_deref() == Some("fp8") {
+            check_a8w8_blockscale(group, shape.shape, &shape.key, best.job)?;
+        }
         if let Some(field) = config
             .keys()
             .find(|k| !AITER_A16W16_FIELDS.contains(&k.as_str()))
@@ -215,6 +237,38 @@ fn check_aiter(group: &Group<'_, '_>, arch: &str) -> Result<(), EmitError> {
                 shape.key, best.job.job_id
             )));
         }
+    }
+    Ok(())
+}
+
+/// What `gemm_a8w8_blockscale` needs of a config beyond the common fields:
+/// `NUM_KSPLIT` (read from the config directly) and `BLOCK_SIZE_K` equal to
+/// the scale block's K (asserted).
+fn check_a8w8_blockscale(
+    group: &Group<'_, '_>,
+    shape: &super::select::ShapeFields,
+    key: &str,
+    job: &crate::store::JobRecord,
+) -> Result<(), EmitError> {
+    let config = &job.config;
+    if !config.contains_key("NUM_KSPLIT") {
+        return Err(group.data_error(format!(
+            "the best config of shape {key} (job {}) has no `NUM_KSPLIT`, which aiter's gemm_a8w8_blockscale reads from every config",
+            job.job_id
+        )));
+    }
+    let group_k = scale_block_k(shape).ok_or_else(|| {
+        group.data_error(format!(
+            "shape {key}: `block_shape` is not a list of two integers [block_n, block_k]"
+        ))
+    })?;
+    let block_k = config.get("BLOCK_SIZE_K").and_then(json_int);
+    if block_k != Some(group_k) {
+        return Err(group.data_error(format!(
+            "the best config of shape {key} (job {}) has BLOCK_SIZE_K {}, and aiter's gemm_a8w8_blockscale asserts BLOCK_SIZE_K equals the scale block's K ({group_k}); tune BLOCK_SIZE_K: [{group_k}] for aiter's files",
+            job.job_id,
+            block_k.map_or("none".to_string(), |b| b.to_string())
+        )));
     }
     Ok(())
 }

@@ -100,7 +100,9 @@ impl Experiment {
 pub const BUILTIN_PROBLEMS: &[&str] = &["gemm", "moe"];
 /// What an `ir:` file may be: the stages Triton's `ir_override` compiles from.
 pub const IR_EXTENSIONS: &[&str] = &["ttir", "ttgir", "llir", "ptx"];
-pub const DTYPES: &[&str] = &["fp16", "bf16", "fp32", "fp8"];
+/// Shape dtypes: plain ones, and the quantised formats (`fp8`: fp8 weights and
+/// activations; `mxfp4`: MXFP4 weights with 16-bit activations).
+pub const DTYPES: &[&str] = &["fp16", "bf16", "fp32", "fp8", "mxfp4"];
 
 /// What to run when no GPU is found.
 #[derive(Debug, Clone)]

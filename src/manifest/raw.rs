@@ -70,9 +70,10 @@ pub struct RawShapes {
     #[serde(default)]
     #[schemars(schema_with = "one_or_many_strings")]
     pub include: Option<Node>,
-    /// Explicit shapes, each a mapping of field to value.
+    /// Explicit shapes, each a mapping of field to value (a number, string,
+    /// boolean, or a list of integers such as `block_shape: [128, 128]`).
     #[serde(default)]
-    #[schemars(schema_with = "scalar_map_list")]
+    #[schemars(schema_with = "shape_map_list")]
     pub list: Option<Vec<Spanned<RawFields>>>,
     /// Axes whose cartesian product gives shapes. An axis is a list of values,
     /// a list of records (mappings whose fields all join the shape), `{range: [start, end, step]}`
@@ -82,7 +83,7 @@ pub struct RawShapes {
     pub product: Option<Spanned<IndexMap<Spanned<String>, Node>>>,
     /// Fields added to every shape.
     #[serde(default)]
-    #[schemars(schema_with = "scalar_map")]
+    #[schemars(schema_with = "shape_map")]
     pub fixed: Option<IndexMap<Spanned<String>, Node>>,
     /// Shapes read from a CSV file (an aiter untuned CSV works).
     #[serde(default)]
@@ -467,10 +468,22 @@ fn scalar_map(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schem
     .expect("static schema")
 }
 
-fn scalar_map_list(gen: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+/// Shape fields: scalars, or lists of integers (`block_shape: [128, 128]`).
+fn shape_map(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+    serde_json::from_value(serde_json::json!({
+        "type": "object",
+        "additionalProperties": {"anyOf": [
+            {"type": ["string", "number", "boolean"]},
+            {"type": "array", "items": {"type": "integer"}, "minItems": 1}
+        ]}
+    }))
+    .expect("static schema")
+}
+
+fn shape_map_list(gen: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
     serde_json::from_value(serde_json::json!({
         "type": "array",
-        "items": scalar_map(gen)
+        "items": shape_map(gen)
     }))
     .expect("static schema")
 }

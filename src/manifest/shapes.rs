@@ -22,11 +22,11 @@ pub fn expand(raw: &Spanned<RawShapes>, base_dir: &Path) -> Result<Vec<Shape>, D
         for entry in list {
             let mut shape = Shape::new();
             for (k, v) in entry.iter() {
-                if !v.is_scalar() {
+                if !v.is_shape_value() {
                     return Err(Diagnostic::at(
                         v.span,
                         format!(
-                            "shape field `{}` must be a number, string or boolean, found {}",
+                            "shape field `{}` must be {SHAPE_VALUE}, found {}",
                             k.value,
                             v.kind()
                         ),
@@ -73,7 +73,7 @@ pub fn expand(raw: &Spanned<RawShapes>, base_dir: &Path) -> Result<Vec<Shape>, D
             .help("add `list:`, `product:` or `csv:` under `shapes`"));
     }
     if let Some(fixed) = &raw.fixed {
-        let fields = scalar_fields(fixed, "fixed field")?;
+        let fields = shape_fields(fixed)?;
         for (shape, _) in &mut shapes {
             for (k, v) in &fields {
                 shape.entry(k.clone()).or_insert_with(|| v.clone());
@@ -116,7 +116,31 @@ pub fn expand(raw: &Spanned<RawShapes>, base_dir: &Path) -> Result<Vec<Shape>, D
         .collect())
 }
 
-/// A mapping of scalar values (`fixed:`, `params:`), as JSON.
+/// What a shape field's value may be, for messages.
+pub(super) const SHAPE_VALUE: &str = "a number, string, boolean or list of integers";
+
+/// `fixed:` shape fields, as JSON: scalars, or lists of integers (`block_shape: [128, 128]`).
+fn shape_fields(
+    map: &IndexMap<Spanned<String>, Node>,
+) -> Result<IndexMap<String, Json>, Diagnostic> {
+    let mut out = IndexMap::new();
+    for (k, v) in map {
+        if !v.is_shape_value() {
+            return Err(Diagnostic::at(
+                v.span,
+                format!(
+                    "fixed field `{}` must be {SHAPE_VALUE}, found {}",
+                    k.value,
+                    v.kind()
+                ),
+            ));
+        }
+        out.insert(k.value.clone(), v.to_json());
+    }
+    Ok(out)
+}
+
+/// A mapping of scalar values (`params:`), as JSON.
 pub fn scalar_fields(
     map: &IndexMap<Spanned<String>, Node>,
     what: &str,

@@ -44,10 +44,10 @@ pub(super) fn axis_values(
     let values: Vec<Json> = if let Value::Seq(items) = &node.value {
         for item in items {
             let record_ok = allow_records
-                && matches!(&item.value, Value::Map(e) if !e.is_empty() && e.iter().all(|(_, v)| v.is_scalar()));
+                && matches!(&item.value, Value::Map(e) if !e.is_empty() && e.iter().all(|(_, v)| v.is_shape_value()));
             if !item.is_scalar() && !record_ok {
                 let what = if allow_records {
-                    "numbers, strings, booleans or records of them"
+                    "numbers, strings, booleans or records of them (a record's field may also be a list of integers)"
                 } else {
                     "numbers, strings or booleans"
                 };

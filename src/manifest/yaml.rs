@@ -94,6 +94,17 @@ impl Node {
         }
     }
 
+    /// Whether the value can be a shape field: a scalar, or a non-empty list
+    /// of integers (`block_shape: [128, 128]`).
+    pub fn is_shape_value(&self) -> bool {
+        match &self.value {
+            Value::Seq(items) => {
+                !items.is_empty() && items.iter().all(|i| matches!(i.value, Value::Int(_)))
+            }
+            _ => self.is_scalar(),
+        }
+    }
+
     /// Whether the value is a number, string or boolean.
     pub fn is_scalar(&self) -> bool {
         matches!(

@@ -602,6 +602,7 @@ fn drain(
             Some("fp32") => opts.device.peak_tflops_fp32,
             Some("fp8") => opts.device.peak_tflops_fp8,
             Some("fp16") => opts.device.peak_tflops_fp16,
+            // bf16, and mxfp4: its weights are dequantised to 16-bit activations.
             _ => opts.device.peak_tflops_bf16,
         }
     };

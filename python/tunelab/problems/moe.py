@@ -2,7 +2,18 @@
 
 Shape fields:
   M (tokens), E (experts), topk, K (hidden size), N (expert intermediate size
-  per tensor-parallel shard), dtype (fp16|bf16|fp32),
+  per tensor-parallel shard),
+  dtype: fp16|bf16|fp32 (weights and activations), or a quantised weight
+      format (docs/quantisation.md):
+      "fp8": fp8 w8a8, E4M3 weights and activations; the activations are
+          quantised inside the call from `act_dtype`;
+      "mxfp4": MXFP4 weights (gpt-oss's format), `act_dtype` activations;
+  act_dtype: for fp8 and mxfp4, the dtype of x, the intermediate before
+      quantisation and the output (bf16, the default, or fp16; fp32 too for fp8);
+  weight_quant: for fp8, "per_tensor" (default: one fp32 scale per expert and
+      weight; activations get one scale per token) or "block" (one scale per
+      block_shape tile; activations one per 1 x block_k block of a token);
+  block_shape: [block_n, block_k] of "block" weights (block_k a power of two),
   activation: "silu" (default; SiLU-and-mul, gate rows [0, N), up rows [N, 2N),
       what vLLM's tuner runs) or "swiglu_oai" (gpt-oss: gate/up interleaved,
       even rows gate, odd rows up, clamped at 7, biases),
@@ -13,6 +24,11 @@ Shape fields:
 
 Weights: w1 [E, 2N, K], w2 [E, K, N], b1 [E, 2N], b2 [E, K].
 y[M, K] = sum over the token's experts of weight * (act(x @ w1[e].T + b1[e]) @ w2[e].T + b2[e]).
+Quantised: w1/w2 hold the quantised values (fp8 [E, rows, cols]; MXFP4 packed
+uint8 [E, rows, cols padded to 32 / 2]) and w1_scale/w2_scale their scales
+(tunelab.quant); the reference uses the dequantised weights and quantises the
+activations as the kernels do (fp8), rounding the intermediate to act_dtype
+where the kernels store it.
 
 Routing (topk_ids, topk_weights) is part of the inputs, not of the timed call;
 the token-to-expert alignment is part of the timed call, as in vLLM.
@@ -21,10 +37,11 @@ the token-to-expert alignment is part of the timed call, as in vLLM.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tunelab.lazy import torch
 
+from tunelab import quant
 from tunelab.dtypes import element_size, torch_dtype
 from tunelab.kernels.launch import interpreting
 
@@ -40,6 +57,9 @@ if TYPE_CHECKING:
 
 ACTIVATIONS = ("silu", "swiglu_oai")
 ROUTINGS = ("random", "uniform")
+PLAIN_DTYPES = ("fp16", "bf16", "fp32")
+WEIGHT_FORMATS = ("fp8", "mxfp4")
+WEIGHT_QUANTS = ("per_tensor", "block")
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
 
@@ -52,10 +72,62 @@ B1_STD = 0.25
 B2_STD = 0.1
 
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+# MXFP4 only: 1 runs tl.dot_scaled (Triton's upcast), 0 tunelab's own dequantisation (tunelab.kernels.quant_moe).
+MX_KEYS = ("DOT_SCALED",)
 
 
-def vllm_default_config(M: int, E: int) -> dict:
-    """vLLM's fused-MoE config when no tuned file exists (bf16/fp16)."""
+class _WeightCache:
+    """Quantised weights by (E, N, K, format, ..., seed, device), least recently
+    used first out, at most `limit_bytes` in all (see FusedMoE._weights).
+
+    A tuning run deals its (shape, method) groups largest estimated cost
+    first, so shapes of one (E, N) do not come back to back; quantising 128
+    experts again for each would cost about as much as timing the group."""
+
+    def __init__(self):
+        import collections
+
+        self.entries = collections.OrderedDict()
+
+    @staticmethod
+    def nbytes(weights: dict) -> int:
+        return sum(t.numel() * t.element_size() for t in weights.values())
+
+    def limit_bytes(self, device) -> int:
+        device = torch.device(device)
+        if device.type == "cuda":
+            return torch.cuda.get_device_properties(device).total_memory // 4
+        return 2 << 30
+
+    def get(self, key, build, device, size_hint: float) -> dict:
+        """The weights under `key`, built by `build()` when missing; older
+        entries go first so that they and the new ones (about `size_hint`
+        bytes) fit the limit."""
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        limit = self.limit_bytes(device)
+        while self.entries and sum(self.nbytes(w) for w in self.entries.values()) + size_hint > limit:
+            self.entries.popitem(last=False)
+        weights = build()
+        if self.nbytes(weights) <= limit:
+            self.entries[key] = weights
+        return weights
+
+    def clear(self):
+        self.entries.clear()
+
+
+_WEIGHTS = _WeightCache()
+
+
+def vllm_default_config(M: int, E: int, block_shape=None) -> dict:
+    """vLLM's fused-MoE config when no tuned file exists: for bf16/fp16 and
+    per-tensor fp8 the M rule below; for block-quantised fp8 one config whose
+    tiles are the weights' blocks (docs/quantisation.md)."""
+    if block_shape:
+        return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": block_shape[0], "BLOCK_SIZE_K": block_shape[1],
+                "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 3}
     return {
         "BLOCK_SIZE_M": 16 if M <= 32 else 32 if M <= 96 else 64 if M <= 512 else 128,
         "BLOCK_SIZE_N": 64 if M <= 64 else 128,
@@ -70,7 +142,8 @@ class FusedMoE:
     """Problem class: see the module docstring for the shape fields."""
 
     def __init__(self, shape: dict):
-        known = {"M", "E", "topk", "K", "N", "dtype", "activation", "routing", "bias"}
+        known = {"M", "E", "topk", "K", "N", "dtype", "act_dtype", "weight_quant", "block_shape", "activation",
+                 "routing", "bias"}
         # Manifests may carry descriptive fields (model name, ...): ignore those.
         self.shape = dict(shape)
         try:
@@ -82,7 +155,8 @@ class FusedMoE:
         except KeyError as missing:
             raise ValueError(f"moe shape needs {missing.args[0]!r} (has {sorted(shape)}; known fields {sorted(known)})") from None
         self.dtype_name = shape.get("dtype", "bf16")
-        self.dtype = torch_dtype(self.dtype_name)
+        self._weight_fields(shape)
+        self.dtype = torch_dtype(self.act_dtype_name)
         self.activation = shape.get("activation", "silu")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {self.activation!r}; expected one of {list(ACTIVATIONS)}")
@@ -95,6 +169,59 @@ class FusedMoE:
                 raise ValueError(f"moe shape field {name} must be >= 1, got {getattr(self, name)}")
         if self.topk > self.E:
             raise ValueError(f"topk ({self.topk}) must not exceed E ({self.E})")
+
+    def _weight_fields(self, shape: dict):
+        """weight_format ("plain", "fp8", "mxfp4"), act_dtype_name, weight_quant, block_shape."""
+        d = self.dtype_name
+        act = shape.get("act_dtype")
+        wq = shape.get("weight_quant")
+        block = shape.get("block_shape")
+        if d in PLAIN_DTYPES:
+            self.weight_format = "plain"
+            if act is not None and act != d:
+                raise ValueError(f"act_dtype ({act}) is for quantised weights; a {d} shape computes in {d}")
+            if wq is not None or block is not None:
+                raise ValueError(f"weight_quant and block_shape are for fp8 weights, not {d}")
+            self.act_dtype_name, self.weight_quant, self.block_shape = d, None, None
+            return
+        if d not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown moe dtype {d!r}; expected one of {list(PLAIN_DTYPES + WEIGHT_FORMATS)}")
+        self.weight_format = d
+        self.act_dtype_name = act or "bf16"
+        allowed = ("bf16", "fp16", "fp32") if d == "fp8" else ("bf16", "fp16")
+        if self.act_dtype_name not in allowed:
+            raise ValueError(f"act_dtype of {d} weights must be one of {list(allowed)}, got {self.act_dtype_name!r}")
+        if d == "mxfp4":
+            if wq is not None or block is not None:
+                raise ValueError("mxfp4 weights have their own scales (one per 32 values along K): "
+                                 "weight_quant and block_shape are for fp8")
+            self.weight_quant, self.block_shape = None, None
+            return
+        self.weight_quant = wq or "per_tensor"
+        if self.weight_quant not in WEIGHT_QUANTS:
+            raise ValueError(f"weight_quant must be one of {list(WEIGHT_QUANTS)}, got {self.weight_quant!r}")
+        if self.weight_quant == "per_tensor":
+            if block is not None:
+                raise ValueError("block_shape is for weight_quant: block, not per_tensor")
+            self.block_shape = None
+            return
+        if (not isinstance(block, (list, tuple)) or len(block) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
+            raise ValueError(f"weight_quant: block needs block_shape: [block_n, block_k] (positive integers), "
+                             f"got {block!r}")
+        bn, bk = int(block[0]), int(block[1])
+        if bk & (bk - 1):
+            raise ValueError(f"block_shape's block_k must be a power of two (the kernels' K steps divide it), got {bk}")
+        self.block_shape = (bn, bk)
+
+    @property
+    def quantised(self) -> bool:
+        return self.weight_format != "plain"
+
+    @property
+    def act_group(self) -> int:
+        """Activation quantisation group along the reduction axis (fp8): 0 per token, else block_k."""
+        return self.block_shape[1] if self.block_shape else 0
 
     # ---- facts ------------------------------------------------------------
 
@@ -112,16 +239,32 @@ class FusedMoE:
         return self.E * (1.0 - ((self.E - self.topk) / self.E) ** self.M)
 
     def expert_bytes(self) -> float:
-        """Bytes of one expert's weights (and biases)."""
-        params = 2 * self.N * self.K + self.K * self.N
+        """Bytes of one expert's weights (and biases), as stored: fp8 one byte a
+        weight plus its fp32 scales, MXFP4 half a byte plus a scale byte per 32
+        (0.5 + 1/32 a weight; the zero padding of a reduction axis that is not a
+        multiple of 32 is not counted: no kernel needs to read it)."""
+        weights = 3 * self.N * self.K
+        act_es = element_size(self.act_dtype_name)
+        if self.weight_format == "fp8":
+            if self.block_shape:
+                bn, bk = self.block_shape
+                scales = (quant.cdiv(2 * self.N, bn) * quant.cdiv(self.K, bk)
+                          + quant.cdiv(self.K, bn) * quant.cdiv(self.N, bk))
+            else:
+                scales = 2
+            total = weights * 1.0 + scales * 4.0
+        elif self.weight_format == "mxfp4":
+            total = weights * quant.mxfp4_bytes_per_weight()
+        else:
+            total = weights * float(act_es)
         if self.bias:
-            params += 2 * self.N + self.K
-        return float(params * element_size(self.dtype_name))
+            total += (2 * self.N + self.K) * act_es
+        return float(total)
 
     def bandwidth_bound_bytes(self) -> float:
         """Bytes a bandwidth-bound kernel must move: each distinct selected
         expert's weights once, plus the activations in and out."""
-        es = element_size(self.dtype_name)
+        es = element_size(self.act_dtype_name)
         return self.expected_distinct_experts() * self.expert_bytes() + 2.0 * self.M * self.K * es
 
     def bytes(self) -> float:
@@ -133,7 +276,7 @@ class FusedMoE:
         percent at a given seed (M=4, E=128: 16 selected, 15.27 expected), which
         would misstate the % of the bound by as much."""
         distinct = int(torch.unique(inputs["topk_ids"]).numel())
-        return distinct * self.expert_bytes() + 2.0 * self.M * self.K * element_size(self.dtype_name)
+        return distinct * self.expert_bytes() + 2.0 * self.M * self.K * element_size(self.act_dtype_name)
 
     def bound_us(self, bytes_per_second: float) -> float:
         """Time the bandwidth-bound bytes take at `bytes_per_second`, in microseconds."""
@@ -142,6 +285,8 @@ class FusedMoE:
     # ---- data -------------------------------------------------------------
 
     def inputs(self, seed: int, device) -> dict:
+        if self.quantised:
+            return self._quantised_inputs(seed, device)
         device = torch.device(device)
         gen = torch.Generator(device=device)
         gen.manual_seed(int(seed))
@@ -176,6 +321,93 @@ class FusedMoE:
             out["b2"] = randn(E, K, std=B2_STD)
         return out
 
+    def _routing(self, gen, device):
+        """(topk_ids int32, topk_weights fp32) drawn from `gen`, as `inputs` draws them."""
+        M, E, topk = self.M, self.E, self.topk
+        logits = torch.randn(M, E, generator=gen, device=device, dtype=torch.float32)
+        if self.routing == "random":
+            top_vals, topk_ids = torch.topk(logits, topk, dim=1)
+        else:
+            t = torch.arange(M, device=device, dtype=torch.int64)[:, None]
+            j = torch.arange(topk, device=device, dtype=torch.int64)[None, :]
+            topk_ids = (t * topk + j) % E
+            top_vals = torch.gather(logits, 1, topk_ids)
+        return topk_ids.to(torch.int32).contiguous(), torch.softmax(top_vals, dim=1).contiguous()
+
+    def _quantised_inputs(self, seed: int, device) -> dict:
+        """x, routing, quantised weights and their scales, biases.
+
+        The weights come from a generator of their own, so they do not depend
+        on M: shapes that differ only in M share them, and weights once built
+        are kept (`_WeightCache`, a quarter of the GPU's memory at most), which
+        saves quantising them again for every M of a tuning run."""
+        device = torch.device(device)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(seed))
+        x = torch.randn(self.M, self.K, generator=gen, device=device, dtype=torch.float32).to(self.dtype)
+        topk_ids, topk_weights = self._routing(gen, device)
+        return {"x": x, "topk_ids": topk_ids, "topk_weights": topk_weights, **self._weights(seed, device)}
+
+    def _weights_key(self, seed: int, device) -> tuple:
+        return (self.E, self.N, self.K, self.weight_format, self.act_dtype_name, self.weight_quant,
+                self.block_shape, self.activation, self.bias, int(seed), str(device))
+
+    def _weights(self, seed: int, device) -> dict:
+        build = lambda: self._build_weights(seed, device)  # noqa: E731
+        return dict(_WEIGHTS.get(self._weights_key(seed, device), build, device, self.E * self.expert_bytes()))
+
+    def _build_weights(self, seed: int, device) -> dict:
+        """Master weights drawn in fp32 one expert at a time (as `inputs` scales
+        them for bf16), each quantised at once, so the fp32 copy of all experts
+        never exists."""
+        E, N, K = self.E, self.N, self.K
+        gen = torch.Generator(device=device)
+        gen.manual_seed((int(seed) * 1_000_003 + 0x5EED) % (1 << 63))
+        stds = {"w1": GATE_STD[self.activation] / math.sqrt(K),
+                "w2": 1.0 / (math.sqrt(N) * ACT_RMS[self.activation])}
+        out = {}
+        for name, rows, cols in (("w1", 2 * N, K), ("w2", K, N)):
+            q_all: Any = None
+            s_all: Any = None
+            for e in range(E):
+                w = torch.randn(rows, cols, generator=gen, device=device, dtype=torch.float32).mul_(stds[name])
+                q, s = self._quantize_weight(w)
+                if q_all is None:
+                    q_all = torch.empty((E, *q.shape), dtype=q.dtype, device=device)
+                    s_all = torch.empty((E, *s.shape), dtype=s.dtype, device=device)
+                q_all[e], s_all[e] = q, s
+            out[name], out[name + "_scale"] = q_all, s_all
+        if self.bias:
+            out["b1"] = (torch.randn(E, 2 * N, generator=gen, device=device, dtype=torch.float32)
+                         * (B1_STD * GATE_STD[self.activation])).to(self.dtype)
+            out["b2"] = (torch.randn(E, K, generator=gen, device=device, dtype=torch.float32) * B2_STD).to(self.dtype)
+        return out
+
+    def _quantize_weight(self, w):
+        """(values, scales) of one expert's fp32 weight [rows, cols] in this shape's format."""
+        if self.weight_format == "mxfp4":
+            return quant.quantize_mxfp4(w)
+        if self.block_shape:
+            return quant.quantize_fp8_block(w, *self.block_shape)
+        return quant.quantize_fp8_per_tensor(w)
+
+    def dequantized(self, inputs: dict, name: str, e: int):
+        """fp32 weight `name` ("w1" or "w2") of expert e, as the kernels read it."""
+        w = inputs[name][e]
+        if not self.quantised:
+            return w.float()
+        s = inputs[name + "_scale"][e]
+        if self.weight_format == "mxfp4":
+            return quant.dequantize_mxfp4(w, s, self.K if name == "w1" else self.N)
+        return quant.dequantize_fp8(w, s, self.block_shape)
+
+    def _quantize_rows(self, a):
+        """fp8 activations as the kernels quantise them, back in fp32 (identity for other formats)."""
+        if self.weight_format != "fp8":
+            return a.float()
+        q, s = quant.quantize_act_fp8(a, self.act_group)
+        return quant.dequantize_act_fp8(q, s, self.act_group)
+
     def split_gate_up(self, h: torch.Tensor):
         """(gate, up) of the first GEMM's output [rows, 2N] under this shape's convention."""
         if self.interleaved:
@@ -199,6 +431,8 @@ class FusedMoE:
             torch.set_float32_matmul_precision(prev)
 
     def _reference(self, inputs: dict) -> torch.Tensor:
+        if self.quantised:
+            return self._quantised_reference(inputs)
         x = inputs["x"].float()
         ids = inputs["topk_ids"].reshape(-1).long()
         wts = inputs["topk_weights"].reshape(-1).float()
@@ -216,6 +450,28 @@ class FusedMoE:
             out.index_add_(0, tok, y * wts[sel, None])
         return out.to(self.dtype)
 
+    def _quantised_reference(self, inputs: dict) -> torch.Tensor:
+        """From the dequantised weights; fp8 activations quantised as the kernels
+        do (x per token or block, the activated intermediate likewise after
+        it is rounded to act_dtype, where the kernels store it)."""
+        x = self._quantize_rows(inputs["x"])
+        ids = inputs["topk_ids"].reshape(-1).long()
+        wts = inputs["topk_weights"].reshape(-1).float()
+        tokens = torch.arange(self.M, device=x.device).repeat_interleave(self.topk)
+        out = torch.zeros(self.M, self.K, dtype=torch.float32, device=x.device)
+        for e in torch.unique(ids).tolist():
+            sel = (ids == e).nonzero().squeeze(1)
+            tok = tokens[sel]
+            h = x[tok] @ self.dequantized(inputs, "w1", e).T
+            if self.bias:
+                h += inputs["b1"][e].float()
+            a = self._quantize_rows(self.activate(h).to(self.dtype))
+            y = a @ self.dequantized(inputs, "w2", e).T
+            if self.bias:
+                y += inputs["b2"][e].float()
+            out.index_add_(0, tok, y * wts[sel, None])
+        return out.to(self.dtype)
+
     def methods(self) -> dict[str, Method[FusedMoE]]:
         return {
             "fused_moe": TritonFusedMoE(),
@@ -228,26 +484,36 @@ class FusedMoE:
 
 
 class TritonFusedMoE:
-    """Our Triton fused MoE (tunelab.kernels.fused_moe), vLLM-style config."""
+    """Our Triton fused MoE (tunelab.kernels.fused_moe; quantised weights:
+    tunelab.kernels.quant_moe), vLLM-style config."""
 
     name = "fused_moe"
     kind = "triton"
-    config_keys = CONFIG_KEYS
-    config_types = {key: int for key in CONFIG_KEYS}
+    config_keys = CONFIG_KEYS + MX_KEYS
+    config_types = {key: int for key in CONFIG_KEYS + MX_KEYS}
 
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
+        if problem.quantised:
+            from tunelab.kernels.quant_moe import QuantMoELaunch, make_quant_plan
+
+            return QuantMoELaunch(make_quant_plan(problem, _full_config(problem, config)), inputs)
         from tunelab.kernels.fused_moe import FusedMoELaunch, make_plan
 
         plan = make_plan(problem, _full_config(problem, config))
         return FusedMoELaunch(plan, inputs)
 
     def compile(self, problem: FusedMoE, config: dict) -> bool:
-        """Compile the four kernels for this shape and config without launching.
+        """Compile the call's kernels for this shape and config without launching.
 
         Needs no GPU: a compile worker runs with none visible (see tunelab.target).
         Returns False in interpreter mode, where nothing is compiled ahead."""
         if interpreting():
             return False
+        if problem.quantised:
+            from tunelab.kernels.quant_moe import compile_quant_plan, make_quant_plan
+
+            compile_quant_plan(make_quant_plan(problem, _full_config(problem, config)))
+            return True
         from tunelab.kernels.fused_moe import compile_plan, make_plan
 
         compile_plan(make_plan(problem, _full_config(problem, config)))
@@ -261,22 +527,43 @@ class TritonFusedMoEVllm:
     activation kernel (silu_and_mul or swigluoai_and_mul), GEMM 2 times the
     routing weights, the top-k sum; five plain launches, no dependent launches
     and no self-alignment. Same kernels, config keys and compile contract as
-    `fused_moe` (tunelab.kernels.fused_moe.vllm_plan)."""
+    `fused_moe` (tunelab.kernels.fused_moe.vllm_plan). fp8 weights add vLLM's
+    activation quantisation before each GEMM (tunelab.kernels.quant_moe);
+    MXFP4 weights are not run this way (see `unavailable`)."""
 
     name = "fused_moe_vllm"
     kind = "triton"
     config_keys = CONFIG_KEYS
     config_types = {key: int for key in CONFIG_KEYS}
 
+    def unavailable(self, problem: FusedMoE):
+        if problem.weight_format == "mxfp4":
+            return ("vLLM's MXFP4 MoE backends do not read fused-MoE JSON configs, so vLLM's call structure "
+                    "has nothing to tune for MXFP4 weights (the fused_moe method runs them)")
+        return None
+
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
+        reason = self.unavailable(problem)
+        if reason:
+            raise RuntimeError(f"method fused_moe_vllm cannot run here: {reason}")
+        if problem.quantised:
+            from tunelab.kernels.quant_moe import QuantMoELaunch, make_quant_plan
+
+            return QuantMoELaunch(make_quant_plan(problem, _full_config(problem, config), vllm_structure=True),
+                                  inputs)
         from tunelab.kernels.fused_moe import FusedMoELaunch, vllm_plan
 
         return FusedMoELaunch(vllm_plan(problem, _full_config(problem, config)), inputs)
 
     def compile(self, problem: FusedMoE, config: dict) -> bool:
         """Compile the five kernels without launching (no GPU needed); False in interpreter mode."""
-        if interpreting():
+        if interpreting() or self.unavailable(problem):
             return False
+        if problem.quantised:
+            from tunelab.kernels.quant_moe import compile_quant_plan, make_quant_plan
+
+            compile_quant_plan(make_quant_plan(problem, _full_config(problem, config), vllm_structure=True))
+            return True
         from tunelab.kernels.fused_moe import compile_plan, vllm_plan
 
         compile_plan(vllm_plan(problem, _full_config(problem, config)))
@@ -313,6 +600,11 @@ class TritonPersistentMoE:
     name = "fused_moe_persistent"
     kind = "triton"
 
+    def unavailable(self, problem: FusedMoE):
+        if problem.quantised:
+            return f"the persistent kernel runs bf16/fp16/fp32 weights, not {problem.weight_format}"
+        return None
+
     @property
     def config_keys(self):
         from tunelab.kernels.fused_moe import PERSISTENT_CONFIG_KEYS
@@ -331,7 +623,7 @@ class TritonPersistentMoE:
     def compile(self, problem: FusedMoE, config: dict) -> bool:
         """Compile the kernel without launching (no GPU, no SM count needed: the
         grid is not part of the binary); False in interpreter mode."""
-        if interpreting():
+        if interpreting() or self.unavailable(problem):
             return False
         from tunelab.kernels.fused_moe import compile_persistent, make_persistent_plan
 
@@ -340,8 +632,12 @@ class TritonPersistentMoE:
 
 
 def _full_config(problem: FusedMoE, config: dict) -> dict:
-    full = vllm_default_config(problem.M, problem.E)
+    full = vllm_default_config(problem.M, problem.E, problem.block_shape)
     full.update({k: config[k] for k in CONFIG_KEYS if k in config})
+    if problem.weight_format == "mxfp4":
+        full["DOT_SCALED"] = int(config.get("DOT_SCALED", 0))
+    elif int(config.get("DOT_SCALED", 0)):
+        raise ValueError(f"DOT_SCALED applies to mxfp4 weights only, not {problem.dtype_name}")
     return full
 
 
@@ -426,7 +722,16 @@ class TorchMoE:
     config_keys = ()
     config_types: dict = {}
 
+    def unavailable(self, problem: FusedMoE):
+        if problem.quantised:
+            return (f"torch has no MoE over {problem.weight_format} weights; tunelab's torch method runs "
+                    "bf16/fp16/fp32 weights")
+        return None
+
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
+        reason = self.unavailable(problem)
+        if reason:
+            raise RuntimeError(f"method torch cannot run here: {reason}")
         return TorchMoELaunch(problem, inputs)
 
 
@@ -543,6 +848,8 @@ class VllmMoE:
             return "vLLM is not installed in the worker's Python environment"
         if interpreting():
             return "vLLM's fused_experts needs a GPU (this worker runs Triton's interpreter)"
+        if problem.quantised:
+            return f"tunelab passes only unquantised weights to vLLM's fused_experts, not {problem.weight_format}"
         entry = _vllm_entry()
         if isinstance(entry, str):
             return entry

@@ -290,6 +290,8 @@ pub(super) fn environment(a: &Analysis<'_, '_, '_>) -> Vec<Row> {
                 "bf16" => Some(d.peak_tflops_bf16),
                 "fp16" => Some(d.peak_tflops_fp16),
                 "fp8" => Some(d.peak_tflops_fp8),
+                // MXFP4 weights are dequantised to the 16-bit activations: bf16 tensor cores.
+                "mxfp4" => Some(d.peak_tflops_bf16),
                 "fp32" => Some(d.peak_tflops_fp32),
                 _ => None,
             };

@@ -1,0 +1,367 @@
+"""Quantised fused MoE: fp8 w8a8 (per-tensor and block scales) and MXFP4.
+
+Runs under Triton's interpreter without a GPU (fp16 activations: the
+interpreter can get bf16 wrong) and on a GPU with the real kernels, where
+bf16 activations and gpt-oss-sized reductions are checked as well
+(`test_gpu_*`; docs/quantisation.md, "On a GPU", has the command).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported (conftest does the same)
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from tunelab import quant  # noqa: E402
+from tunelab.compare import compare  # noqa: E402
+from tunelab.kernels import quant_moe  # noqa: E402
+from tunelab.problems.moe import FusedMoE, vllm_default_config  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+GPU = pytest.mark.skipif(INTERPRETED, reason="needs a GPU (bf16 and gpt-oss-sized shapes)")
+CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
+# Per format, as experiments/gptoss-fp8.yaml and gptoss-mxfp4.yaml have them (docs/quantisation.md says why
+# fp8's is wider); MXFP4's max_mismatch is 0 at these small shapes.
+TOL = {"fp8": dict(atol=5e-2, rtol=5e-2, max_mismatch=0.005), "mxfp4": dict(atol=2e-2, rtol=2e-2, max_mismatch=0.0)}
+# K = 96 and N = 40: K steps of 64 leave a tail, and MXFP4's w2 rows are padded from 40 to 64.
+FP8_TENSOR = {"dtype": "fp8", "act_dtype": "fp16"}
+FP8_BLOCK = {"dtype": "fp8", "act_dtype": "fp16", "weight_quant": "block", "block_shape": [32, 64]}
+MXFP4 = {"dtype": "mxfp4", "act_dtype": "fp16", "activation": "swiglu_oai"}
+
+
+def shape(fmt, **kw):
+    base = {"M": 13, "E": 8, "topk": 2, "K": 96, "N": 40, **fmt}
+    base.update(kw)
+    return base
+
+
+def run(method, problem, inputs, config=CFG):
+    launch = problem.methods()[method].bind(problem, inputs, config)
+    launch.out.fill_(float("nan"))  # the worker poisons the output before the check
+    launch.inter.fill_(float("nan"))
+    launch.out2.fill_(float("nan"))
+    launch()
+    if not INTERPRETED:
+        torch.cuda.synchronize()
+    return launch
+
+
+def check(out, ref, fmt, **override):
+    tol = dict(TOL[fmt], **override)
+    result = compare(out, ref, **tol)
+    assert result["nan_count"] == 0, "output left partly unwritten (NaN poison survived)"
+    assert result["passed"], result
+    return result
+
+
+@pytest.fixture(params=["kernel", "self"])
+def align(request, monkeypatch):
+    """Both ways a call finds its blocks: the alignment kernel, or GEMMs that derive them from topk_ids."""
+    monkeypatch.setattr(quant_moe, "SELF_ALIGN_MAX_NUMEL", 0 if request.param == "kernel" else 64)
+    return request.param
+
+
+@pytest.mark.parametrize("fmt", [FP8_TENSOR, FP8_BLOCK, MXFP4], ids=["fp8-tensor", "fp8-block", "mxfp4"])
+def test_fused_moe_matches_reference(fmt, align, device):
+    p = FusedMoE(shape(fmt))
+    inputs = p.inputs(0, device)
+    launch = run("fused_moe", p, inputs)
+    assert launch.plan.self_align == (32 if align == "self" else 0)
+    # tunelab's structure rounds where the reference does: fp8 is as tight as MXFP4 here.
+    check(launch.out, p.reference(inputs), "mxfp4")
+
+
+@pytest.mark.parametrize("dot_scaled", [0, 1])
+@pytest.mark.parametrize("M", [1, 5])
+def test_mxfp4_both_dequantisations(dot_scaled, M, device):
+    p = FusedMoE(shape(MXFP4, M=M, E=4, topk=3, K=128, N=96))
+    inputs = p.inputs(3, device)
+    launch = run("fused_moe", p, inputs, dict(CFG, BLOCK_SIZE_K=64, DOT_SCALED=dot_scaled))
+    assert launch.plan.dot_scaled == bool(dot_scaled)
+    check(launch.out, p.reference(inputs), "mxfp4")
+
+
+@pytest.mark.parametrize("fmt", [FP8_TENSOR, FP8_BLOCK], ids=["fp8-tensor", "fp8-block"])
+@pytest.mark.parametrize("M", [1, 13])
+def test_vllm_structure_fp8(fmt, M, device):
+    p = FusedMoE(shape(fmt, M=M))
+    inputs = p.inputs(1, device)
+    launch = run("fused_moe_vllm", p, inputs)
+    # GEMM 1 rounds gate and up to the activation dtype before the activation kernel, and the
+    # re-quantised intermediate then differs from the reference's in a few fp8 roundings.
+    check(launch.out, p.reference(inputs), "fp8")
+    assert launch.kernels == ["moe_align_kernel", "moe_quant_act_kernel", "moe_gemm1_q_kernel", "moe_act_kernel",
+                              "moe_quant_act_kernel", "moe_gemm2_q_kernel", "moe_sum_kernel"]
+    assert not launch.plan.pdl and launch.plan.self_align == 0
+
+
+def test_call_structures(device):
+    x = FusedMoE(shape(FP8_TENSOR, M=1))
+    assert run("fused_moe", x, x.inputs(0, device)).kernels == [
+        "moe_quant_act_kernel", "moe_gemm1_q_kernel", "moe_quant_act_kernel", "moe_gemm2_q_kernel", "moe_sum_kernel"]
+    m = FusedMoE(shape(MXFP4, M=1))
+    assert run("fused_moe", m, m.inputs(0, device)).kernels == [
+        "moe_gemm1_q_kernel", "moe_gemm2_q_kernel", "moe_sum_kernel"]
+    m = FusedMoE(shape(MXFP4, M=40))
+    assert run("fused_moe", m, m.inputs(0, device)).kernels == [
+        "moe_align_kernel", "moe_gemm1_q_kernel", "moe_gemm2_q_kernel", "moe_sum_kernel"]
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_dependent_launches_wait_for_their_predecessor(pdl):
+    """Every kernel after the first waits for its predecessor before letting its
+    successor start, so a kernel's completion implies every earlier one's
+    (GEMM 2 reads the alignment before its own wait)."""
+    p = FusedMoE(shape(FP8_TENSOR, M=40))
+    plan = quant_moe.make_quant_plan(p, CFG, pdl=pdl)
+    specs = quant_moe._launch_specs(plan, quant_moe._stand_in_buffers(plan))
+    names = [getattr(k, "fn", k).__name__ for k, _, _, _ in specs]
+    assert names == ["moe_align_kernel", "moe_quant_act_kernel", "moe_gemm1_q_kernel", "moe_quant_act_kernel",
+                     "moe_gemm2_q_kernel", "moe_sum_kernel"]
+    for i, (_, _, _, kw) in enumerate(specs):
+        assert kw.get("launch_pdl", False) == (pdl and i > 0)
+        if "PDL_WAIT" in kw:
+            assert kw["PDL_WAIT"] == (pdl and i > 0) and kw["PDL_LAUNCH"] == pdl
+    with pytest.raises(ValueError, match="plainly"):
+        quant_moe.make_quant_plan(p, CFG, vllm_structure=True, pdl=True)
+
+
+@pytest.mark.parametrize("group", [0, 32])
+def test_activation_quantisation_kernel_matches_torch(group, device):
+    x = (torch.randn(6, 200, device=device) * torch.tensor([1.0, 30.0, 1e-3, 0.0, 5.0, 0.2], device=device)[:, None])
+    x = x.half()
+    q = torch.empty(6, 200, dtype=torch.float8_e4m3fn, device=device)
+    s = torch.empty(6, quant.cdiv(200, group) if group else 1, dtype=torch.float32, device=device)
+    for round_f32 in ([True] if INTERPRETED else [True, False]):
+        quant_moe.moe_quant_act_kernel[(6,)](x, q, s, 200, 200, GROUP=group, BLOCK=64 if group else 128,
+                                             PDL_WAIT=False, PDL_LAUNCH=False, ROUND_F32=round_f32)
+        rq, rs = quant.quantize_act_fp8(x, group)
+        assert torch.equal(s.view(rs.shape), rs)
+        assert torch.equal(q.float(), rq.float())
+
+
+@triton.jit
+def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(y_ptr + offs, quant_moe._round_e4m3(x).to(y_ptr.dtype.element_ty), mask=offs < n)
+
+
+def test_round_e4m3_is_torchs_rounding(device):
+    # Every binade from the subnormals up, ties included (232 lies halfway between 224 and 240).
+    x = torch.cat([torch.linspace(-448, 448, 20001), torch.randn(4000) * 1e-2, torch.randn(4000) * 1e-3,
+                   torch.tensor([0.0, 232.0, -232.0, 2.0 ** -10, 3 * 2.0 ** -11, 127.9, -127.9])]).to(device)
+    y = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+    _round_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    assert torch.equal(y.float(), x.to(torch.float8_e4m3fn).float())
+
+
+@triton.jit
+def _halves_kernel(p_ptr, s_ptr, lo_ptr, hi_ptr, BK: tl.constexpr, BN: tl.constexpr):
+    h = tl.arange(0, BK // 2)
+    n = tl.arange(0, BN)
+    packed = tl.load(p_ptr + n[None, :] * (BK // 2) + h[:, None])
+    scales = tl.load(s_ptr + n[:, None] * (BK // 32) + tl.arange(0, BK // 32)[None, :])
+    lo, hi = quant_moe._mx_halves(packed, scales, tl.float32, BK, BN)
+    tl.store(lo_ptr + h[:, None] * BN + n[None, :], lo)
+    tl.store(hi_ptr + h[:, None] * BN + n[None, :], hi)
+
+
+@pytest.mark.parametrize("scale_range", [(0, 128), (100, 200)], ids=["one-multiply", "two-multiplies"])
+def test_mxfp4_dequantisation_is_exact(scale_range, device):
+    """Every code at every scale, both ways (a tile whose scales are all <= 128
+    takes one multiply; any larger scale, two): the values tunelab.quant's
+    dequantisation gives, bit for bit."""
+    BK, BN = 64, 16
+    codes = torch.arange(BN * BK, device=device).view(BN, BK) % 16
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).contiguous()
+    lo_e, hi_e = scale_range
+    scales = torch.randint(lo_e, hi_e + 1, (BN, BK // 32), device=device, dtype=torch.int32).to(torch.uint8)
+    scales[0, 0], scales[1, 1] = lo_e, hi_e
+    lo = torch.empty(BK // 2, BN, device=device)
+    hi = torch.empty(BK // 2, BN, device=device)
+    _halves_kernel[(1,)](packed, scales, lo, hi, BK=BK, BN=BN)
+    want = quant.dequantize_mxfp4(packed, scales, BK)  # [BN, BK]; scale 0 gives subnormal products, still exact
+    assert torch.equal(lo, want[:, 0::2].T) and torch.equal(hi, want[:, 1::2].T)
+
+
+def test_gpt_oss_interleaved_bias_with_block_scales(align, device):
+    """Interleaved gate/up rows and biases with fp8 block scales: each w1 row's
+    scale is its own block row's, wherever the tile takes the row from."""
+    p = FusedMoE(shape(FP8_BLOCK, M=6, activation="swiglu_oai", block_shape=[16, 64]))
+    assert p.interleaved and p.bias
+    inputs = p.inputs(2, device)
+    check(run("fused_moe", p, inputs).out, p.reference(inputs), "mxfp4")
+
+
+def test_quantised_buffers_and_scales(device):
+    p = FusedMoE(shape(FP8_BLOCK, M=3))
+    inputs = p.inputs(0, device)
+    launch = run("fused_moe", p, inputs)
+    rq, rs = quant.quantize_act_fp8(inputs["x"], 64)
+    assert torch.equal(launch.xs, rs) and torch.equal(launch.xq.float(), rq.float())
+    assert launch.xs.shape == (3, 2) and launch.inters.shape == (6, 1)
+
+
+def test_inputs_layout_and_shared_weights(device):
+    p = FusedMoE(shape(MXFP4, M=3, N=40))
+    a = p.inputs(0, device)
+    assert a["w1"].dtype == torch.uint8 and a["w1"].shape == (8, 80, 48) and a["w1_scale"].shape == (8, 80, 3)
+    assert a["w2"].shape == (8, 96, 32) and a["w2_scale"].shape == (8, 96, 2)  # N=40 padded to 64
+    assert a["x"].dtype == torch.float16 and a["b1"].dtype == torch.float16
+    b = FusedMoE(shape(MXFP4, M=9, N=40)).inputs(0, device)
+    assert b["w1"] is a["w1"]  # another M, the same weights: built once
+    c = FusedMoE(shape(MXFP4, M=3, N=40)).inputs(1, device)
+    assert not torch.equal(c["w1"], a["w1"])
+    f = FusedMoE(shape(FP8_TENSOR)).inputs(0, device)
+    assert f["w1"].dtype == torch.float8_e4m3fn and f["w1_scale"].shape == (8,) and "b1" not in f
+    f = FusedMoE(shape(FP8_BLOCK)).inputs(0, device)
+    assert f["w1_scale"].shape == (8, 3, 2) and f["w2_scale"].shape == (8, 3, 1)
+
+
+def test_weight_cache_keeps_the_most_recent_within_its_limit(device, monkeypatch):
+    from tunelab.problems import moe
+
+    cache = moe._WeightCache()
+    monkeypatch.setattr(moe, "_WEIGHTS", cache)
+    shapes = [FusedMoE(shape(FP8_TENSOR, N=n)) for n in (16, 32, 48)]
+    sizes = [cache.nbytes(p._build_weights(0, device)) for p in shapes]
+    monkeypatch.setattr(cache, "limit_bytes", lambda _: sizes[1] + sizes[2])
+    first = shapes[0].inputs(0, device)["w1"]
+    assert shapes[0].inputs(0, device)["w1"] is first  # kept
+    shapes[1].inputs(0, device)
+    shapes[2].inputs(0, device)  # N=16's weights go first to make room
+    assert len(cache.entries) == 2 and shapes[0].inputs(0, device)["w1"] is not first
+    assert torch.equal(shapes[0].inputs(0, device)["w1"].float(), first.float())  # rebuilt the same
+
+
+def test_reference_uses_the_dequantised_weights(device):
+    p = FusedMoE(shape(MXFP4, M=2, E=2, topk=1, bias=False))
+    inputs = p.inputs(0, device)
+    w1 = quant.dequantize_mxfp4(inputs["w1"], inputs["w1_scale"], p.K)
+    w2 = quant.dequantize_mxfp4(inputs["w2"], inputs["w2_scale"], p.N)
+    e = inputs["topk_ids"].long()[:, 0]
+    h = torch.einsum("mk,mnk->mn", inputs["x"].float(), w1[e])
+    y = torch.einsum("mn,mkn->mk", p.activate(h).half().float(), w2[e]) * inputs["topk_weights"].float()
+    assert torch.allclose(p.reference(inputs).float(), y, atol=2e-3, rtol=2e-3)
+
+
+def test_bandwidth_bounds_count_packed_bytes_and_scales():
+    gpt = {"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 2880}
+    weights = 3 * 2880 * 2880
+    mx = FusedMoE(dict(gpt, dtype="mxfp4", activation="swiglu_oai"))
+    biases = (2 * 2880 + 2880) * 2
+    assert mx.expert_bytes() == weights * (0.5 + 1 / 32) + biases
+    bf = FusedMoE(dict(gpt, dtype="bf16", activation="swiglu_oai"))
+    assert bf.expert_bytes() == weights * 2 + biases
+    f8 = FusedMoE(dict(gpt, dtype="fp8"))
+    assert f8.expert_bytes() == weights + 2 * 4
+    blk = FusedMoE(dict(gpt, dtype="fp8", weight_quant="block", block_shape=[128, 128]))
+    assert blk.expert_bytes() == weights + (45 * 23 + 23 * 23) * 4  # 2N=5760 -> 45 rows of blocks; 2880 -> 23
+    # M=1 reads 4 experts: 52.9 MB of MXFP4 (an 11.0 us bound at 4.8 TB/s) against 199 MB of bf16.
+    inputs = {"topk_ids": torch.tensor([[3, 9, 17, 100]], dtype=torch.int32)}
+    assert mx.bytes_for(inputs) == 4 * mx.expert_bytes() + 2 * 2880 * 2
+    assert 10.9 < mx.bytes_for(inputs) / 4.8e12 * 1e6 < 11.1
+
+
+def test_flops_do_not_depend_on_the_format():
+    gpt = {"M": 8, "E": 32, "topk": 4, "K": 2880, "N": 720}
+    assert FusedMoE(dict(gpt, dtype="fp8")).flops() == FusedMoE(dict(gpt, dtype="bf16")).flops()
+
+
+def test_vllm_default_config_for_block_fp8():
+    assert vllm_default_config(4, 8, (128, 128)) == {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128,
+                                                     "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 3}
+    assert vllm_default_config(4, 8) == vllm_default_config(4, 8, None)
+
+
+def test_methods_that_cannot_run_quantised_weights_say_why():
+    for fmt in (FP8_TENSOR, MXFP4):
+        p = FusedMoE(shape(fmt))
+        methods = p.methods()
+        assert "bf16/fp16/fp32" in methods["fused_moe_persistent"].unavailable(p)
+        assert "torch has no MoE" in methods["torch"].unavailable(p)
+        assert methods["fused_moe"].__class__.__dict__.get("unavailable") is None
+    p = FusedMoE(shape(MXFP4))
+    assert "do not read fused-MoE JSON" in p.methods()["fused_moe_vllm"].unavailable(p)
+    assert p.methods()["fused_moe_vllm"].unavailable(FusedMoE(shape(FP8_TENSOR))) is None
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"dtype": "fp8", "weight_quant": "block"}, "needs block_shape"),
+    ({"dtype": "fp8", "weight_quant": "block", "block_shape": [128, 96]}, "power of two"),
+    ({"dtype": "fp8", "weight_quant": "per_tensor", "block_shape": [128, 128]}, "not per_tensor"),
+    ({"dtype": "fp8", "weight_quant": "per_channel"}, "weight_quant must be one of"),
+    ({"dtype": "mxfp4", "act_dtype": "fp32"}, "act_dtype of mxfp4"),
+    ({"dtype": "mxfp4", "weight_quant": "block"}, "their own scales"),
+    ({"dtype": "bf16", "act_dtype": "fp16"}, "computes in bf16"),
+    ({"dtype": "int4"}, "unknown moe dtype"),
+])
+def test_bad_quantised_shapes(fields, message):
+    with pytest.raises(ValueError, match=message):
+        FusedMoE(dict({"M": 1, "E": 8, "topk": 2, "K": 64, "N": 32}, **fields))
+
+
+def test_bad_quantised_configs(device):
+    blk = FusedMoE(shape(FP8_BLOCK))
+    with pytest.raises(ValueError, match="must divide the weights' block_k"):
+        quant_moe.make_quant_plan(blk, dict(CFG, BLOCK_SIZE_K=128))
+    with pytest.raises(ValueError, match="mxfp4 weights only"):
+        blk.methods()["fused_moe"].bind(blk, blk.inputs(0, device), dict(CFG, DOT_SCALED=1))
+    mx = FusedMoE(shape(MXFP4))
+    with pytest.raises(ValueError, match=">= 32 for MXFP4"):
+        quant_moe.make_quant_plan(mx, dict(CFG, BLOCK_SIZE_K=16))
+    with pytest.raises(ValueError, match="DOT_SCALED must be 0 or 1"):
+        quant_moe.make_quant_plan(mx, dict(CFG, DOT_SCALED=2))
+
+
+# ---------------------------------------------------------------------------
+# GPU: bf16 activations and gpt-oss's hidden size (the interpreter would take minutes)
+
+
+GPT_OSS_CFGS = [
+    {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 16, "num_warps": 8, "num_stages": 3},
+]
+
+
+@GPU
+@pytest.mark.parametrize("cfg", GPT_OSS_CFGS, ids=["small-tiles", "large-tiles"])
+@pytest.mark.parametrize("M", [1, 8, 256])
+@pytest.mark.parametrize("N", [2880, 360])
+@pytest.mark.parametrize("method", ["fused_moe", "fused_moe_vllm"])
+@pytest.mark.parametrize("fmt", ["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled"])
+def test_gpu_gpt_oss_shapes(fmt, method, N, M, cfg, device):
+    fields = {"fp8-tensor": {"dtype": "fp8"}, "fp8-block": {"dtype": "fp8", "weight_quant": "block",
+                                                             "block_shape": [128, 128]},
+              "mxfp4": {"dtype": "mxfp4", "activation": "swiglu_oai"},
+              "mxfp4-dot-scaled": {"dtype": "mxfp4", "activation": "swiglu_oai"}}[fmt]
+    p = FusedMoE({"M": M, "E": 32, "topk": 4, "K": 2880, "N": N, "act_dtype": "bf16", **fields})
+    reason = getattr(p.methods()[method], "unavailable", lambda _: None)(p)
+    if reason:
+        pytest.skip(reason)
+    config = dict(cfg, DOT_SCALED=1) if fmt == "mxfp4-dot-scaled" else dict(cfg)
+    if fmt == "fp8-block" and config["BLOCK_SIZE_K"] > 128:
+        pytest.skip("BLOCK_SIZE_K must divide block_k")
+    inputs = p.inputs(0, device)
+    launch = run(method, p, inputs, config)
+    # bf16 activations: gptoss-fp8.yaml's and gptoss-mxfp4.yaml's tolerances.
+    check(launch.out, p.reference(inputs), "fp8" if fmt.startswith("fp8") else "mxfp4",
+          **({"max_mismatch": 0.005} if fmt.startswith("mxfp4") else {}))
+
+
+@GPU
+def test_gpu_direct_and_ordinary_launch_agree(device):
+    for fields in ({"dtype": "fp8"}, {"dtype": "mxfp4", "activation": "swiglu_oai"}):
+        p = FusedMoE({"M": 8, "E": 32, "topk": 4, "K": 2880, "N": 720, **fields})
+        inputs = p.inputs(0, device)
+        plan = quant_moe.make_quant_plan(p, GPT_OSS_CFGS[0])
+        direct = quant_moe.QuantMoELaunch(plan, inputs, direct=True)
+        ordinary = quant_moe.QuantMoELaunch(plan, inputs, direct=False)
+        assert direct.direct and not ordinary.direct
+        assert torch.equal(direct().clone(), ordinary())

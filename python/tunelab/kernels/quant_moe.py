@@ -1,0 +1,712 @@
+"""Triton fused MoE with quantised expert weights: fp8 w8a8 and MXFP4.
+
+The call structures and tile semantics are those of tunelab.kernels.fused_moe
+(read its module docstring first): the same alignment (or self-alignment for
+a few tokens), GEMM 1 over w1's 2N rows with the activation fused into its
+epilogue (or, in vLLM's structure, written as gate and up for a separate
+activation kernel), GEMM 2 with the routing weights, the top-k sum. A config
+(BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages) means the same tiles
+as for bf16 weights, so a tuned fp8 config is one vLLM's fused-MoE kernel can
+use. What changes is what the GEMMs read and how they dequantise
+(docs/quantisation.md has the formats; tunelab.quant the torch side):
+
+- fp8 w8a8 (WFMT_FP8_TENSOR, WFMT_FP8_BLOCK): the activations are quantised
+  to fp8 by `moe_quant_act_kernel` before each GEMM (x before GEMM 1, the
+  activated intermediate before GEMM 2), one fp32 scale per token row
+  (per-tensor weights) or per 1 x block_k block of a row (block weights), as
+  vLLM does. The GEMMs multiply fp8 by fp8 into fp32:
+  - per-tensor weights (one fp32 scale per expert and weight): the
+    accumulator is scaled once at the end, by the row's activation scale
+    times the expert's weight scale;
+  - block weights (one fp32 scale per [block_n, block_k] tile): each K step
+    lies within one block_k group (BLOCK_SIZE_K must divide block_k), and
+    its partial product is scaled by the rows' group scales times the
+    columns' tile scales before it is added.
+  Calls: [alignment] -> quantise x -> GEMM 1 -> [activation] -> quantise
+  the intermediate -> GEMM 2 -> sum.
+- MXFP4 weights with 16-bit activations (WFMT_MXFP4, gpt-oss's format): w1
+  and w2 hold E2M1 values two per byte (low nibble first) along the
+  reduction axis, padded to a multiple of 32, with one E8M0 scale byte per
+  32. Each K step loads BLOCK_SIZE_K / 2 bytes and BLOCK_SIZE_K / 32 scales
+  per weight row, and either
+  - DOT_SCALED=0 (tunelab's own dequantisation): splits the bytes into their
+    low and high nibbles, turns each code into fp32 bits (the value times
+    2^-126, no table and no select: `_e2m1_bits`), multiplies by 2^126 times
+    its group's 2^(e - 127) in one go, converts to the activation dtype, and
+    makes two dots of BLOCK_SIZE_K / 2: the activation's even columns with
+    the low nibbles, its odd columns with the high ones, so no register
+    shuffle interleaves the nibbles; or
+  - DOT_SCALED=1: hands the packed bytes and scales to `tl.dot_scaled`,
+    Triton's own upcast (on Hopper it converts to bf16 and runs an ordinary
+    dot).
+  Calls: as for bf16 (no quantisation kernels).
+
+Every dequantised value is exact in the activation dtype; the accumulation
+is fp32 throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import triton
+import triton.language as tl
+
+from tunelab.dtypes import fp8_e4m3, int32, pointer, torch_dtype, uint8
+from tunelab.kernels.fused_moe import (
+    ACT_BLOCK,
+    ACT_NONE,
+    ACT_SILU,
+    ACT_SWIGLU_OAI,
+    SELF_ALIGN_MAX_NUMEL,
+    SUM_BLOCK,
+    _align_meta,
+    _block_coords,
+    _gemm1_rows,
+    _gemm1_store,
+    _next_pow2,
+    _self_aligned_block,
+    align_sizes,
+    moe_act_kernel,
+    moe_align_kernel,
+    moe_sum_kernel,
+    pdl_supported,
+)
+from tunelab.kernels.launch import direct_launch_enabled, direct_runner, interpreting
+from tunelab.lazy import torch
+from tunelab.quant import ACT_EPS, FP8_MAX, MX_GROUP, cdiv, mx_padded
+from tunelab.target import prebuild_host_code
+
+WFMT_FP8_TENSOR = 1
+WFMT_FP8_BLOCK = 2
+WFMT_MXFP4 = 3
+
+QUANT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+# Columns of one row a quantisation program covers per step (a multiple of the group).
+QUANT_BLOCK = 1024
+# tunelab.quant's constants, as the kernels see them (a @triton.jit function sees only constexpr globals).
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_ACT_EPS = tl.constexpr(ACT_EPS)
+
+
+# ---------------------------------------------------------------------------
+# Activation quantisation (fp8)
+
+
+@triton.jit
+def _round_e4m3(y):
+    """y (fp32, |y| <= 448) rounded to the nearest E4M3 value, ties to even, in
+    fp32 arithmetic: the quantum at y's binade (2^(e - 3), e >= -6 for the
+    subnormals) is added and taken away again at 1.5 * 2^23 quanta, where the
+    fp32 add rounds to exactly that quantum. Used under Triton's interpreter,
+    whose fp32 -> fp8 conversion drops the carry into the next binade (-127.9
+    converts to -64, about 1 % of the values in [-448, 448]); on a GPU the
+    hardware conversion rounds the same way by itself."""
+    bits = y.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+    quantum = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    big = quantum * 12582912.0
+    r = (tl.abs(y) + big) - big
+    return tl.where(y < 0, -r, r)
+
+
+@triton.jit
+def moe_quant_act_kernel(
+    src_ptr,  # [R, C] activations (x, or the activated intermediate)
+    q_ptr,  # fp8 [R, C]
+    s_ptr,  # fp32 [R] (GROUP == 0) or [R, ceil(C / GROUP)]
+    C,
+    stride_src,
+    GROUP: tl.constexpr,  # 0: one scale per row; else one per 1 x GROUP block (a power of two)
+    BLOCK: tl.constexpr,  # columns per step, a multiple of GROUP
+    PDL_WAIT: tl.constexpr,  # wait for the previous kernel's writes (a dependent launch)
+    PDL_LAUNCH: tl.constexpr,  # let the next kernel be placed (it waits for this one)
+    ROUND_F32: tl.constexpr,  # round to E4M3 in fp32 first (_round_e4m3; the interpreter)
+):
+    """One row per program: scale = max(amax, ACT_EPS) / 448 over the row or
+    over each GROUP block, q = clamp(x / scale, -448, 448) in fp8 (E4M3),
+    the formula tunelab.quant.quantize_act_fp8 uses."""
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
+    if PDL_LAUNCH:
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    src = src_ptr + row * stride_src
+    q = q_ptr + row * C
+    offs = tl.arange(0, BLOCK)
+    if GROUP == 0:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, C, BLOCK):
+            x = tl.load(src + start + offs, mask=start + offs < C, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.max(amax, axis=0), _ACT_EPS) / _FP8_MAX
+        tl.store(s_ptr + row, scale)
+        for start in range(0, C, BLOCK):
+            mask = start + offs < C
+            x = tl.load(src + start + offs, mask=mask, other=0.0).to(tl.float32)
+            y = tl.minimum(tl.maximum(x / scale, -_FP8_MAX), _FP8_MAX)
+            if ROUND_F32:
+                y = _round_e4m3(y)
+            tl.store(q + start + offs, y.to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        NG: tl.constexpr = BLOCK // GROUP
+        n_groups = tl.cdiv(C, GROUP)
+        s_row = s_ptr + row * n_groups
+        for start in range(0, C, BLOCK):
+            mask = start + offs < C
+            x = tl.load(src + start + offs, mask=mask, other=0.0).to(tl.float32)
+            x2 = tl.reshape(x, (NG, GROUP))
+            scale = tl.maximum(tl.max(tl.abs(x2), axis=1), _ACT_EPS) / _FP8_MAX  # [NG]
+            y = tl.minimum(tl.maximum(x2 / scale[:, None], -_FP8_MAX), _FP8_MAX)
+            if ROUND_F32:
+                y = _round_e4m3(y)
+            tl.store(q + start + offs, tl.reshape(y, (BLOCK,)).to(q_ptr.dtype.element_ty), mask=mask)
+            g = start // GROUP + tl.arange(0, NG)
+            tl.store(s_row + g, scale, mask=g < n_groups)
+
+
+# ---------------------------------------------------------------------------
+# MXFP4 dequantisation
+
+
+@triton.jit
+def _e2m1_bits(code):
+    """fp32 values of E2M1 codes (uint32, 0..15; sign bit 3, exponent bits 1-2,
+    mantissa bit 0), times 2^-126, from their bits alone: the three magnitude
+    bits go to fp32 bits 22-24 and the sign to bit 31. Exponent e > 0 then
+    reads 2^(e - 127) x (1 + m / 2) = value x 2^-126, and e = 0 with m = 1 is
+    fp32's subnormal 2^-127 = 0.5 x 2^-126 (exact; `mul.f32` without .ftz,
+    what Triton emits, keeps subnormals). No compare, no select."""
+    return (((code & 7) << 22) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mx_halves(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """(low, high): the dequantised values of packed bytes [BLOCK_SIZE_K / 2,
+    BLOCK_SIZE_N] (byte i holds reduction indices 2i and 2i + 1), each
+    [BLOCK_SIZE_K / 2, BLOCK_SIZE_N] in OUT_DTYPE; scales [BLOCK_SIZE_N,
+    BLOCK_SIZE_K / 32] E8M0 bytes (byte i's group is i // 16).
+
+    A value is its bits (x 2^-126, _e2m1_bits) times 2^126 x 2^(e - 127) =
+    2^(e - 1): one multiply, exact. 2^(e - 1) is an fp32 for e <= 128 (a
+    group whose largest weight is below 16); a tile with a larger scale takes
+    two multiplies (2^126, then 2^(e - 127))."""
+    HALF: tl.constexpr = BLOCK_SIZE_K // 2
+    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
+    p = packed.to(tl.uint32)
+    e = tl.trans(scales.to(tl.uint32))  # [GROUPS, BLOCK_SIZE_N]
+    e = tl.reshape(tl.broadcast_to(e[:, None, :], (GROUPS, 16, BLOCK_SIZE_N)), (HALF, BLOCK_SIZE_N))
+    u_lo = _e2m1_bits(p & 15)
+    u_hi = _e2m1_bits(p >> 4)
+    if tl.max(tl.max(scales, axis=1), axis=0) <= 128:
+        factor = ((e + 126) << 23).to(tl.float32, bitcast=True)  # 2^(e - 1)
+        lo = (u_lo * factor).to(OUT_DTYPE)
+        hi = (u_hi * factor).to(OUT_DTYPE)
+    else:
+        factor = (e << 23).to(tl.float32, bitcast=True)  # 2^(e - 127); e = 0 reads as 0
+        lo = (u_lo * 8.507059173023462e37 * factor).to(OUT_DTYPE)  # 2^126
+        hi = (u_hi * 8.507059173023462e37 * factor).to(OUT_DTYPE)
+    return lo, hi
+
+
+# ---------------------------------------------------------------------------
+# The quantised GEMM tile (both GEMMs)
+
+
+@triton.jit
+def _q_acc(
+    a_ptr,  # activations: fp8 (fp8 formats) or 16-bit (MXFP4); rows `a_rows`
+    a_scale_ptr,  # fp32 activation scales (fp8): [rows] or [rows, ceil(K_RED / GROUP_K)]
+    w_ptr,  # this expert's weight: fp8 [rows, K_RED] or packed uint8 [rows, K_PAD / 2]
+    w_scale_ptr,  # this expert's weight scales: fp32 scalar / [ceil(rows / GROUP_N), ceil(K_RED / GROUP_K)], or E8M0 [rows, K_PAD / 32]
+    a_rows,  # int64 [BLOCK_SIZE_M]
+    a_mask,  # [BLOCK_SIZE_M]
+    w_rows,  # int64 [BLOCK_SIZE_N], in bounds
+    K_RED,
+    stride_am,
+    stride_asm,  # activation scales' row stride (block: ceil(K_RED / GROUP_K))
+    stride_wr,  # weight row stride, in elements (fp8) or bytes (MXFP4)
+    stride_wsr,  # weight scales' row stride (block: per block row; MXFP4: per weight row)
+    WFMT: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    DOT_SCALED: tl.constexpr,
+    A_FMT: tl.constexpr,  # "bf16" or "fp16": tl.dot_scaled's name for the activation dtype
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    A_CACHE: tl.constexpr,
+):
+    """fp32 [BLOCK_SIZE_M, BLOCK_SIZE_N]: activation rows `a_rows` times weight
+    rows `w_rows` over the reduction axis K_RED, dequantised (see the module
+    docstring). Tails along K_RED are masked (MXFP4 storage is zero-padded)."""
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    n_k = tl.cdiv(K_RED, BLOCK_SIZE_K)
+    if WFMT == 3:
+        HALF: tl.constexpr = BLOCK_SIZE_K // 2
+        GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
+        k_pad = tl.cdiv(K_RED, 32) * 32
+        offs_h = tl.arange(0, HALF)
+        offs_g = tl.arange(0, GROUPS)
+        offs_k = tl.arange(0, BLOCK_SIZE_K)
+        w_base = w_ptr + w_rows[None, :] * stride_wr
+        s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
+        for k in range(0, n_k):
+            byte0 = k * HALF
+            packed = tl.load(w_base + (byte0 + offs_h)[:, None], mask=(byte0 + offs_h)[:, None] < k_pad // 2,
+                             other=0)
+            g0 = k * GROUPS
+            scales = tl.load(s_base + (g0 + offs_g)[None, :], mask=(g0 + offs_g)[None, :] < k_pad // 32, other=0)
+            if DOT_SCALED:
+                kk = k * BLOCK_SIZE_K + offs_k
+                a = tl.load(a_ptr + a_rows[:, None] * stride_am + kk[None, :],
+                            mask=a_mask[:, None] & (kk[None, :] < K_RED), other=0.0, cache_modifier=A_CACHE)
+                acc = tl.dot_scaled(a, None, A_FMT, packed, scales, "e2m1", acc)
+            else:
+                k_even = k * BLOCK_SIZE_K + 2 * offs_h
+                a_row = a_ptr + a_rows[:, None] * stride_am
+                a_lo = tl.load(a_row + k_even[None, :], mask=a_mask[:, None] & (k_even[None, :] < K_RED),
+                               other=0.0, cache_modifier=A_CACHE)
+                a_hi = tl.load(a_row + (k_even + 1)[None, :], mask=a_mask[:, None] & (k_even[None, :] + 1 < K_RED),
+                               other=0.0, cache_modifier=A_CACHE)
+                lo, hi = _mx_halves(packed, scales, a_lo.dtype, BLOCK_SIZE_K, BLOCK_SIZE_N)
+                acc = tl.dot(a_lo, lo, acc)
+                acc = tl.dot(a_hi, hi, acc)
+    else:
+        offs_k = tl.arange(0, BLOCK_SIZE_K)
+        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = w_ptr + w_rows[None, :] * stride_wr + offs_k[:, None]
+        if WFMT == 2:
+            a_s_ptrs = a_scale_ptr + a_rows * stride_asm
+            b_s_ptrs = w_scale_ptr + (w_rows // GROUP_N) * stride_wsr
+        for k in range(0, n_k):
+            k_rem = K_RED - k * BLOCK_SIZE_K
+            a = tl.load(a_ptrs, mask=a_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0,
+                        cache_modifier=A_CACHE)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_rem, other=0.0)
+            if WFMT == 2:
+                # One K step lies within one GROUP_K group (BLOCK_SIZE_K divides GROUP_K).
+                group = (k * BLOCK_SIZE_K) // GROUP_K
+                a_s = tl.load(a_s_ptrs + group, mask=a_mask, other=0.0)
+                b_s = tl.load(b_s_ptrs + group)
+                acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+            else:
+                acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_SIZE_K
+            b_ptrs += BLOCK_SIZE_K
+        if WFMT == 1:
+            a_s = tl.load(a_scale_ptr + a_rows, mask=a_mask, other=0.0)
+            acc = acc * (a_s[:, None] * tl.load(w_scale_ptr))
+    return acc
+
+
+@triton.jit
+def moe_gemm1_q_kernel(
+    a_ptr,  # [M, K]: x (MXFP4) or its fp8 quantisation
+    a_scale_ptr,  # fp32 activation scales (fp8 formats; else any pointer)
+    w1_ptr,  # [E, 2N, K] fp8, or packed [E, 2N, K_PAD / 2] uint8
+    w1_scale_ptr,  # fp32 [E] / [E, ceil(2N / GROUP_N), ceil(K / GROUP_K)], or E8M0 [E, 2N, K_PAD / 32]
+    b1_ptr,  # [E, 2N] (unused unless HAS_BIAS)
+    inter_ptr,  # [M * topk, N], or [M * topk, 2N] with ACT_NONE
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_ptr,
+    topk_ids_ptr,  # read only when SELF_ALIGN
+    N,
+    K,
+    numel,
+    num_experts,
+    num_pid_m,
+    stride_am,
+    stride_asm,
+    stride_we,
+    stride_wr,
+    stride_wse,
+    stride_wsr,
+    stride_be,
+    stride_im,
+    TOPK: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    WFMT: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    DOT_SCALED: tl.constexpr,
+    A_FMT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+    SELF_ALIGN: tl.constexpr,  # 0, or NUMEL_PAD: derive the block from topk_ids (no alignment kernel)
+    PDL_WAIT: tl.constexpr,  # a dependent launch: wait for the previous kernel's writes before reading them
+    PDL_LAUNCH: tl.constexpr,  # let the next kernel be placed once past the wait
+):
+    num_pid_n = tl.cdiv(2 * N, BLOCK_SIZE_N)
+    pid_m, pid_n = _block_coords(num_pid_m, num_pid_n, GROUP_SIZE_M)
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
+    if PDL_LAUNCH:
+        tl.extra.cuda.gdc_launch_dependents()
+    if SELF_ALIGN:
+        slots, expert = _self_aligned_block(topk_ids_ptr, numel, num_experts, pid_m, BLOCK_SIZE_M, SELF_ALIGN)
+        if expert < 0:
+            return
+        expert = expert.to(tl.int64)
+    else:
+        num_post = tl.load(num_post_ptr)
+        if pid_m * BLOCK_SIZE_M >= num_post:
+            return
+        slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    tok_mask = slots < numel
+    rows = (slots // TOPK).to(tl.int64)
+    offs_j, w_row, _ = _gemm1_rows(pid_n, N, INTERLEAVED, ACTIVATION, BLOCK_SIZE_N)
+    acc = _q_acc(a_ptr, a_scale_ptr, w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, rows,
+                 tok_mask, w_row.to(tl.int64), K, stride_am, stride_asm, stride_wr, stride_wsr,
+                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "")
+    _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, stride_be, stride_im,
+                 ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
+
+
+@triton.jit
+def moe_gemm2_q_kernel(
+    a_ptr,  # [M * topk, N]: the intermediate (MXFP4) or its fp8 quantisation
+    a_scale_ptr,
+    w2_ptr,  # [E, K, N] fp8, or packed [E, K, N_PAD / 2] uint8
+    w2_scale_ptr,
+    b2_ptr,  # [E, K] (unused unless HAS_BIAS)
+    out_ptr,  # [M * topk, K]
+    weights_ptr,  # fp32 [M * topk] routing weights
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_ptr,
+    topk_ids_ptr,  # read only when SELF_ALIGN
+    N_OUT,  # hidden size K
+    K_RED,  # intermediate size N
+    numel,
+    num_experts,
+    num_pid_m,
+    stride_am,
+    stride_asm,
+    stride_we,
+    stride_wr,
+    stride_wse,
+    stride_wsr,
+    stride_be,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    WFMT: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    DOT_SCALED: tl.constexpr,
+    A_FMT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+    SELF_ALIGN: tl.constexpr,
+    PDL_WAIT: tl.constexpr,
+    PDL_LAUNCH: tl.constexpr,
+):
+    num_pid_n = tl.cdiv(N_OUT, BLOCK_SIZE_N)
+    pid_m, pid_n = _block_coords(num_pid_m, num_pid_n, GROUP_SIZE_M)
+    # The block's slots and expert come from the alignment, complete before the
+    # previous kernel let this one be placed (every kernel of the call waits
+    # for its predecessor before letting its successor start), or from topk_ids.
+    if SELF_ALIGN:
+        slots, expert = _self_aligned_block(topk_ids_ptr, numel, num_experts, pid_m, BLOCK_SIZE_M, SELF_ALIGN)
+        if expert < 0:
+            return
+        expert = expert.to(tl.int64)
+    else:
+        num_post = tl.load(num_post_ptr, cache_modifier=".cg")
+        if pid_m * BLOCK_SIZE_M >= num_post:
+            return
+        slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M), cache_modifier=".cg")
+        expert = tl.load(expert_ids_ptr + pid_m, cache_modifier=".cg").to(tl.int64)
+    tok_mask = slots < numel
+    slots64 = slots.to(tl.int64)
+    offs_n_raw = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_n = (offs_n_raw % N_OUT).to(tl.int64)
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
+    if PDL_LAUNCH:
+        tl.extra.cuda.gdc_launch_dependents()
+    acc = _q_acc(a_ptr, a_scale_ptr, w2_ptr + expert * stride_we, w2_scale_ptr + expert * stride_wse, slots64,
+                 tok_mask, offs_n, K_RED, stride_am, stride_asm, stride_wr, stride_wsr,
+                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "")
+    if HAS_BIAS:
+        acc += tl.load(b2_ptr + expert * stride_be + offs_n).to(tl.float32)[None, :]
+    w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
+    acc = acc * w[:, None]
+    c_ptrs = out_ptr + slots64[:, None] * stride_om + offs_n_raw[None, :]
+    tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tok_mask[:, None] & (offs_n_raw[None, :] < N_OUT))
+
+
+# ---------------------------------------------------------------------------
+# Host side
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantMoEPlan:
+    """Everything a quantised launch needs that depends on the shape and config only."""
+
+    M: int
+    E: int
+    topk: int
+    K: int
+    N: int
+    act_dtype: object  # torch dtype of x, the intermediate and out (or its stand-in)
+    wfmt: int
+    group_n: int  # block_n of fp8 block weights (0 otherwise)
+    group_k: int  # block_k of fp8 block weights; the activation group (0: per token)
+    activation: int
+    interleaved: bool
+    has_bias: bool
+    config: dict
+    dot_scaled: bool
+    numel: int
+    max_blocks: int
+    max_padded: int
+    align_meta: dict
+    grid1: tuple
+    grid2: tuple
+    self_align: int
+    pdl: bool
+    # vLLM's structure: GEMM 1 writes gate and up, moe_act_kernel activates.
+    split_activation: bool
+
+    @property
+    def fp8(self) -> bool:
+        return self.wfmt in (WFMT_FP8_TENSOR, WFMT_FP8_BLOCK)
+
+
+def weight_format_code(problem) -> int:
+    if problem.weight_format == "mxfp4":
+        return WFMT_MXFP4
+    if problem.weight_format == "fp8":
+        return WFMT_FP8_BLOCK if problem.block_shape else WFMT_FP8_TENSOR
+    raise ValueError(f"the quantised MoE kernels take fp8 or mxfp4 weights, not {problem.weight_format!r}")
+
+
+def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self_align_max: int | None = None,
+                    pdl: bool | None = None) -> QuantMoEPlan:
+    """The launch plan of a quantised problem (FusedMoE with dtype fp8 or mxfp4).
+
+    `vllm_structure`: vLLM's call (alignment kernel at every size, GEMM 1
+    writing gate and up, the activation kernel, plain launches), as the
+    `fused_moe_vllm` method runs; else tunelab's (`fused_moe`). The keyword
+    knobs are for tests and benchmarks, as in fused_moe.make_plan."""
+    wfmt = weight_format_code(problem)
+    bm, bn, bk = (int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
+    for name, v in (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk)):
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs 16), got {v}")
+    if int(config["GROUP_SIZE_M"]) < 1:
+        raise ValueError(f"GROUP_SIZE_M must be >= 1, got {config['GROUP_SIZE_M']}")
+    dot_scaled = int(config.get("DOT_SCALED", 0))
+    if dot_scaled not in (0, 1):
+        raise ValueError(f"DOT_SCALED must be 0 or 1, got {dot_scaled}")
+    group_n = group_k = 0
+    if wfmt == WFMT_MXFP4:
+        if bk < MX_GROUP:
+            raise ValueError(f"BLOCK_SIZE_K must be >= {MX_GROUP} for MXFP4 weights (a K step covers whole "
+                             f"{MX_GROUP}-value scale groups), got {bk}")
+        if problem.act_dtype_name not in ("bf16", "fp16"):
+            raise ValueError(f"MXFP4 weights take bf16 or fp16 activations, not {problem.act_dtype_name}")
+    else:
+        if dot_scaled:
+            raise ValueError("DOT_SCALED applies to MXFP4 weights only (it selects tl.dot_scaled's upcast)")
+        if wfmt == WFMT_FP8_BLOCK:
+            group_n, group_k = problem.block_shape
+            if group_k & (group_k - 1) or group_k % bk:
+                raise ValueError(f"BLOCK_SIZE_K ({bk}) must divide the weights' block_k ({group_k}), a power of "
+                                 "two: each K step takes one scale per row, as in vLLM's kernel")
+        if bk < 32:
+            raise ValueError(f"BLOCK_SIZE_K must be >= 32 for fp8 dots, got {bk}")
+    numel = problem.M * problem.topk
+    max_blocks, max_padded = align_sizes(numel, problem.E, bm)
+    if self_align_max is None:
+        self_align_max = 0 if vllm_structure else SELF_ALIGN_MAX_NUMEL
+    if pdl is None:
+        pdl = False if vllm_structure else pdl_supported()
+    if pdl and vllm_structure:
+        raise ValueError("vLLM's call structure launches its kernels plainly: no dependent launches")
+    return QuantMoEPlan(
+        M=problem.M, E=problem.E, topk=problem.topk, K=problem.K, N=problem.N,
+        act_dtype=problem.dtype, wfmt=wfmt, group_n=group_n, group_k=group_k,
+        activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
+        interleaved=problem.interleaved, has_bias=problem.bias,
+        config={k: int(config[k]) for k in QUANT_CONFIG_KEYS}, dot_scaled=bool(dot_scaled),
+        numel=numel, max_blocks=max_blocks, max_padded=max_padded,
+        align_meta=_align_meta(numel, problem.E, max_padded),
+        grid1=(max_blocks * triton.cdiv(2 * problem.N, bn),),
+        grid2=(max_blocks * triton.cdiv(problem.K, bn),),
+        self_align=max(2, _next_pow2(numel)) if numel <= self_align_max else 0,
+        pdl=bool(pdl), split_activation=bool(vllm_structure),
+    )
+
+
+def _a_fmt(dtype) -> str:
+    return "bf16" if str(dtype) == "torch.bfloat16" else "fp16"
+
+
+def _weight_strides(plan: QuantMoEPlan, rows: int, cols: int):
+    """(stride_we, stride_wr, stride_wse, stride_wsr) of a contiguous weight
+    [E, rows, cols] and its scales, as the kernels index them."""
+    if plan.wfmt == WFMT_MXFP4:
+        pad = mx_padded(cols)
+        return rows * pad // 2, pad // 2, rows * pad // MX_GROUP, pad // MX_GROUP
+    if plan.wfmt == WFMT_FP8_BLOCK:
+        sr, sc = cdiv(rows, plan.group_n), cdiv(cols, plan.group_k)
+        return rows * cols, cols, sr * sc, sc
+    return rows * cols, cols, 1, 0
+
+
+def _act_scale_stride(plan: QuantMoEPlan, cols: int) -> int:
+    return cdiv(cols, plan.group_k) if plan.group_k else 1
+
+
+def _launch_specs(plan: QuantMoEPlan, b: dict):
+    """[(kernel, grid, args, kwargs)] in launch order (see the module docstring).
+
+    Dependent launches (plan.pdl): every kernel after the first waits for its
+    predecessor's writes (so each one's completion implies all earlier ones')
+    and only then lets its successor be placed; the first follows the timer's
+    event and the L2 flush, so it is an ordinary launch."""
+    c = plan.config
+    E, K, N = plan.E, plan.K, plan.N
+    tiles = {k: c[k] for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")}
+    launch = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+    fmt = dict(WFMT=plan.wfmt, GROUP_N=plan.group_n, GROUP_K=plan.group_k, DOT_SCALED=plan.dot_scaled,
+               A_FMT=_a_fmt(plan.act_dtype))
+    specs: list[tuple] = []
+
+    def add(kernel, grid, args, kwargs):
+        first = not specs
+        pdl = dict(PDL_WAIT=plan.pdl and not first, PDL_LAUNCH=plan.pdl)
+        extra = {"launch_pdl": True} if plan.pdl and not first else {}
+        specs.append((kernel, grid, args, {**kwargs, **pdl, **extra}))
+
+    if not plan.self_align:
+        specs.append((
+            moe_align_kernel, (1,),
+            (b["topk_ids"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"],
+             plan.numel, E, plan.max_padded, plan.max_blocks),
+            dict(BLOCK_SIZE_M=c["BLOCK_SIZE_M"], USE_PDL=plan.pdl, **plan.align_meta),
+        ))
+    group = plan.group_k
+    quant_kw = dict(GROUP=group, BLOCK=max(QUANT_BLOCK, group) if group else min(QUANT_BLOCK, _next_pow2(K)),
+                    ROUND_F32=interpreting(), num_warps=4)
+    if plan.fp8:
+        # Whatever came before (the alignment) is complete once this kernel is:
+        # it waits even though it reads only x.
+        add(moe_quant_act_kernel, (plan.M,), (b["x"], b["xq"], b["xs"], K, K), quant_kw)
+        a1, a1s, stride_a1s = b["xq"], b["xs"], _act_scale_stride(plan, K)
+    else:
+        a1, a1s, stride_a1s = b["x"], b["x"], 0
+    gemm1_out, gemm1_act, gemm1_stride = (
+        (b["gate_up"], ACT_NONE, 2 * N) if plan.split_activation else (b["inter"], plan.activation, N))
+    swe, swr, swse, swsr = _weight_strides(plan, 2 * N, K)
+    add(moe_gemm1_q_kernel, plan.grid1,
+        (a1, a1s, b["w1"], b["w1_scale"], b["b1"] if plan.has_bias else b["x"], gemm1_out,
+         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
+         N, K, plan.numel, E, plan.max_blocks,
+         K, stride_a1s, swe, swr, swse, swsr, 2 * N, gemm1_stride),
+        dict(TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=gemm1_act, HAS_BIAS=plan.has_bias,
+             SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
+    if plan.split_activation:
+        # vLLM's structure: plain launches only (make_quant_plan refuses pdl with it).
+        specs.append((moe_act_kernel, (plan.numel, triton.cdiv(N, ACT_BLOCK)), (b["gate_up"], b["inter"], N),
+                      dict(INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation, BLOCK=ACT_BLOCK, num_warps=4)))
+    if plan.fp8:
+        n_kw = dict(quant_kw, BLOCK=max(QUANT_BLOCK, group) if group else min(QUANT_BLOCK, _next_pow2(N)))
+        add(moe_quant_act_kernel, (plan.numel,), (b["inter"], b["interq"], b["inters"], N, N), n_kw)
+        a2, a2s, stride_a2s = b["interq"], b["inters"], _act_scale_stride(plan, N)
+    else:
+        a2, a2s, stride_a2s = b["inter"], b["inter"], 0
+    swe, swr, swse, swsr = _weight_strides(plan, K, N)
+    add(moe_gemm2_q_kernel, plan.grid2,
+        (a2, a2s, b["w2"], b["w2_scale"], b["b2"] if plan.has_bias else b["x"], b["out2"], b["topk_weights"],
+         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
+         K, N, plan.numel, E, plan.max_blocks,
+         N, stride_a2s, swe, swr, swse, swsr, K, K),
+        dict(HAS_BIAS=plan.has_bias, SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
+    # The sum waits for GEMM 2 through moe_sum_kernel's own USE_PDL.
+    specs.append((moe_sum_kernel, (plan.M, triton.cdiv(K, SUM_BLOCK)), (b["out2"], b["out"], K),
+                  dict(TOPK=plan.topk, BLOCK=SUM_BLOCK, USE_PDL=plan.pdl, num_warps=4,
+                       **({"launch_pdl": True} if plan.pdl else {}))))
+    return specs
+
+
+def _stand_in_buffers(plan: QuantMoEPlan) -> dict:
+    dt, i32, f32 = pointer(plan.act_dtype), pointer(int32()), pointer(torch_dtype("fp32"))
+    wt = pointer(uint8() if plan.wfmt == WFMT_MXFP4 else fp8_e4m3())
+    ws = pointer(uint8()) if plan.wfmt == WFMT_MXFP4 else f32
+    q = pointer(fp8_e4m3())
+    return {
+        "x": dt, "w1": wt, "w1_scale": ws, "b1": dt, "w2": wt, "w2_scale": ws, "b2": dt,
+        "inter": dt, "gate_up": dt, "out2": dt, "out": dt, "xq": q, "xs": f32, "interq": q, "inters": f32,
+        "topk_ids": i32, "sorted_ids": i32, "expert_ids": i32, "num_post": i32, "cursor": i32, "topk_weights": f32,
+    }
+
+
+def compile_quant_plan(plan: QuantMoEPlan):
+    """Compile the plan's kernels into Triton's cache without launching them (no GPU needed)."""
+    for kernel, grid, args, kwargs in _launch_specs(plan, _stand_in_buffers(plan)):
+        prebuild_host_code(kernel.warmup(*args, grid=grid, **kwargs))
+
+
+class QuantMoELaunch:
+    """A bound quantised call: buffers preallocated, `__call__` computes into `out`."""
+
+    def __init__(self, plan: QuantMoEPlan, inputs: dict, direct: bool | None = None):
+        self.plan = plan
+        x = inputs["x"]
+        dev = x.device
+        i32 = torch.int32
+        self.inputs = {k: v.contiguous() for k, v in inputs.items()}
+        if self.inputs["topk_ids"].dtype != i32:
+            self.inputs["topk_ids"] = self.inputs["topk_ids"].to(i32)
+        if self.inputs["topk_weights"].dtype != torch.float32:
+            self.inputs["topk_weights"] = self.inputs["topk_weights"].float()
+        adt = plan.act_dtype
+        self.sorted_ids = torch.empty(plan.max_padded, dtype=i32, device=dev)
+        self.expert_ids = torch.empty(plan.max_blocks, dtype=i32, device=dev)
+        self.num_post = torch.empty(1, dtype=i32, device=dev)
+        self.cursor = torch.empty(plan.align_meta["E_PAD"], dtype=i32, device=dev)
+        self.inter = torch.empty(plan.numel, plan.N, dtype=adt, device=dev)
+        self.gate_up = torch.empty(plan.numel, 2 * plan.N, dtype=adt, device=dev) if plan.split_activation else None
+        self.out2 = torch.empty(plan.numel, plan.K, dtype=adt, device=dev)
+        self.out = torch.empty(plan.M, plan.K, dtype=adt, device=dev)
+        bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids, num_post=self.num_post,
+                    cursor=self.cursor, inter=self.inter, gate_up=self.gate_up, out2=self.out2, out=self.out)
+        if plan.fp8:
+            f8 = torch.float8_e4m3fn
+            g = plan.group_k
+            self.xq = torch.empty(plan.M, plan.K, dtype=f8, device=dev)
+            self.xs = torch.empty(plan.M, cdiv(plan.K, g) if g else 1, dtype=torch.float32, device=dev)
+            self.interq = torch.empty(plan.numel, plan.N, dtype=f8, device=dev)
+            self.inters = torch.empty(plan.numel, cdiv(plan.N, g) if g else 1, dtype=torch.float32, device=dev)
+            bufs.update(xq=self.xq, xs=self.xs, interq=self.interq, inters=self.inters)
+        specs = _launch_specs(plan, bufs)
+        if direct is None:
+            direct = direct_launch_enabled(dev)
+        self.direct = False
+        if direct:
+            runners = [direct_runner(*spec) for spec in specs]
+            if all(r is not None for r in runners):
+                self._runners, self.direct = runners, True
+        if not self.direct:
+            self._runners = [functools.partial(kernel[grid], *args, **kwargs) for kernel, grid, args, kwargs in specs]
+        # The kernels launched, in order (tests check the call structure).
+        self.kernels = [getattr(spec[0], "fn", spec[0]).__name__ for spec in specs]
+
+    def __call__(self):
+        for run in self._runners:
+            run()
+        return self.out
+
+
