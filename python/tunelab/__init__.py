@@ -5,4 +5,4 @@ only builds inputs, runs methods and references, and returns raw samples.
 See docs/worker-protocol.md.
 """
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3

@@ -16,6 +16,7 @@ mod compare;
 mod environment;
 mod inspect;
 mod merge;
+mod native;
 mod results;
 mod run;
 
@@ -42,6 +43,10 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
             };
         }
     };
+    if let Command::NativeWorker { backend } = &cli.command {
+        // Reads no settings: the runner that started it has.
+        return crate::native::server::main(backend);
+    }
     match dispatch(cli) {
         Ok(code) => code,
         Err(failure) => {
@@ -125,6 +130,13 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             Ok(exit::OK)
         }
         Command::Config => environment::config(&cli.global),
+        Command::NativeWorker { .. } => unreachable!("served before dispatch"),
+        Command::NativeCompile {
+            source,
+            kernel,
+            out,
+            arch,
+        } => native::native_compile(&source, &kernel, &out, arch.as_deref(), &settings),
     }
 }
 
