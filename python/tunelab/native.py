@@ -155,8 +155,9 @@ def triton_args(signature: dict, names: list, values: list, tensors: dict, metad
     them (Triton >= 3.3 and >= 3.5), as sizes per program.
     """
     args = []
-    for name, value in zip(names, values):
-        ty = signature.get(name)
+    for index, (name, value) in enumerate(zip(names, values)):
+        # Keyed by parameter name (Triton >= 3.2), or by position in older releases.
+        ty = signature.get(name, signature.get(index))
         if ty is None:
             raise NotNative(f"parameter {name!r} is not in the compiled signature")
         if isinstance(ty, tuple):
@@ -197,8 +198,11 @@ def triton_recipe(kernel, compiled, grid, values, tensors: dict, cache_dir: str)
         raise NotNative(f"num_ctas={md.num_ctas} (thread-block clusters) is launched by Python")
     if getattr(md, "tensordesc_meta", None):
         raise NotNative("tensor descriptors (TMA) are launched by Python")
-    cubin = compiled.asm.get("cubin") if hasattr(compiled, "asm") else None
-    if not cubin:
+    try:
+        cubin = compiled.asm["cubin"]
+    except (AttributeError, KeyError):
+        cubin = None
+    if not isinstance(cubin, (bytes, bytearray)) or not cubin:
         raise NotNative("the compiled kernel has no cubin (not an NVIDIA target)")
     src = getattr(compiled, "src", None)
     signature = getattr(src, "signature", None)
