@@ -1,18 +1,25 @@
-"""How a tunelab run scales from 1 to 2 GPUs of one host, and what limits it.
+"""How a tunelab run scales over the GPUs of one host, and what limits it.
 
-    python bench/scaling.py [--tunelab target/release/tunelab] [--gpus 0,1] [-- tunelab run args, e.g. --only E=32,N=2880]
+    python bench/scaling.py [--gpus 0,1] [-- tunelab run args, e.g. --only N=1440]
+    python bench/scaling.py --measure N --gpus 0,1,2,3 --work DIR [-- run args]
+    python bench/scaling.py --report DIR [--name scaling-4gpu]
     python bench/scaling.py --simulate 4,8 results/gptoss/NVIDIA_H200 [more results dirs]
 
-Measured mode runs `tunelab run experiments/gptoss.yaml` (its companion too)
-twice, each from an empty results directory and with `--trace`: on the first
-GPU of `--gpus`, then on all of them. The Triton cache lives in the results
-directory, so both runs start with a cold cache: that keeps the two runs
-alike (neither inherits the other's compiles) and is what a first tuning run
-on a new host meets; the compile pool's share then shows in the lanes' waits
-for compiles, reported below. It reports:
+Measured mode runs `tunelab run experiments/gptoss.yaml` (its companion too,
+where `--only` fits it) from an empty results directory with `--trace`, on the
+first N GPUs of `--gpus`, while nvidia-smi samples each GPU's utilisation.
+The Triton cache lives in the results directory, so every run starts with a
+cold cache: that keeps the runs alike (none inherits another's compiles) and
+is what a first tuning run on a new host meets; the compile pool's share then
+shows in the lanes' waits for compiles. With no `--measure`/`--report` it runs
+1 GPU, then all of `--gpus`, then reports; `--measure N` runs one count into
+DIR/<N>gpu/ (one command each, where a command's time is limited), and
+`--report DIR` compares every count in DIR with the one-GPU run:
 
-- wall time on 1 and 2 GPUs (the whole `tunelab run`), speedup, efficiency;
-- each lane's busy fraction (time inside groups over the run's wall time);
+- wall time per GPU count (the whole `tunelab run`, from its start to the
+  last span of its trace), speedup, efficiency;
+- each lane's busy fraction (time inside groups over the run's wall time)
+  and its GPU's mean utilisation (nvidia-smi);
 - what limits scaling: the longest group (no lane can finish before it),
   the lanes' time waiting for the compile pool and the pool's own busy
   fraction, the journal writer's busy fraction, and the idle tail (from the
@@ -20,8 +27,8 @@ for compiles, reported below. It reports:
 - whether the picks agree: per (shape, method), the same config, or configs
   tied within noise (their 95 % confidence intervals overlap), or different.
 
-It writes results/bench/<device>/scaling.{md,json}, with both runs' journals
-and traces gzipped beside them (results/bench/<device>/scaling/).
+It writes results/bench/<device>/<name>.{md,json} (name: scaling-<most GPUs>gpu),
+with every run's journals and traces gzipped in results/bench/<device>/<name>/.
 
 `--simulate N[,N...] DIR...` predicts instead: it replays the scheduler's
 dealing policy (largest estimated cost first, each group to the lane that
@@ -58,7 +65,10 @@ def parse_args(argv):
     p.add_argument("--manifest", default=MANIFEST)
     p.add_argument("--gpus", default="0,1", help="the GPUs to scale over, as `tunelab devices` numbers them (default 0,1)")
     p.add_argument("--out-dir", default=str(REPO / "results/bench"))
-    p.add_argument("--work", help="keep both runs' results here (default: a temporary directory)")
+    p.add_argument("--work", help="keep the runs' results here (default: a temporary directory)")
+    p.add_argument("--measure", type=int, metavar="N", help="one run on the first N GPUs of --gpus, into --work/<N>gpu")
+    p.add_argument("--report", metavar="DIR", help="compare the runs in DIR (from --measure) with its one-GPU run")
+    p.add_argument("--name", help="the report's file name (default scaling-<most GPUs>gpu)")
     p.add_argument("--interpret", action="store_true", help="a smoke test without a GPU: interpreter lanes (--lanes 1, then 2)")
     p.add_argument("--simulate", metavar="N[,N...]", help="predict N lanes from journals instead of running")
     p.add_argument("--cores", type=int, default=16, help="host cores, for the simulated compile pool (default 16)")
@@ -136,8 +146,8 @@ def plan_cost(g):
     return (g["jobs"] + GROUP_OVERHEAD_JOBS) * (1 + m / 1024)
 
 
-def picks(entries):
-    """Per (shape, method): the selected config and its statistics (finalist
+def timed(entries):
+    """Per job id: its statistics as the run ranks them (a finalist's
     re-timing in the run's own timing where there is one, else its own)."""
     header = next((e for e in reversed(entries) if e.get("type") == "run"), {})
     timing = header.get("protocol", {}).get("timing", "cold")
@@ -147,33 +157,53 @@ def picks(entries):
             latest[e["job_id"]] = e
         elif e.get("type") == "final" and e.get("timing") == timing:
             finals[e["job_id"]] = e["stats"]
+    return latest, {jid: finals.get(jid, r["stats"]) for jid, r in latest.items()
+                    if r["status"] == "ok" and r.get("stats")}
+
+
+def picks(entries):
+    """Per (shape, method): the selected job, and every timed job's statistics."""
+    latest, stats = timed(entries)
     best = {}
-    for r in latest.values():
-        if r["status"] != "ok" or not r.get("stats"):
-            continue
-        st = finals.get(r["job_id"], r["stats"])
+    for jid, st in stats.items():
+        r = latest[jid]
         key = group_key(r["method"], r["shape"])
-        if key not in best or st["median_us"] < best[key][1]["median_us"]:
-            best[key] = (r["config"], st)
-    return best
+        if key not in best or st["median_us"] < stats[best[key]]["median_us"]:
+            best[key] = jid
+    return {"best": best, "config": {jid: latest[jid]["config"] for jid in best.values()}, "stats": stats}
 
 
-def agreement(a, b):
+def overlap(a, b):
+    return a["ci_low_us"] <= b["ci_high_us"] and b["ci_low_us"] <= a["ci_high_us"]
+
+
+def agreement(one, many):
+    """The picks of two runs of one experiment. Two runs never time alike to
+    the last per cent (another GPU of the host, another moment), so a
+    different pick is tied when, in one run that timed both configs, their
+    95 % confidence intervals overlap; it differs when neither run says so."""
     same = tied = differ = 0
     differing = []
-    for key in sorted(set(a) & set(b)):
-        (ca, sa), (cb, sb) = a[key], b[key]
-        if ca == cb:
+    for key in sorted(set(one["best"]) & set(many["best"])):
+        ja, jb = one["best"][key], many["best"][key]
+        if ja == jb:
             same += 1
-        elif sa["ci_low_us"] <= sb["ci_high_us"] and sb["ci_low_us"] <= sa["ci_high_us"]:
+            continue
+        within = [(run["stats"].get(ja), run["stats"].get(jb)) for run in (one, many)]
+        if any(x and y and overlap(x, y) for x, y in within):
             tied += 1
-        else:
-            differ += 1
-            method, shape = key.split("\u0001")
-            differing.append({"method": method, "shape": json.loads(shape),
-                              "one_gpu_us": sa["median_us"], "two_gpus_us": sb["median_us"]})
+            continue
+        differ += 1
+        method, shape = key.split("\u0001")
+        gaps = [100 * (y["median_us"] / x["median_us"] - 1) for x, y in within if x and y]
+        differing.append({"method": method, "shape": json.loads(shape),
+                          "one_gpu_us": one["stats"][ja]["median_us"], "many_gpus_us": many["stats"][jb]["median_us"],
+                          "gap_pct_within_runs": gaps})
+    by_method = defaultdict(int)
+    for d in differing:
+        by_method[d["method"]] += 1
     return {"compared": same + tied + differ, "same": same, "tied": tied, "differ": differ,
-            "differing": differing[:20]}
+            "differ_by_method": dict(by_method), "differing": differing[:20]}
 
 
 # ---------------------------------------------------------------- traces
@@ -219,7 +249,9 @@ def analyse_trace(path, wall_s):
     workers = len([t for t in spans if t.startswith("compile")])
     appends = [e for e in spans.get("journal", []) if e["name"] == "append"]
     pool_busy = sum(e["dur"] for e in compiles) / 1e6
+    every = [e for evs in spans.values() for e in evs]
     return {
+        "end_s": max((e["ts"] + e["dur"] for e in every), default=0) / 1e6,
         "lanes": lanes,
         "longest_group": longest,
         "idle_tail_s": (max(ends) - min(ends)) if len(ends) > 1 else 0.0,
@@ -233,73 +265,132 @@ def analyse_trace(path, wall_s):
 
 # ---------------------------------------------------------------- measured mode
 
-def run_once(args, label, gpus, work):
-    results = Path(work) / label
-    if results.exists():
-        shutil.rmtree(results)
-    trace = Path(work) / f"{label}.trace.json"
+class Utilisation:
+    """nvidia-smi's utilization.gpu of each GPU every half second, while a run
+    lasts: the fraction of time a kernel ran, as NVML samples it."""
+
+    def __init__(self, path):
+        self.path = path
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            self.file = open(path, "w")
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits", "-lms", "500"],
+                stdout=self.file, stderr=subprocess.DEVNULL)
+
+    def stop(self):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
+            self.file.close()
+
+    @staticmethod
+    def mean(path, gpus):
+        """Mean utilisation per GPU index over the samples."""
+        if not Path(path).is_file():
+            return {}
+        samples = defaultdict(list)
+        for line in Path(path).read_text().splitlines():
+            parts = [x.strip() for x in line.split(",")]
+            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                samples[int(parts[0])].append(int(parts[1]))
+        return {g: sum(samples[g]) / len(samples[g]) / 100 for g in gpus if samples.get(g)}
+
+
+def run_once(args, n, gpus, work):
+    """One run on the first `n` GPUs, from an empty results directory; its
+    journal, trace and facts go to work/<n>gpu/."""
+    label = f"{n}gpu"
+    place = Path(work) / label
+    if place.exists():
+        shutil.rmtree(place)
+    place.mkdir(parents=True)
+    results = place / "results"
+    trace = place / "trace.json"
     cmd = [args.tunelab, "run", args.manifest, "--results-dir", str(results), "--trace", str(trace), "--quiet"]
-    cmd += ["--interpret", "--lanes", str(len(gpus))] if args.interpret else ["--gpus", ",".join(map(str, gpus))]
+    cmd += ["--interpret", "--lanes", str(n)] if args.interpret else ["--gpus", ",".join(map(str, gpus[:n]))]
     cmd += args.extra
     print("$", " ".join(cmd), flush=True)
+    util = Utilisation(place / "utilisation.csv") if not args.interpret else None
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO)
     wall = time.monotonic() - started
+    if util:
+        util.stop()
     if proc.returncode not in (0, 3):
         raise SystemExit(f"{label}: tunelab exited {proc.returncode}")
-    dirs = sorted({p.parent for p in results.glob("**/journal.jsonl")})
-    return {"label": label, "gpus": gpus, "wall_s": wall, "exit": proc.returncode, "dirs": dirs, "trace": trace}
+    with open(trace, "rb") as f, gzip.open(place / "trace.json.gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    trace.unlink()
+    facts = {"gpus": gpus[:n], "wall_s": wall, "exit": proc.returncode, "date": datetime.date.today().isoformat(),
+             "command": " ".join(["tunelab run", args.manifest]
+                                 + (["--interpret", "--lanes", str(n)] if args.interpret else ["--gpus", ",".join(map(str, gpus[:n]))])
+                                 + args.extra),
+             "cores": os.cpu_count()}
+    (place / "run.json").write_text(json.dumps(facts, indent=2) + "\n")
+    print(f"{label}: {wall:.1f} s, exit {proc.returncode}; in {place}", flush=True)
 
 
-def measured(args):
-    gpus = [int(g) for g in args.gpus.split(",")]
-    if len(gpus) < 2:
-        raise SystemExit("--gpus needs two GPUs or more")
-    work = args.work or tempfile.mkdtemp(prefix="tunelab-scaling-")
-    one = run_once(args, "1gpu", gpus[:1], work)
-    many = run_once(args, f"{len(gpus)}gpu", gpus, work)
-    n = len(gpus)
-    device = None
-    runs = []
-    for r in (one, many):
-        entries = [e for d in r["dirs"] for e in read_journal(d)]
-        header = next(e for e in entries if e.get("type") == "run")
-        device = header["device"]["vllm_name"] if header["mode"] == "gpu" else "cpu-interpreter"
-        jobs = {e["job_id"] for e in entries if e.get("type") == "job"}
-        runs.append({
-            "gpus": r["gpus"], "wall_s": r["wall_s"], "exit": r["exit"], "jobs": len(jobs),
-            "trace": analyse_trace(r["trace"], r["wall_s"]), "picks": {str(d.relative_to(Path(work) / r["label"])): picks(read_journal(d)) for d in r["dirs"]},
-        })
-    speedup = runs[0]["wall_s"] / runs[1]["wall_s"]
-    agree = {exp: agreement(runs[0]["picks"][exp], runs[1]["picks"].get(exp, {})) for exp in runs[0]["picks"]}
+def load_run(place):
+    facts = json.loads((place / "run.json").read_text())
+    dirs = sorted({p.parent for p in (place / "results").glob("**/journal.jsonl")})
+    entries = [e for d in dirs for e in read_journal(d)]
+    header = next(e for e in entries if e.get("type") == "run")
+    device = header["device"]["vllm_name"] if header["mode"] == "gpu" else "cpu-interpreter"
+    trace = place / "trace.json"
+    with gzip.open(place / "trace.json.gz", "rb") as f:
+        trace.write_bytes(f.read())
+    try:
+        # The run's wall time: from the process's start (the trace's zero) to
+        # its last span, so a run is timed alike whatever ran after it.
+        analysed = analyse_trace(trace, 1.0)
+        facts["process_wall_s"] = facts.get("wall_s")
+        facts["wall_s"] = analysed["end_s"]
+        analysed = analyse_trace(trace, facts["wall_s"])
+    finally:
+        trace.unlink()
+    util = Utilisation.mean(place / "utilisation.csv", facts["gpus"])
+    return {
+        **facts, "device": device, "jobs": len({e["job_id"] for e in entries if e.get("type") == "job"}),
+        "gpu_utilisation": {str(g): u for g, u in util.items()},
+        "trace": analysed,
+        "picks": {str(d.relative_to(place / "results")): picks(read_journal(d)) for d in dirs},
+    }
+
+
+def report(args, work):
+    """Every run under `work` against the one-GPU run: scaling.{md,json}."""
+    places = sorted((p for p in Path(work).glob("*gpu") if (p / "run.json").is_file()),
+                    key=lambda p: int(p.name[:-3]))
+    runs = [load_run(p) for p in places]
+    if not runs or len(runs[0]["gpus"]) != 1:
+        raise SystemExit(f"{work}: no one-GPU run to compare with (run `measure 1` first)")
+    one = runs[0]
+    for r in runs:
+        r["speedup"] = one["wall_s"] / r["wall_s"]
+        r["efficiency"] = r["speedup"] / len(r["gpus"])
+        r["picks_agree"] = {exp: agreement(one["picks"][exp], r["picks"].get(exp, {})) for exp in one["picks"]}
+        r["limits"] = limits(r, r["wall_s"])
     for r in runs:
         del r["picks"]
-    report = {
-        "date": datetime.date.today().isoformat(),
-        "device": device,
-        "command": " ".join(["tunelab run", args.manifest] + args.extra),
-        "triton_cache": "cold in both runs (each results directory starts empty, and holds the cache)",
-        "runs": runs,
-        "speedup": speedup,
-        "efficiency": speedup / n,
-        "picks_agree": agree,
-        "limits": limits(runs[1], runs[1]["wall_s"]),
-    }
-    out = Path(args.out_dir) / device
-    out.mkdir(parents=True, exist_ok=True)
-    keep = out / "scaling"
-    keep.mkdir(exist_ok=True)
-    for r in (one, many):
-        with open(r["trace"], "rb") as f, gzip.open(keep / f"{r['label']}.trace.json.gz", "wb") as g:
-            shutil.copyfileobj(f, g)
-        for d in r["dirs"]:
-            name = "-".join(d.relative_to(Path(work) / r["label"]).parts)
-            with open(d / "journal.jsonl", "rb") as f, gzip.open(keep / f"{r['label']}-{name}.journal.jsonl.gz", "wb") as g:
+    most = len(runs[-1]["gpus"])
+    name = args.name or f"scaling-{most}gpu"
+    doc = {"device": one["device"], "date": runs[-1]["date"], "host_cores": one.get("cores"),
+           "triton_cache": "cold in every run (each results directory starts empty, and holds the cache)",
+           "runs": runs}
+    out = Path(args.out_dir) / one["device"]
+    keep = out / name
+    keep.mkdir(parents=True, exist_ok=True)
+    for p in places:
+        shutil.copyfile(p / "trace.json.gz", keep / f"{p.name}.trace.json.gz")
+        for d in sorted({j.parent for j in (p / "results").glob("**/journal.jsonl")}):
+            flat = "-".join(d.relative_to(p / "results").parts)
+            with open(d / "journal.jsonl", "rb") as f, gzip.open(keep / f"{p.name}-{flat}.journal.jsonl.gz", "wb") as g:
                 shutil.copyfileobj(f, g)
-    (out / "scaling.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (out / "scaling.md").write_text(markdown(report))
-    print(markdown(report))
-    print(f"wrote {out / 'scaling.md'} and scaling.json; journals and traces in {keep}")
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out / f"{name}.md").write_text(markdown(doc))
+    print(markdown(doc))
+    print(f"wrote {out / name}.md and .json; journals and traces in {keep}")
 
 
 def limits(run, wall):
@@ -321,24 +412,43 @@ def limits(run, wall):
     return out
 
 
-def markdown(r):
-    n = len(r["runs"][1]["gpus"])
-    lines = [f"# Scaling: 1 and {n} GPUs, {r['device']}", "",
-             f"{r['date']}, `{r['command']}`; Triton cache {r['triton_cache']}.", "",
-             "| | 1 GPU | %d GPUs |" % n, "| --- | ---: | ---: |",
-             f"| wall time | {r['runs'][0]['wall_s']:.1f} s | {r['runs'][1]['wall_s']:.1f} s |",
-             f"| jobs | {r['runs'][0]['jobs']} | {r['runs'][1]['jobs']} |",
-             "", f"Speedup **{r['speedup']:.2f}x**, efficiency **{100 * r['efficiency']:.0f} %**.", "",
-             "Lane busy fraction (time inside groups over the run's wall time):", ""]
-    for label, run in (("1 GPU", r["runs"][0]), (f"{n} GPUs", r["runs"][1])):
-        lanes = ", ".join(f"{k} {100 * (v['busy_fraction'] or 0):.0f} % ({v['groups']} groups)" for k, v in sorted(run["trace"]["lanes"].items()))
-        lines.append(f"- {label}: {lanes}")
-    lines += ["", f"What limits the {n}-GPU run:", ""] + [f"- {x}" for x in r["limits"]]
-    lines += ["", "Picks, 1 GPU against %d (same config, or tied: 95 %% CIs overlap):" % n, ""]
-    for exp, a in r["picks_agree"].items():
-        lines.append(f"- {exp}: {a['compared']} (shape, method) picks: {a['same']} same, {a['tied']} tied, {a['differ']} differ")
-        for d in a["differing"][:5]:
-            lines.append(f"  - {d['method']} {d['shape']}: {d['one_gpu_us']:.2f} vs {d['two_gpus_us']:.2f} us")
+def markdown(doc):
+    runs = doc["runs"]
+    head = " | ".join(f"{len(r['gpus'])} GPU{'s' if len(r['gpus']) > 1 else ''}" for r in runs)
+    lines = [f"# Scaling over the GPUs of one host: {doc['device']}", "",
+             f"{doc['date']}, {doc.get('host_cores')} host cores; Triton cache {doc['triton_cache']}.", "",
+             "Commands:", ""] + [f"- `{r['command']}`" for r in runs] + ["",
+             f"| | {head} |", "| --- |" + " ---: |" * len(runs),
+             "| wall time | " + " | ".join(f"{r['wall_s']:.1f} s" for r in runs) + " |",
+             "| speedup over 1 GPU | " + " | ".join(f"**{r['speedup']:.2f}×**" for r in runs) + " |",
+             "| efficiency | " + " | ".join(f"{100 * r['efficiency']:.0f} %" for r in runs) + " |",
+             "| jobs recorded | " + " | ".join(str(r["jobs"]) for r in runs) + " |",
+             "| GPU utilisation, mean over lanes (nvidia-smi) | " + " | ".join(
+                 (f"{100 * sum(r['gpu_utilisation'].values()) / len(r['gpu_utilisation']):.0f} %" if r["gpu_utilisation"] else "n/a")
+                 for r in runs) + " |",
+             "", "Per lane: busy fraction (time inside groups over the run's wall time) and nvidia-smi's mean utilisation of its GPU:", ""]
+    for r in runs:
+        parts = []
+        for k, v in sorted(r["trace"]["lanes"].items()):
+            gpu = r["gpus"][int(k[4:])] if k[4:].isdigit() and int(k[4:]) < len(r["gpus"]) else None
+            u = r["gpu_utilisation"].get(str(gpu)) if gpu is not None else None
+            parts.append(f"{k} {100 * (v['busy_fraction'] or 0):.0f} % busy" + (f", GPU {100 * u:.0f} %" if u is not None else "")
+                         + f" ({v['groups']} group{'s' if v['groups'] != 1 else ''})")
+        lines.append(f"- {len(r['gpus'])} GPU{'s' if len(r['gpus']) > 1 else ''}: " + "; ".join(parts))
+    for r in runs[1:]:
+        n = len(r["gpus"])
+        lines += ["", f"What limits the {n}-GPU run:", ""] + [f"- {x}" for x in r["limits"]]
+    lines += ["", "Picks against the 1-GPU run: the same config, or tied (in a run that timed both,",
+              "their 95 % CIs overlap), or different:", ""]
+    for r in runs[1:]:
+        for exp, a in r["picks_agree"].items():
+            lines.append(f"- {len(r['gpus'])} GPUs, {exp}: {a['compared']} (shape, method) picks: "
+                         f"{a['same']} same, {a['tied']} tied, {a['differ']} differ"
+                         + (" (" + ", ".join(f"{m} {k}" for m, k in sorted(a["differ_by_method"].items())) + ")" if a["differ"] else ""))
+            for d in a["differing"][:5]:
+                gaps = ", ".join(f"{g:+.1f} %" for g in d["gap_pct_within_runs"])
+                lines.append(f"  - {d['method']} {d['shape']}: {d['one_gpu_us']:.2f} µs on 1 GPU, {d['many_gpus_us']:.2f} µs"
+                             + (f"; the {len(r['gpus'])}-GPU pick against the 1-GPU pick within a run: {gaps}" if gaps else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -369,7 +479,7 @@ def simulate(args):
         for n in [1] + counts:
             by_time, busy = deal(groups, n, key=lambda g: g["seconds"])
             by_plan, _ = deal(groups, n, key=plan_cost)
-            pool = max(1, min(16, args.cores - n))
+            pool = max(1, min(64, args.cores - n))
             rows.append({
                 "dir": str(d), "lanes": n, "groups": len(groups), "group_seconds": total,
                 "wall_by_measured_s": by_time, "wall_by_plan_s": by_plan,
@@ -401,9 +511,25 @@ def main(argv=None):
         return 0
     if args.dirs:
         raise SystemExit(f"unexpected arguments {args.dirs} (tunelab run arguments go after --)")
+    if args.report:
+        report(args, args.report)
+        return 0
     if not args.interpret and not os.access(args.tunelab, os.X_OK):
         raise SystemExit(f"no tunelab binary at {args.tunelab}: cargo build --release")
-    measured(args)
+    gpus = [int(g) for g in args.gpus.split(",")]
+    if args.measure:
+        if not args.work:
+            raise SystemExit("--measure N needs --work DIR, where --report finds it")
+        if not 1 <= args.measure <= len(gpus):
+            raise SystemExit(f"--measure {args.measure}: --gpus names {len(gpus)} GPUs")
+        run_once(args, args.measure, gpus, args.work)
+        return 0
+    if len(gpus) < 2:
+        raise SystemExit("--gpus needs two GPUs or more")
+    work = args.work or tempfile.mkdtemp(prefix="tunelab-scaling-")
+    for n in (1, len(gpus)):
+        run_once(args, n, gpus, work)
+    report(args, work)
     return 0
 
 

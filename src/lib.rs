@@ -22,3 +22,4 @@ pub mod schedule;
 pub mod search;
 pub mod store;
 pub mod trace;
+pub mod workbench;

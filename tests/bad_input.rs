@@ -123,6 +123,13 @@ bad_input!(
 );
 
 bad_input!(
+    ir_on_a_torch_method,
+    "ir_on_torch.yaml",
+    "ir_on_torch.yaml:6:50"
+);
+bad_input!(missing_ir_file, "ir_missing.yaml", "ir_missing.yaml:9:9");
+
+bad_input!(
     missing_companion_manifest,
     "missing_companion.yaml",
     "missing_companion.yaml:8:"

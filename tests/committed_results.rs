@@ -25,15 +25,18 @@ fn journal_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// The files of a results directory that an output could have written:
-/// everything but the journal, traces, worker logs, caches, and the files
-/// that are never committed (jobs.csv, jobs.json).
+/// everything but the journal, traces, worker logs, caches, the files that
+/// are never committed (jobs.csv, jobs.json), and the evidence the workbench
+/// writes beside the outputs: kept IR (a folder per winner, holding its
+/// `job.json`) and profiles (`profile/`, see docs/workbench.md).
 fn files_under(root: &Path, dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if path.is_dir() {
-            if !matches!(name.as_str(), "traces" | "logs" | ".cache") {
+            let kept_ir = path.join("job.json").is_file();
+            if !kept_ir && !matches!(name.as_str(), "traces" | "logs" | ".cache" | "profile") {
                 out.extend(files_under(root, &path));
             }
         } else if !matches!(

@@ -131,6 +131,14 @@ fn job(id: &str) -> JobRecord {
         gbs: None,
         roofline_pct: None,
         compile_s: None,
+        kernels: vec![tunelab::store::KernelResources {
+            name: "matmul_kernel".into(),
+            n_regs: Some(168),
+            n_spills: Some(0),
+            shared: 49152,
+            num_warps: 4,
+            num_stages: 3,
+        }],
         duration_s: 0.5,
         lane: 0,
         finished_at: "2026-11-23T00:00:01Z".into(),
@@ -205,6 +213,14 @@ fn a_format_1_journal_is_migrated_field_by_field() {
         .jobs
         .iter()
         .all(|j| j.kind == MethodKind::Triton || j.kind == MethodKind::Torch));
+    // Format 1 did not record the compiled kernels: every job reads as none.
+    let lines = std::fs::read_to_string(&fixture).unwrap();
+    let job_lines = lines
+        .lines()
+        .filter(|l| l.contains(r#""type":"job""#))
+        .count();
+    assert_eq!(results.jobs.len(), job_lines);
+    assert!(results.jobs.iter().all(|j| j.kernels.is_empty()));
 }
 
 #[test]

@@ -331,3 +331,52 @@ fn checked_in_schema_is_current() {
     let on_disk = std::fs::read_to_string(path).unwrap_or_default();
     assert!(on_disk == manifest::json_schema(), "schemas/manifest.schema.json is stale: run `just schemas` (or `tunelab schema > schemas/manifest.schema.json`)");
 }
+
+/// An `ir:` method's jobs are named by the IR file's contents: an edited
+/// file is new jobs (a resumed run runs them again), the source method's
+/// jobs stay what they were.
+#[test]
+fn an_ir_files_contents_are_part_of_its_jobs_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let ir = write(dir.path(), "edits/matmul_kernel.ttgir", "module {}\n");
+    let manifest = write(
+        dir.path(),
+        "ir.yaml",
+        r#"
+experiment: ir
+problem: gemm
+shapes:
+  list: [{M: 64, N: 64, K: 64, dtype: fp16}]
+methods:
+  triton:
+    kind: triton
+    kernel: matmul
+    params: {BLOCK_SIZE_M: 64, BLOCK_SIZE_N: 64, BLOCK_SIZE_K: 32, num_warps: 4, num_stages: 3}
+  edited:
+    kind: triton
+    kernel: matmul
+    ir: edits/matmul_kernel.ttgir
+    params: {BLOCK_SIZE_M: 64, BLOCK_SIZE_N: 64, BLOCK_SIZE_K: 32, num_warps: 4, num_stages: 3}
+"#,
+    );
+    let ids = || {
+        let exp = load(&manifest, &[]);
+        let (_, jobs) = plan_all(&exp, "", Mode::Gpu);
+        let by_method = |m: &str| {
+            jobs.iter()
+                .filter(|j| j.method == m)
+                .map(|j| j.id.clone())
+                .collect::<Vec<_>>()
+        };
+        (by_method("triton"), by_method("edited"), exp.ir_files())
+    };
+    let (source, edited, files) = ids();
+    assert_eq!((source.len(), edited.len()), (1, 1));
+    assert_ne!(source, edited, "same config, another kernel: another job");
+    assert_eq!(files["edited"], ir.canonicalize().unwrap());
+    assert!(!files.contains_key("triton"));
+    std::fs::write(&ir, "module { }\n").unwrap();
+    let (source_after, edited_after, _) = ids();
+    assert_eq!(source_after, source);
+    assert_ne!(edited_after, edited, "an edited IR file is a new job");
+}

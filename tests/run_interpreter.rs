@@ -350,6 +350,16 @@ fn an_only_filter_for_moe_fields_leaves_the_attention_companion_out() {
         .join("gptoss-attention/cpu-interpreter")
         .is_dir());
 
+    // M=4 is a shape of the MoE only: the companion would have no job.
+    let (results, out) = check_only("M=4");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("gptoss-attention.yaml not run: `--only M=4` leaves none of its jobs"),
+        "{}",
+        show(&out)
+    );
+    assert!(!results.path().join("gptoss-attention").exists());
+
     let (results, out) = check_only("E=8");
     assert!(
         String::from_utf8_lossy(&out.stderr)
@@ -571,4 +581,116 @@ fn a_shipped_file_is_timed_beside_the_tuned_method_and_compared() {
     let text = String::from_utf8_lossy(&compare.stdout);
     assert_eq!(compare.status.code(), Some(0), "{}", show(&compare));
     assert!(text.contains("geomean speedup over 2 shapes"), "{text}");
+}
+
+/// The workbench without a GPU: an `ir` output keeps the winners' kernels,
+/// compiled for the GPU `--ir-target` names, with an index made from the
+/// journal; an `ir:` method is skipped with its reason (the interpreter has
+/// no IR to run), and the run still succeeds.
+#[test]
+fn ir_is_kept_for_a_named_gpu_and_ir_methods_are_skipped_in_the_interpreter() {
+    let Some(py) = python() else { return };
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(
+        work.path().join("matmul_kernel.ttgir"),
+        "module {\n  tt.func public @matmul_kernel() {\n    tt.return\n  }\n}\n",
+    )
+    .unwrap();
+    let manifest = work.path().join("workbench.yaml");
+    std::fs::write(
+        &manifest,
+        r#"
+experiment: workbench
+problem: gemm
+shapes:
+  list: [{M: 32, N: 32, K: 32, dtype: fp16}]
+methods:
+  triton:
+    kind: triton
+    kernel: matmul
+    params: {BLOCK_SIZE_M: 32, BLOCK_SIZE_N: 32, BLOCK_SIZE_K: 16, GROUP_SIZE_M: 1, num_stages: 2}
+    space: {num_warps: [4, 8], maxnreg: [96, 128]}
+  edited:
+    kind: triton
+    kernel: matmul
+    ir: matmul_kernel.ttgir
+    params: {BLOCK_SIZE_M: 32, BLOCK_SIZE_N: 32, BLOCK_SIZE_K: 16, GROUP_SIZE_M: 1, num_warps: 4, num_stages: 2}
+search: {strategy: grid}
+outputs:
+  - {format: jobs_csv, path: jobs.csv}
+  - {format: ir, path: kernels}
+  - {format: report, path: report.md}
+"#,
+    )
+    .unwrap();
+    let results = work.path().join("results");
+    let out = tunelab(
+        &py,
+        &results,
+        &[
+            "run",
+            manifest.to_str().unwrap(),
+            "--ir-target",
+            "cuda:90:32",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let dir = results.join("workbench/cpu-interpreter");
+    let entries = journal(&dir);
+    let edited: Vec<_> = jobs(&entries)
+        .into_iter()
+        .filter(|j| j["method"] == "edited")
+        .collect();
+    assert_eq!(edited.len(), 1);
+    assert_eq!(edited[0]["status"], "skipped");
+    assert!(
+        edited[0]["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("runs from IR (matmul_kernel.ttgir), which needs a GPU"),
+        "{}",
+        edited[0]
+    );
+    // The interpreter compiles nothing: its jobs record no kernels.
+    assert!(jobs(&entries)
+        .iter()
+        .all(|j| j["kernels"] == serde_json::json!([])));
+
+    let kept = dir.join("kernels/M=32,N=32,K=32,dtype=fp16/triton");
+    for file in [
+        "job.json",
+        "matmul_kernel.ttgir",
+        "matmul_kernel.ptx",
+        "matmul_kernel.cubin",
+        "matmul_kernel.json",
+    ] {
+        assert!(kept.join(file).is_file(), "{file}: {}", show(&out));
+    }
+    let about: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(kept.join("job.json")).unwrap()).unwrap();
+    assert_eq!(about["method"], "triton");
+    assert!(about["kernels"][0]["n_regs"].as_u64().unwrap() > 0);
+    assert!(std::fs::read_to_string(kept.join("matmul_kernel.ptx"))
+        .unwrap()
+        .contains(".target sm_90a"));
+    // A compile option in the space (maxnreg) is a config value the worker
+    // passes to Triton: the kept binary was compiled under the winner's.
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(kept.join("matmul_kernel.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta["metadata"]["maxnreg"], about["config"]["maxnreg"]);
+    assert!(
+        std::fs::read_to_string(kept.join("matmul_kernel.ptx"))
+            .unwrap()
+            .contains(&format!(".maxnreg {}", about["config"]["maxnreg"])),
+        "the PTX carries the register cap"
+    );
+    let index = std::fs::read_to_string(dir.join("kernels/index.md")).unwrap();
+    assert!(
+        index.contains("[M=32,N=32,K=32,dtype=fp16/triton](M=32,N=32,K=32,dtype=fp16/triton/)"),
+        "{index}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ir: kept the kernels of 1 winner"));
 }

@@ -26,6 +26,8 @@ import time
 import traceback
 
 from tunelab import PROTOCOL_VERSION
+from tunelab.workbench import jit
+from tunelab.workbench.jit import COMPILE_OPTIONS
 
 # Failure classes a worker may send (the runner adds crash and timeout).
 BAD_REQUEST = "bad_request"
@@ -187,6 +189,10 @@ class Job:
         self.method = method.get("kernel") or method.get("name")
         if not isinstance(self.method, str):
             raise bad_request("job.method needs a 'kernel' (or 'name') string")
+        # An `ir:` method: the IR file (absolute path) its kernel is compiled from.
+        self.ir = method.get("ir")
+        if self.ir is not None and (not isinstance(self.ir, str) or not self.ir):
+            raise bad_request("job.method.ir must be a path to an IR file")
 
 
 # --------------------------------------------------------------------------
@@ -451,11 +457,14 @@ class SmClock:
 class Prepared:
     """The one job kept ready between check and warmup/sample."""
 
-    def __init__(self, job_id, problem, inputs, launch):
+    def __init__(self, job_id, problem, inputs, launch, ctx=None):
         self.job_id = job_id
         self.problem = problem
         self.inputs = inputs
         self.launch = launch
+        # The job's JIT context (compile options, IR file): a launch through
+        # Triton's JIT after the check must compile what the check compiled.
+        self.ctx = ctx
         # graph_calls -> the CUDA graph of that many launches (timing "graph"),
         # freed with the job.
         self.graphs = {}
@@ -490,6 +499,7 @@ class Worker:
             "check": self.check,
             "warmup": self.warmup,
             "sample": self.sample,
+            "keep_ir": self.keep_ir,
             "release": self.release,
             "shutdown": self.shutdown,
             "share": self.share,
@@ -584,15 +594,23 @@ class Worker:
         with stage("problem"):
             problem = _make_problem(name, shape)
             available = problem.methods()
+        kinds = request.get("kinds", {})
+        if not isinstance(kinds, dict):
+            raise bad_request("probe: 'kinds' must map method names to their kinds")
         methods = {}
         for n in names:
             if n not in available:
                 methods[n] = {"found": False, "config_types": None}
                 continue
             declared = getattr(available[n], "config_types", None)
+            types = None if declared is None else _type_names(n, declared)
+            if types is not None and kinds.get(n) == "triton":
+                # The worker passes these to every kernel of a Triton method
+                # (tunelab.workbench.jit), so a config may vary them.
+                types = {**_type_names(n, COMPILE_OPTIONS), **types}
             methods[n] = {
                 "found": True,
-                "config_types": None if declared is None else _type_names(n, declared),
+                "config_types": types,
                 "description": _first_line(type(available[n]).__doc__),
             }
         return {"methods": methods, "available": [str(n) for n in available]}
@@ -632,12 +650,35 @@ class Worker:
         # The interpreter compiles nothing; constructing the problem above
         # still catches a bad shape early.
         if compile_method is None or self.mode == "interpreter":
-            return {"compiled": False, "seconds": 0.0}
+            return {"compiled": False, "seconds": 0.0, "kernels": []}
+        ctx = self._job_context(job)
         started = time.perf_counter()
-        with stage("compile"):
-            compiled = compile_method(problem, job.config)
+        compiled = self._compile(job, problem, method, ctx)
         seconds = time.perf_counter() - started
-        return {"compiled": True if compiled is None else bool(compiled), "seconds": seconds}
+        return {"compiled": True if compiled is None else bool(compiled), "seconds": seconds,
+                "kernels": [jit.resources(k) for k in ctx.kernels.values()]}
+
+    def keep_ir(self, request: dict) -> dict:
+        """Compile one job (or find it in the cache) and write its kernels' IR
+        and metadata under `dir` (tunelab.workbench.dump). Needs no GPU in a
+        compile worker with a target; the interpreter has no IR to keep."""
+        job = Job(request.get("job"))
+        directory = request.get("dir")
+        if not isinstance(directory, str) or not directory:
+            raise bad_request("keep_ir needs 'dir': the directory to write the IR to")
+        problem, method = self._problem_and_method(job)
+        if self.mode == "interpreter":
+            raise WorkerError(PROBLEM_ERROR, "the interpreter compiles nothing, so there is no IR to keep; "
+                                             "keep it with a worker that compiles for a GPU (--target)")
+        if getattr(method, "compile", None) is None:
+            return {"kernels": []}
+        ctx = self._job_context(job)
+        self._compile(job, problem, method, ctx)
+        from tunelab.workbench import dump
+
+        with stage("problem"):
+            kernels = dump.write_kernels(ctx.kernels.values(), directory, load=self.target is None)
+        return {"kernels": kernels}
 
     def check(self, request: dict) -> dict:
         self._require_lane("check")
@@ -656,39 +697,48 @@ class Worker:
         reason = _unavailable(method, problem)
         if reason:
             raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} cannot run here: {reason}")
+        if job.ir is not None and self.mode == "interpreter":
+            raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} runs from IR ({job.ir}), which needs a GPU: "
+                                             "the interpreter runs the kernel's Python source")
+        ctx = self._job_context(job)
         inputs, expected, nbytes = self._shape_data(problem, job.problem, job.shape, seed)
         with stage("problem"):
             flops = float(problem.flops())
         if self.mode == "gpu" and hasattr(method, "compile"):
             # Compile (or find in the cache) before launching, so a compiler
             # failure is reported as compile_error and never as launch_error.
-            with stage("compile"):
-                method.compile(problem, job.config)
-        with stage("bind"):
-            launch = method.bind(problem, inputs, job.config)
-            out = getattr(launch, "out", None)
-            if not isinstance(out, self.torch.Tensor):
-                raise TypeError(f"{type(launch).__name__}.out must be a torch.Tensor, got {type(out).__name__}")
-            _poison(self.torch, out)
-        with stage("launch"):
-            launch()
-            self._synchronize()
+            self._compile(job, problem, method, ctx)
+        with jit.active(ctx):
+            with stage("bind"):
+                launch = method.bind(problem, inputs, job.config)
+                out = getattr(launch, "out", None)
+                if not isinstance(out, self.torch.Tensor):
+                    raise TypeError(f"{type(launch).__name__}.out must be a torch.Tensor, got {type(out).__name__}")
+                _poison(self.torch, out)
+            with stage("launch"):
+                launch()
+                self._synchronize()
+        _require_ir_applied(job, ctx)
+        ctx.recording = False
         with stage("problem"):
             from tunelab.compare import compare
 
             result = compare(out, expected, atol=atol, rtol=rtol, max_mismatch=max_mismatch)
         if result["passed"]:
             # Failures are never timed, so only a passing job stays prepared.
-            self.prepared = Prepared(job.job_id, problem, inputs, launch)
+            self.prepared = Prepared(job.job_id, problem, inputs, launch, ctx)
         result.pop("mismatch")  # the protocol reports the fraction
-        return {**result, "flops": flops, "bytes": nbytes}
+        # What the compiler made of the job's kernels, loaded on the GPU: the
+        # driver's registers and spills, Triton's shared memory.
+        kernels = [jit.resources(k, load=True) for k in ctx.kernels.values()]
+        return {**result, "flops": flops, "bytes": nbytes, "kernels": kernels}
 
     def warmup(self, request: dict) -> dict:
         self._require_lane("warmup")
         prepared = self._prepared_for(request)
         min_launches = _int_field(request, "min_launches", default=3, minimum=0, maximum=_MAX_SAMPLES)
         min_ms = _number_field(request, "min_ms", default=5.0)
-        with stage("launch"):
+        with stage("launch"), jit.active(prepared.ctx):
             launches, ms = self._timing().warmup(prepared.launch, min_launches, min_ms)
         return {"launches": launches, "ms": ms}
 
@@ -705,7 +755,7 @@ class Worker:
             raise bad_request(f"sample: timing must be one of {list(TIMINGS)}, got {timing!r}")
         graph_calls = _int_field(request, "graph_calls", default=10, minimum=1, maximum=_MAX_GRAPH_CALLS)
         timer = self._timing()
-        with stage("launch"):
+        with stage("launch"), jit.active(prepared.ctx):
             if timing == "graph":
                 us, clock = timer.sample_graph(prepared, count, graph_calls)
                 name = timer.graph_name
@@ -805,11 +855,13 @@ class Worker:
         _, out, shared = self._shared_for({"problem": job.problem, "shape": job.shape, "seed": request.get("seed", 0)})
         problem, method = self._problem_and_method(job)
         inputs = self._shape_cache[1]
-        if hasattr(method, "compile"):
-            with stage("compile"):
-                method.compile(problem, job.config)
-        with stage("bind"):
+        # The same JIT context as a Python check: the config's compile options
+        # and an `ir:` method's IR apply to the kernel launched natively too.
+        ctx = self._job_context(job)
+        self._compile(job, problem, method, ctx)
+        with stage("bind"), jit.active(ctx):
             launch = method.bind(problem, inputs, job.config)
+        _require_ir_applied(job, ctx)
         native_launch = getattr(launch, "native", None)
         if native_launch is None:
             raise WorkerError(
@@ -823,7 +875,10 @@ class Worker:
         tensors = {t["ptr"]: i for i, t in enumerate(shared["tensors"])}
         tensors[launch.out.data_ptr()] = shared["out"]
         try:
-            return native.triton_recipe(kernel, compiled, grid, values, tensors, cache_dir)
+            recipe = native.triton_recipe(kernel, compiled, grid, values, tensors, cache_dir)
+            # What the compiler made of it, as a Python check reports it.
+            recipe["kernels"] = [jit.resources(compiled, load=True)]
+            return recipe
         except native.NotNative as exc:
             raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} cannot be launched natively: {exc}") from exc
 
@@ -853,6 +908,42 @@ class Worker:
                 self._synchronize()
             self._shape_cache = (key, inputs, expected, nbytes)
         return self._shape_cache[1:]
+
+    def _job_context(self, job: Job):
+        """The JIT context of a job: its compile options, and for an `ir:`
+        method the IR file (read, and copied under its hash into Triton's cache)."""
+        ir = ir_path = None
+        if job.ir is not None:
+            from tunelab.workbench.irfile import IrFile, IrFileError
+
+            try:
+                ir = IrFile.load(job.ir)
+                ir_path = ir.cached_copy(_triton_cache_dir())
+            except (IrFileError, OSError) as exc:
+                raise WorkerError(PROBLEM_ERROR, str(exc)) from exc
+        return jit.JobContext(job.config, ir, ir_path)
+
+    def _compile(self, job: Job, problem, method, ctx):
+        """`Method.compile` under the job's context; for an `ir:` method, the
+        source kernel first, to hold the IR file to the specialisation, warps
+        and target the source compiles at this shape (tunelab.workbench.ircheck)."""
+        compile_method = getattr(method, "compile", None)
+        if compile_method is None:
+            return None
+        if ctx.ir is not None:
+            from tunelab.workbench import ircheck
+
+            source = ctx.without_ir()
+            with stage("compile"), jit.active(source):
+                compile_method(problem, job.config)
+            problems = ircheck.against_source(ctx.ir, list(source.kernels.values()))
+            if problems:
+                raise WorkerError(COMPILE_ERROR, f"IR file {job.ir} does not fit method {job.method!r} "
+                                                 f"at this shape and config: {problems}")
+        with stage("compile"), jit.active(ctx):
+            compiled = compile_method(problem, job.config)
+        _require_ir_applied(job, ctx)
+        return compiled
 
     def _require_lane(self, op: str):
         if self.role != "lane":
@@ -911,6 +1002,19 @@ def _make_problem(name: str, shape: dict):
     from tunelab.problems import resolve
 
     return resolve(name)(shape)
+
+
+def _require_ir_applied(job: Job, ctx):
+    """An IR file whose kernel the method never compiled ran nothing: a failure, not a silent source run."""
+    if ctx.ir is not None and not ctx.ir_applied and ctx.launched:
+        raise WorkerError(COMPILE_ERROR, f"IR file {job.ir} defines kernel @{ctx.ir.entry}, which method "
+                                         f"{job.method!r} does not launch (it launches: {', '.join(ctx.launched)})")
+
+
+def _triton_cache_dir() -> str:
+    from triton import knobs
+
+    return knobs.cache.dir or os.path.join(os.path.expanduser("~"), ".triton", "cache")
 
 
 def _unavailable(method, problem):

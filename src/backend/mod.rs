@@ -13,7 +13,7 @@ pub use worker::{CallError, Worker, WorkerSpec};
 use crate::manifest::ToleranceFor;
 use crate::measure::{L2Flush, Timer, Timing};
 use crate::plan::Job;
-use crate::store::{CheckResult, FailureClass};
+use crate::store::{CheckResult, FailureClass, KernelResources};
 
 /// A job failed; the class says why.
 #[derive(Debug, Clone)]
@@ -107,6 +107,12 @@ pub trait Backend {
         tol: ToleranceFor,
         seed: u64,
     ) -> Result<CheckResult, JobFailure>;
+    /// What the compiler made of the kernels the last `check` launched
+    /// (registers, spills, shared memory), taken once; empty where the
+    /// backend cannot tell or nothing was compiled.
+    fn take_kernels(&mut self) -> Vec<KernelResources> {
+        Vec::new()
+    }
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure>;
     fn sample(
         &mut self,

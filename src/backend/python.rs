@@ -11,10 +11,10 @@ use super::worker::{CallError, Worker, WorkerSpec};
 use super::{Backend, JobFailure, SampleBatch, SampleMode, ShapeFacts};
 use indexmap::IndexMap;
 
-use crate::manifest::{ConfigType, ToleranceFor};
+use crate::manifest::{ConfigType, MethodKind, ToleranceFor};
 use crate::measure::{L2Flush, Timer};
 use crate::plan::Job;
-use crate::store::{CheckResult, FailureClass};
+use crate::store::{CheckResult, FailureClass, KernelResources};
 
 /// The worker protocol this runner speaks (docs/worker-protocol.md). A worker
 /// that answers `hello` with another version is refused at start-up.
@@ -70,6 +70,19 @@ pub fn failure_of(response: &Json) -> JobFailure {
     JobFailure::new(class, message)
 }
 
+/// A kernel whose IR a worker wrote (`keep_ir`): its resources and files.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+pub struct KeptKernel {
+    pub name: String,
+    pub n_regs: Option<u32>,
+    pub n_spills: Option<u32>,
+    pub shared: u64,
+    pub num_warps: u32,
+    pub num_stages: u32,
+    /// File names written, in the job's folder.
+    pub files: Vec<String>,
+}
+
 /// `null` where a problem's count is not a finite number (JSON has no NaN).
 #[derive(Deserialize)]
 struct DescribeReply {
@@ -88,6 +101,10 @@ struct CompileReply {
 
 #[derive(Deserialize)]
 pub(crate) struct CheckReply {
+    /// The kernels the check compiled and launched (absent from a worker
+    /// that predates the field).
+    #[serde(default)]
+    pub(crate) kernels: Vec<KernelResources>,
     passed: bool,
     max_abs_err: Option<f64>,
     max_rel_err: Option<f64>,
@@ -122,6 +139,10 @@ pub struct PythonBackend {
     spec: WorkerSpec,
     worker: Option<Worker>,
     generation: u64,
+    /// The kernels the last check compiled, until the lane takes them.
+    kernels: Vec<KernelResources>,
+    /// The IR file of each method that runs from one, by method name.
+    ir_files: std::collections::HashMap<String, std::path::PathBuf>,
     /// The last started worker's `hello`.
     hello: Option<Hello>,
     problem: String,
@@ -134,6 +155,8 @@ impl PythonBackend {
             spec,
             worker: None,
             generation: 0,
+            kernels: Vec::new(),
+            ir_files: Default::default(),
             hello: None,
             problem: problem.to_string(),
             timeout,
@@ -242,12 +265,26 @@ impl PythonBackend {
         &self.problem
     }
 
+    /// The IR files methods run from (`ir:`), by method name: their jobs
+    /// carry the file to the worker.
+    pub fn with_ir_files(
+        mut self,
+        ir_files: std::collections::HashMap<String, std::path::PathBuf>,
+    ) -> Self {
+        self.ir_files = ir_files;
+        self
+    }
+
     pub fn job_json(&self, job: &Job, kernel: &str, kind: &str) -> Json {
+        let mut method = json!({"name": job.method, "kind": kind, "kernel": kernel});
+        if let Some(ir) = self.ir_files.get(&job.method) {
+            method["ir"] = json!(ir.display().to_string());
+        }
         json!({
             "job_id": job.id,
             "problem": self.problem,
             "shape": job.shape,
-            "method": {"name": job.method, "kind": kind, "kernel": kernel},
+            "method": method,
             "config": job.config,
         })
     }
@@ -259,11 +296,22 @@ impl PythonBackend {
     }
 
     /// Imports and constructs the problem at `shape` and looks up `methods`
-    /// (kernel names), building nothing else.
-    pub fn probe(&mut self, shape: &Json, methods: &[&str]) -> Result<Probe, JobFailure> {
+    /// (kernel names, each with its kind: a Triton method's declared types
+    /// come back with the compile options the worker passes to its kernels),
+    /// building nothing else.
+    pub fn probe(
+        &mut self,
+        shape: &Json,
+        methods: &[(&str, MethodKind)],
+    ) -> Result<Probe, JobFailure> {
+        let names: Vec<&str> = methods.iter().map(|(n, _)| *n).collect();
+        let kinds: serde_json::Map<String, Json> = methods
+            .iter()
+            .map(|(n, k)| (n.to_string(), json!(k.as_str())))
+            .collect();
         self.call_for(
             "probe",
-            json!({"problem": self.problem, "shape": shape, "methods": methods}),
+            json!({"problem": self.problem, "shape": shape, "methods": names, "kinds": kinds}),
             self.timeout,
         )
     }
@@ -287,6 +335,25 @@ impl PythonBackend {
                 format!("protocol error: the worker's answer to `{op}` does not fit ({e})"),
             )
         })
+    }
+
+    /// Compiles one job (or finds it in Triton's cache) and writes its
+    /// kernels' IR and metadata under `dir` (worker op `keep_ir`).
+    pub fn keep_ir(
+        &mut self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        dir: &std::path::Path,
+    ) -> Result<Vec<KeptKernel>, JobFailure> {
+        #[derive(Deserialize)]
+        struct Reply {
+            kernels: Vec<KeptKernel>,
+        }
+        let body =
+            json!({"job": self.job_json(job, kernel, kind), "dir": dir.display().to_string()});
+        let r: Reply = self.call_for("keep_ir", body, self.timeout)?;
+        Ok(r.kernels)
     }
 
     /// Start the worker process now (it answers `hello` before this returns),
@@ -335,8 +402,14 @@ impl Backend for PythonBackend {
             "seed": seed,
             "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "max_mismatch": tol.max_mismatch},
         });
-        let r: CheckReply = self.call_for("check", body, self.timeout)?;
+        self.kernels.clear();
+        let mut r: CheckReply = self.call_for("check", body, self.timeout)?;
+        self.kernels = std::mem::take(&mut r.kernels);
         Ok(r.into())
+    }
+
+    fn take_kernels(&mut self) -> Vec<KernelResources> {
+        std::mem::take(&mut self.kernels)
     }
 
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure> {

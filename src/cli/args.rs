@@ -117,6 +117,16 @@ pub enum Command {
         /// merge`). Every shard must be run with the same manifest and flags.
         #[arg(long, value_name = "K/N")]
         shard: Option<crate::plan::Shard>,
+        /// After the run, keep compiled kernels' IR (ttir, ttgir, llir, ptx, cubin,
+        /// sass, metadata) under the results directory's `ir/`, one folder per shape
+        /// and method: of each winner (the default), or of every job (`--keep-ir=all`).
+        /// An `ir` output in the manifest keeps the winners' without this flag.
+        #[arg(long, value_enum, value_name = "WHICH", num_args = 0..=1, require_equals = true, default_missing_value = "winners")]
+        keep_ir: Option<KeepIrArg>,
+        /// The GPU to compile kept IR for (cuda:90:32, hip:gfx942:64); needed
+        /// in the interpreter, which compiles nothing. Default: the run's GPU.
+        #[arg(long, value_name = "TARGET")]
+        ir_target: Option<String>,
     },
     /// Compare NEW against BASE per shape: FAST / SAME / SLOW by confidence
     /// intervals, the geometric-mean speedup, the worst shapes, as markdown.
@@ -183,6 +193,75 @@ merged journal is then regenerated. Merging the same inputs again adds nothing."
         #[arg(long)]
         force: bool,
     },
+    /// Apply passes of Triton's own pipeline to an IR file (.ttir, .ttgir) and
+    /// write the new IR and a diff.
+    #[command(
+        name = "ir-pass",
+        long_about = "Apply passes of Triton's own pipeline to an IR file (.ttir or .ttgir, e.g. one `run --keep-ir` wrote) and write the new IR (FILE.after.EXT, or --out) and a diff of the two modules without locations (OUT.diff).
+
+The passes, their order and their arguments are read from Triton: its backend's stage functions are run with recording stand-ins at the file's target and options, so `--list` shows exactly the pipeline Triton runs from the file's stage, and `--pass NAME` applies a pass with the arguments Triton gives it there (`NAME#2` for its second occurrence). A pass outside the pipeline is looked up among Triton's bindings and takes its arguments written out: `--pass 'ttgpuir.pipeline(4, false)'`. Needs no GPU.",
+        after_help = "Examples:
+  tunelab ir-pass results/x/NVIDIA_H100_80GB_HBM3/ir/M=64,N=2880,K=4096,dtype=bf16/triton/matmul_kernel.ttgir --list
+  tunelab ir-pass kernel.ttgir --pass remove_layout_conversions --pass reorder_instructions --compile
+  tunelab ir-pass kernel.ttir --pass convert_to_ttgpuir --pass coalesce --option num_warps=8 --out coalesced.ttgir
+
+Exit codes: 0 written, 2 a file or pass that cannot be used, 4 no Python with Triton."
+    )]
+    IrPass {
+        /// The IR file: .ttir or .ttgir.
+        file: PathBuf,
+        /// A pass to apply, in order (repeatable): NAME, NAME#N or NAME(ARGS).
+        #[arg(long = "pass", value_name = "NAME")]
+        passes: Vec<String>,
+        /// Print the pipeline Triton runs from this file's stage, with each pass's arguments.
+        #[arg(long)]
+        list: bool,
+        /// BACKEND:ARCH:WARP_SIZE (default: the module's ttg.target, else cuda:90:32).
+        #[arg(long, value_name = "TARGET")]
+        target: Option<String>,
+        /// A compile option the pipeline depends on (num_stages=4, maxnreg=128), repeatable.
+        #[arg(long = "option", value_name = "KEY=VALUE")]
+        options: Vec<String>,
+        /// Where to write the new IR (default: FILE.after.EXT beside FILE).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Also compile FILE and the result for the target and print each one's
+        /// registers, spills and shared memory.
+        #[arg(long)]
+        compile: bool,
+    },
+    /// Re-run a results directory's winners under Proton (and Nsight Compute
+    /// when `ncu` is on PATH); write the profiles and a summary beside the results.
+    #[command(
+        long_about = "Re-run a results directory's winners under Proton, Triton's profiler: each job checked again, warmed up, then launched --calls times inside a Proton scope named shape/method with its flops and bytes, one child per kernel launch with its GPU time. When `ncu` (Nsight Compute) is on PATH, each job is also launched once under it (speed of light, launch statistics, occupancy, memory workload). Writes DIR/profile/: proton.hatchet, ncu/*.ncu-rep, summary.json and summary.md (per job: GPU time per call against the journal's median, achieved bytes/s and FLOP/s, each kernel's share and, from ncu, its duration, throughput and occupancy). The report links summary.md.
+
+Needs a GPU (the one the results were measured on) and the worker's Python.",
+        after_help = "Examples:
+  tunelab profile results/gptoss/NVIDIA_H100_80GB_HBM3
+  tunelab profile results/gptoss/NVIDIA_H100_80GB_HBM3 --top 3 --only M=1
+  tunelab profile results/edits/NVIDIA_H100_80GB_HBM3 --manifest experiments/edits.yaml   # ir: methods
+
+Exit codes: 0 written, 2 no journal or nothing to profile, 3 some jobs could not be profiled, 4 no GPU or no Proton."
+    )]
+    Profile {
+        /// A results directory (holding journal.jsonl or journal.jsonl.gz).
+        results: PathBuf,
+        /// Profile the K fastest timed jobs of every shape and method (default 1: the winners).
+        #[arg(long, value_name = "K", default_value_t = 1)]
+        top: usize,
+        /// Launches of each job inside its Proton scope.
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        calls: u32,
+        /// Only the jobs of these shapes/methods: --only M=1,method=triton.
+        #[arg(long, value_name = "KEY=VALUE,...")]
+        only: Option<String>,
+        /// The manifest the results came from: its `ir:` methods run from their IR files.
+        #[arg(long, value_name = "MANIFEST")]
+        manifest: Option<PathBuf>,
+        /// Skip Nsight Compute even when `ncu` is on PATH.
+        #[arg(long)]
+        no_ncu: bool,
+    },
     /// List the GPUs tunelab can see, with the facts it uses.
     Devices {
         #[arg(long)]
@@ -221,6 +300,23 @@ merged journal is then regenerated. Merging the same inputs again adds nothing."
         #[arg(long)]
         arch: Option<String>,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeepIrArg {
+    /// The best job of each shape and Triton method.
+    Winners,
+    /// Every job that compiled and passed its check.
+    All,
+}
+
+impl From<KeepIrArg> for crate::workbench::Which {
+    fn from(k: KeepIrArg) -> Self {
+        match k {
+            KeepIrArg::Winners => crate::workbench::Which::Winners,
+            KeepIrArg::All => crate::workbench::Which::All,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -9,7 +9,9 @@
 //! - `results.rs`: `report`, `pack`;
 //! - `compare.rs`: `compare`;
 //! - `environment.rs`: `devices`, `doctor`, `config`, `schema`, and where the
-//!   worker's Python package is.
+//!   worker's Python package is;
+//! - `workbench.rs`: `ir-pass`, `profile` (their Python halves in
+//!   `tunelab.workbench`).
 
 pub mod args;
 mod compare;
@@ -19,6 +21,7 @@ mod merge;
 mod native;
 mod results;
 mod run;
+mod workbench;
 
 use std::ffi::OsString;
 
@@ -94,6 +97,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             gpus,
             lanes,
             shard,
+            keep_ir,
+            ir_target,
         } => {
             let mut settings = settings;
             settings.interpret |= interpret;
@@ -111,6 +116,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 gpus: gpus.as_deref(),
                 lanes: lanes.map(|n| n as usize),
                 shard,
+                keep_ir: keep_ir.map(Into::into),
+                ir_target: ir_target.as_deref(),
             };
             run::run_traced(&request, trace.as_deref())
         }
@@ -123,6 +130,44 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         } => compare::compare(&base, &new, fail_on_slower.as_deref(), out.as_deref()),
         Command::Pack { results } => results::pack(&results),
         Command::Merge { into, files, force } => merge::merge(&into, &files, force),
+        Command::IrPass {
+            file,
+            passes,
+            list,
+            target,
+            options,
+            out,
+            compile,
+        } => workbench::ir_pass(
+            &settings,
+            &workbench::IrPassArgs {
+                file: &file,
+                passes: &passes,
+                list,
+                target: target.as_deref(),
+                options: &options,
+                out: out.as_deref(),
+                compile,
+            },
+        ),
+        Command::Profile {
+            results,
+            top,
+            calls,
+            only,
+            manifest,
+            no_ncu,
+        } => workbench::profile(
+            &settings,
+            &workbench::ProfileArgs {
+                dir: &results,
+                top,
+                calls,
+                only: only.as_deref(),
+                manifest: manifest.as_deref(),
+                ncu: !no_ncu,
+            },
+        ),
         Command::Devices { json } => environment::devices(json),
         Command::Doctor => environment::doctor(&settings),
         Command::Schema => {

@@ -31,6 +31,10 @@ pub struct Request<'a> {
     /// `--lanes`: at most this many lanes (interpreter: exactly).
     pub lanes: Option<usize>,
     pub shard: Option<Shard>,
+    /// Keep IR after the run (`--keep-ir`): whose.
+    pub keep_ir: Option<crate::workbench::Which>,
+    /// The GPU kept IR is compiled for (`--ir-target`).
+    pub ir_target: Option<&'a str>,
 }
 
 /// Runs, and writes the timeline to `trace` if asked, even when the run
@@ -253,6 +257,13 @@ fn run_target(request: &Request<'_>, target: &Target, progress: bool) -> Result<
             eprintln!("note: companion {shown} not run: --only names fields it does not have");
             continue;
         }
+        if !filter.is_empty() && !plan::has_jobs(&companion_exp, &opts)? {
+            eprintln!(
+                "note: companion {shown} not run: `--only {}` leaves none of its jobs",
+                request.args.only.as_deref().unwrap_or("")
+            );
+            continue;
+        }
         if !request.compare_to.is_empty() {
             eprintln!("note: --compare-to files are timed in {} only", exp.name);
         }
@@ -295,7 +306,12 @@ fn run_experiment(
                 .unwrap_or(1);
             let lanes = target.gpus.len();
             let share = cores * lanes / target.host_lanes.max(lanes).max(1);
-            share.saturating_sub(lanes).clamp(1, 16)
+            // At most 64: compiles are per config, not per shape, so a run
+            // over many lanes meets the same compiles sooner (a 4-GPU host
+            // of 64 cores compiling gpt-oss's ~2000 kernels with 16 workers
+            // would be compile-bound), and a compile worker imports only
+            // Triton (about 150 MB).
+            share.saturating_sub(lanes).clamp(1, 64)
         }
         n => n,
     };
@@ -331,6 +347,9 @@ fn run_experiment(
     })?;
     for change in &outcome.fingerprint_changes {
         eprintln!("note: environment changed since the journal's last run: {change}");
+    }
+    if !outcome.interrupted {
+        keep_ir(exp, request, target, &outcome.dir, &settings.python)?;
     }
     let outputs_started = std::time::Instant::now();
     let written = write_outputs(&outcome.dir)?;
@@ -394,6 +413,88 @@ fn run_experiment(
     } else {
         exit::OK
     })
+}
+
+/// `--keep-ir`, or an `ir` output: the winners' (or every job's) kernels
+/// compiled once more and written under the results directory. Failing to
+/// keep IR never fails the run: what went wrong is said and the outputs follow.
+fn keep_ir(
+    exp: &Experiment,
+    request: &Request<'_>,
+    target: &Target,
+    dir: &Path,
+    python: &str,
+) -> Result<(), Failure> {
+    use crate::manifest::OutputFormat;
+    let output = exp.outputs.iter().find(|o| o.format == OutputFormat::Ir);
+    let which = match (request.keep_ir, output) {
+        (Some(w), _) => w,
+        (None, Some(_)) => crate::workbench::Which::Winners,
+        (None, None) => return Ok(()),
+    };
+    let folder = output.map_or("ir", |o| o.path.as_str());
+    let compile_target = match (request.ir_target, target.mode) {
+        (Some(t), _) => Some(t.to_string()),
+        (None, Mode::Gpu) => {
+            crate::schedule::compile_target(&target.device).filter(|_| exp.builtin_problem())
+        }
+        (None, Mode::Interpreter) => {
+            eprintln!(
+                "note: IR not kept: the interpreter compiles nothing; pass --ir-target cuda:90:32 (or the GPU you tune for) to compile the winners for it"
+            );
+            return Ok(());
+        }
+    };
+    let (results, _) =
+        store::journal::read(dir).map_err(|e| Failure::environment(format!("error: {e}")))?;
+    let spec = crate::backend::WorkerSpec {
+        python: python.to_string(),
+        python_path: super::environment::worker_python_path(exp)?,
+        role: "compile".into(),
+        interpret: false,
+        visible_device: target.gpus.first().cloned(),
+        visible_var: crate::schedule::visible_devices_var(&target.device),
+        target: compile_target,
+        triton_cache: Some(dir.join(".cache").join("triton")),
+        log: dir.join("logs").join("keep-ir.log"),
+    };
+    let started = std::time::Instant::now();
+    let kept = crate::workbench::keep_ir(
+        crate::workbench::KeepIr {
+            dir,
+            folder,
+            which,
+            spec,
+            problem: &exp.problem,
+            ir_files: exp.ir_files(),
+            timeout: std::time::Duration::from_secs_f64(exp.protocol.timeout_s.max(120.0)),
+        },
+        &results,
+    );
+    match kept {
+        Ok(k) => {
+            let (one, many) = match which {
+                crate::workbench::Which::Winners => ("winner", "winners"),
+                crate::workbench::Which::All => ("job", "jobs"),
+            };
+            println!(
+                "ir: kept the kernels of {} in {} ({} files, {})",
+                count(k.jobs as u64, one, many),
+                dir.join(folder).display(),
+                k.files,
+                seconds(started.elapsed().as_secs_f64())
+            );
+            for (folder, why) in k.failed {
+                eprintln!(
+                    "warning: IR of {folder} not kept: {}",
+                    why.lines().next().unwrap_or("")
+                );
+            }
+        }
+        Err(why) => eprintln!("warning: IR not kept: no worker to compile it ({why})"),
+    }
+    crate::trace::span("runner", "keep ir", started, serde_json::json!({}));
+    Ok(())
 }
 
 /// A wall time as people read it: `0.4 s`, `12.5 s`, `3 min 05 s`.

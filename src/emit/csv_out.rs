@@ -18,6 +18,8 @@
 //! | `timer`, `sm_clock_mhz` | `cuda_event` or `wall`; SM clock during sampling |
 //! | `tflops`, `gbs`, `roofline_pct` | throughput from the job's own median |
 //! | `compile_s` | compile time |
+//! | `n_regs`, `n_spills`, `shared_bytes` | what the compiler made of the job's kernels: the most registers per thread, the registers spilled per thread summed over them, the most shared memory per block; empty where nothing was compiled |
+//! | `kernels` | each kernel as `name regs/spills/shared` (`matmul_kernel 168r/0s/49152B`), joined with `\|` |
 //! | `final_median_us`, `final_ci_low_us`, `final_ci_high_us`, `tied_with_best` | finalist re-timing, empty if not a finalist |
 //! | `time_us` | the time the selection rule uses (final median, else own median) |
 //! | `flops`, `bytes`, `gpu_ms`, `wall_ms`, `duration_s`, `lane`, `finished_at` | bookkeeping |
@@ -72,6 +74,10 @@ const JOB_FIXED: &[&str] = &[
     "gbs",
     "roofline_pct",
     "compile_s",
+    "n_regs",
+    "n_spills",
+    "shared_bytes",
+    "kernels",
     "final_median_us",
     "final_ci_low_us",
     "final_ci_high_us",
@@ -227,6 +233,10 @@ pub fn jobs_csv(group: &Group<'_, '_>) -> Result<String, EmitError> {
         row.push(exact_opt(j.gbs));
         row.push(exact_opt(j.roofline_pct));
         row.push(exact_opt(j.compile_s));
+        row.push(j.max_regs().map(|n| n.to_string()).unwrap_or_default());
+        row.push(j.spills().map(|n| n.to_string()).unwrap_or_default());
+        row.push(j.max_shared().map(|n| n.to_string()).unwrap_or_default());
+        row.push(kernel_text(&j.kernels));
         match fin {
             Some(f) => {
                 row.push(exact(f.stats.median_us));
@@ -315,6 +325,25 @@ fn flag_text(flags: &[crate::measure::Flag]) -> String {
     flags
         .iter()
         .map(|f| f.as_str())
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// Kernels as a CSV cell writes them: `name 168r/0s/49152B|...`, `?` for an
+/// unknown count.
+fn kernel_text(kernels: &[crate::store::KernelResources]) -> String {
+    let n = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
+    kernels
+        .iter()
+        .map(|k| {
+            format!(
+                "{} {}r/{}s/{}B",
+                k.name,
+                n(k.n_regs),
+                n(k.n_spills),
+                k.shared
+            )
+        })
         .collect::<Vec<_>>()
         .join("|")
 }

@@ -27,6 +27,10 @@
 //! [`best_per_shape`] (the runner's "current best"), [`best_job_ids`]
 //! (`run --use-best`), [`job_time`], [`eligible`] and [`Selection`].
 //!
+//! The report writes several files: the report, a details file beside it
+//! and its SVG charts in a folder named after it ([`report`]); each is a
+//! [`Rendered`] of format `report`, so `tunelab report` regenerates them all.
+//!
 //! Formats and their columns are described in each writer's module:
 //! [`csv_out`] (jobs_csv, jobs_json, best_csv), [`vllm`], [`aiter`],
 //! [`triton_mbucket`], [`report`].
@@ -34,10 +38,12 @@
 pub mod aiter;
 pub mod compare;
 pub mod csv_out;
+pub mod ir_index;
 pub mod num;
 pub mod report;
 pub mod select;
 pub mod shipped;
+pub mod svg;
 pub mod triton_mbucket;
 pub mod vllm;
 
@@ -151,12 +157,25 @@ pub fn render_output(
             OutputFormat::VllmMoeJson => vllm::render(&group)?,
             OutputFormat::AiterFmoeCsv => aiter::render(&group)?,
             OutputFormat::TritonMbucket => triton_mbucket::render(&group)?,
-            OutputFormat::Report => Some(report::render(&group)?),
+            // The report, its details file and its charts: several files.
+            OutputFormat::Report => {
+                for r in report::render(&group)? {
+                    check_relative(&r.path.to_string_lossy())?;
+                    out.push(r);
+                }
+                continue;
+            }
+            OutputFormat::Ir => Some(ir_index::render(&group)?),
         };
         if let Some(contents) = contents {
+            // An `ir` output's path is its folder; the index lies in it.
+            let path = match spec.format {
+                OutputFormat::Ir => PathBuf::from(&group.path).join(ir_index::INDEX),
+                _ => PathBuf::from(&group.path),
+            };
             out.push(Rendered {
                 format: spec.format,
-                path: PathBuf::from(&group.path),
+                path,
                 contents,
             });
         }
@@ -174,6 +193,7 @@ fn feeds(spec: &OutputSpec, job: &JobRecord) -> bool {
         | OutputFormat::JobsJson
         | OutputFormat::BestCsv
         | OutputFormat::Report => return true,
+        OutputFormat::Ir => return job.kind == MethodKind::Triton,
         OutputFormat::VllmMoeJson => &vllm::REQUIRED,
         OutputFormat::AiterFmoeCsv => &aiter::REQUIRED,
         OutputFormat::TritonMbucket => &[],

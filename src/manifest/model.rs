@@ -83,6 +83,14 @@ impl Experiment {
         )
     }
 
+    /// The IR file of each method that runs from one (`ir:`), by method name.
+    pub fn ir_files(&self) -> std::collections::HashMap<String, PathBuf> {
+        self.methods
+            .iter()
+            .filter_map(|m| m.ir.clone().map(|p| (m.name.clone(), p)))
+            .collect()
+    }
+
     /// Whether tunelab's own Python package provides the problem.
     pub fn builtin_problem(&self) -> bool {
         BUILTIN_PROBLEMS.contains(&self.problem.as_str())
@@ -90,6 +98,8 @@ impl Experiment {
 }
 
 pub const BUILTIN_PROBLEMS: &[&str] = &["gemm", "moe"];
+/// What an `ir:` file may be: the stages Triton's `ir_override` compiles from.
+pub const IR_EXTENSIONS: &[&str] = &["ttir", "ttgir", "llir", "ptx"];
 pub const DTYPES: &[&str] = &["fp16", "bf16", "fp32", "fp8"];
 
 /// What to run when no GPU is found.
@@ -284,6 +294,8 @@ pub struct Method {
     pub grid: Vec<Expr>,
     /// Source and launch of a `kind: cuda|hip` method.
     pub native: Option<NativeSpec>,
+    /// The IR file the method's kernel is compiled from (`ir:`), absolute.
+    pub ir: Option<PathBuf>,
     /// Configs read from a consumer's tuned file (`run --compare-to`): the
     /// method runs one config per shape, looked up as the consumer does, and
     /// searches nothing.
@@ -476,6 +488,10 @@ pub enum OutputFormat {
     AiterFmoeCsv,
     /// Markdown report.
     Report,
+    /// Each winner's compiled kernels (ttir, ttgir, llir, ptx, cubin and
+    /// metadata), kept by every run in the folder `path`, with an index of
+    /// their registers, spills and shared memory (`path/index.md`).
+    Ir,
 }
 
 impl OutputFormat {
@@ -489,6 +505,7 @@ impl OutputFormat {
             OutputFormat::VllmMoeJson => "vllm_moe_json",
             OutputFormat::AiterFmoeCsv => "aiter_fmoe_csv",
             OutputFormat::Report => "report",
+            OutputFormat::Ir => "ir",
         }
     }
 }

@@ -116,6 +116,12 @@ pub struct RawMethod {
     /// Source file of the kernel (relative to the manifest); its hash is part of every job id.
     #[serde(default)]
     pub source: Option<Spanned<String>>,
+    /// An IR file (relative to the manifest; `.ttir`, `.ttgir`, `.llir` or `.ptx`, e.g. one
+    /// `run --keep-ir` wrote) whose kernel is compiled from it instead of from its source;
+    /// `params` is the config it was compiled under. Its contents are part of every job id.
+    /// Triton methods only; needs a GPU.
+    #[serde(default)]
+    pub ir: Option<Spanned<String>>,
     /// Bump to give this method's jobs new ids (for code tunelab cannot hash).
     #[serde(default)]
     pub version: Option<String>,

@@ -18,6 +18,7 @@ use super::model::{
     builtin_baseline, device_fields, escapes, Axis, Baseline, BaselineValue, DtypeOverride,
     Experiment, Expr, InterpreterPlan, KernelArg, LaunchPath, Method, MethodKind, NativeSpec,
     Output, ScalarType, Shape, Tolerance, BUILTIN_BASELINES, BUILTIN_PROBLEMS, DTYPES,
+    IR_EXTENSIONS,
 };
 use super::raw::{
     FlushWith, RawInterpreter, RawKeys, RawManifest, RawMethod, RawProtocol, RawSearch,
@@ -81,6 +82,15 @@ pub fn validate(
                 if !method_names.contains(&m.as_str()) {
                     return Err(unknown(m.span, "method", m, &method_names));
                 }
+            }
+            if o.format == super::model::OutputFormat::Ir
+                && (o.path.contains("{{") || o.path.contains("{%"))
+            {
+                return Err(Diagnostic::at(
+                    o.path.span,
+                    "an `ir` output names one folder, not a template",
+                )
+                .help("write a plain folder such as `ir`: each winner gets a folder per shape and method in it"));
             }
             if let Some(shapes) = &shapes {
                 check_output_path(&o.path, &env, shapes, device)?;
@@ -363,6 +373,15 @@ fn method(
         // What is compiled and how it is launched define the method's code too.
         identity.update(native_identity(m).as_bytes());
     }
+    let ir = match &m.ir {
+        None => None,
+        Some(file) => {
+            let (path, bytes) = ir_file(file, m.kind, base_dir)?;
+            identity.update(b"\0ir\0");
+            identity.update(&bytes);
+            Some(path)
+        }
+    };
     if let Some(source) = &m.source {
         let path = base_dir.join(source.as_str());
         let bytes = std::fs::read(&path).map_err(|e| {
@@ -393,6 +412,7 @@ fn method(
         launch,
         grid,
         native,
+        ir,
         fixed: None,
     })
 }
@@ -696,6 +716,46 @@ fn kernel_arg(
         ty: ty.unwrap_or(ScalarType::I32),
         expr: e,
     })
+}
+
+/// An `ir:` file: a Triton method's, of a stage Triton compiles from, readable.
+/// Returns its absolute path and contents (hashed into the method's identity).
+fn ir_file(
+    file: &Spanned<String>,
+    kind: MethodKind,
+    base_dir: &Path,
+) -> Result<(std::path::PathBuf, Vec<u8>), Diagnostic> {
+    if kind != MethodKind::Triton {
+        return Err(Diagnostic::at(
+            file.span,
+            format!("`ir:` is for Triton methods; this one is {}", kind.as_str()),
+        )
+        .help("an IR file stands in for a Triton kernel's compiled stages: set `kind: triton`"));
+    }
+    let path = base_dir.join(file.as_str());
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if !IR_EXTENSIONS.contains(&ext) {
+        return Err(Diagnostic::at(
+            file.span,
+            format!(
+                "IR file `{}` is not of a stage Triton compiles from",
+                file.value
+            ),
+        )
+        .help(format!(
+            "name a .{} file (the extension names the stage)",
+            IR_EXTENSIONS.join(", .")
+        )));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| {
+        Diagnostic::at(
+            file.span,
+            format!("cannot read IR file {}: {e}", path.display()),
+        )
+        .help("paths are relative to the manifest; `tunelab run --keep-ir` writes IR files")
+    })?;
+    let path = path.canonicalize().unwrap_or(path);
+    Ok((path, bytes))
 }
 
 fn baseline(

@@ -6,7 +6,7 @@ use std::ffi::{c_void, CStr, CString};
 
 use cudarc::driver::sys::{self, CUfunction_attribute as FnAttr, CUresult};
 
-use super::gpu::{ErrorClass, Facts, Gpu, GpuError, Ptr};
+use super::gpu::{ErrorClass, Facts, Gpu, GpuError, Ptr, Usage};
 
 pub struct Cuda {
     facts: Facts,
@@ -193,6 +193,21 @@ impl Gpu for Cuda {
             )
         })?;
         Ok(v.max(0) as u32)
+    }
+
+    fn usage(&self, function: u64) -> Result<Usage, GpuError> {
+        let attr = |which| {
+            let mut v = 0;
+            // SAFETY: a live function handle.
+            ok("cuFuncGetAttribute", unsafe {
+                sys::cuFuncGetAttribute(&mut v, which, function as sys::CUfunction)
+            })
+            .map(|()| v.max(0) as u32)
+        };
+        Ok(Usage {
+            registers: attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            local_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+        })
     }
 
     fn max_shared_optin(&self) -> u32 {

@@ -46,6 +46,13 @@ pub struct Facts {
     pub backend: &'static str,
 }
 
+/// What a loaded function takes of the GPU, per thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub registers: u32,
+    pub local_bytes: u32,
+}
+
 /// One device, one stream.
 pub trait Gpu {
     fn facts(&self) -> &Facts;
@@ -56,6 +63,9 @@ pub trait Gpu {
     fn max_threads(&self, function: u64) -> Result<u32, GpuError>;
     /// Static shared memory the function declares.
     fn static_shared(&self, function: u64) -> Result<u32, GpuError>;
+    /// Registers per thread and local (spill) memory per thread, in bytes,
+    /// as the loaded function reports them.
+    fn usage(&self, function: u64) -> Result<Usage, GpuError>;
     /// The most dynamic shared memory a block of this device may opt in to.
     fn max_shared_optin(&self) -> u32;
     /// Lets the function take `bytes` of dynamic shared memory (above 48 KiB needs this).

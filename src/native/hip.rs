@@ -6,7 +6,7 @@ use std::ffi::{c_void, CStr, CString};
 
 use hip_runtime_sys::*;
 
-use super::gpu::{ErrorClass, Facts, Gpu, GpuError, Ptr};
+use super::gpu::{ErrorClass, Facts, Gpu, GpuError, Ptr, Usage};
 
 pub struct Hip {
     facts: Facts,
@@ -153,6 +153,21 @@ impl Gpu for Hip {
             )
         })?;
         Ok(v.max(0) as u32)
+    }
+
+    fn usage(&self, function: u64) -> Result<Usage, GpuError> {
+        let attr = |which| {
+            let mut v = 0;
+            // SAFETY: a live function handle.
+            ok("hipFuncGetAttribute", unsafe {
+                hipFuncGetAttribute(&mut v, which, function as hipFunction_t)
+            })
+            .map(|()| v.max(0) as u32)
+        };
+        Ok(Usage {
+            registers: attr(hipFunction_attribute::HIP_FUNC_ATTRIBUTE_NUM_REGS)?,
+            local_bytes: attr(hipFunction_attribute::HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+        })
     }
 
     fn max_shared_optin(&self) -> u32 {

@@ -466,6 +466,7 @@ impl Server {
             )
         })?;
         let static_shared = self.gpu.static_shared(function)?;
+        let usage = self.gpu.usage(function)?;
         let optin = self.gpu.max_shared_optin();
         if optin > 0 && shared as u64 + static_shared as u64 > optin as u64 {
             return Err(Failure::new(
@@ -539,7 +540,16 @@ impl Server {
         self.gpu.synchronize()?;
         let us = started.elapsed().as_secs_f64() * 1e6;
         self.prepared = Some(prepared);
-        Ok(json!({"launch_us": us}))
+        Ok(json!({
+            "launch_us": us,
+            "kernel": {
+                "name": req.symbol,
+                "n_regs": usage.registers,
+                "local_bytes": usage.local_bytes,
+                "shared": static_shared as u64 + shared as u64,
+                "threads": threads,
+            },
+        }))
     }
 
     fn poison(&mut self, ptr: Ptr, pattern: &[u8], elements: u64) -> Result<(), Failure> {

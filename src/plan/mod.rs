@@ -121,6 +121,17 @@ pub fn filter_applies(exp: &Experiment, opts: &PlanOptions<'_>) -> bool {
         .is_ok()
 }
 
+/// Whether the plan holds at least one job (it stops at the first): a
+/// companion that `--only` leaves empty is not run.
+pub fn has_jobs(exp: &Experiment, opts: &PlanOptions<'_>) -> Result<bool, Diagnostic> {
+    let mut any = false;
+    plan(exp, opts, &mut |_| {
+        any = true;
+        ControlFlow::Break(())
+    })?;
+    Ok(any)
+}
+
 /// The shapes a mode runs: the interpreter's own set when there is one.
 fn shapes_for(exp: &Experiment, mode: Mode) -> &[Shape] {
     match (mode, &exp.interpreter) {

@@ -278,7 +278,7 @@ mod tests {
             "kernel": "k", "shape": {"M": m}, "config": {}, "baseline": false,
             "status": "ok", "failure": null, "check": null, "stats": null, "flops": null,
             "bytes": null, "tflops": null, "gbs": null, "roofline_pct": null,
-            "compile_s": null, "duration_s": seconds, "lane": 0,
+            "compile_s": null, "duration_s": seconds, "lane": 0, "kernels": [],
             "finished_at": "2026-11-23T00:00:00Z"
         }))
         .unwrap()
@@ -323,6 +323,7 @@ mod tests {
             kernel: "k".into(),
             kind: MethodKind::Triton,
             jobs: Vec::new(),
+            unavailable: None,
         }
     }
 

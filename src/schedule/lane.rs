@@ -129,6 +129,8 @@ struct Measured {
     sampling: Sampling,
     check: Option<crate::store::CheckResult>,
     compile_s: Option<f64>,
+    /// What the compiler made of the job's kernels, from its check.
+    kernels: Vec<crate::store::KernelResources>,
     started: Instant,
 }
 
@@ -139,6 +141,7 @@ impl Measured {
             sampling: Sampling::default(),
             check: None,
             compile_s: None,
+            kernels: Vec::new(),
             started: Instant::now(),
         }
     }
@@ -207,7 +210,11 @@ pub fn run_group(
         track: &track,
         emit,
     };
-    if let Some(why) = facts.unavailable.get(&lane.kernel) {
+    if let Some(why) = group
+        .unavailable
+        .as_ref()
+        .or(facts.unavailable.get(&lane.kernel))
+    {
         // The method cannot run here: every job is recorded as skipped,
         // with the reason, and runs again on a later resume.
         lane.skip_all(why);
@@ -246,6 +253,7 @@ pub fn run_group(
             kernel,
             kind,
             jobs,
+            unavailable: group.unavailable,
         });
     }
     if ctx.run_mode == RunMode::Tune
@@ -427,6 +435,7 @@ impl Lane<'_, '_> {
             gbs,
             roofline_pct,
             compile_s: m.compile_s,
+            kernels: m.kernels.clone(),
             duration_s: m.started.elapsed().as_secs_f64(),
             lane: ctx.lane,
             finished_at: now_rfc3339(),
@@ -604,7 +613,12 @@ fn prepare(
     m: &mut Measured,
 ) -> Result<(), JobFailure> {
     let tol = ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
-    let check = backend.check(&m.job, kernel, kind.as_str(), tol, ctx.protocol.seed)?;
+    let check = backend.check(&m.job, kernel, kind.as_str(), tol, ctx.protocol.seed);
+    let kernels = backend.take_kernels();
+    if !kernels.is_empty() {
+        m.kernels = kernels;
+    }
+    let check = check?;
     let passed = check.passed;
     let bad_values = check.nan_count + check.inf_count;
     let frac = check.mismatch_frac;
@@ -925,6 +939,7 @@ mod tests {
             _: ToleranceFor,
             _: u64,
         ) -> Result<CheckResult, JobFailure> {
+            self.prepared = None;
             if job.config["B"] == 9 {
                 return Err(JobFailure::new(
                     FailureClass::CompileError,
@@ -937,6 +952,20 @@ mod tests {
                 elements: 1,
                 ..Default::default()
             })
+        }
+        fn take_kernels(&mut self) -> Vec<crate::store::KernelResources> {
+            // The kernel of the config just checked: B registers more than 64.
+            let Some(job) = &self.prepared else {
+                return Vec::new();
+            };
+            vec![crate::store::KernelResources {
+                name: "k".into(),
+                n_regs: Some(64 + job.config["B"].as_u64().unwrap() as u32),
+                n_spills: Some(0),
+                shared: 1024,
+                num_warps: 4,
+                num_stages: 2,
+            }]
         }
         fn warmup(&mut self, _: &str, _: u32, _: f64) -> Result<(), JobFailure> {
             Ok(())
@@ -989,6 +1018,7 @@ mod tests {
             kernel: "k".into(),
             kind: MethodKind::Triton,
             jobs,
+            unavailable: None,
         }
     }
 
@@ -1067,6 +1097,16 @@ mod tests {
         assert_eq!(best.0.config["B"], 5);
         assert_eq!(finals.len(), 2, "the best two are re-timed");
         assert!(finals.iter().any(|f| f.job_id == "job5"));
+        // Each checked job records the kernels its check compiled; a job that
+        // failed to compile records none.
+        for j in &jobs {
+            let b = j.config["B"].as_u64().unwrap() as u32;
+            if j.status == JobStatus::Failed {
+                assert!(j.kernels.is_empty());
+            } else {
+                assert_eq!(j.max_regs(), Some(64 + b), "{}", j.job_id);
+            }
+        }
     }
 
     #[test]

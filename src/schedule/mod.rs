@@ -58,6 +58,9 @@ pub struct Group {
     pub kernel: String,
     pub kind: MethodKind,
     pub jobs: Vec<Job>,
+    /// Why the runner knows the method cannot run in this run (an `ir:`
+    /// method in the interpreter); its jobs are recorded as skipped.
+    pub unavailable: Option<String>,
 }
 
 pub enum Event {
@@ -464,7 +467,7 @@ impl Workers {
                 .map(|i| {
                     let mut s = spec("compile", devices[0].clone(), format!("compile{i}.log"));
                     s.target = target.clone();
-                    PythonBackend::new(s, &exp.problem, timeout)
+                    PythonBackend::new(s, &exp.problem, timeout).with_ir_files(exp.ir_files())
                 })
                 .collect();
             let native_pool = native
@@ -495,7 +498,8 @@ impl Workers {
                     spec("lane", device.clone(), format!("lane{number}.log")),
                     &exp.problem,
                     timeout,
-                );
+                )
+                .with_ir_files(exp.ir_files());
                 let mut backend = match &native {
                     Some(setup) => {
                         let spawn = NativeSpawn {
@@ -587,7 +591,7 @@ fn native_worker_program() -> PathBuf {
 }
 
 /// The variable that names a lane's GPU to its worker.
-fn visible_devices_var(device: &DeviceInfo) -> &'static str {
+pub fn visible_devices_var(device: &DeviceInfo) -> &'static str {
     match device.backend.as_str() {
         "hip" => "HIP_VISIBLE_DEVICES",
         _ => "CUDA_VISIBLE_DEVICES",
@@ -940,6 +944,7 @@ fn hand_back(rest: Group, failed: &[lane::JobRef]) -> Vec<Group> {
                 kernel: f.kernel.clone(),
                 kind: f.kind,
                 jobs: vec![f.job.clone()],
+                unavailable: None,
             }),
         }
     }
@@ -980,6 +985,7 @@ fn spawn_planner<'scope, 'env>(
                 kernel: method.kernel.clone(),
                 kind: method.kind,
                 jobs: Vec::new(),
+                unavailable: unavailable_here(method, run.opts.mode),
             };
             let this = |m: &str, i: usize| m == pending.method && i == pending.shape_index;
             let planned = plan::plan_groups(exp, run.plan_opts, Some(&this), &mut |job| {
@@ -1019,9 +1025,24 @@ fn spawn_planner<'scope, 'env>(
     })
 }
 
+/// Why a method cannot run in this mode, when the runner knows it ahead: an
+/// `ir:` method has no Python source the interpreter could run.
+fn unavailable_here(method: &crate::manifest::Method, mode: Mode) -> Option<String> {
+    match (&method.ir, mode) {
+        (Some(ir), Mode::Interpreter) => Some(format!(
+            "runs from IR ({}), which needs a GPU: the interpreter runs the kernel's Python source",
+            ir.file_name().map_or_else(
+                || ir.display().to_string(),
+                |n| n.to_string_lossy().into_owned()
+            )
+        )),
+        _ => None,
+    }
+}
+
 /// What a compile worker compiles for, in `tunelab.target`'s syntax: the
 /// lane GPU's backend, architecture and warp size, so the worker needs no GPU.
-fn compile_target(device: &DeviceInfo) -> Option<String> {
+pub fn compile_target(device: &DeviceInfo) -> Option<String> {
     match device.backend.as_str() {
         "cuda" if device.cc_major > 0 => Some(format!(
             "cuda:{}{}:{}",

@@ -70,11 +70,11 @@ pub fn check_problem(
     python: &str,
 ) -> Result<HashMap<String, String>, Diagnostics> {
     // Native methods are compiled from their source, not looked up in the problem.
-    let kernels: Vec<&str> = exp
+    let kernels: Vec<(&str, crate::manifest::MethodKind)> = exp
         .methods
         .iter()
         .filter(|m| !m.kind.is_native())
-        .map(|m| m.kernel.as_str())
+        .map(|m| (m.kernel.as_str(), m.kind))
         .collect();
     let shape_json = serde_json::to_value(shape).expect("shape serialises");
     let probe = worker

@@ -233,6 +233,7 @@ fn read_dir(dir: &Path, keep_entries: bool) -> Result<Reader, StoreError> {
     for (path, source) in sources {
         reader.read(&path, source)?;
     }
+    reader.results.profile_summary = dir.join("profile").join("summary.md").is_file();
     Ok(reader)
 }
 
@@ -282,6 +283,17 @@ impl Reader {
             if let Ok(f) = serde_json::from_str::<FinalRecordV1>(line) {
                 self.add(Entry::Final(f.migrate()));
                 return Ok(());
+            }
+            match super::v1::job_record(line) {
+                Some(Ok(j)) => {
+                    self.add(Entry::Job(Box::new(j)));
+                    return Ok(());
+                }
+                Some(Err(e)) => {
+                    self.warn(path, n, &e.to_string());
+                    return Ok(());
+                }
+                None => {}
             }
         }
         let entry = match serde_json::from_str::<Entry>(line) {

@@ -126,11 +126,53 @@ pub struct JobRecord {
     /// max(flops / peak flops, bytes / peak bandwidth) / time, in percent.
     pub roofline_pct: Option<f64>,
     pub compile_s: Option<f64>,
+    /// What the compiler made of each kernel the job launched, in launch
+    /// order: registers, spills, shared memory. Empty where nothing was
+    /// compiled (a torch method, the interpreter) or the job failed before
+    /// its check compiled anything.
+    pub kernels: Vec<KernelResources>,
     /// Wall time from the job's start to its record.
     pub duration_s: f64,
     pub lane: u32,
     /// RFC 3339 UTC time the record was written.
     pub finished_at: String,
+}
+
+impl JobRecord {
+    /// The most registers per thread any of the job's kernels uses.
+    pub fn max_regs(&self) -> Option<u32> {
+        self.kernels.iter().filter_map(|k| k.n_regs).max()
+    }
+
+    /// Registers spilled per thread, summed over the job's kernels; `None`
+    /// when no kernel's count is known.
+    pub fn spills(&self) -> Option<u32> {
+        let known: Vec<u32> = self.kernels.iter().filter_map(|k| k.n_spills).collect();
+        (!known.is_empty()).then(|| known.iter().sum())
+    }
+
+    /// The most shared memory per block any of the job's kernels uses, in bytes.
+    pub fn max_shared(&self) -> Option<u64> {
+        self.kernels.iter().map(|k| k.shared).max()
+    }
+}
+
+/// One compiled kernel of a job, as its compile metadata and the driver
+/// describe it (docs/workbench.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KernelResources {
+    /// The compiled kernel's name (`matmul_kernel`).
+    pub name: String,
+    /// Registers per thread: the driver's count once loaded on a GPU, else
+    /// the cubin's (cuobjdump), which agree; `None` where neither was read.
+    pub n_regs: Option<u32>,
+    /// Registers spilled per thread: local memory bytes / 4, Triton's count.
+    pub n_spills: Option<u32>,
+    /// Shared memory per block, bytes (Triton's `metadata.shared`).
+    pub shared: u64,
+    pub num_warps: u32,
+    pub num_stages: u32,
 }
 
 /// A finalist re-timed interleaved with the other finalists of its shape.
@@ -279,4 +321,7 @@ pub struct Results {
     pub finals: Vec<FinalRecord>,
     /// Lanes retired during the runs, in journal order.
     pub retired: Vec<LaneRetired>,
+    /// `tunelab profile` wrote `profile/summary.md` beside the journal (the
+    /// report links it). Not in the journal: read from the directory.
+    pub profile_summary: bool,
 }

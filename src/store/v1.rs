@@ -1,8 +1,9 @@
 //! Reading journals of format 1 (tunelab before 2026-11-23): run headers
 //! without a `format` field. Frozen: these types describe files that exist
-//! and never change again. Job and final records of format 1 are identical
-//! to format 2's (the enums spell the same strings), so only the header is
-//! migrated.
+//! and never change again. Job records of format 1 are format 2's without
+//! `kernels` (format 1 did not record what the compiler made of a job's
+//! kernels: they read as none), and final records lack `timing`; the header
+//! is migrated field by field.
 //!
 //! What changed in the header:
 //! - `mode`, `run_mode`: free strings -> enums (same spellings);
@@ -17,7 +18,7 @@
 use indexmap::IndexMap;
 use serde::Deserialize;
 
-use super::record::{Fingerprint, OutputSpec, RunHeader, SearchRecord};
+use super::record::{Fingerprint, JobRecord, OutputSpec, RunHeader, SearchRecord};
 use crate::device::DeviceInfo;
 use crate::manifest::{DtypeOverride, Tolerance};
 use crate::measure::{L2Flush, Protocol, Stats, Timing};
@@ -181,6 +182,19 @@ impl FinalRecordV1 {
             tied_with_best: self.tied_with_best,
         }
     }
+}
+
+/// A job record of format 1, read as format 2's with no `kernels`; `None`
+/// when the line is not a job record lacking them.
+pub fn job_record(line: &str) -> Option<Result<JobRecord, serde_json::Error>> {
+    let mut value: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = value.as_object_mut()?;
+    if fields.get("type")?.as_str()? != "job" || fields.contains_key("kernels") {
+        return None;
+    }
+    fields.remove("type");
+    fields.insert("kernels".into(), serde_json::Value::Array(Vec::new()));
+    Some(serde_json::from_value(value))
 }
 
 /// A format-1 search label: the strategy's name, with `(eta N)` after

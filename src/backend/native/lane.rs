@@ -24,7 +24,7 @@ use crate::backend::{Backend, JobFailure, PythonBackend, SampleBatch, SampleMode
 use crate::manifest::{KernelArg, LaunchPath, Method, ScalarType, ToleranceFor};
 use crate::measure::L2Flush;
 use crate::plan::Job;
-use crate::store::{CheckResult, FailureClass};
+use crate::store::{CheckResult, FailureClass, KernelResources};
 
 /// tunelab's helper kernels (spin, L2 flush), compiled for the lane's GPU.
 const HELPERS: &str = include_str!("../../native/helpers.cu");
@@ -134,6 +134,25 @@ pub struct LaneBackend {
     native: Option<NativeLane>,
     /// The prepared job is the native worker's.
     native_prepared: bool,
+    /// The kernel the last native check launched, until the lane takes it.
+    native_kernels: Vec<KernelResources>,
+}
+
+/// The kernel a native worker's `check` answer describes: registers and
+/// local memory as the driver reports them for the loaded function (spills
+/// counted as Triton counts them, local bytes / 4), shared memory per block
+/// (static and dynamic), warps from the block size; stages do not apply (0).
+fn kernel_of(reply: &Json) -> Option<KernelResources> {
+    let k = reply.get("kernel")?;
+    let u = |key: &str| k.get(key).and_then(Json::as_u64);
+    Some(KernelResources {
+        name: k.get("name")?.as_str()?.to_string(),
+        n_regs: u("n_regs").map(|v| v as u32),
+        n_spills: u("local_bytes").map(|v| (v / 4) as u32),
+        shared: u("shared").unwrap_or(0),
+        num_warps: u("threads").map_or(0, |t| t.div_ceil(32) as u32),
+        num_stages: 0,
+    })
 }
 
 impl LaneBackend {
@@ -143,6 +162,7 @@ impl LaneBackend {
             python,
             native: None,
             native_prepared: false,
+            native_kernels: Vec::new(),
         }
     }
 
@@ -161,6 +181,7 @@ impl LaneBackend {
                 broken: None,
             }),
             native_prepared: false,
+            native_kernels: Vec::new(),
         }
     }
 
@@ -221,6 +242,8 @@ impl LaneBackend {
         if let Some(why) = self.native_reason() {
             return Err(JobFailure::new(FailureClass::Unavailable, why));
         }
+        // A Triton recipe says what Triton compiled (stages included).
+        let mut recipe_kernels: Vec<KernelResources> = Vec::new();
         let launch = if method.kind.is_native() {
             let n = self.native.as_ref().expect("a native lane");
             let artifact = n.setup.compiler.compile(method, job)?;
@@ -255,6 +278,9 @@ impl LaneBackend {
                 "cache_dir": cache,
             });
             let recipe = self.python.request("recipe", body)?;
+            if let Some(k) = recipe.get("kernels") {
+                recipe_kernels = serde_json::from_value(k.clone()).unwrap_or_default();
+            }
             Launch::from_recipe(&recipe)?
         };
         let n = self.native.as_mut().expect("a native lane");
@@ -262,7 +288,12 @@ impl LaneBackend {
         let mut body = launch.body(&job.id);
         body["poison"] =
             json!({"tensor": reply.out, "pattern": reply.poison, "elements": reply.elements});
-        n.process.call("check", body)?;
+        let checked = n.process.call("check", body)?;
+        self.native_kernels = if recipe_kernels.is_empty() {
+            kernel_of(&checked).into_iter().collect()
+        } else {
+            recipe_kernels
+        };
         self.native_prepared = true;
         let compared = self.python.request(
             "compare",
@@ -552,9 +583,18 @@ impl Backend for LaneBackend {
         seed: u64,
     ) -> Result<CheckResult, JobFailure> {
         self.native_prepared = false;
+        self.native_kernels.clear();
         match self.native_method(job) {
             Some(m) => self.check_native(&m, job, tol, seed),
             None => self.python.check(job, kernel, kind, tol, seed),
+        }
+    }
+
+    fn take_kernels(&mut self) -> Vec<KernelResources> {
+        if self.native_prepared {
+            std::mem::take(&mut self.native_kernels)
+        } else {
+            self.python.take_kernels()
         }
     }
 
@@ -625,6 +665,21 @@ impl Backend for LaneBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_native_check_reports_the_kernels_resources() {
+        let reply = json!({"launch_us": 12.0, "kernel": {
+            "name": "gemm_mma<128, 64>", "n_regs": 168, "local_bytes": 24,
+            "shared": 49152, "threads": 200}});
+        let k = kernel_of(&reply).expect("a kernel");
+        assert_eq!(k.name, "gemm_mma<128, 64>");
+        assert_eq!(k.n_regs, Some(168));
+        assert_eq!(k.n_spills, Some(6));
+        assert_eq!(k.shared, 49152);
+        assert_eq!(k.num_warps, 7);
+        assert_eq!(k.num_stages, 0);
+        assert!(kernel_of(&json!({"launch_us": 1.0})).is_none());
+    }
 
     #[test]
     fn scalars_are_typed_and_range_checked() {

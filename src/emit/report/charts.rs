@@ -1,161 +1,191 @@
-//! Latency-vs-M charts (mermaid `xychart-beta`), one per group of shapes
-//! that differ only in M.
+//! The charts: per sweep, latency, speedup over the reference and % of the
+//! roofline bound against M (log scale), one line per method, written as
+//! SVG files beside the report (`crate::emit::svg`).
 
 use super::*;
+use crate::emit::svg::{LineChart, Series, YScale};
 
-/// Line colours of the charts, and their names for the legend.
-pub(super) const PALETTE: &[(&str, &str)] = &[
-    ("#2563eb", "blue"),
-    ("#dc2626", "red"),
-    ("#16a34a", "green"),
-    ("#9333ea", "purple"),
-    ("#ea580c", "orange"),
-    ("#0891b2", "cyan"),
-    ("#4b5563", "grey"),
-    ("#ca8a04", "yellow"),
-];
-
-#[derive(Serialize)]
-pub(super) struct Chart {
-    pub(super) title: String,
-    pub(super) x: String,
-    pub(super) lines: Vec<String>,
-    pub(super) palette: String,
-    pub(super) legend: String,
-    pub(super) note: Option<String>,
+/// One chart file, and how the report links it.
+pub(super) struct ChartFile {
+    /// The sweep it belongs to.
+    pub(super) slug: String,
+    pub(super) alt: String,
+    /// Relative to the report.
+    pub(super) link: String,
+    /// Relative to the results directory.
+    pub(super) path: PathBuf,
+    pub(super) svg: String,
 }
 
-/// Shapes that differ only in M, each group with its label; in shape order.
-pub(super) fn chart_groups<'s, 'a>(
-    shapes: &[&'s ShapeOutcome<'a>],
-) -> Vec<(ShapeFields, Vec<&'s ShapeOutcome<'a>>)> {
-    let mut groups: Vec<(String, ShapeFields, Vec<&ShapeOutcome<'_>>)> = Vec::new();
-    for s in shapes {
-        if s.m().is_none() {
-            continue;
-        }
-        let mut rest = s.shape.clone();
-        rest.shift_remove("M");
-        let key = shape_key(&rest);
-        match groups.iter_mut().find(|(k, _, _)| *k == key) {
-            Some((_, _, v)) => v.push(s),
-            None => groups.push((key, rest, vec![s])),
-        }
-    }
-    groups.into_iter().map(|(_, rest, v)| (rest, v)).collect()
-}
-
-pub(super) fn charts(group: &Group<'_, '_>, labels: &ShapeLabels, moe: bool) -> Vec<Chart> {
-    let methods = group.sel.methods();
-    let title_fields: Vec<String> = labels
-        .varying
-        .iter()
-        .filter(|f| *f != "M")
+/// Fields equal to M in every shape (`N`, `K` of square GEMMs).
+fn equal_to_m(shapes: &[&ShapeOutcome<'_>]) -> Vec<String> {
+    let Some(first) = shapes.first() else {
+        return Vec::new();
+    };
+    first
+        .shape
+        .keys()
+        .filter(|k| *k != "M")
+        .filter(|k| {
+            shapes
+                .iter()
+                .all(|s| s.m().is_some() && s.shape.get(*k).and_then(select_int) == s.m())
+        })
         .cloned()
-        .collect();
+        .collect()
+}
+
+fn select_int(v: &Json) -> Option<i64> {
+    crate::emit::select::json_int(v)
+}
+
+pub(super) fn charts(a: &Analysis<'_, '_, '_>, paths: &Paths) -> Vec<ChartFile> {
     let mut out = Vec::new();
-    for (rest, shapes) in chart_groups(&group.shapes) {
-        // Series: (label, per-shape time).
-        let mut series: Vec<(String, Vec<Option<f64>>)> = Vec::new();
-        for (m, kind) in &methods {
-            if moe && *kind == MethodKind::Torch {
-                continue;
-            }
-            let outcomes: Vec<Option<&crate::emit::MethodOutcome<'_>>> =
-                shapes.iter().map(|s| s.method(m)).collect();
-            let best: Vec<Option<f64>> = outcomes
-                .iter()
-                .map(|o| o.and_then(|o| o.best).map(|t| t.time_us()))
-                .collect();
-            let base: Vec<Option<f64>> = outcomes
-                .iter()
-                .map(|o| o.and_then(|o| o.baseline).map(|t| t.time_us()))
-                .collect();
-            let has_base = base.iter().any(Option::is_some);
-            if best.iter().any(Option::is_some) {
-                series.push((
-                    if has_base || moe {
-                        format!("{m} tuned")
-                    } else {
-                        m.to_string()
-                    },
-                    best,
-                ));
-            }
-            if has_base {
-                series.push((format!("{m} baseline"), base));
-            }
-        }
-        series.truncate(PALETTE.len());
-        if series.is_empty() {
+    for sweep in &a.sweeps {
+        let ms: Vec<Option<i64>> = sweep.shapes.iter().map(|s| s.m()).collect();
+        let distinct_ms = distinct(ms.iter().copied());
+        if ms.iter().any(Option::is_none) || distinct_ms.len() != ms.len() || ms.len() < 2 {
             continue;
         }
-        let points: Vec<usize> = (0..shapes.len())
-            .filter(|&i| series.iter().all(|(_, v)| v[i].is_some()))
-            .collect();
-        if points.len() < 2 {
-            continue;
-        }
-        let dropped: Vec<String> = (0..shapes.len())
-            .filter(|i| !points.contains(i))
-            .filter_map(|i| shapes[i].m())
-            .map(|m| m.to_string())
-            .collect();
-        let label = labels.label_of(&rest, &title_fields);
-        let title = if label.is_empty() {
-            format!("{}: latency vs M", group.header.experiment)
+        let x_label = if sweep.by_m {
+            "M".to_string()
         } else {
-            format!("{label}: latency vs M")
+            let eq = equal_to_m(&sweep.shapes);
+            if eq.is_empty() {
+                "M (the shapes differ in other fields too)".to_string()
+            } else {
+                format!("M (= {})", eq.join(" = "))
+            }
         };
-        let x = points
+        let xs: Vec<f64> = ms.iter().map(|m| m.unwrap_or(0) as f64).collect();
+        let methods: Vec<&str> = a
+            .methods
             .iter()
-            .filter_map(|&i| shapes[i].m())
-            .map(|m| format!("\"{m}\""))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let lines = series
-            .iter()
-            .map(|(_, v)| {
-                points
+            .map(|(m, _)| *m)
+            .filter(|m| {
+                sweep
+                    .shapes
                     .iter()
-                    .map(|&i| chart_value(v[i].unwrap_or(0.0)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                    .any(|s| s.method(m).is_some_and(|o| o.best.is_some()))
             })
             .collect();
-        let palette = PALETTE[..series.len()]
+        let line = |m: &str, f: &dyn Fn(&ShapeOutcome<'_>) -> Option<f64>| Series {
+            name: m.to_string(),
+            color: a.color(m).to_string(),
+            dashed: false,
+            points: xs
+                .iter()
+                .zip(&sweep.shapes)
+                .map(|(x, s)| (*x, f(s)))
+                .collect(),
+        };
+        let mut push = |kind: &str, what: &str, chart: LineChart| {
+            let (path, link) = paths.chart(&sweep.slug, kind);
+            out.push(ChartFile {
+                slug: sweep.slug.clone(),
+                alt: format!("{}: {what} vs M", sweep.title),
+                link,
+                path,
+                svg: chart.render(),
+            });
+        };
+
+        // Latency.
+        let mut series: Vec<Series> = methods
             .iter()
-            .map(|(c, _)| *c)
-            .collect::<Vec<_>>()
-            .join(", ");
-        let legend = series
-            .iter()
-            .zip(PALETTE)
-            .map(|((name, _), (_, colour))| format!("{colour}: {name}"))
-            .collect::<Vec<_>>()
-            .join("; ");
-        out.push(Chart {
-            title: title.replace('"', "'"),
-            x,
-            lines,
-            palette,
-            legend,
-            note: (!dropped.is_empty()).then(|| {
-                format!(
-                    "M = {} left out: not every line has a time there.",
-                    dropped.join(", ")
-                )
-            }),
-        });
+            .map(|m| {
+                line(m, &|s| {
+                    s.method(m).and_then(|o| o.best).map(|b| b.time_us())
+                })
+            })
+            .collect();
+        if let Reference::Baseline(b) = a.reference {
+            let mut base = line(b, &|s| a.reference_at(s).map(|t| t.time_us()));
+            base.name = if a.methods_with_baseline().len() > 1 {
+                format!("{b}'s baseline")
+            } else {
+                "baseline".into()
+            };
+            base.color = BASELINE_COLOR.into();
+            base.dashed = true;
+            series.push(base);
+        }
+        push(
+            "latency",
+            "latency",
+            LineChart {
+                title: format!("{}: latency vs M", sweep.title),
+                x_label: x_label.clone(),
+                y_label: "best median µs".into(),
+                y_scale: YScale::Auto,
+                y_include: Vec::new(),
+                series,
+                reference: None,
+                floor: None,
+            },
+        );
+
+        // Speedup over the reference.
+        if a.reference != Reference::None {
+            let name = a.reference_name();
+            let series: Vec<Series> = methods
+                .iter()
+                .filter(|m| a.reference != Reference::Method(m))
+                .map(|m| {
+                    line(m, &|s| {
+                        ratio(a.reference_at(s), s.method(m).and_then(|o| o.best))
+                    })
+                })
+                .collect();
+            if !series.is_empty() {
+                push(
+                    "speedup",
+                    "speedup",
+                    LineChart {
+                        title: format!("{}: speedup over {name}", sweep.title),
+                        x_label: x_label.clone(),
+                        y_label: format!("{name} µs / method µs"),
+                        y_scale: YScale::Auto,
+                        y_include: vec![1.0],
+                        series,
+                        reference: Some((1.0, name)),
+                        // An untuned method 10× slower would flatten the rest.
+                        floor: Some(0.25),
+                    },
+                );
+            }
+        }
+
+        // % of the roofline bound.
+        if a.gpu {
+            let series: Vec<Series> = methods
+                .iter()
+                .map(|m| {
+                    line(m, &|s| {
+                        s.method(m)
+                            .and_then(|o| o.best)
+                            .and_then(|b| b.roofline_pct())
+                    })
+                })
+                .filter(|s| s.points.iter().any(|p| p.1.is_some()))
+                .collect();
+            if !series.is_empty() {
+                push(
+                    "bound",
+                    "% of bound",
+                    LineChart {
+                        title: format!("{}: % of roofline bound", sweep.title),
+                        x_label,
+                        y_label: "% of bound".into(),
+                        y_scale: YScale::Linear,
+                        y_include: vec![0.0, 100.0],
+                        series,
+                        reference: None,
+                        floor: None,
+                    },
+                );
+            }
+        }
     }
     out
-}
-
-pub(super) fn chart_value(x: f64) -> String {
-    let s = num::us(x);
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
 }

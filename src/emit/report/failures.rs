@@ -1,95 +1,206 @@
-//! Failures by class, and noise flags with the jobs that carry them.
+//! Noise flags counted per flag and method, failures by class with one
+//! example each, skipped and pruned jobs counted. Job ids stay out of the
+//! report: the details file lists the flagged bests and every failure.
 
 use super::*;
+use crate::store::FailureClass;
 
-pub(super) const MAX_FLAG_JOBS: usize = 10;
+pub(super) const MAX_MESSAGE: usize = 160;
 
-pub(super) const MAX_MESSAGE: usize = 240;
-
-#[derive(Serialize)]
-pub(super) struct FailureRow {
-    pub(super) class: String,
-    pub(super) count: usize,
-    pub(super) example: String,
+/// What a flag says, in a few words.
+pub(super) fn meaning(f: Flag) -> &'static str {
+    match f {
+        Flag::Noisy => "the median's 95 % CI is wider than ±2 %",
+        Flag::Outliers => "1 % or more of the samples lie beyond Q3 + 3 IQR",
+        Flag::SlowStart => "the first tenth of the samples is over 5 % slower",
+        Flag::Drift => "the median moved over 3 % from the first third to the last",
+        Flag::Throttled => "the SM clock fell over 8 % below its peak",
+        Flag::TimerLimited => "the median is within a few µs of the timer's overhead",
+        Flag::CapHit => "a cap stopped sampling before the median converged",
+    }
 }
 
-#[derive(Serialize)]
-pub(super) struct FlagRow {
-    pub(super) flag: String,
-    pub(super) count: usize,
-    pub(super) jobs: String,
+/// Per flag, per method: flagged jobs, and how many of them are bests.
+pub(super) struct FlagCounts<'a> {
+    pub(super) methods: Vec<(&'a str, usize)>,
+    /// flag -> method -> (jobs, bests)
+    pub(super) counts: BTreeMap<Flag, HashMap<&'a str, (usize, usize)>>,
 }
 
-pub(super) fn failures(labels: &ShapeLabels, jobs: &[&JobRecord]) -> Vec<FailureRow> {
-    let mut by_class: HashMap<FailureClass, (usize, &JobRecord)> = HashMap::new();
-    let mut unclassified: Option<(usize, &JobRecord)> = None;
-    for j in jobs.iter().filter(|j| j.status == JobStatus::Failed) {
-        match &j.failure {
-            Some(f) => by_class.entry(f.class).or_insert((0, j)).0 += 1,
-            None => unclassified.get_or_insert((0, j)).0 += 1,
+pub(super) fn flag_counts<'a>(a: &Analysis<'_, '_, 'a>) -> FlagCounts<'a> {
+    let best_ids: HashSet<&str> = a
+        .group
+        .shapes
+        .iter()
+        .flat_map(|s| s.methods.iter())
+        .filter_map(|m| m.best.map(|b| b.job.job_id.as_str()))
+        .collect();
+    let mut timed: Vec<(&str, usize)> = a.methods.iter().map(|(m, _)| (*m, 0)).collect();
+    let mut counts: BTreeMap<Flag, HashMap<&str, (usize, usize)>> = BTreeMap::new();
+    for j in &a.jobs {
+        let Some(stats) = a.stats_of(j) else { continue };
+        if let Some(t) = timed.iter_mut().find(|(m, _)| *m == j.method) {
+            t.1 += 1;
+        }
+        for f in distinct(stats.flags.iter().copied()) {
+            if !a.shows_flag(f) {
+                continue;
+            }
+            let e = counts
+                .entry(f)
+                .or_default()
+                .entry(j.method.as_str())
+                .or_default();
+            e.0 += 1;
+            if best_ids.contains(j.job_id.as_str()) {
+                e.1 += 1;
+            }
         }
     }
-    let example = |j: &JobRecord| {
-        let msg = j
-            .failure
-            .as_ref()
-            .map(|f| truncate(&f.message, MAX_MESSAGE))
-            .unwrap_or_default();
-        let shape = labels.label(&j.shape);
-        cell(&format!("`{}` ({}, {shape}): {msg}", j.job_id, j.method))
-    };
-    let mut rows: Vec<FailureRow> = by_class
-        .into_iter()
-        .map(|(c, (n, j))| FailureRow {
-            class: c.as_str().into(),
-            count: n,
-            example: example(j),
+    timed.retain(|(_, n)| *n > 0);
+    FlagCounts {
+        methods: timed,
+        counts,
+    }
+}
+
+pub(super) fn flags_table(a: &Analysis<'_, '_, '_>, details_link: &str) -> (Option<Table>, String) {
+    let fc = flag_counts(a);
+    if fc.counts.is_empty() {
+        return (None, "No timed job was flagged.".into());
+    }
+    let mut columns = vec!["Flag".to_string(), "Meaning".to_string()];
+    columns.extend(
+        fc.methods
+            .iter()
+            .map(|(m, n)| format!("{} ({n} timed)", cell(m))),
+    );
+    let rows = fc
+        .counts
+        .iter()
+        .map(|(f, per)| {
+            let mut r = vec![f.as_str().to_string(), meaning(*f).to_string()];
+            for (m, _) in &fc.methods {
+                r.push(match per.get(m) {
+                    Some((n, 0)) => n.to_string(),
+                    Some((n, b)) => format!("{n} ({b} best)"),
+                    None => "0".into(),
+                });
+            }
+            r
         })
         .collect();
-    if let Some((n, j)) = unclassified {
-        rows.push(FailureRow {
-            class: "unclassified".into(),
-            count: n,
-            example: example(j),
-        });
-    }
-    rows.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.class.cmp(&b.class)));
-    rows
+    (
+        Some(Table::new(columns, rows, &[0, 1])),
+        format!("Flagged jobs, counted on the statistics each job's time comes from (its finalist re-timing where it has one); \"(k best)\": k of them are times the tables show, each listed in [the details]({details_link})."),
+    )
 }
 
-pub(super) fn flags(group: &Group<'_, '_>, jobs: &[&JobRecord]) -> Vec<FlagRow> {
-    // Flags order themselves as reports list them.
-    let mut by_flag: BTreeMap<Flag, Vec<&str>> = BTreeMap::new();
-    for j in jobs {
-        let stats = group
-            .sel
-            .final_of(&j.job_id)
-            .map(|f| &f.stats)
-            .or(j.stats.as_ref());
-        let Some(stats) = stats else { continue };
-        let mut seen = HashSet::new();
-        for f in &stats.flags {
-            if seen.insert(*f) {
-                by_flag.entry(*f).or_default().push(&j.job_id);
-            }
+pub(super) fn failures_table(a: &Analysis<'_, '_, '_>) -> Option<Table> {
+    let mut by_class: Vec<(String, usize, &JobRecord)> = Vec::new();
+    for j in a.jobs.iter().filter(|j| j.status == JobStatus::Failed) {
+        let class = j
+            .failure
+            .as_ref()
+            .map(|f| f.class.as_str())
+            .unwrap_or("unclassified")
+            .to_string();
+        match by_class.iter_mut().find(|(c, _, _)| *c == class) {
+            Some(e) => e.1 += 1,
+            None => by_class.push((class, 1, j)),
         }
     }
-    by_flag
+    if by_class.is_empty() {
+        return None;
+    }
+    by_class.sort_by(|x, y| y.1.cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+    let rows = by_class
         .into_iter()
-        .map(|(flag, ids)| {
-            let mut shown: Vec<String> = ids
-                .iter()
-                .take(MAX_FLAG_JOBS)
-                .map(|id| format!("`{id}`"))
-                .collect();
-            if ids.len() > MAX_FLAG_JOBS {
-                shown.push(format!("… and {} more", ids.len() - MAX_FLAG_JOBS));
-            }
-            FlagRow {
-                flag: flag.as_str().to_string(),
-                count: ids.len(),
-                jobs: shown.join(", "),
-            }
+        .map(|(class, n, j)| {
+            let msg = j
+                .failure
+                .as_ref()
+                .map(|f| truncate(&f.message, MAX_MESSAGE))
+                .unwrap_or_default();
+            vec![
+                class,
+                n.to_string(),
+                cell(&format!(
+                    "{}, {}, {}: {msg}",
+                    j.method,
+                    a.labels.label(&j.shape),
+                    config_text(&j.config)
+                )),
+            ]
         })
-        .collect()
+        .collect();
+    Some(Table::new(
+        ["Class", "Jobs", "Example (method, shape, config: message)"]
+            .map(String::from)
+            .to_vec(),
+        rows,
+        &[0, 2],
+    ))
+}
+
+/// Skipped, pruned and checked-only jobs, counted per method and reason.
+pub(super) fn skipped_lines(a: &Analysis<'_, '_, '_>) -> Vec<String> {
+    let per = by_method(&a.jobs);
+    let mut out = Vec::new();
+    for (m, _) in &a.methods {
+        let Some(jobs) = per.get(m) else { continue };
+        let unavailable: Vec<&&JobRecord> = jobs
+            .iter()
+            .filter(|j| {
+                j.status == JobStatus::Skipped
+                    && j.failure
+                        .as_ref()
+                        .is_some_and(|f| f.class == FailureClass::Unavailable)
+            })
+            .collect();
+        if !unavailable.is_empty() {
+            let reasons = distinct(
+                unavailable
+                    .iter()
+                    .filter_map(|j| j.failure.as_ref())
+                    .map(|f| truncate(&f.message, MAX_MESSAGE)),
+            );
+            out.push(format!(
+                "{m}: {} skipped, the method cannot run here ({}).",
+                num::count(unavailable.len() as u64, "job", "jobs"),
+                reasons.join("; ")
+            ));
+        }
+        let budget = jobs
+            .iter()
+            .filter(|j| j.status == JobStatus::Skipped && j.failure.is_none())
+            .count();
+        if budget > 0 {
+            out.push(format!(
+                "{m}: {} skipped, the surrogate search spent its budget on others.",
+                num::count(budget as u64, "config", "configs")
+            ));
+        }
+        let pruned = jobs
+            .iter()
+            .filter(|j| j.status == JobStatus::Pruned)
+            .count();
+        if pruned > 0 {
+            out.push(format!(
+                "{m}: {} pruned by successive halving after screening.",
+                num::count(pruned as u64, "config", "configs")
+            ));
+        }
+        let checked = jobs
+            .iter()
+            .filter(|j| j.status == JobStatus::Checked)
+            .count();
+        if checked > 0 {
+            out.push(format!(
+                "{m}: {} checked only, not timed.",
+                num::count(checked as u64, "job", "jobs")
+            ));
+        }
+    }
+    out
 }

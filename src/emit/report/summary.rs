@@ -1,98 +1,392 @@
-//! The summary bullets at the top of the report.
+//! The summary: what changed against the shipped files a run timed, each
+//! method's speedup over its baseline with the shapes that gained least, the
+//! untuned methods against the fastest, which method wins where, % of the
+//! roofline bound with the lowest shapes, and failures or skips worth a
+//! reviewer's eye. The re-timing table follows it (`retime.rs`).
 
+use super::timed::{baseline_rule, BaselineRule};
 use super::*;
+use crate::emit::compare::{compared_in_run, Row as CompareRow};
+use crate::measure::{geomean, verdict, Verdict};
+use crate::store::FailureClass;
 
-pub(super) fn median(values: &mut [f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
+fn verdicts(pairs: impl IntoIterator<Item = Verdict>) -> String {
+    let (mut fast, mut same, mut slow) = (0, 0, 0);
+    for v in pairs {
+        match v {
+            Verdict::Fast => fast += 1,
+            Verdict::Same => same += 1,
+            Verdict::Slow => slow += 1,
+        }
     }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    Some(if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    })
+    let mut parts = vec![format!("{fast} FAST"), format!("{same} SAME")];
+    if slow > 0 {
+        parts.push(format!("**{slow} SLOW**"));
+    }
+    format!("{} by 95 % CI overlap", parts.join(", "))
 }
 
-pub(super) fn summary(group: &Group<'_, '_>, methods: &[(&str, MethodKind)]) -> Vec<String> {
-    let mut lines = Vec::new();
-    let n_shapes = group.shapes.len();
-    let with_best = group
+fn compared(a: &Analysis<'_, '_, '_>) -> Vec<String> {
+    let h = a.group.header;
+    let mut out = Vec::new();
+    for (i, (file, cmp)) in compared_in_run(a.group.results).into_iter().enumerate() {
+        let c = &h.compared[i];
+        let name = std::path::Path::new(&file)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or(file.clone());
+        let Some(g) = cmp.geomean_speedup() else {
+            out.push(format!(
+                "Shipped `{name}` (timed as {}): no shape has timings of both it and {}.",
+                c.method, c.against
+            ));
+            continue;
+        };
+        let mut worst: Vec<&CompareRow> = cmp.rows.iter().collect();
+        worst.sort_by(|x, y| y.change().total_cmp(&x.change()));
+        let worst: Vec<String> = worst
+            .iter()
+            .take(3)
+            .map(|r| {
+                format!(
+                    "{} {:+.1} % ({})",
+                    a.labels.label(&r.shape),
+                    r.change() * 100.0,
+                    r.verdict.as_str()
+                )
+            })
+            .collect();
+        out.push(format!(
+            "Against the shipped `{name}` (its configs timed as {}): **{}** is **{g:.3}×** as fast, geomean over {} ({}); worst: {}.",
+            c.method,
+            c.against,
+            num::count(cmp.rows.len() as u64, "shape", "shapes"),
+            verdicts(cmp.rows.iter().map(|r| r.verdict)),
+            worst.join(", ")
+        ));
+    }
+    out
+}
+
+fn over_baseline(a: &Analysis<'_, '_, '_>, m: &str, rule: &BaselineRule) -> Option<String> {
+    let pairs: Vec<(&ShapeOutcome<'_>, Timed<'_>, Timed<'_>)> = a
+        .group
         .shapes
         .iter()
-        .filter(|s| s.overall_best().is_some())
+        .filter_map(|s| {
+            let o = s.method(m)?;
+            Some((*s, o.best?, o.baseline?))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return None;
+    }
+    let speedups: Vec<f64> = pairs
+        .iter()
+        .map(|(_, b, base)| base.time_us() / b.time_us())
+        .collect();
+    let g = geomean(speedups.iter().copied())?;
+    let kept = pairs.iter().filter(|(_, b, _)| b.job.baseline).count();
+    let missing = a
+        .group
+        .shapes
+        .iter()
+        .filter_map(|s| s.method(m))
+        .filter(|o| o.best.is_some() && o.baseline.is_none())
         .count();
-    lines.push(format!(
-        "{with_best} of {} have a timed result; methods: {}.",
-        num::count(n_shapes as u64, "shape", "shapes"),
-        if methods.is_empty() {
-            DASH.to_string()
-        } else {
-            methods
+    let mut least: Vec<(f64, String)> = pairs
+        .iter()
+        .zip(&speedups)
+        .map(|((s, _, _), x)| (*x, a.labels.label(s.shape)))
+        .collect();
+    least.sort_by(|x, y| x.0.total_cmp(&y.0).then_with(|| x.1.cmp(&y.1)));
+    let mut text = format!(
+        "**{m}** over its baseline ({}): **{g:.2}×** geomean across {} ({}",
+        rule.phrase(),
+        num::count(pairs.len() as u64, "shape", "shapes"),
+        verdicts(
+            pairs
                 .iter()
-                .map(|(m, _)| *m)
+                .map(|(_, b, base)| verdict(base.stats, b.stats))
+        )
+    );
+    if kept > 0 {
+        text.push_str(&format!("; the baseline config is the best at {kept}"));
+    }
+    if missing > 0 {
+        text.push_str(&format!("; no timed baseline at {missing}"));
+    }
+    text.push_str(&format!(
+        "); least gained: {}.",
+        least
+            .iter()
+            .take(3)
+            .map(|(x, l)| format!("{l} {x:.2}×"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    Some(text)
+}
+
+fn against_method(a: &Analysis<'_, '_, '_>, m: &str, r: &str) -> Option<String> {
+    let pairs: Vec<(&ShapeOutcome<'_>, Timed<'_>, Timed<'_>)> = a
+        .group
+        .shapes
+        .iter()
+        .filter_map(|s| Some((*s, s.method(m)?.best?, s.method(r)?.best?)))
+        .collect();
+    let g = geomean(
+        pairs
+            .iter()
+            .map(|(_, b, base)| base.time_us() / b.time_us()),
+    )?;
+    let mut worst: Vec<(f64, String)> = pairs
+        .iter()
+        .map(|(s, b, base)| (base.time_us() / b.time_us(), a.labels.label(s.shape)))
+        .collect();
+    worst.sort_by(|x, y| x.0.total_cmp(&y.0).then_with(|| x.1.cmp(&y.1)));
+    Some(format!(
+        "**{m}** against {r}: **{g:.2}×** geomean across {} ({}); worst: {}.",
+        num::count(pairs.len() as u64, "shape", "shapes"),
+        verdicts(
+            pairs
+                .iter()
+                .map(|(_, b, base)| verdict(base.stats, b.stats))
+        ),
+        worst
+            .iter()
+            .take(3)
+            .map(|(x, l)| format!("{l} {x:.2}×"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+/// A method with no baseline: how often it wins, how far from the fastest.
+fn untuned(a: &Analysis<'_, '_, '_>, m: &str) -> Option<String> {
+    let bests = bests(&a.group.shapes, m);
+    if bests.is_empty() {
+        return None;
+    }
+    let wins = bests
+        .iter()
+        .filter(|(s, _, _)| s.overall_best().is_some_and(|(o, _)| o.method == m))
+        .count();
+    let slower = geomean(bests.iter().filter_map(|(s, _, b)| {
+        let (o, fastest) = s.overall_best()?;
+        (o.method != m).then(|| b.time_us() / fastest.time_us())
+    }));
+    let mut text = match slower {
+        None => format!(
+            "**{m}**: the fastest method at every shape ({})",
+            bests.len()
+        ),
+        Some(x) if wins == 0 => format!(
+            "**{m}**: fastest at none of {}; {x:.2}× the fastest method's time (geomean)",
+            num::count(bests.len() as u64, "shape", "shapes")
+        ),
+        Some(x) => format!(
+            "**{m}**: fastest at {wins} of {}; {x:.2}× the fastest method's time at the others (geomean)",
+            num::count(bests.len() as u64, "shape", "shapes")
+        ),
+    };
+    if a.gpu {
+        let capped = bests
+            .iter()
+            .filter(|(_, _, b)| b.stats.flags.contains(&Flag::CapHit))
+            .count();
+        if capped > 0 {
+            text.push_str(&format!(
+                "; {capped} of these timings hit a cap before converging (CAP_HIT)"
+            ));
+        }
+    }
+    text.push('.');
+    Some(text)
+}
+
+fn fastest_per_shape(a: &Analysis<'_, '_, '_>) -> Option<String> {
+    if a.methods.len() < 2 {
+        return None;
+    }
+    let mut wins: Vec<(&str, usize)> = a.methods.iter().map(|(m, _)| (*m, 0)).collect();
+    let mut total = 0;
+    for s in &a.group.shapes {
+        if let Some((o, _)) = s.overall_best() {
+            total += 1;
+            if let Some(w) = wins.iter_mut().find(|(m, _)| *m == o.method) {
+                w.1 += 1;
+            }
+        }
+    }
+    if total == 0 {
+        return None;
+    }
+    let text: Vec<String> = wins
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(m, n)| format!("{m} at {n}"))
+        .collect();
+    Some(format!(
+        "Fastest method per shape: {} (of {total}).",
+        text.join(", ")
+    ))
+}
+
+fn bound(a: &Analysis<'_, '_, '_>) -> Option<String> {
+    if !a.gpu {
+        return None;
+    }
+    let p = a.primary?;
+    let mut pcts: Vec<(f64, String, Option<&'static str>)> = bests(&a.group.shapes, p)
+        .into_iter()
+        .filter_map(|(s, _, b)| {
+            Some((
+                b.roofline_pct()?,
+                a.labels.label(s.shape),
+                bound_kind(b.job, &a.group.header.device),
+            ))
+        })
+        .collect();
+    if pcts.is_empty() {
+        return None;
+    }
+    pcts.sort_by(|x, y| x.0.total_cmp(&y.0).then_with(|| x.1.cmp(&y.1)));
+    let n = pcts.len();
+    let median = if n % 2 == 1 {
+        pcts[n / 2].0
+    } else {
+        (pcts[n / 2 - 1].0 + pcts[n / 2].0) / 2.0
+    };
+    let compute = pcts.iter().filter(|x| x.2 == Some("compute")).count();
+    let bandwidth = pcts.iter().filter(|x| x.2 == Some("bandwidth")).count();
+    let mut text = if n <= 3 {
+        format!(
+            "% of the roofline bound ({p}'s best): {}",
+            pcts.iter()
+                .map(|(x, l, _)| format!("{l} {x:.1} %"))
                 .collect::<Vec<_>>()
                 .join(", ")
-        }
-    ));
-    if methods.len() > 1 && with_best > 0 {
-        let mut wins: Vec<(&str, usize)> = methods.iter().map(|(m, _)| (*m, 0)).collect();
-        for s in &group.shapes {
-            if let Some((o, _)) = s.overall_best() {
-                if let Some(w) = wins.iter_mut().find(|(m, _)| *m == o.method) {
-                    w.1 += 1;
-                }
-            }
-        }
-        let text: Vec<String> = wins
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(m, n)| format!("{m} at {n}"))
-            .collect();
-        lines.push(format!("Fastest method per shape: {}.", text.join(", ")));
+        )
+    } else {
+        format!(
+            "% of the roofline bound ({p}'s best): median {median:.1} %, highest {:.1} % at {}; lowest: {}",
+            pcts[n - 1].0,
+            pcts[n - 1].1,
+            pcts.iter()
+                .take(3)
+                .map(|(x, l, _)| format!("{l} {x:.1} %"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    if compute + bandwidth > 0 {
+        text.push_str(&format!(
+            " (bandwidth-bound at {bandwidth}, compute-bound at {compute})"
+        ));
     }
-    for (m, _) in methods {
-        let mut speedups: Vec<f64> = group
+    text.push('.');
+    Some(text)
+}
+
+fn problems(a: &Analysis<'_, '_, '_>) -> Option<String> {
+    let failed = a
+        .jobs
+        .iter()
+        .filter(|j| j.status == JobStatus::Failed)
+        .count();
+    let unavailable = distinct(
+        a.jobs
+            .iter()
+            .filter(|j| {
+                j.failure
+                    .as_ref()
+                    .is_some_and(|f| f.class == FailureClass::Unavailable)
+            })
+            .map(|j| j.method.as_str()),
+    );
+    let mut parts = Vec::new();
+    if failed > 0 {
+        parts.push(format!(
+            "{} failed (by class below)",
+            num::count(failed as u64, "job", "jobs")
+        ));
+    }
+    if !unavailable.is_empty() {
+        parts.push(format!(
+            "{} could not run here (below)",
+            unavailable.join(", ")
+        ));
+    }
+    (!parts.is_empty()).then(|| format!("{}.", parts.join("; ")))
+}
+
+pub(super) fn summary(a: &Analysis<'_, '_, '_>) -> Vec<String> {
+    let mut lines = compared(a);
+    let mut ordered: Vec<&str> = a.methods.iter().map(|(m, _)| *m).collect();
+    if let Some(p) = a.primary {
+        ordered.retain(|m| *m != p);
+        ordered.insert(0, p);
+    }
+    for m in &ordered {
+        let rule = baseline_rule(a, m);
+        let has_baseline = a
+            .group
             .shapes
             .iter()
-            .filter_map(|s| s.method(m))
-            .filter_map(|o| o.speedup())
-            .collect();
-        let has_baseline_jobs = group
-            .shapes
-            .iter()
-            .filter_map(|s| s.method(m))
-            .any(|o| o.jobs.iter().any(|j| j.baseline));
-        if speedups.is_empty() {
-            if has_baseline_jobs {
-                lines.push(format!(
-                    "{m}: no shape has both a timed best and a timed baseline."
-                ));
+            .any(|s| s.method(m).is_some_and(|o| o.baseline.is_some()));
+        if has_baseline {
+            lines.extend(over_baseline(a, m, &rule));
+        } else if let Reference::Method(r) = a.reference {
+            if *m != r && Some(*m) == a.primary {
+                lines.extend(against_method(a, m, r));
+                continue;
             }
-            continue;
+            lines.extend(untuned(a, m));
+        } else {
+            lines.extend(untuned(a, m));
         }
-        let n = speedups.len();
-        let kept = group
-            .shapes
-            .iter()
-            .filter_map(|s| s.method(m))
-            .filter(|o| o.best.is_some_and(|b| b.job.baseline))
-            .count();
-        let med = median(&mut speedups).unwrap_or(f64::NAN);
-        let (lo, hi) = (speedups[0], speedups[n - 1]);
-        let mut line = format!(
-            "{m}: median speedup over baseline **{}** across {n} shape{} (min {}, max {})",
-            num::speedup(Some(med)),
-            if n == 1 { "" } else { "s" },
-            num::speedup(Some(lo)),
-            num::speedup(Some(hi))
+    }
+    lines.extend(fastest_per_shape(a));
+    lines.extend(bound(a));
+    lines.extend(problems(a));
+    if lines.is_empty() {
+        lines.push("No job has a timed result.".into());
+    }
+    // Spilling winners are worth a look in `tunelab profile`; jobs.csv has
+    // every job's registers, spills and shared memory.
+    let spilling: Vec<String> = a
+        .group
+        .shapes
+        .iter()
+        .flat_map(|s| {
+            s.methods.iter().filter_map(move |m| {
+                let n = m.best?.job.spills().filter(|n| *n > 0)?;
+                Some(format!(
+                    "{} {} ({n} registers spilled per thread)",
+                    crate::manifest::shape_label(s.shape),
+                    m.method
+                ))
+            })
+        })
+        .collect();
+    if !spilling.is_empty() {
+        lines.push(format!(
+            "Winners that spill registers to local memory: {}.",
+            spilling.join("; ")
+        ));
+    }
+    if a.group.results.profile_summary {
+        // Relative to the report, wherever its path puts it.
+        let up = "../".repeat(
+            std::path::Path::new(&a.group.path)
+                .components()
+                .count()
+                .saturating_sub(1),
         );
-        if kept > 0 {
-            line.push_str(&format!("; the baseline is already the best at {kept}"));
-        }
-        line.push('.');
-        lines.push(line);
+        lines.push(format!(
+            "Profiles of the winners (Proton, Nsight Compute): [profile/summary.md]({up}profile/summary.md)."
+        ));
     }
     lines
 }
