@@ -406,6 +406,21 @@ bad_input!(
     "native_needs_args.yaml",
     "native_needs_args.yaml:12:16"
 );
+bad_input!(
+    aot_method_without_launch,
+    "aot_triton_without_args.yaml",
+    "aot_triton_without_args.yaml:15:38"
+);
+bad_input!(
+    aot_with_nothing_to_export,
+    "aot_torch_only.yaml",
+    "aot_torch_only.yaml:11:25"
+);
+bad_input!(
+    aot_triton_argument_type_unknown,
+    "aot_triton_args_type.yaml",
+    "aot_triton_args_type.yaml:11:45"
+);
 
 /// A `kind: cuda` method without a grid is refused at the method, naming
 /// what it needs.

@@ -5,8 +5,10 @@ Without a GPU: the argument layout of a compiled Triton kernel, the poison
 patterns, and that the worker refuses to share in interpreter mode. With a GPU
 (and the native worker binary at $TUNELAB_BIN, default .bin/tunelab, as
 bench/native_gpu_check.sh arranges): tensors shared with the native worker,
-the quickstart's CUDA GEMM launched natively against torch's reference, and a
-Triton kernel launched natively giving the same bits as Python's launch.
+the quickstart's CUDA GEMM launched natively against torch's reference, a
+Triton kernel launched natively giving the same bits as Python's launch, and
+(with $TUNELAB_AOT_DIR, an aot folder of a quickstart run) the aot output's C
+dispatcher built with cc and called through ctypes.
 """
 
 import json
@@ -224,3 +226,86 @@ def test_a_triton_kernel_launched_natively_gives_pythons_bits(shared_worker, tmp
         assert digest["sha256"] == want
     finally:
         nw.close()
+
+
+# ---------------------------------------------------------------- the aot output, on a GPU
+
+
+def _aot_dir():
+    path = os.environ.get("TUNELAB_AOT_DIR")
+    return pathlib.Path(path) if path else None
+
+
+@gpu_only
+@pytest.mark.skipif(_aot_dir() is None, reason="set TUNELAB_AOT_DIR to an aot folder of the quickstart "
+                                               "(bench/native_gpu_check.sh does)")
+def test_the_aot_dispatcher_gives_the_bits_of_each_winner(tmp_path):
+    """The quickstart's aot export built with cc against the driver: every
+    specialisation launched where its conditions hold writes what its method
+    writes (a Triton winner: the bits of tunelab's Triton launch of the same
+    config; a CUDA winner: the product within tolerance, the same bits twice),
+    and the dispatcher picks the specialisation of the call's M bucket."""
+    import ctypes
+    import triton
+    from tunelab.problems.gemm import Gemm
+
+    folder = _aot_dir()
+    index = json.loads((folder / "index.json").read_text())
+    prefix = index["prefix"]
+    assert index["tensors"] == ["a", "b", "out"] and index["ints"] == ["M", "N", "K"], index
+    include = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    library = tmp_path / f"lib{prefix}.so"
+    subprocess.run(["cc", "-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-I", str(include),
+                    "-I", str(folder), str(folder / f"{prefix}.c"), "-o", str(library)], check=True)
+    ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(str(library))
+    args = [ctypes.c_uint64] * 3 + [ctypes.c_int64] * 3
+    lib[f"{prefix}_choose"].argtypes = args
+    lib[f"{prefix}_fits"].argtypes = [ctypes.c_int] + args
+    lib[f"{prefix}_launch_spec"].argtypes = [ctypes.c_int, ctypes.c_void_p] + args
+    lib[f"{prefix}_launch"].argtypes = [ctypes.c_void_p] + args
+
+    torch.cuda.init()
+    tuned = sorted({(s["won_at"]["M"], s["won_at"]["N"], s["won_at"]["K"]) for s in index["specs"]})
+    # The tuned shapes, and an M just below each (another bucket member, not a multiple of 16).
+    shapes = tuned + [(m - 3, n, k) for m, n, k in tuned]
+    checked = set()
+    for M, N, K in shapes:
+        shape = {"M": M, "N": N, "K": K, "dtype": "bf16"}
+        problem = Gemm(shape)
+        inputs = problem.inputs(0, torch.device("cuda"))
+        expected = problem.reference(inputs)
+        ptrs = (inputs["a"].data_ptr(), inputs["b"].data_ptr())
+        stream = torch.cuda.current_stream().cuda_stream
+        for n, spec in enumerate(index["specs"]):
+            out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            call = (*ptrs, out.data_ptr(), M, N, K)
+            if not lib[f"{prefix}_fits"](n, *call):
+                continue
+            assert lib[f"{prefix}_launch_spec"](n, stream, *call) == 0, (n, shape)
+            torch.cuda.synchronize()
+            if spec["kind"] == "triton":
+                launch = problem.methods()["matmul"].bind(problem, inputs, spec["config"])
+                launch()
+                torch.cuda.synchronize()
+                assert torch.equal(out.view(torch.int16), launch.out.view(torch.int16)), (spec, shape)
+            else:
+                assert torch.allclose(out.float(), expected, atol=1e-2, rtol=1e-2), (spec, shape)
+                again = torch.full_like(out, float("nan"))
+                assert lib[f"{prefix}_launch_spec"](n, stream, *call[:2], again.data_ptr(), M, N, K) == 0
+                torch.cuda.synchronize()
+                assert torch.equal(out.view(torch.int16), again.view(torch.int16)), (spec, shape)
+            checked.add(n)
+        # The dispatcher: the spec of the largest tuned M of the call's bucket (here,
+        # the tuned Ms are far apart: the smallest tuned M >= this M, else the largest).
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        chosen = lib[f"{prefix}_choose"](*ptrs, out.data_ptr(), M, N, K)
+        assert chosen >= 0, shape
+        above = [t for t in tuned if t[0] >= M]
+        want = min(above) if above else max(tuned)
+        won = index["specs"][chosen]["won_at"]
+        assert (won["M"], won["N"], won["K"]) == want, (shape, index["specs"][chosen])
+        assert lib[f"{prefix}_launch"](stream, *ptrs, out.data_ptr(), M, N, K) == 0
+        torch.cuda.synchronize()
+        assert torch.allclose(out.float(), expected, atol=1e-2, rtol=1e-2), shape
+    assert checked == set(range(len(index["specs"]))), "every specialisation ran somewhere"

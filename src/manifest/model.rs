@@ -292,6 +292,9 @@ pub struct Method {
     pub launch: LaunchPath,
     /// The launch grid (x, y, z), as written; empty when not given.
     pub grid: Vec<Expr>,
+    /// A Triton method's kernel arguments (`args:`), for the `aot` output;
+    /// empty when not given. A native method's are in `native`.
+    pub triton_args: Vec<KernelArg>,
     /// Source and launch of a `kind: cuda|hip` method.
     pub native: Option<NativeSpec>,
     /// The IR file the method's kernel is compiled from (`ir:`), absolute.
@@ -492,6 +495,11 @@ pub enum OutputFormat {
     /// metadata), kept by every run in the folder `path`, with an index of
     /// their registers, spills and shared memory (`path/index.md`).
     Ir,
+    /// Ahead-of-time export: the winners' cubins of `kind: cuda` methods and
+    /// of Triton methods with `grid:` and `args:`, with a C source and header
+    /// holding one launcher per specialisation and a dispatcher that picks
+    /// one by the M buckets of `triton_mbucket`, in the folder `path`.
+    Aot,
 }
 
 impl OutputFormat {
@@ -506,6 +514,7 @@ impl OutputFormat {
             OutputFormat::AiterFmoeCsv => "aiter_fmoe_csv",
             OutputFormat::Report => "report",
             OutputFormat::Ir => "ir",
+            OutputFormat::Aot => "aot",
         }
     }
 }

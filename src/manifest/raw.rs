@@ -144,7 +144,10 @@ pub struct RawMethod {
     /// `kind: cuda|hip`: the kernel's arguments in order. A name the
     /// problem's inputs or output carry (`a`, `out`) passes that tensor's
     /// device pointer; any other entry is an expression passed as a 32-bit
-    /// int, or `{i64|u32|u64|f32|f64: expression}` for another type.
+    /// int, or `{i64|u32|u64|f32|f64: expression}` for another type. A
+    /// Triton method may give them (its kernel's parameters that are not
+    /// `tl.constexpr`, in order; their types are the compiled kernel's) for
+    /// the `aot` output.
     #[serde(default)]
     #[schemars(schema_with = "kernel_args")]
     pub args: Option<Spanned<Vec<Node>>>,

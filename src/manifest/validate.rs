@@ -92,6 +92,10 @@ pub fn validate(
                 )
                 .help("write a plain folder such as `ir`: each winner gets a folder per shape and method in it"));
             }
+            // (When a method failed, its error says enough.)
+            if o.format == super::model::OutputFormat::Aot && methods.len() == raw.methods.len() {
+                check_aot_output(o, &methods)?;
+            }
             if let Some(shapes) = &shapes {
                 check_output_path(&o.path, &env, shapes, device)?;
             }
@@ -358,7 +362,7 @@ fn method(
         }
     }
 
-    let (launch, grid, native) = native_parts(name, m, &known, env, device, base_dir)?;
+    let (launch, grid, native, triton_args) = native_parts(name, m, &known, env, device, base_dir)?;
     let mut identity = blake3::Hasher::new();
     identity.update(
         format!(
@@ -412,9 +416,59 @@ fn method(
         launch,
         grid,
         native,
+        triton_args,
         ir,
         fixed: None,
     })
+}
+
+/// An `aot` output takes `kind: cuda` methods and Triton methods that say
+/// how their kernel is launched (`grid:`, `args:`); a method it names must
+/// be one, and without a name there must be one.
+fn check_aot_output(o: &super::raw::RawOutput, methods: &[Method]) -> Result<(), Diagnostic> {
+    if o.keys.is_some() {
+        return Err(Diagnostic::at(
+            o.path.span,
+            "`keys` is for `triton_mbucket` outputs; an `aot` dispatcher uses the current M buckets",
+        )
+        .help("remove `keys:`"));
+    }
+    let why_not = |m: &Method| -> Option<String> {
+        match m.kind {
+            MethodKind::Cuda => None,
+            MethodKind::Triton if m.grid.is_empty() || m.triton_args.is_empty() => Some(format!(
+                "Triton method `{}` needs `grid:` and `args:` (its kernel's parameters that are not constexpr, in order) to be exported",
+                m.name
+            )),
+            MethodKind::Triton => None,
+            MethodKind::Hip => Some(format!(
+                "method `{}` is `kind: hip`; the aot output loads cubins through the CUDA driver (HIP export is not done)",
+                m.name
+            )),
+            other => Some(format!(
+                "method `{}` is `kind: {}`; the aot output exports compiled kernels (`kind: cuda`, Triton)",
+                m.name,
+                other.as_str()
+            )),
+        }
+    };
+    match &o.method {
+        Some(name) => match methods.iter().find(|m| m.name == name.value) {
+            Some(m) => match why_not(m) {
+                Some(why) => Err(Diagnostic::at(name.span, why)
+                    .help("e.g. `grid: [\"ceil_div(M, BLOCK_SIZE_M) * ceil_div(N, BLOCK_SIZE_N)\"]` and `args: [a, b, out, M, N, K, ...]`")),
+                None => Ok(()),
+            },
+            // An unknown name is reported by the caller's check.
+            None => Ok(()),
+        },
+        None if methods.iter().all(|m| why_not(m).is_some()) => Err(Diagnostic::at(
+            o.path.span,
+            "no method of this manifest can be exported by the `aot` output",
+        )
+        .help("it takes `kind: cuda` methods and Triton methods with `grid:` and `args:`")),
+        None => Ok(()),
+    }
 }
 
 /// The text of a native method's compile and launch fields, for its identity.
@@ -458,10 +512,13 @@ fn native_identity(m: &RawMethod) -> String {
     )
 }
 
-/// The launch path, grid and native spec of a method, checked: `kind:
-/// cuda|hip` needs a source, a grid, a block and arguments; the compile and
-/// launch fields belong to those kinds only (a Triton method may give a
-/// grid, for the `aot` output).
+/// A method's launch path, grid, native spec and Triton arguments.
+type LaunchParts = (LaunchPath, Vec<Expr>, Option<NativeSpec>, Vec<KernelArg>);
+
+/// The launch path, grid, native spec and Triton arguments of a method,
+/// checked: `kind: cuda|hip` needs a source, a grid, a block and arguments;
+/// the compile and launch fields belong to those kinds only (a Triton method
+/// may give a grid and arguments, for the `aot` output).
 fn native_parts(
     name: &Spanned<String>,
     m: &Spanned<RawMethod>,
@@ -469,7 +526,7 @@ fn native_parts(
     env: &minijinja::Environment<'static>,
     device: &DeviceInfo,
     base_dir: &Path,
-) -> Result<(LaunchPath, Vec<Expr>, Option<NativeSpec>), Diagnostic> {
+) -> Result<LaunchParts, Diagnostic> {
     let kind = m.kind;
     let exprs = |list: &Spanned<Vec<Spanned<String>>>| -> Result<Vec<Expr>, Diagnostic> {
         list.iter()
@@ -504,7 +561,13 @@ fn native_parts(
         let only_native: [(&str, Option<Span>); 7] = [
             ("block", m.block.as_ref().map(|b| b.span)),
             ("shared_mem", m.shared_mem.as_ref().map(|b| b.span)),
-            ("args", m.args.as_ref().map(|b| b.span)),
+            (
+                "args",
+                m.args
+                    .as_ref()
+                    .filter(|_| kind != MethodKind::Triton)
+                    .map(|b| b.span),
+            ),
             ("template", m.template.as_ref().map(|b| b.span)),
             ("defines", m.defines.keys().next().map(|k| k.span)),
             ("compile_options", m.compile_options.first().map(|o| o.span)),
@@ -541,10 +604,15 @@ fn native_parts(
             }
         }
         let grid = m.grid.as_ref().map(|g| dims("grid", g)).transpose()?;
+        let mut args = Vec::new();
+        for node in m.args.iter().flat_map(|a| a.iter()) {
+            args.push(kernel_arg(node, known, env, device)?);
+        }
         return Ok((
             launch.map_or(LaunchPath::Python, |l| l.0),
             grid.unwrap_or_default(),
             None,
+            args,
         ));
     }
     if let Some((LaunchPath::Python, span)) = launch {
@@ -662,6 +730,7 @@ fn native_parts(
             shared_mem,
             args,
         }),
+        Vec::new(),
     ))
 }
 
