@@ -13,6 +13,14 @@ python := env_var_or_default("TUNELAB_PYTHON", if path_exists(".venv/bin/python"
 build:
     cargo build --release
 
+# The stripped release binary at .bin/tunelab, for a GPU machine without Rust:
+# `bash bench/native_gpu_check.sh` there runs the native backend's GPU check.
+gpu-bin:
+    cargo build --release
+    mkdir -p .bin
+    cp target/release/tunelab .bin/tunelab
+    strip .bin/tunelab
+
 # Tune an experiment: `just tune gptoss`, `just tune gptoss --only E=32,N=2880`.
 tune NAME *ARGS: build
     TUNELAB_PYTHON={{python}} ./target/release/tunelab run experiments/{{NAME}}.yaml {{ARGS}}
