@@ -260,10 +260,16 @@ def test_the_aot_dispatcher_gives_the_bits_of_each_winner(tmp_path):
     ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(str(library))
     args = [ctypes.c_uint64] * 3 + [ctypes.c_int64] * 3
-    lib[f"{prefix}_choose"].argtypes = args
-    lib[f"{prefix}_fits"].argtypes = [ctypes.c_int] + args
-    lib[f"{prefix}_launch_spec"].argtypes = [ctypes.c_int, ctypes.c_void_p] + args
-    lib[f"{prefix}_launch"].argtypes = [ctypes.c_void_p] + args
+
+    def function(name, argtypes):
+        f = getattr(lib, f"{prefix}_{name}")  # (attributes are cached; lib[name] is not)
+        f.argtypes, f.restype = argtypes, ctypes.c_int
+        return f
+
+    choose = function("choose", args)
+    fits = function("fits", [ctypes.c_int] + args)
+    launch_spec = function("launch_spec", [ctypes.c_int, ctypes.c_void_p] + args)
+    launch_any = function("launch", [ctypes.c_void_p] + args)
 
     torch.cuda.init()
     tuned = sorted({(s["won_at"]["M"], s["won_at"]["N"], s["won_at"]["K"]) for s in index["specs"]})
@@ -280,9 +286,9 @@ def test_the_aot_dispatcher_gives_the_bits_of_each_winner(tmp_path):
         for n, spec in enumerate(index["specs"]):
             out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
             call = (*ptrs, out.data_ptr(), M, N, K)
-            if not lib[f"{prefix}_fits"](n, *call):
+            if not fits(n, *call):
                 continue
-            assert lib[f"{prefix}_launch_spec"](n, stream, *call) == 0, (n, shape)
+            assert launch_spec(n, stream, *call) == 0, (n, shape)
             torch.cuda.synchronize()
             if spec["kind"] == "triton":
                 launch = problem.methods()["matmul"].bind(problem, inputs, spec["config"])
@@ -292,20 +298,20 @@ def test_the_aot_dispatcher_gives_the_bits_of_each_winner(tmp_path):
             else:
                 assert torch.allclose(out.float(), expected, atol=1e-2, rtol=1e-2), (spec, shape)
                 again = torch.full_like(out, float("nan"))
-                assert lib[f"{prefix}_launch_spec"](n, stream, *call[:2], again.data_ptr(), M, N, K) == 0
+                assert launch_spec(n, stream, *call[:2], again.data_ptr(), M, N, K) == 0
                 torch.cuda.synchronize()
                 assert torch.equal(out.view(torch.int16), again.view(torch.int16)), (spec, shape)
             checked.add(n)
         # The dispatcher: the spec of the largest tuned M of the call's bucket (here,
         # the tuned Ms are far apart: the smallest tuned M >= this M, else the largest).
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        chosen = lib[f"{prefix}_choose"](*ptrs, out.data_ptr(), M, N, K)
+        chosen = choose(*ptrs, out.data_ptr(), M, N, K)
         assert chosen >= 0, shape
         above = [t for t in tuned if t[0] >= M]
         want = min(above) if above else max(tuned)
         won = index["specs"][chosen]["won_at"]
         assert (won["M"], won["N"], won["K"]) == want, (shape, index["specs"][chosen])
-        assert lib[f"{prefix}_launch"](stream, *ptrs, out.data_ptr(), M, N, K) == 0
+        assert launch_any(stream, *ptrs, out.data_ptr(), M, N, K) == 0
         torch.cuda.synchronize()
         assert torch.allclose(out.float(), expected, atol=1e-2, rtol=1e-2), shape
     assert checked == set(range(len(index["specs"]))), "every specialisation ran somewhere"
