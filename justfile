@@ -15,6 +15,14 @@ build:
     cargo build --release
 
 # Workers run in .venv's Python (or TUNELAB_PYTHON, or python3): `tunelab config` says.
+# The stripped release binary at .bin/tunelab, for a GPU machine without Rust:
+# `bash bench/native_gpu_check.sh` there runs the native backend's GPU check.
+gpu-bin:
+    cargo build --release
+    mkdir -p .bin
+    cp target/release/tunelab .bin/tunelab
+    strip .bin/tunelab
+
 # Tune an experiment: `just tune gptoss`, `just tune gptoss --only E=32,N=2880`.
 tune NAME *ARGS: build
     ./target/release/tunelab run experiments/{{NAME}}.yaml {{ARGS}}

@@ -193,7 +193,7 @@ pub fn compile_fast(source: &str, scope: &Scope<'_>) -> Option<Compiled> {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-enum Tok {
+pub(crate) enum Tok {
     Int(i64),
     Float(f64),
     Str(String),
@@ -201,7 +201,7 @@ enum Tok {
     Op(&'static str),
 }
 
-fn tokenize(s: &str) -> Option<Vec<Tok>> {
+pub(crate) fn tokenize(s: &str) -> Option<Vec<Tok>> {
     const OPS: [&str; 20] = [
         "**", "//", "==", "!=", "<=", ">=", "(", ")", ",", ".", "+", "-", "*", "/", "%", "<", ">",
         "~", "[", "]",
@@ -523,7 +523,7 @@ fn pick(args: &[Eval], s: &[Val], better: fn(f64, f64) -> bool) -> Result<Val, S
     Ok(best)
 }
 
-fn compare(op: &str, a: &Val, b: &Val) -> Result<Val, String> {
+pub(crate) fn compare(op: &str, a: &Val, b: &Val) -> Result<Val, String> {
     use std::cmp::Ordering;
     let ord = match (a, b) {
         (Val::Int(x), Val::Int(y)) => Some(x.cmp(y)),
@@ -548,7 +548,7 @@ fn compare(op: &str, a: &Val, b: &Val) -> Result<Val, String> {
     Ok(Val::Bool(result))
 }
 
-fn arith(op: &str, a: &Val, b: &Val) -> Result<Val, String> {
+pub(crate) fn arith(op: &str, a: &Val, b: &Val) -> Result<Val, String> {
     if let (Val::Int(x), Val::Int(y)) = (a, b) {
         let (x, y) = (*x, *y);
         let overflow = || format!("integer overflow in {x} {op} {y}");

@@ -15,6 +15,7 @@ pub mod expr;
 pub mod manifest;
 pub mod measure;
 pub mod merge;
+pub mod native;
 pub mod plan;
 pub mod rng;
 pub mod schedule;

@@ -391,3 +391,66 @@ fn a_value_of_the_wrong_declared_type_is_refused_at_its_place() {
         "{stderr}"
     );
 }
+
+bad_input!(
+    native_method_source_missing,
+    "native_missing_source.yaml",
+    "native_missing_source.yaml:9:13"
+);
+bad_input!(
+    native_grid_expression_unknown_name,
+    "native_grid_unknown.yaml",
+    "native_grid_unknown.yaml:11:31"
+);
+bad_input!(
+    native_field_on_a_triton_method,
+    "native_field_on_triton.yaml",
+    "native_field_on_triton.yaml:10:12"
+);
+bad_input!(
+    native_argument_type_unknown,
+    "native_needs_args.yaml",
+    "native_needs_args.yaml:12:16"
+);
+bad_input!(
+    aot_method_without_launch,
+    "aot_triton_without_args.yaml",
+    "aot_triton_without_args.yaml:15:38"
+);
+bad_input!(
+    aot_with_nothing_to_export,
+    "aot_torch_only.yaml",
+    "aot_torch_only.yaml:11:25"
+);
+bad_input!(
+    aot_triton_argument_type_unknown,
+    "aot_triton_args_type.yaml",
+    "aot_triton_args_type.yaml:11:45"
+);
+
+/// A `kind: cuda` method without a grid is refused at the method, naming
+/// what it needs.
+#[test]
+fn a_native_method_needs_a_grid() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::write(
+        dir.path().join("m.yaml"),
+        format!(
+            "experiment: x\nproblem: gemm\nshapes: {{list: [{{M: 16, N: 16, K: 16}}]}}\nmethods:\n  cuda:\n    kind: cuda\n    kernel: k\n    source: {}\n    block: [32]\n    args: [out]\n",
+            repo.join("experiments/kernels/gemm_mma.cu").display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+        .current_dir(dir.path())
+        .args(["validate", "m.yaml"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("m.yaml:5:3") && stderr.contains("needs `grid:`"),
+        "{stderr}"
+    );
+}

@@ -77,6 +77,20 @@ fn quickstart_runs_end_to_end_and_resumes_without_redoing_work() {
     let planned = entries[0]["planned_jobs"].as_u64().unwrap();
     let done = jobs(&entries);
     assert_eq!(done.len() as u64, planned);
+    // The CUDA C++ method needs a GPU: its jobs are skipped, saying so.
+    let (native, done): (Vec<_>, Vec<_>) = done.into_iter().partition(|j| j["method"] == "cuda");
+    assert!(!native.is_empty());
+    for j in &native {
+        assert_eq!(j["status"], "skipped", "{j}");
+        assert_eq!(j["failure"]["class"], "unavailable", "{j}");
+        assert!(
+            j["failure"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("need a GPU"),
+            "{j}"
+        );
+    }
     for j in &done {
         assert_eq!(j["status"], "ok", "{j}");
         assert_eq!(j["check"]["passed"], true);
@@ -92,19 +106,22 @@ fn quickstart_runs_end_to_end_and_resumes_without_redoing_work() {
         "the report says the timings are interpreted"
     );
 
-    // Resume: nothing left to do, nothing redone, nothing lost.
+    // Resume: nothing left to do, nothing redone, nothing lost; what could not
+    // run is tried again (and is still unavailable).
     let again = tunelab(&py, results.path(), &["run", "experiments/quickstart.yaml"])
         .output()
         .unwrap();
     assert_eq!(again.status.code(), Some(0), "{}", show(&again));
     assert!(
         String::from_utf8_lossy(&again.stdout).contains(&format!(
-            "0 jobs run (0 ok, 0 failed, 0 pruned, 0 checked), {planned} already done"
+            "0 jobs run (0 ok, 0 failed, 0 pruned, 0 checked), {} skipped: their method cannot run here, {} already done",
+            native.len(),
+            done.len()
         )),
         "{}",
         show(&again)
     );
-    assert_eq!(jobs(&journal(&dir)).len(), done.len());
+    assert_eq!(jobs(&journal(&dir)).len(), done.len() + 2 * native.len());
 
     // The report is regenerated from the journal alone.
     std::fs::remove_file(dir.join("report.md")).unwrap();
@@ -425,6 +442,7 @@ fn check_and_bench_modes_and_use_best() {
     let checked = jobs(&journal(&dir)).len();
     assert!(jobs(&journal(&dir))
         .iter()
+        .filter(|j| j["method"] != "cuda")
         .all(|j| j["status"] == "checked" && j["stats"].is_null() && j["check"]["passed"] == true));
 
     // Bench: each method once per shape (the triton baseline, torch's one config).
@@ -439,6 +457,7 @@ fn check_and_bench_modes_and_use_best() {
     let timed: Vec<serde_json::Value> = jobs(&journal(&dir))
         .into_iter()
         .skip(checked)
+        .filter(|j| j["method"] != "cuda")
         .cloned()
         .collect();
     assert_eq!(timed.len(), 4, "2 shapes x (triton baseline + torch)");
@@ -468,7 +487,9 @@ fn check_and_bench_modes_and_use_best() {
     let rerun = jobs(&journal(
         &elsewhere.path().join("quickstart/cpu-interpreter"),
     ))
-    .len();
+    .iter()
+    .filter(|j| j["method"] != "cuda")
+    .count();
     assert!(
         (2..=6).contains(&rerun),
         "bests and baselines only, got {rerun}"
@@ -499,9 +520,10 @@ fn configs_the_surrogate_skipped_run_under_grid_later() {
         .output()
         .unwrap();
         assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        // The CUDA method's jobs (unavailable without a GPU) are tried at every run: left out.
         journal(&dir)
             .into_iter()
-            .filter(|r| r["type"] == "job")
+            .filter(|r| r["type"] == "job" && r["method"] != "cuda")
             .collect::<Vec<_>>()
     };
     let first = run("surrogate");

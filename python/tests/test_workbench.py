@@ -102,6 +102,15 @@ def test_keep_ir_writes_every_stage_and_the_metadata(compiler, tmp_path):
     meta = json.loads((out / "matmul_kernel.json").read_text())
     assert meta["metadata"]["target"] == {"backend": "cuda", "arch": 90, "warp_size": 32}
     assert meta["resources"]["n_regs"] == kernels[0]["n_regs"]
+    # What a launch without Triton needs (the aot output): every parameter in
+    # order, as compiled at this shape (256: divisible by 16; unit strides folded).
+    params = {p["name"]: p for p in meta["launch"]["params"]}
+    assert list(params)[:6] == ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K"]
+    assert params["a_ptr"]["type"] == "*fp16" and params["a_ptr"]["attrs"] == [["tt.divisibility", 16]]
+    assert params["M"]["type"] == "i32" and params["M"]["attrs"] == [["tt.divisibility", 16]]
+    assert params["stride_ak"]["type"] == "constexpr" and params["stride_ak"]["value"] == 1
+    assert not params["stride_ak"]["declared_constexpr"]
+    assert params["BLOCK_SIZE_M"]["declared_constexpr"] and params["BLOCK_SIZE_M"]["value"] == 64
     assert ".target sm_90a" in (out / "matmul_kernel.ptx").read_text()
     if "matmul_kernel.sass" in files:
         assert "HMMA" in (out / "matmul_kernel.sass").read_text() or "HGMMA" in (out / "matmul_kernel.sass").read_text()

@@ -490,6 +490,8 @@ class Worker:
         self.prepared: Optional[Prepared] = None
         # (key, inputs, expected output, bytes) of the last shape checked.
         self._shape_cache: Optional[tuple[tuple[str, str, int], Any, Any, float]] = None
+        # The shape's tensors shared with a native worker: (key, output, reply).
+        self._shared: Optional[tuple[tuple[str, str, int], Any, dict]] = None
         self.stopping = False
         self._timer = None
         self._handlers = {
@@ -503,6 +505,10 @@ class Worker:
             "keep_ir": self.keep_ir,
             "release": self.release,
             "shutdown": self.shutdown,
+            "share": self.share,
+            "compare": self.compare,
+            "recipe": self.recipe,
+            "digest": self.digest,
         }
 
     # ---- dispatch
@@ -777,6 +783,121 @@ class Worker:
             self.prepared.graphs.clear()
         self.prepared = None
 
+    # ---- native launches (tunelab.native, docs/native-backend.md)
+
+    def share(self, request: dict) -> dict:
+        """Share a shape's inputs and a fresh output with the native worker."""
+        self._require_lane("share")
+        if self.mode != "gpu":
+            raise WorkerError(PROBLEM_ERROR, "native methods need a GPU; this worker runs Triton's interpreter")
+        name = request.get("problem")
+        shape = request.get("shape")
+        if not isinstance(name, str) or not isinstance(shape, dict):
+            raise bad_request("share needs 'problem' (a string) and 'shape' (an object)")
+        seed = _int_field(request, "seed", default=0)
+        key = (name, json.dumps(shape, sort_keys=True), seed)
+        if self._shared is not None and self._shared[0] == key:
+            return self._shared[2]
+        with stage("problem"):
+            problem = _make_problem(name, shape)
+        inputs, expected, _ = self._shape_data(problem, name, shape, seed)
+        from tunelab import native
+
+        torch = self.torch
+        with stage("problem"):
+            out = native.new_output(problem, inputs, expected)
+            if tuple(out.shape) != tuple(expected.shape):
+                raise ValueError(f"the output {tuple(out.shape)} and the reference {tuple(expected.shape)} differ in shape")
+            tensors = [(k, v) for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.is_cuda]
+            tensors.append(("out", out))
+            described = [native.describe_tensor(torch, k, v) for k, v in tensors]
+            reply = {
+                "tensors": described,
+                "out": len(described) - 1,
+                "poison": native.poison_pattern(torch, out.dtype).hex(),
+                "elements": out.numel(),
+                "uuid": str(torch.cuda.get_device_properties(self.device).uuid),
+            }
+        self._shared = (key, out, reply)
+        return reply
+
+    def _shared_for(self, request: dict):
+        name, shape = request.get("problem"), request.get("shape")
+        seed = request.get("seed", 0)
+        key = (name, json.dumps(shape, sort_keys=True), seed)
+        if self._shared is None or self._shared[0] != key or self._shape_cache is None or self._shape_cache[0] != key:
+            raise bad_request("this shape's tensors are not shared; send 'share' first")
+        return self._shared
+
+    def compare(self, request: dict) -> dict:
+        """Compare the shared output (a native launch wrote it) with the reference."""
+        self._require_lane("compare")
+        tolerance = request.get("tolerance")
+        if not isinstance(tolerance, dict):
+            raise bad_request("compare needs a 'tolerance' object {atol, rtol, max_mismatch}")
+        atol = _number_field(tolerance, "atol")
+        rtol = _number_field(tolerance, "rtol")
+        max_mismatch = _number_field(tolerance, "max_mismatch", default=0.0)
+        _, out, _ = self._shared_for(request)
+        assert self._shape_cache is not None  # _shared_for built the shape
+        expected = self._shape_cache[2]
+        with stage("problem"):
+            from tunelab.compare import compare
+
+            self._synchronize()
+            result = compare(out, expected, atol=atol, rtol=rtol, max_mismatch=max_mismatch)
+        result.pop("mismatch")
+        return result
+
+    def digest(self, request: dict) -> dict:
+        """The SHA-256 of the shared output's bytes: for tests that compare bits."""
+        self._require_lane("digest")
+        import hashlib
+
+        _, out, _ = self._shared_for(request)
+        self._synchronize()
+        data = out.contiguous().view(self.torch.uint8).cpu().numpy().tobytes()
+        return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+    def recipe(self, request: dict) -> dict:
+        """How to launch a Triton job natively: its cubin, symbol, grid, block,
+        shared memory and arguments over the shared tensors."""
+        self._require_lane("recipe")
+        job = Job(request.get("job"))
+        cache_dir = request.get("cache_dir")
+        if not isinstance(cache_dir, str) or not cache_dir:
+            raise bad_request("recipe needs 'cache_dir', where the cubin goes")
+        _, out, shared = self._shared_for({"problem": job.problem, "shape": job.shape, "seed": request.get("seed", 0)})
+        problem, method = self._problem_and_method(job)
+        assert self._shape_cache is not None  # _shared_for built the shape
+        inputs = self._shape_cache[1]
+        # The same JIT context as a Python check: the config's compile options
+        # and an `ir:` method's IR apply to the kernel launched natively too.
+        ctx = self._job_context(job)
+        self._compile(job, problem, method, ctx)
+        with stage("bind"), jit.active(ctx):
+            launch = method.bind(problem, inputs, job.config)
+        _require_ir_applied(job, ctx)
+        native_launch = getattr(launch, "native", None)
+        if native_launch is None:
+            raise WorkerError(
+                PROBLEM_ERROR,
+                f"method {job.method!r} does not offer a native launch (its Launch has no 'native'); use launch: python",
+            )
+        from tunelab import native
+
+        kernel, compiled, grid, values = native_launch
+        # The method's own output stands for the shared one: the native launch writes there.
+        tensors = {t["ptr"]: i for i, t in enumerate(shared["tensors"])}
+        tensors[launch.out.data_ptr()] = shared["out"]
+        try:
+            recipe = native.triton_recipe(kernel, compiled, grid, values, tensors, cache_dir)
+            # What the compiler made of it, as a Python check reports it.
+            recipe["kernels"] = [jit.resources(compiled, load=True)]
+            return recipe
+        except native.NotNative as exc:
+            raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} cannot be launched natively: {exc}") from exc
+
     def shutdown(self, request: dict) -> dict:
         self._drop_prepared()
         self.stopping = True
@@ -796,6 +917,7 @@ class Worker:
         if self._shape_cache is None or self._shape_cache[0] != key:
             self._shape_cache = None  # free the previous shape's tensors first
             self._collect_if_crowded()
+            self._shared = None
             with stage("problem"):
                 inputs = problem.inputs(seed, self.device)
                 expected = problem.reference(inputs)

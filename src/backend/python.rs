@@ -18,7 +18,7 @@ use crate::store::{CheckResult, FailureClass, KernelResources};
 
 /// The worker protocol this runner speaks (docs/worker-protocol.md). A worker
 /// that answers `hello` with another version is refused at start-up.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// How long a new worker may take to import torch and Triton and answer `hello`.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
@@ -52,6 +52,24 @@ pub struct ProbedMethod {
     pub description: Option<String>,
 }
 
+/// The failure a worker's `ok: false` answer reports (its class and message).
+pub fn failure_of(response: &Json) -> JobFailure {
+    let class = match response.get("class").and_then(Json::as_str).unwrap_or("") {
+        "compile_error" => FailureClass::CompileError,
+        "out_of_resources" => FailureClass::OutOfResources,
+        "launch_error" => FailureClass::LaunchError,
+        "mismatch" => FailureClass::Mismatch,
+        "nan" => FailureClass::Nan,
+        _ => FailureClass::ProblemError,
+    };
+    let message = response
+        .get("message")
+        .and_then(Json::as_str)
+        .unwrap_or("no message")
+        .to_string();
+    JobFailure::new(class, message)
+}
+
 /// A kernel whose IR a worker wrote (`keep_ir`): its resources and files.
 #[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 pub struct KeptKernel {
@@ -82,11 +100,11 @@ struct CompileReply {
 }
 
 #[derive(Deserialize)]
-struct CheckReply {
+pub(crate) struct CheckReply {
     /// The kernels the check compiled and launched (absent from a worker
     /// that predates the field).
     #[serde(default)]
-    kernels: Vec<KernelResources>,
+    pub(crate) kernels: Vec<KernelResources>,
     passed: bool,
     max_abs_err: Option<f64>,
     max_rel_err: Option<f64>,
@@ -96,16 +114,31 @@ struct CheckReply {
     elements: u64,
 }
 
+impl From<CheckReply> for CheckResult {
+    fn from(r: CheckReply) -> CheckResult {
+        CheckResult {
+            passed: r.passed,
+            max_abs_err: r.max_abs_err,
+            max_rel_err: r.max_rel_err,
+            mismatch_frac: r.mismatch_frac,
+            nan_count: r.nan_count,
+            inf_count: r.inf_count,
+            elements: r.elements,
+        }
+    }
+}
+
 #[derive(Deserialize)]
-struct SampleReply {
-    us: Vec<f64>,
-    timer: Timer,
-    sm_clock_mhz: Option<f64>,
+pub(crate) struct SampleReply {
+    pub us: Vec<f64>,
+    pub timer: Timer,
+    pub sm_clock_mhz: Option<f64>,
 }
 
 pub struct PythonBackend {
     spec: WorkerSpec,
     worker: Option<Worker>,
+    generation: u64,
     /// The kernels the last check compiled, until the lane takes them.
     kernels: Vec<KernelResources>,
     /// The IR file of each method that runs from one, by method name.
@@ -121,6 +154,7 @@ impl PythonBackend {
         PythonBackend {
             spec,
             worker: None,
+            generation: 0,
             kernels: Vec::new(),
             ir_files: Default::default(),
             hello: None,
@@ -178,6 +212,7 @@ impl PythonBackend {
             }
             crate::trace::span(w.name(), "start-up", started, json!({"pid": w.pid()}));
             self.worker = Some(w);
+            self.generation += 1;
         }
         Ok(self.worker.as_mut().expect("just started"))
     }
@@ -203,26 +238,31 @@ impl PythonBackend {
         if response.get("ok").and_then(Json::as_bool) == Some(true) {
             return Ok(response);
         }
-        let class = match response.get("class").and_then(Json::as_str).unwrap_or("") {
-            "compile_error" => FailureClass::CompileError,
-            "out_of_resources" => FailureClass::OutOfResources,
-            "launch_error" => FailureClass::LaunchError,
-            "mismatch" => FailureClass::Mismatch,
-            "nan" => FailureClass::Nan,
-            _ => FailureClass::ProblemError,
-        };
-        if class == FailureClass::LaunchError {
+        let failure = failure_of(&response);
+        if failure.class == FailureClass::LaunchError {
             // The CUDA context may be poisoned: never reuse this worker.
             if let Some(mut w) = self.worker.take() {
                 w.kill();
             }
         }
-        let message = response
-            .get("message")
-            .and_then(Json::as_str)
-            .unwrap_or("no message")
-            .to_string();
-        Err(JobFailure::new(class, message))
+        Err(failure)
+    }
+
+    /// How many worker processes this backend has started: a restart frees
+    /// whatever the previous one had allocated (tensors it shared, say).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// One call of an op outside the [`Backend`] trait (the native path's
+    /// `share`, `compare`, `recipe`), with this backend's timeout.
+    pub fn request(&mut self, op: &str, body: Json) -> Result<Json, JobFailure> {
+        self.call(op, body, self.timeout)
+    }
+
+    /// The problem this backend's worker builds.
+    pub fn problem(&self) -> &str {
+        &self.problem
     }
 
     /// The IR files methods run from (`ir:`), by method name: their jobs
@@ -235,7 +275,7 @@ impl PythonBackend {
         self
     }
 
-    fn job_json(&self, job: &Job, kernel: &str, kind: &str) -> Json {
+    pub fn job_json(&self, job: &Job, kernel: &str, kind: &str) -> Json {
         let mut method = json!({"name": job.method, "kind": kind, "kernel": kernel});
         if let Some(ir) = self.ir_files.get(&job.method) {
             method["ir"] = json!(ir.display().to_string());
@@ -363,17 +403,9 @@ impl Backend for PythonBackend {
             "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "max_mismatch": tol.max_mismatch},
         });
         self.kernels.clear();
-        let r: CheckReply = self.call_for("check", body, self.timeout)?;
-        self.kernels = r.kernels;
-        Ok(CheckResult {
-            passed: r.passed,
-            max_abs_err: r.max_abs_err,
-            max_rel_err: r.max_rel_err,
-            mismatch_frac: r.mismatch_frac,
-            nan_count: r.nan_count,
-            inf_count: r.inf_count,
-            elements: r.elements,
-        })
+        let mut r: CheckReply = self.call_for("check", body, self.timeout)?;
+        self.kernels = std::mem::take(&mut r.kernels);
+        Ok(r.into())
     }
 
     fn take_kernels(&mut self) -> Vec<KernelResources> {

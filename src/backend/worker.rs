@@ -73,13 +73,6 @@ const KILL_GRACE: Duration = Duration::from_millis(500);
 
 impl Worker {
     pub fn spawn(spec: &WorkerSpec) -> std::io::Result<Worker> {
-        if let Some(dir) = spec.log.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&spec.log)?;
         let mut parts: Vec<PathBuf> = spec.python_path.clone();
         if let Some(existing) = std::env::var_os("PYTHONPATH") {
             parts.extend(std::env::split_paths(&existing));
@@ -90,10 +83,7 @@ impl Worker {
         if let Some(target) = &spec.target {
             cmd.args(["--target", target]);
         }
-        cmd.env("PYTHONPATH", python_path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log));
+        cmd.env("PYTHONPATH", python_path);
         if spec.interpret {
             cmd.env("TRITON_INTERPRET", "1");
         } else {
@@ -109,6 +99,27 @@ impl Worker {
         if let Some(cache) = &spec.triton_cache {
             cmd.env("TRITON_CACHE_DIR", cache);
         }
+        let name = spec
+            .log
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| spec.role.clone());
+        Worker::start(cmd, &spec.log, name)
+    }
+
+    /// Starts `cmd` (its arguments and environment set) as a worker speaking
+    /// JSON lines, stderr appended to `log`; `name` is its trace track.
+    pub fn start(mut cmd: Command, log: &Path, name: String) -> std::io::Result<Worker> {
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr));
         // Its own process group: a Ctrl-C (SIGINT to the terminal's group) reaches
         // only the runner, which finishes the job in flight and stops the workers.
         use std::os::unix::process::CommandExt;
@@ -121,12 +132,8 @@ impl Worker {
             stdin,
             lines: LineReader::new(stdout),
             next_id: 1,
-            log: spec.log.clone(),
-            name: spec
-                .log
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| spec.role.clone()),
+            log: log.to_path_buf(),
+            name,
         })
     }
 

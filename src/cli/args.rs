@@ -273,6 +273,33 @@ Exit codes: 0 written, 2 no journal or nothing to profile, 3 some jobs could not
     Schema,
     /// Print the effective settings and where each came from.
     Config,
+    /// The native worker a run starts for each GPU that runs native methods
+    /// (internal: it speaks JSON lines on stdin and stdout, docs/native-backend.md).
+    #[command(hide = true)]
+    NativeWorker {
+        /// The GPU driver API: cuda or hip.
+        #[arg(long, default_value = "cuda")]
+        backend: String,
+    },
+    /// Compile one CUDA (HIP) source with the runtime compiler a run uses and
+    /// print the image's path and kernel symbol as JSON (docs/native-backend.md).
+    #[command(
+        hide = true,
+        after_help = "Example:\n  tunelab native-compile experiments/kernels/gemm_mma.cu --kernel 'gemm_mma<128, 128, 32, 2, 2, 3, 0>' --out /tmp/k --arch sm_90"
+    )]
+    NativeCompile {
+        /// The source file.
+        source: PathBuf,
+        /// The kernel, with its template arguments: `gemm_mma<128, 128, 32, 2, 2, 3, 0>`.
+        #[arg(long)]
+        kernel: String,
+        /// Where the image goes.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The architecture (sm_90, gfx942); default: the first GPU found.
+        #[arg(long)]
+        arch: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

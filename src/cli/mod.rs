@@ -18,6 +18,7 @@ mod compare;
 mod environment;
 mod inspect;
 mod merge;
+mod native;
 mod results;
 mod run;
 mod workbench;
@@ -45,6 +46,10 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
             };
         }
     };
+    if let Command::NativeWorker { backend } = &cli.command {
+        // Reads no settings: the runner that started it has.
+        return crate::native::server::main(backend);
+    }
     match dispatch(cli) {
         Ok(code) => code,
         Err(failure) => {
@@ -170,6 +175,13 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             Ok(exit::OK)
         }
         Command::Config => environment::config(&cli.global),
+        Command::NativeWorker { .. } => unreachable!("served before dispatch"),
+        Command::NativeCompile {
+            source,
+            kernel,
+            out,
+            arch,
+        } => native::native_compile(&source, &kernel, &out, arch.as_deref(), &settings),
     }
 }
 

@@ -350,6 +350,7 @@ fn run_experiment(
     }
     if !outcome.interrupted {
         keep_ir(exp, request, target, &outcome.dir, &settings.python)?;
+        export_aot(exp, target, &outcome.dir, &settings.python)?;
     }
     let outputs_started = std::time::Instant::now();
     let written = write_outputs(&outcome.dir)?;
@@ -494,6 +495,86 @@ fn keep_ir(
         Err(why) => eprintln!("warning: IR not kept: no worker to compile it ({why})"),
     }
     crate::trace::span("runner", "keep ir", started, serde_json::json!({}));
+    Ok(())
+}
+
+/// The `aot` outputs: the winners' images and a C dispatcher per folder
+/// (`crate::workbench::aot`). Failing to export never fails the run: what
+/// went wrong is said and the other outputs follow.
+fn export_aot(exp: &Experiment, target: &Target, dir: &Path, python: &str) -> Result<(), Failure> {
+    use crate::manifest::OutputFormat;
+    if !exp.outputs.iter().any(|o| o.format == OutputFormat::Aot) {
+        return Ok(());
+    }
+    if target.mode == Mode::Interpreter {
+        eprintln!(
+            "note: aot not written: the interpreter's winners were not timed on a GPU, and native methods did not run"
+        );
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let (results, _) =
+        store::journal::read(dir).map_err(|e| Failure::environment(format!("error: {e}")))?;
+    let native = crate::backend::native::NativeCompiler::new(
+        &target.device,
+        Some(Path::new(python)),
+        dir.join(".cache").join("native"),
+    );
+    let needs_triton = exp.methods.iter().any(|m| {
+        m.kind == crate::manifest::MethodKind::Triton
+            && !m.grid.is_empty()
+            && !m.triton_args.is_empty()
+    });
+    let mut images = if needs_triton {
+        let spec = crate::backend::WorkerSpec {
+            python: python.to_string(),
+            python_path: super::environment::worker_python_path(exp, python),
+            role: "compile".into(),
+            interpret: false,
+            visible_device: target.gpus.first().cloned(),
+            visible_var: crate::schedule::visible_devices_var(&target.device),
+            target: crate::schedule::compile_target(&target.device)
+                .filter(|_| exp.builtin_problem()),
+            triton_cache: Some(dir.join(".cache").join("triton")),
+            log: dir.join("logs").join("aot.log"),
+        };
+        let timeout = std::time::Duration::from_secs_f64(exp.protocol.timeout_s.max(120.0));
+        let worker = crate::backend::PythonBackend::new(spec, &exp.problem, timeout)
+            .with_ir_files(exp.ir_files());
+        Some(crate::workbench::aot::WorkerImages::new(
+            worker,
+            dir.join(".cache").join("aot"),
+        ))
+    } else {
+        None
+    };
+    let exported = crate::workbench::aot::export(
+        exp,
+        &results,
+        dir,
+        Some(&native),
+        images
+            .as_mut()
+            .map(|i| i as &mut dyn crate::workbench::aot::TritonImages),
+    );
+    if let Some(i) = &mut images {
+        i.shutdown();
+    }
+    for (folder, lib) in &exported.folders {
+        println!(
+            "aot: {} in {} ({})",
+            count(lib.specs.len() as u64, "specialisation", "specialisations"),
+            folder.display(),
+            seconds(started.elapsed().as_secs_f64())
+        );
+    }
+    for l in &exported.left_out {
+        eprintln!("note: aot left out {l}");
+    }
+    for f in &exported.failed {
+        eprintln!("warning: aot not written: {f}");
+    }
+    crate::trace::span("runner", "aot export", started, serde_json::json!({}));
     Ok(())
 }
 

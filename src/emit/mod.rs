@@ -33,9 +33,11 @@
 //!
 //! Formats and their columns are described in each writer's module:
 //! [`csv_out`] (jobs_csv, jobs_json, best_csv), [`vllm`], [`aiter`],
-//! [`triton_mbucket`], [`report`].
+//! [`triton_mbucket`], [`report`], [`aot`] (whose files the run writes:
+//! they need the manifest and the compiled images, not only the journal).
 
 pub mod aiter;
+pub mod aot;
 pub mod compare;
 pub mod csv_out;
 pub mod ir_index;
@@ -166,6 +168,9 @@ pub fn render_output(
                 continue;
             }
             OutputFormat::Ir => Some(ir_index::render(&group)?),
+            // Its files need the manifest's launches and the compiled
+            // images: the run writes them after its last job (`aot`).
+            OutputFormat::Aot => None,
         };
         if let Some(contents) = contents {
             // An `ir` output's path is its folder; the index lies in it.
@@ -194,6 +199,12 @@ fn feeds(spec: &OutputSpec, job: &JobRecord) -> bool {
         | OutputFormat::BestCsv
         | OutputFormat::Report => return true,
         OutputFormat::Ir => return job.kind == MethodKind::Triton,
+        OutputFormat::Aot => {
+            return matches!(
+                job.kind,
+                MethodKind::Triton | MethodKind::Cuda | MethodKind::Hip
+            )
+        }
         OutputFormat::VllmMoeJson => &vllm::REQUIRED,
         OutputFormat::AiterFmoeCsv => &aiter::REQUIRED,
         OutputFormat::TritonMbucket => &[],
@@ -259,7 +270,7 @@ impl<'s, 'a> Group<'s, 'a> {
 }
 
 /// Renders the path template per shape and groups shapes by the result, in shape order.
-fn group_by_path<'s, 'a>(
+pub(crate) fn group_by_path<'s, 'a>(
     header: &RunHeader,
     spec: &OutputSpec,
     sel: &'s Selection<'a>,

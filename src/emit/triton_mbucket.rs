@@ -303,11 +303,9 @@ pub fn legacy_key(m: i64) -> &'static str {
         .expect("the legacy ranges cover every M")
 }
 
-/// Bucket key -> config, in file order, from tuned M -> config.
-pub fn buckets(
-    tuned: &BTreeMap<i64, IndexMap<String, Json>>,
-    legacy: bool,
-) -> IndexMap<String, IndexMap<String, Json>> {
+/// Bucket key -> config, in file order, from tuned M -> config (or
+/// whatever stands for a tuned M's winner: the `aot` output's candidates).
+pub fn buckets<T: Clone>(tuned: &BTreeMap<i64, T>, legacy: bool) -> IndexMap<String, T> {
     let mut out = IndexMap::new();
     let Some((_, largest)) = tuned.last_key_value() else {
         return out;
@@ -330,7 +328,7 @@ pub fn buckets(
         }
     } else {
         // Ascending M: a later (larger) M overwrites its bucket's entry.
-        let mut by_key: BTreeMap<usize, (String, &IndexMap<String, Json>)> = BTreeMap::new();
+        let mut by_key: BTreeMap<usize, (String, &T)> = BTreeMap::new();
         for (m, config) in tuned {
             let key = current_key(*m);
             let rank = BOUNDS.iter().position(|x| *m <= *x).unwrap_or(BOUNDS.len());

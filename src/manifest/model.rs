@@ -124,6 +124,11 @@ pub enum MethodKind {
 }
 
 impl MethodKind {
+    /// Compiled from a source file by tunelab and launched natively.
+    pub fn is_native(self) -> bool {
+        matches!(self, MethodKind::Cuda | MethodKind::Hip)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             MethodKind::Triton => "triton",
@@ -133,6 +138,104 @@ impl MethodKind {
             MethodKind::Python => "python",
         }
     }
+}
+
+/// How a Triton method's kernel is launched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LaunchPath {
+    /// Its Python worker launches it (Triton's launcher).
+    #[default]
+    Python,
+    /// The runner's native worker launches the compiled binary: no Python per launch.
+    Native,
+}
+
+impl LaunchPath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LaunchPath::Python => "python",
+            LaunchPath::Native => "native",
+        }
+    }
+}
+
+/// A scalar kernel argument's C type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScalarType {
+    I32,
+    I64,
+    U32,
+    U64,
+    F32,
+    F64,
+}
+
+impl ScalarType {
+    pub const ALL: [ScalarType; 6] = [
+        ScalarType::I32,
+        ScalarType::I64,
+        ScalarType::U32,
+        ScalarType::U64,
+        ScalarType::F32,
+        ScalarType::F64,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScalarType::I32 => "i32",
+            ScalarType::I64 => "i64",
+            ScalarType::U32 => "u32",
+            ScalarType::U64 => "u64",
+            ScalarType::F32 => "f32",
+            ScalarType::F64 => "f64",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ScalarType> {
+        ScalarType::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// Its C spelling, for generated launchers.
+    pub fn c_type(self) -> &'static str {
+        match self {
+            ScalarType::I32 => "int32_t",
+            ScalarType::I64 => "int64_t",
+            ScalarType::U32 => "uint32_t",
+            ScalarType::U64 => "uint64_t",
+            ScalarType::F32 => "float",
+            ScalarType::F64 => "double",
+        }
+    }
+}
+
+/// One argument of a native kernel, in the order the kernel takes them.
+#[derive(Debug, Clone)]
+pub enum KernelArg {
+    /// A tensor of the problem's inputs or its output, by name: its device pointer.
+    Tensor { name: String, span: Span },
+    /// A value computed per job.
+    Scalar { ty: ScalarType, expr: Expr },
+}
+
+/// How a `kind: cuda` or `kind: hip` method is compiled and launched.
+#[derive(Debug, Clone)]
+pub struct NativeSpec {
+    /// The source file, absolute.
+    pub source: PathBuf,
+    pub source_span: Span,
+    /// Template arguments of the kernel, in order.
+    pub template: Vec<Expr>,
+    /// `-DNAME=value` defines.
+    pub defines: Vec<(String, Expr)>,
+    /// Extra compiler options.
+    pub options: Vec<String>,
+    /// Threads per block (x, y, z); one to three.
+    pub block: Vec<Expr>,
+    /// Dynamic shared memory in bytes; none: 0.
+    pub shared_mem: Option<Expr>,
+    pub args: Vec<KernelArg>,
 }
 
 /// An expression and where it was written.
@@ -186,6 +289,16 @@ pub struct Method {
     pub key_spans: IndexMap<String, Span>,
     /// Where each fixed parameter's value was written.
     pub param_spans: IndexMap<String, Span>,
+    /// How the kernel is launched: natively for `kind: cuda|hip` and for a
+    /// Triton method with `launch: native`, else by its Python worker.
+    pub launch: LaunchPath,
+    /// The launch grid (x, y, z), as written; empty when not given.
+    pub grid: Vec<Expr>,
+    /// A Triton method's kernel arguments (`args:`), for the `aot` output;
+    /// empty when not given. A native method's are in `native`.
+    pub triton_args: Vec<KernelArg>,
+    /// Source and launch of a `kind: cuda|hip` method.
+    pub native: Option<NativeSpec>,
     /// The IR file the method's kernel is compiled from (`ir:`), absolute.
     pub ir: Option<PathBuf>,
     /// Configs read from a consumer's tuned file (`run --compare-to`): the
@@ -384,6 +497,11 @@ pub enum OutputFormat {
     /// metadata), kept by every run in the folder `path`, with an index of
     /// their registers, spills and shared memory (`path/index.md`).
     Ir,
+    /// Ahead-of-time export: the winners' cubins of `kind: cuda` methods and
+    /// of Triton methods with `grid:` and `args:`, with a C source and header
+    /// holding one launcher per specialisation and a dispatcher that picks
+    /// one by the M buckets of `triton_mbucket`, in the folder `path`.
+    Aot,
 }
 
 impl OutputFormat {
@@ -398,6 +516,7 @@ impl OutputFormat {
             OutputFormat::AiterFmoeCsv => "aiter_fmoe_csv",
             OutputFormat::Report => "report",
             OutputFormat::Ir => "ir",
+            OutputFormat::Aot => "aot",
         }
     }
 }

@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::de::Spanned;
-use super::model::{MethodKind, OutputFormat};
+use super::model::{LaunchPath, MethodKind, OutputFormat};
 use super::yaml::Node;
 use crate::measure::Timing;
 
@@ -126,6 +126,42 @@ pub struct RawMethod {
     /// Bump to give this method's jobs new ids (for code tunelab cannot hash).
     #[serde(default)]
     pub version: Option<String>,
+    /// How a Triton method's kernel is launched: `python` (its worker calls
+    /// it, the default) or `native` (the runner launches its compiled binary).
+    /// `kind: cuda` and `kind: hip` methods are always launched natively.
+    #[serde(default)]
+    pub launch: Option<Spanned<LaunchPath>>,
+    /// The launch grid (x, y, z): one to three expressions over shape fields,
+    /// the config and `device.*`. Required for `kind: cuda|hip`; a Triton
+    /// method may give it for the `aot` output.
+    #[serde(default)]
+    pub grid: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `kind: cuda|hip`: threads per block (x, y, z), one to three expressions.
+    #[serde(default)]
+    pub block: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `kind: cuda|hip`: dynamic shared memory per block in bytes, an expression (default 0).
+    #[serde(default)]
+    pub shared_mem: Option<Spanned<String>>,
+    /// `kind: cuda|hip`: the kernel's arguments in order. A name the
+    /// problem's inputs or output carry (`a`, `out`) passes that tensor's
+    /// device pointer; any other entry is an expression passed as a 32-bit
+    /// int, or `{i64|u32|u64|f32|f64: expression}` for another type. A
+    /// Triton method may give them (its kernel's parameters that are not
+    /// `tl.constexpr`, in order; their types are the compiled kernel's) for
+    /// the `aot` output.
+    #[serde(default)]
+    #[schemars(schema_with = "kernel_args")]
+    pub args: Option<Spanned<Vec<Node>>>,
+    /// `kind: cuda|hip`: template arguments of `kernel`, expressions over
+    /// the config and shape fields (`kernel<128, 64>` is what is compiled).
+    #[serde(default)]
+    pub template: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `kind: cuda|hip`: preprocessor defines, name -> expression (`-DNAME=value`).
+    #[serde(default)]
+    pub defines: IndexMap<Spanned<String>, Spanned<String>>,
+    /// `kind: cuda|hip`: extra compiler options (`-use_fast_math`).
+    #[serde(default)]
+    pub compile_options: Vec<Spanned<String>>,
     /// Fixed parameters passed with every config.
     #[serde(default)]
     #[schemars(schema_with = "scalar_map")]
@@ -435,6 +471,23 @@ fn d_eta() -> Spanned<u32> {
 }
 fn d_interp_configs() -> u64 {
     4
+}
+
+fn kernel_args(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+    serde_json::from_value(serde_json::json!({
+        "type": "array",
+        "items": {"anyOf": [
+            {"type": ["string", "integer"]},
+            {"type": "object", "minProperties": 1, "maxProperties": 1,
+             "properties": {
+                "i32": {"type": ["string", "integer"]}, "i64": {"type": ["string", "integer"]},
+                "u32": {"type": ["string", "integer"]}, "u64": {"type": ["string", "integer"]},
+                "f32": {"type": ["string", "number"]}, "f64": {"type": ["string", "number"]}
+             },
+             "additionalProperties": false}
+        ]}
+    }))
+    .expect("static schema")
 }
 
 fn one_or_many_strings(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {

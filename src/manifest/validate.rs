@@ -16,8 +16,9 @@ use serde_json::Value as Json;
 use super::de::Spanned;
 use super::model::{
     builtin_baseline, device_fields, escapes, Axis, Baseline, BaselineValue, DtypeOverride,
-    Experiment, Expr, InterpreterPlan, Method, MethodKind, Output, Shape, Tolerance,
-    BUILTIN_BASELINES, BUILTIN_PROBLEMS, DTYPES, IR_EXTENSIONS,
+    Experiment, Expr, InterpreterPlan, KernelArg, LaunchPath, Method, MethodKind, NativeSpec,
+    Output, ScalarType, Shape, Tolerance, BUILTIN_BASELINES, BUILTIN_PROBLEMS, DTYPES,
+    IR_EXTENSIONS,
 };
 use super::raw::{
     FlushWith, RawInterpreter, RawKeys, RawManifest, RawMethod, RawProtocol, RawSearch,
@@ -90,6 +91,10 @@ pub fn validate(
                     "an `ir` output names one folder, not a template",
                 )
                 .help("write a plain folder such as `ir`: each winner gets a folder per shape and method in it"));
+            }
+            // (When a method failed, its error says enough.)
+            if o.format == super::model::OutputFormat::Aot && methods.len() == raw.methods.len() {
+                check_aot_output(o, &methods)?;
             }
             if let Some(shapes) = &shapes {
                 check_output_path(&o.path, &env, shapes, device)?;
@@ -357,6 +362,7 @@ fn method(
         }
     }
 
+    let (launch, grid, native, triton_args) = native_parts(name, m, &known, env, device, base_dir)?;
     let mut identity = blake3::Hasher::new();
     identity.update(
         format!(
@@ -367,6 +373,10 @@ fn method(
         )
         .as_bytes(),
     );
+    if native.is_some() {
+        // What is compiled and how it is launched define the method's code too.
+        identity.update(native_identity(m).as_bytes());
+    }
     let ir = match &m.ir {
         None => None,
         Some(file) => {
@@ -403,8 +413,377 @@ fn method(
         constraints_span: place(m.constraints.span, m.span),
         key_spans,
         param_spans,
+        launch,
+        grid,
+        native,
+        triton_args,
         ir,
         fixed: None,
+    })
+}
+
+/// An `aot` output takes `kind: cuda` methods and Triton methods that say
+/// how their kernel is launched (`grid:`, `args:`); a method it names must
+/// be one, and without a name there must be one.
+fn check_aot_output(o: &super::raw::RawOutput, methods: &[Method]) -> Result<(), Diagnostic> {
+    if o.keys.is_some() {
+        return Err(Diagnostic::at(
+            o.path.span,
+            "`keys` is for `triton_mbucket` outputs; an `aot` dispatcher uses the current M buckets",
+        )
+        .help("remove `keys:`"));
+    }
+    let why_not = |m: &Method| -> Option<String> {
+        match m.kind {
+            MethodKind::Cuda => None,
+            MethodKind::Triton if m.grid.is_empty() || m.triton_args.is_empty() => Some(format!(
+                "Triton method `{}` needs `grid:` and `args:` (its kernel's parameters that are not constexpr, in order) to be exported",
+                m.name
+            )),
+            MethodKind::Triton => None,
+            MethodKind::Hip => Some(format!(
+                "method `{}` is `kind: hip`; the aot output loads cubins through the CUDA driver (HIP export is not done)",
+                m.name
+            )),
+            other => Some(format!(
+                "method `{}` is `kind: {}`; the aot output exports compiled kernels (`kind: cuda`, Triton)",
+                m.name,
+                other.as_str()
+            )),
+        }
+    };
+    match &o.method {
+        Some(name) => match methods.iter().find(|m| m.name == name.value) {
+            Some(m) => match why_not(m) {
+                Some(why) => Err(Diagnostic::at(name.span, why)
+                    .help("e.g. `grid: [\"ceil_div(M, BLOCK_SIZE_M) * ceil_div(N, BLOCK_SIZE_N)\"]` and `args: [a, b, out, M, N, K, ...]`")),
+                None => Ok(()),
+            },
+            // An unknown name is reported by the caller's check.
+            None => Ok(()),
+        },
+        None if methods.iter().all(|m| why_not(m).is_some()) => Err(Diagnostic::at(
+            o.path.span,
+            "no method of this manifest can be exported by the `aot` output",
+        )
+        .help("it takes `kind: cuda` methods and Triton methods with `grid:` and `args:`")),
+        None => Ok(()),
+    }
+}
+
+/// The text of a native method's compile and launch fields, for its identity.
+fn native_identity(m: &RawMethod) -> String {
+    let list = |v: &Option<Spanned<Vec<Spanned<String>>>>| {
+        v.as_ref()
+            .map(|l| {
+                l.iter()
+                    .map(|e| e.value.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\u{1}")
+            })
+            .unwrap_or_default()
+    };
+    let args = m
+        .args
+        .as_ref()
+        .map(|a| {
+            a.iter()
+                .map(|n| n.to_json().to_string())
+                .collect::<Vec<_>>()
+                .join("\u{1}")
+        })
+        .unwrap_or_default();
+    let defines: Vec<String> = m
+        .defines
+        .iter()
+        .map(|(k, v)| format!("{}={}", k.value, v.value))
+        .collect();
+    let options: Vec<&str> = m.compile_options.iter().map(|o| o.as_str()).collect();
+    format!(
+        "{}\0{}\0{}\0{}\0{}\0{}\0{}\0{}",
+        list(&m.grid),
+        list(&m.block),
+        m.shared_mem.as_ref().map_or("", |s| s.as_str()),
+        args,
+        list(&m.template),
+        defines.join("\u{1}"),
+        options.join("\u{1}"),
+        m.source.as_ref().map_or("", |s| s.as_str()),
+    )
+}
+
+/// A method's launch path, grid, native spec and Triton arguments.
+type LaunchParts = (LaunchPath, Vec<Expr>, Option<NativeSpec>, Vec<KernelArg>);
+
+/// The launch path, grid, native spec and Triton arguments of a method,
+/// checked: `kind: cuda|hip` needs a source, a grid, a block and arguments;
+/// the compile and launch fields belong to those kinds only (a Triton method
+/// may give a grid and arguments, for the `aot` output).
+fn native_parts(
+    name: &Spanned<String>,
+    m: &Spanned<RawMethod>,
+    known: &[String],
+    env: &minijinja::Environment<'static>,
+    device: &DeviceInfo,
+    base_dir: &Path,
+) -> Result<LaunchParts, Diagnostic> {
+    let kind = m.kind;
+    let exprs = |list: &Spanned<Vec<Spanned<String>>>| -> Result<Vec<Expr>, Diagnostic> {
+        list.iter()
+            .map(|s| {
+                let e = Expr {
+                    source: s.value.clone(),
+                    span: s.span,
+                };
+                check_expr(&e, env, known, device).map(|_| e)
+            })
+            .collect()
+    };
+    let dims =
+        |field: &str, list: &Spanned<Vec<Spanned<String>>>| -> Result<Vec<Expr>, Diagnostic> {
+            if list.is_empty() || list.len() > 3 {
+                return Err(Diagnostic::at(
+                    place(list.span, m.span),
+                    format!(
+                        "`{field}` takes one to three expressions (x, y, z), found {}",
+                        list.len()
+                    ),
+                )
+                .help(format!(
+                    "e.g. `{field}: [\"ceil_div(N, BLOCK_N)\", \"ceil_div(M, BLOCK_M)\"]`"
+                )));
+            }
+            exprs(list)
+        };
+    let launch = m.launch.as_ref().map(|l| (l.value, l.span));
+    if !kind.is_native() {
+        // Fields that only a natively compiled method has.
+        let only_native: [(&str, Option<Span>); 7] = [
+            ("block", m.block.as_ref().map(|b| b.span)),
+            ("shared_mem", m.shared_mem.as_ref().map(|b| b.span)),
+            (
+                "args",
+                m.args
+                    .as_ref()
+                    .filter(|_| kind != MethodKind::Triton)
+                    .map(|b| b.span),
+            ),
+            ("template", m.template.as_ref().map(|b| b.span)),
+            ("defines", m.defines.keys().next().map(|k| k.span)),
+            ("compile_options", m.compile_options.first().map(|o| o.span)),
+            (
+                "grid",
+                m.grid
+                    .as_ref()
+                    .filter(|_| kind != MethodKind::Triton)
+                    .map(|g| g.span),
+            ),
+        ];
+        if let Some((field, span)) = only_native.iter().find(|(_, s)| s.is_some()) {
+            return Err(Diagnostic::at(
+                place(span.expect("found"), m.span),
+                format!(
+                    "`{field}` is for methods of `kind: cuda` or `kind: hip`; method `{}` is `kind: {}`",
+                    name.value,
+                    kind.as_str()
+                ),
+            )
+            .help("remove it, or make the method `kind: cuda` with its `source:` file"));
+        }
+        if let Some((LaunchPath::Native, span)) = launch {
+            if kind != MethodKind::Triton {
+                return Err(Diagnostic::at(
+                    span,
+                    format!(
+                        "`launch: native` is for Triton methods; method `{}` is `kind: {}`",
+                        name.value,
+                        kind.as_str()
+                    ),
+                )
+                .help("its Python worker launches it: remove `launch:`"));
+            }
+        }
+        let grid = m.grid.as_ref().map(|g| dims("grid", g)).transpose()?;
+        let mut args = Vec::new();
+        for node in m.args.iter().flat_map(|a| a.iter()) {
+            args.push(kernel_arg(node, known, env, device)?);
+        }
+        return Ok((
+            launch.map_or(LaunchPath::Python, |l| l.0),
+            grid.unwrap_or_default(),
+            None,
+            args,
+        ));
+    }
+    if let Some((LaunchPath::Python, span)) = launch {
+        return Err(Diagnostic::at(
+            span,
+            format!(
+                "a `kind: {}` method is always launched natively; `launch: python` does not apply",
+                kind.as_str()
+            ),
+        )
+        .help("remove `launch:`"));
+    }
+    let needs = |field: &str, what: &str| {
+        Diagnostic::at(
+            name.span,
+            format!(
+                "method `{}` (`kind: {}`) needs `{field}:`",
+                name.value,
+                kind.as_str()
+            ),
+        )
+        .help(what.to_string())
+    };
+    let Some(source) = &m.source else {
+        return Err(needs(
+            "source",
+            "the file (relative to this manifest) that defines the kernel, e.g. `source: kernels/gemm.cu`",
+        ));
+    };
+    let ident = |s: &str| {
+        !s.is_empty()
+            && s.split("::").all(|p| {
+                !p.is_empty()
+                    && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !p.starts_with(|c: char| c.is_ascii_digit())
+            })
+    };
+    if !ident(&m.kernel.value) {
+        return Err(Diagnostic::at(
+            m.kernel.span,
+            format!("`kernel: {}` is not a C++ function name", m.kernel.value),
+        )
+        .help("name the `__global__` function; its template arguments go in `template:`"));
+    }
+    let grid = match &m.grid {
+        Some(g) => dims("grid", g)?,
+        None => return Err(needs(
+            "grid",
+            "blocks per grid, e.g. `grid: [\"ceil_div(N, BLOCK_N)\", \"ceil_div(M, BLOCK_M)\"]`",
+        )),
+    };
+    let block = match &m.block {
+        Some(b) => dims("block", b)?,
+        None => {
+            return Err(needs(
+                "block",
+                "threads per block, e.g. `block: [\"32 * WARPS\"]`",
+            ))
+        }
+    };
+    let Some(raw_args) = &m.args else {
+        return Err(needs(
+            "args",
+            "the kernel's arguments in order: tensors by name, scalars as expressions, e.g. `args: [a, b, out, M, N, K]`",
+        ));
+    };
+    let mut args = Vec::new();
+    for node in raw_args.iter() {
+        args.push(kernel_arg(node, known, env, device)?);
+    }
+    let shared_mem = match &m.shared_mem {
+        Some(s) => {
+            let e = Expr {
+                source: s.value.clone(),
+                span: s.span,
+            };
+            check_expr(&e, env, known, device)?;
+            Some(e)
+        }
+        None => None,
+    };
+    let template = m
+        .template
+        .as_ref()
+        .map(exprs)
+        .transpose()?
+        .unwrap_or_default();
+    let mut defines = Vec::new();
+    for (k, v) in &m.defines {
+        if !ident(&k.value) || k.value.contains("::") {
+            return Err(
+                Diagnostic::at(k.span, format!("`{}` is not a macro name", k.value))
+                    .help("defines are `NAME: expression`, passed as -DNAME=value"),
+            );
+        }
+        let e = Expr {
+            source: v.value.clone(),
+            span: v.span,
+        };
+        check_expr(&e, env, known, device)?;
+        defines.push((k.value.clone(), e));
+    }
+    let path = base_dir.join(source.as_str());
+    let path = std::path::absolute(&path).unwrap_or(path);
+    Ok((
+        LaunchPath::Native,
+        grid,
+        Some(NativeSpec {
+            source: path,
+            source_span: source.span,
+            template,
+            defines,
+            options: m.compile_options.iter().map(|o| o.value.clone()).collect(),
+            block,
+            shared_mem,
+            args,
+        }),
+        Vec::new(),
+    ))
+}
+
+/// One entry of `args:`: a bare name no config or shape field carries is a
+/// tensor; anything else an expression, typed by a one-key mapping.
+fn kernel_arg(
+    node: &Node,
+    known: &[String],
+    env: &minijinja::Environment<'static>,
+    device: &DeviceInfo,
+) -> Result<KernelArg, Diagnostic> {
+    let (ty, text, span) = match &node.value {
+        Value::Str(s) => (None, s.clone(), node.span),
+        Value::Int(i) => (None, i.to_string(), node.span),
+        Value::Float(f) => (Some(ScalarType::F32), f.to_string(), node.span),
+        Value::Map(entries) if entries.len() == 1 => {
+            let (key, value) = &entries[0];
+            let Some(ty) = ScalarType::parse(&key.name) else {
+                let names: Vec<&str> = ScalarType::ALL.iter().map(|t| t.as_str()).collect();
+                return Err(unknown(key.span, "argument type", &key.name, &names));
+            };
+            let text = match &value.value {
+                Value::Str(s) => s.clone(),
+                Value::Int(i) => i.to_string(),
+                Value::Float(f) => f.to_string(),
+                _ => {
+                    return Err(Diagnostic::at(
+                        value.span,
+                        format!("`{}:` takes an expression, found {}", key.name, value.kind()),
+                    ))
+                }
+            };
+            (Some(ty), text, value.span)
+        }
+        _ => {
+            return Err(Diagnostic::at(
+                node.span,
+                format!("a kernel argument is a name or an expression, found {}", node.kind()),
+            )
+            .help("write a tensor's name (`a`, `out`), an expression (`M`, `K * 2`), or `{i64: expression}`"))
+        }
+    };
+    let bare = !text.is_empty()
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !text.starts_with(|c: char| c.is_ascii_digit());
+    if ty.is_none() && bare && !known.contains(&text) {
+        return Ok(KernelArg::Tensor { name: text, span });
+    }
+    let e = Expr { source: text, span };
+    check_expr(&e, env, known, device)?;
+    Ok(KernelArg::Scalar {
+        ty: ty.unwrap_or(ScalarType::I32),
+        expr: e,
     })
 }
 

@@ -16,7 +16,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use crate::backend::native::NativeCompiler;
 use crate::backend::{Backend, JobFailure, PythonBackend};
+use crate::manifest::{Method, MethodKind};
 use crate::plan::Job;
 
 /// Compile workers, started as soon as a run begins so that their start-up
@@ -27,30 +29,65 @@ pub struct CompilePool {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// The native half of the pool: compiles `kind: cuda|hip` jobs with the
+/// runtime compiler, on a rayon pool of its own.
+pub struct NativePool {
+    pub compiler: Arc<NativeCompiler>,
+    /// The native methods, by name.
+    pub methods: Arc<HashMap<String, Method>>,
+    pub threads: usize,
+}
+
 impl CompilePool {
-    pub fn start(workers: Vec<PythonBackend>) -> CompilePool {
+    pub fn start(workers: Vec<PythonBackend>, native: Option<NativePool>) -> CompilePool {
         let board = Arc::new(CompileBoard::default());
-        let threads = workers
-            .into_iter()
-            .map(|mut backend| {
-                let board = Arc::clone(&board);
-                std::thread::spawn(move || {
-                    // A worker that cannot start is retried at its first job,
-                    // where the failure is recorded against that job.
-                    let _ = backend.start();
-                    while let Some((job, kernel, kind)) = board.next() {
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        if let Some(native) = native {
+            // Its threads take only native jobs, in lane order, and compile in
+            // this process: NVRTC needs no worker and no GPU.
+            let board = Arc::clone(&board);
+            threads.push(std::thread::spawn(move || {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(native.threads.max(1))
+                    .thread_name(|i| format!("tunelab-nvrtc-{i}"))
+                    .build();
+                let Ok(pool) = pool else { return };
+                pool.broadcast(|_| {
+                    while let Some((job, _, _)) = board.next_where(true) {
                         if super::interrupted() {
-                            // Hand it back: a lane that still reaches it compiles it itself.
                             board.requeue(&job.id);
                             break;
                         }
-                        let result = backend.compile(&job, &kernel, &kind);
+                        let result = match native.methods.get(&job.method) {
+                            Some(m) => native.compiler.compile(m, &job).map(|a| a.seconds),
+                            None => Err(JobFailure::new(
+                                crate::store::FailureClass::ProblemError,
+                                format!("no native method `{}`", job.method),
+                            )),
+                        };
                         board.finish(&job.id, result);
                     }
-                    backend.shutdown();
-                })
+                });
+            }));
+        }
+        threads.extend(workers.into_iter().map(|mut backend| {
+            let board = Arc::clone(&board);
+            std::thread::spawn(move || {
+                // A worker that cannot start is retried at its first job,
+                // where the failure is recorded against that job.
+                let _ = backend.start();
+                while let Some((job, kernel, kind)) = board.next_where(false) {
+                    if super::interrupted() {
+                        // Hand it back: a lane that still reaches it compiles it itself.
+                        board.requeue(&job.id);
+                        break;
+                    }
+                    let result = backend.compile(&job, &kernel, &kind);
+                    board.finish(&job.id, result);
+                }
+                backend.shutdown();
             })
-            .collect();
+        }));
         CompilePool { board, threads }
     }
 
@@ -79,6 +116,11 @@ enum State {
 }
 
 type Queued = (Job, String, String);
+
+/// Whether a kind (as the board holds it) is compiled natively.
+fn is_native(kind: &str) -> bool {
+    kind == MethodKind::Cuda.as_str() || kind == MethodKind::Hip.as_str()
+}
 
 #[derive(Default)]
 struct Inner {
@@ -168,12 +210,36 @@ impl CompileBoard {
 
     /// The next job to compile, in lane order; `None` once closed and drained.
     pub fn next(&self) -> Option<(Job, String, String)> {
+        self.next_of(|_| true)
+    }
+
+    /// The next job of a native method (`native`), or of any other, in lane
+    /// order; `None` once closed and none of that sort is left.
+    pub fn next_where(&self, native: bool) -> Option<(Job, String, String)> {
+        self.next_of(|kind| is_native(kind) == native)
+    }
+
+    fn next_of(&self, wanted: impl Fn(&str) -> bool) -> Option<(Job, String, String)> {
         let mut inner = self.inner.lock().expect("compile board");
         loop {
             inner.tidy();
-            if !inner.groups.is_empty() {
+            // The groups this sort of worker serves; a group holds one method, so one kind.
+            let open: Vec<usize> = (0..inner.groups.len())
+                .filter(|&g| {
+                    inner.groups[g]
+                        .front()
+                        .is_some_and(|(_, _, kind)| wanted(kind))
+                })
+                .collect();
+            if !open.is_empty() {
+                // Round-robin over the first groups the lanes run at once.
                 let width = inner.width.clamp(1, inner.groups.len());
-                let k = inner.turn % width;
+                let among: Vec<usize> = open.iter().copied().filter(|&g| g < width).collect();
+                let k = if among.is_empty() {
+                    open[0]
+                } else {
+                    among[inner.turn % among.len()]
+                };
                 inner.turn = inner.turn.wrapping_add(1);
                 let (job, kernel, kind) = inner.groups[k].pop_front().expect("tidied");
                 inner.states.insert(job.id.clone(), State::Compiling);

@@ -27,14 +27,17 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::backend::native::{
+    LaneBackend, NativeCompiler, NativeProcess, NativeSetup, NativeSpawn,
+};
 use crate::backend::python::Hello;
 use crate::backend::{Backend, Flush, JobFailure, PythonBackend, SampleMode, WorkerSpec};
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
-use crate::manifest::{Experiment, MethodKind, Shape, Tolerance};
+use crate::manifest::{Experiment, LaunchPath, MethodKind, Shape, Tolerance};
 use crate::measure::{L2Flush, Protocol};
 use crate::plan::{self, Filter, Job, Mode, PlanOptions, RunMode, Shard};
 use crate::search::{PriorObservation, Strategies};
@@ -232,6 +235,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         select: &select,
         plan_opts: &plan_opts,
         groups,
+        native_compiles: workers.native_compiles,
     };
     let mut outcome = RunOutcome {
         dir: dir.clone(),
@@ -403,7 +407,7 @@ fn count_plan(
 }
 
 /// A lane's worker, starting on a thread of its own (importing torch takes seconds).
-type Starting = std::thread::JoinHandle<(PythonBackend, Result<Hello, JobFailure>)>;
+type Starting = std::thread::JoinHandle<(LaneBackend, Result<Hello, JobFailure>)>;
 
 /// One lane: its number (journals and traces), its device, its worker.
 struct LaneStart {
@@ -417,6 +421,8 @@ struct LaneStart {
 struct Workers {
     pool: Option<compile::CompilePool>,
     lanes: Vec<LaneStart>,
+    /// The pool compiles native methods.
+    native_compiles: bool,
 }
 
 impl Workers {
@@ -432,6 +438,7 @@ impl Workers {
             opts.gpus.iter().cloned().map(Some).collect()
         };
         let logs = dir.join("logs");
+        let native_logs = logs.clone();
         let triton_cache = dir.join(".cache").join("triton");
         let (python, python_path) = (opts.python.clone(), opts.python_path.clone());
         let interpret = opts.mode == Mode::Interpreter;
@@ -447,6 +454,9 @@ impl Workers {
             triton_cache: Some(triton_cache.clone()),
             log: logs.join(name),
         };
+        let native = native_setup(opts, dir);
+        let mut native_compiles = false;
+        let native_program = native_worker_program();
         let use_pool =
             opts.mode == Mode::Gpu && opts.compile_workers > 0 && opts.run_mode != RunMode::Check;
         let pool = use_pool.then(|| {
@@ -460,7 +470,22 @@ impl Workers {
                     PythonBackend::new(s, &exp.problem, timeout).with_ir_files(exp.ir_files())
                 })
                 .collect();
-            let pool = compile::CompilePool::start(workers);
+            let native_pool = native
+                .as_ref()
+                .filter(|n| n.unavailable.is_none())
+                .map(|n| compile::NativePool {
+                    compiler: Arc::clone(&n.compiler),
+                    methods: Arc::new(
+                        n.methods
+                            .iter()
+                            .filter(|(_, m)| m.kind.is_native())
+                            .map(|(k, m)| (k.clone(), m.clone()))
+                            .collect(),
+                    ),
+                    threads: opts.compile_workers,
+                });
+            native_compiles = native_pool.is_some();
+            let pool = compile::CompilePool::start(workers, native_pool);
             pool.board().set_width(devices.len());
             pool
         });
@@ -469,24 +494,100 @@ impl Workers {
             .enumerate()
             .map(|(i, device)| {
                 let number = opts.first_lane + i as u32;
-                let mut backend = PythonBackend::new(
+                let python = PythonBackend::new(
                     spec("lane", device.clone(), format!("lane{number}.log")),
                     &exp.problem,
                     timeout,
                 )
                 .with_ir_files(exp.ir_files());
+                let mut backend = match &native {
+                    Some(setup) => {
+                        let spawn = NativeSpawn {
+                            program: native_program.clone(),
+                            backend: if opts.device.backend == "hip" {
+                                "hip"
+                            } else {
+                                "cuda"
+                            },
+                            visible_var,
+                            visible_device: device.clone(),
+                            log: native_logs.join(format!("native{number}.log")),
+                        };
+                        LaneBackend::with_native(
+                            python,
+                            Arc::clone(setup),
+                            NativeProcess::new(spawn, timeout),
+                        )
+                    }
+                    None => LaneBackend::python(python),
+                };
                 LaneStart {
                     number,
                     device,
                     worker: std::thread::spawn(move || {
-                        let hello = backend.hello();
+                        let hello = backend.python.hello();
                         (backend, hello)
                     }),
                 }
             })
             .collect();
-        Workers { pool, lanes }
+        Workers {
+            pool,
+            lanes,
+            native_compiles,
+        }
     }
+}
+
+/// What the lanes share to launch native methods, when the experiment has
+/// any: the methods, their compiler (images under `.cache/native/` of the
+/// results directory), and why they cannot run in this run, if so.
+fn native_setup(opts: &RunOptions<'_>, dir: &Path) -> Option<Arc<NativeSetup>> {
+    let exp = opts.exp;
+    if !exp.methods.iter().any(|m| m.launch == LaunchPath::Native) {
+        return None;
+    }
+    let cache = dir.join(".cache").join("native");
+    let compiler = Arc::new(NativeCompiler::new(
+        &opts.device,
+        Some(Path::new(&opts.python)),
+        cache.clone(),
+    ));
+    let unavailable = (opts.mode == Mode::Interpreter)
+        .then(|| "they need a GPU, and this run uses Triton's interpreter".to_string());
+    let setup = NativeSetup::new(
+        &exp.problem,
+        &exp.methods,
+        compiler,
+        &opts.device,
+        cache,
+        unavailable,
+    );
+    if let Some(why) = &setup.unavailable {
+        for m in exp
+            .methods
+            .iter()
+            .filter(|m| m.kind == MethodKind::Triton && m.launch == LaunchPath::Native)
+        {
+            if opts.mode == Mode::Gpu {
+                eprintln!(
+                    "warning: method `{}` (launch: native) is launched by its Python worker: {why}",
+                    m.name
+                );
+            }
+        }
+    }
+    Some(Arc::new(setup))
+}
+
+/// The program a lane starts as its native worker: this binary, or
+/// `TUNELAB_NATIVE_WORKER` (a tunelab binary) where this process is not one
+/// (the Python package's entry point).
+fn native_worker_program() -> PathBuf {
+    if let Some(p) = std::env::var_os("TUNELAB_NATIVE_WORKER").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    std::env::current_exe().unwrap_or_else(|_| PathBuf::from("tunelab"))
 }
 
 /// The variable that names a lane's GPU to its worker.
@@ -570,6 +671,8 @@ struct Drain<'a> {
     plan_opts: &'a PlanOptions<'a>,
     /// The groups to run, in dealing order.
     groups: Vec<deal::Pending>,
+    /// The compile pool compiles native methods too.
+    native_compiles: bool,
 }
 
 /// Runs the plan to the end (or to Ctrl-C). The planner starts at once,
@@ -585,7 +688,9 @@ fn drain(
     outcome: &mut RunOutcome,
 ) -> Result<(), RunError> {
     let opts = run.opts;
-    let Workers { pool, mut lanes } = workers;
+    let Workers {
+        pool, mut lanes, ..
+    } = workers;
     outcome.lanes = lanes.len();
     let flush = match (opts.mode, run.protocol.flush) {
         (Mode::Gpu, L2Flush::Read | L2Flush::Memset) => Flush {
@@ -646,7 +751,7 @@ fn drain(
         let hello = hello.map_err(|f| RunError::Environment(f.message))?;
         let descriptions = preflight::check_problem(
             opts.exp,
-            &mut first_backend,
+            &mut first_backend.python,
             opening.first_shape,
             &opts.python,
         )
@@ -752,7 +857,7 @@ fn spawn_lane<'scope, 'env>(
     o: &'scope LaneOptions<'env>,
     number: u32,
     device: Option<String>,
-    mut backend: PythonBackend,
+    mut backend: LaneBackend,
     hello: Result<(), JobFailure>,
     event_tx: &mpsc::Sender<Event>,
 ) {
@@ -897,7 +1002,12 @@ fn spawn_planner<'scope, 'env>(
             if group.jobs.is_empty() {
                 continue;
             }
-            if let (Some(board), MethodKind::Triton) = (board, method.kind) {
+            let compiled_ahead = match method.kind {
+                MethodKind::Triton => true,
+                MethodKind::Cuda | MethodKind::Hip => run.native_compiles,
+                _ => false,
+            };
+            if let (Some(board), true) = (board, compiled_ahead) {
                 board.begin_group();
                 for job in &group.jobs {
                     board.push(job.clone(), &method.kernel, method.kind.as_str());

@@ -69,9 +69,11 @@ pub fn check_problem(
     shape: &Shape,
     python: &str,
 ) -> Result<HashMap<String, String>, Diagnostics> {
+    // Native methods are compiled from their source, not looked up in the problem.
     let kernels: Vec<(&str, crate::manifest::MethodKind)> = exp
         .methods
         .iter()
+        .filter(|m| !m.kind.is_native())
         .map(|m| (m.kernel.as_str(), m.kind))
         .collect();
     let shape_json = serde_json::to_value(shape).expect("shape serialises");
@@ -104,11 +106,38 @@ pub fn check_problem(
         }
     }
     if errors.is_empty() {
-        Ok(probe
+        let mut descriptions: HashMap<String, String> = probe
             .methods
             .into_iter()
             .filter_map(|(kernel, m)| m.description.map(|d| (kernel, d)))
-            .collect())
+            .collect();
+        for m in &exp.methods {
+            if let Some(spec) = &m.native {
+                let file = spec
+                    .source
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let compiler = if m.kind == crate::manifest::MethodKind::Hip {
+                    "hiprtc"
+                } else {
+                    "NVRTC"
+                };
+                descriptions.insert(
+                    m.kernel.clone(),
+                    format!(
+                        "{} kernel `{}` ({file}), compiled with {compiler} and launched natively",
+                        m.kind.as_str().to_uppercase(),
+                        m.kernel
+                    ),
+                );
+            } else if m.launch == crate::manifest::LaunchPath::Native {
+                if let Some(d) = descriptions.get_mut(&m.kernel) {
+                    d.push_str(" (launched natively)");
+                }
+            }
+        }
+        Ok(descriptions)
     } else {
         Err(Diagnostics(errors))
     }

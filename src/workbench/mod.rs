@@ -5,10 +5,12 @@
 //!   manifest), each winner compiled once more by a worker that writes its
 //!   kernels' IR and metadata under the results directory;
 //! - [`profile`]: what `tunelab profile` re-runs, as the request its Python
-//!   side (`tunelab.workbench.profile`) reads.
+//!   side (`tunelab.workbench.profile`) reads;
+//! - [`aot`]: the `aot` output, the winners' images with a C dispatcher.
 //!
 //! Imports `store`, `emit`, `plan` and `backend`: it sits beside `schedule`.
 
+pub mod aot;
 pub mod keep_ir;
 pub mod profile;
 

@@ -51,7 +51,9 @@ pub struct Request {
 }
 
 /// The `top` fastest timed jobs of every (shape, method), fastest first,
-/// shapes and methods in the report's order.
+/// shapes and methods in the report's order; methods of `kind: cuda|hip`
+/// are left out (their kernels are launched by the native worker, which the
+/// profiler's Python side does not drive).
 pub fn choose(
     results: &Results,
     top: usize,
@@ -67,6 +69,9 @@ pub fn choose(
             let mut timed: Vec<(&JobRecord, f64)> = m
                 .jobs
                 .iter()
+                // Proton and the Python side launch Triton and Python
+                // methods; a `kind: cuda|hip` kernel is the native worker's.
+                .filter(|j| !j.kind.is_native())
                 .filter_map(|j| {
                     crate::emit::eligible(j, sel.final_of(&j.job_id)).map(|t| (*j, t.time_us()))
                 })

@@ -39,4 +39,10 @@ def compiled_runner(kernel, compiled, grid, args, kwargs):
     names = [p.name for p in kernel.params]
     full = list(args) + [kwargs[name] for name in names[len(args):]]
     run = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the compiled runner indexes all three
-    return lambda: run(*full)
+
+    def launch():
+        run(*full)
+
+    # What a native launch needs (tunelab.native.triton_recipe): no Python per launch.
+    launch.native = (kernel, compiled, tuple(grid), full)
+    return launch

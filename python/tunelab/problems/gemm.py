@@ -28,13 +28,17 @@ if TYPE_CHECKING:
 
 
 class Launch:
-    """A bound method: `out` is the preallocated result, calling it fills `out`."""
+    """A bound method: `out` is the preallocated result, calling it fills `out`.
 
-    __slots__ = ("out", "_run")
+    `native` is what a native launch needs, when the run offers it
+    (tunelab.kernels.launch.compiled_runner); None otherwise."""
+
+    __slots__ = ("out", "_run", "native")
 
     def __init__(self, run, out):
         self._run = run
         self.out = out
+        self.native = getattr(run, "native", None)
 
     def __call__(self):
         self._run()

@@ -4,7 +4,8 @@ Per kernel, named after it: every stage Triton kept (`.ttir`, `.ttgir`,
 `.llir`, `.ptx`, `.cubin`; `.amdgcn`, `.hsaco` on AMD), the TTIR as the
 front end made it before any pass (`.source.ttir`), the SASS where cuobjdump
 can disassemble the cubin (`.sass`), and the compile metadata (`.json`:
-Triton's, with the target spelled out, and the kernel's resources). Two
+Triton's, with the target spelled out, the kernel's resources, and what a
+launch of the binary needs: `launch_info`). Two
 kernels of one name in a job (one JIT function at two specialisations) get
 `.1`, `.2`, ... after the name.
 """
@@ -45,7 +46,8 @@ def write_kernels(kernels, directory, load: bool = False) -> list:
             _write(path, sass)
             files.append(path.name)
         res = jit.resources(compiled, load=load)
-        meta = {"resources": res, "metadata": metadata_dict(compiled), "constants": constants(compiled)}
+        meta = {"resources": res, "metadata": metadata_dict(compiled), "constants": constants(compiled),
+                "launch": launch_info(compiled)}
         path = directory / f"{stem}.json"
         _write(path, json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
         files.append(path.name)
@@ -80,6 +82,37 @@ def constants(compiled) -> dict:
             name += "".join(f"[{i}]" for i in key[1:])
         out[name] = str(getattr(value, "value", value))
     return out
+
+
+def launch_info(compiled):
+    """What launching the binary without Triton needs (the `aot` output):
+    each parameter of the JIT function in order, with its name, whether it is
+    declared `tl.constexpr`, its type as compiled (`*bf16`, `i32`,
+    `constexpr`: an integer Triton folded in because it was 1 is `constexpr`
+    too, with its `value`) and Triton's specialisation attributes
+    (`[["tt.divisibility", 16]]`). None where this Triton does not expose
+    them (attributes are a dict from Triton 3.3 on)."""
+    src = getattr(compiled, "src", None)
+    fn = getattr(src, "fn", None)
+    signature = getattr(src, "signature", None)
+    attrs = getattr(src, "attrs", None)
+    params = getattr(fn, "params", None)
+    if params is None or not isinstance(signature, dict) or not isinstance(attrs, dict):
+        return None
+    folded = {}
+    for key, value in (getattr(src, "constants", None) or {}).items():
+        if isinstance(key, tuple) and len(key) == 1:
+            folded[key[0]] = getattr(value, "value", value)
+    out = []
+    for index, p in enumerate(params):
+        ty = signature.get(p.name, signature.get(index))
+        entry = {"name": p.name, "declared_constexpr": bool(p.is_constexpr), "type": str(ty)}
+        if ty == "constexpr" and index in folded:
+            value = folded[index]
+            entry["value"] = value if isinstance(value, (bool, int, float)) or value is None else str(value)
+        entry["attrs"] = [[str(name), value] for name, value in attrs.get((index,), [])]
+        out.append(entry)
+    return {"params": out}
 
 
 def _sass(compiled):

@@ -1,0 +1,191 @@
+//! The runner's side of a native worker (`tunelab native-worker`): starting
+//! it on a lane's GPU, its `hello`, and calls with deadlines. A worker that
+//! times out, exits or reports a `launch_error` is killed and replaced at the
+//! next call, as a Python worker is; whatever it had mapped is gone with it.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value as Json};
+
+use crate::backend::python::failure_of;
+use crate::backend::worker::{CallError, Worker};
+use crate::backend::JobFailure;
+use crate::native::server::PROTOCOL;
+use crate::store::FailureClass;
+
+/// How long a native worker may take to open its GPU and answer `hello`.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How to start a lane's native worker.
+#[derive(Debug, Clone)]
+pub struct NativeSpawn {
+    /// The program and the arguments before `native-worker` (the tunelab binary).
+    pub program: PathBuf,
+    pub backend: &'static str,
+    /// `CUDA_VISIBLE_DEVICES` or `HIP_VISIBLE_DEVICES`, and the lane's GPU in it.
+    pub visible_var: &'static str,
+    pub visible_device: Option<String>,
+    /// Its stderr.
+    pub log: PathBuf,
+}
+
+/// A native worker's answer to `hello`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NativeHello {
+    pub protocol: u32,
+    pub backend: String,
+    pub device: String,
+    pub uuid: String,
+    pub driver: String,
+}
+
+pub struct NativeProcess {
+    spawn: NativeSpawn,
+    /// The helper kernels' image (spin, flush), loaded at `hello`.
+    helpers: Option<PathBuf>,
+    worker: Option<Worker>,
+    hello: Option<NativeHello>,
+    timeout: Duration,
+    /// Starts so far: each new process has mapped nothing yet.
+    generation: u64,
+}
+
+impl NativeProcess {
+    pub fn new(spawn: NativeSpawn, timeout: Duration) -> NativeProcess {
+        NativeProcess {
+            spawn,
+            helpers: None,
+            worker: None,
+            hello: None,
+            timeout,
+            generation: 0,
+        }
+    }
+
+    /// The helper image the next start loads.
+    pub fn set_helpers(&mut self, image: PathBuf) {
+        self.helpers = Some(image);
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn hello(&self) -> Option<&NativeHello> {
+        self.hello.as_ref()
+    }
+
+    fn worker(&mut self) -> Result<&mut Worker, JobFailure> {
+        if self.worker.is_none() {
+            let s = &self.spawn;
+            let mut cmd = Command::new(&s.program);
+            cmd.args(["native-worker", "--backend", s.backend]);
+            if let Some(dev) = &s.visible_device {
+                cmd.env(s.visible_var, dev);
+            }
+            let name = s
+                .log
+                .file_stem()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "native".into());
+            let mut w = Worker::start(cmd, &s.log, name).map_err(|e| {
+                JobFailure::new(
+                    FailureClass::Crash,
+                    format!(
+                        "cannot start the native worker `{} native-worker`: {e}",
+                        s.program.display()
+                    ),
+                )
+            })?;
+            let body = match &self.helpers {
+                Some(h) => json!({"helpers": h}),
+                None => json!({}),
+            };
+            let hello = match w.call("hello", body, STARTUP_TIMEOUT) {
+                Ok(r) if r.get("ok").and_then(Json::as_bool) == Some(true) => {
+                    serde_json::from_value::<NativeHello>(r).map_err(|e| {
+                        JobFailure::new(
+                            FailureClass::Crash,
+                            format!("the native worker's hello does not fit ({e})"),
+                        )
+                    })
+                }
+                Ok(r) => Err(failure_of(&r)),
+                Err(e) => Err(JobFailure::new(
+                    FailureClass::Crash,
+                    format!("the native worker did not start: {e}"),
+                )),
+            };
+            let hello = match hello {
+                Ok(h) if h.protocol != PROTOCOL => Err(JobFailure::new(
+                    FailureClass::Crash,
+                    format!(
+                        "the native worker speaks protocol {}, this runner {PROTOCOL}: run the binary of one build",
+                        h.protocol
+                    ),
+                )),
+                other => other,
+            };
+            match hello {
+                Ok(h) => self.hello = Some(h),
+                Err(f) => {
+                    w.kill();
+                    return Err(f);
+                }
+            }
+            self.worker = Some(w);
+            self.generation += 1;
+        }
+        Ok(self.worker.as_mut().expect("just started"))
+    }
+
+    /// Starts the worker now (answers `hello`), or says why it cannot.
+    pub fn start(&mut self) -> Result<&NativeHello, JobFailure> {
+        self.worker()?;
+        Ok(self.hello.as_ref().expect("a started worker said hello"))
+    }
+
+    /// One call; a worker that fails to answer, or reports a fault, is
+    /// discarded so the next call starts a fresh one.
+    pub fn call(&mut self, op: &str, body: Json) -> Result<Json, JobFailure> {
+        let timeout = self.timeout;
+        let result = self.worker()?.call(op, body, timeout);
+        let response = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.discard();
+                return Err(match e {
+                    CallError::Timeout(s) => JobFailure::new(
+                        FailureClass::Timeout,
+                        format!("no answer to `{op}` from the native worker within {s:.0} s; worker killed"),
+                    ),
+                    e => JobFailure::new(FailureClass::Crash, format!("native worker: {e}")),
+                });
+            }
+        };
+        if response.get("ok").and_then(Json::as_bool) == Some(true) {
+            return Ok(response);
+        }
+        let failure = failure_of(&response);
+        if failure.class == FailureClass::LaunchError {
+            // A fault leaves the context unusable.
+            self.discard();
+        }
+        Err(failure)
+    }
+
+    fn discard(&mut self) {
+        if let Some(mut w) = self.worker.take() {
+            w.kill();
+        }
+    }
+
+    pub fn shutdown(&mut self) {
+        if let Some(w) = self.worker.take() {
+            w.shutdown();
+        }
+    }
+}

@@ -1,0 +1,807 @@
+//! A lane's backend when the run has native methods: its Python worker for
+//! everything Python does (inputs, reference, comparison, Triton's and
+//! torch's methods), and a native worker on the same GPU that launches and
+//! times `kind: cuda|hip` methods and Triton methods with `launch: native`.
+//!
+//! A native job's check: compile (the pool usually has), share the shape's
+//! tensors once (the Python worker exports them, the native worker maps them),
+//! launch once into the poisoned shared output, then the Python worker
+//! compares it with the reference under the same tolerance rule as every
+//! method. Warm-up and samples then go to the native worker, in the same
+//! protocol the Python worker answers, so the lane's measurement is unchanged.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use serde::Deserialize;
+use serde_json::{json, Value as Json};
+
+use super::client::NativeProcess;
+use super::compile::{context, eval, NativeCompiler};
+use crate::backend::python::{CheckReply, SampleReply};
+use crate::backend::{Backend, JobFailure, PythonBackend, SampleBatch, SampleMode, ShapeFacts};
+use crate::manifest::{KernelArg, LaunchPath, Method, ScalarType, ToleranceFor};
+use crate::measure::L2Flush;
+use crate::plan::Job;
+use crate::store::{CheckResult, FailureClass, KernelResources};
+
+/// tunelab's helper kernels (spin, L2 flush), compiled for the lane's GPU.
+const HELPERS: &str = include_str!("../../native/helpers.cu");
+
+/// What every lane's native side shares.
+pub struct NativeSetup {
+    pub problem: String,
+    /// The methods launched natively, by name.
+    pub methods: HashMap<String, Method>,
+    pub compiler: Arc<NativeCompiler>,
+    device: Json,
+    /// Why no native launch can run in this run; `None` when they can.
+    pub unavailable: Option<String>,
+    /// Where Triton methods' cubins go for native launches.
+    cache_dir: PathBuf,
+    helpers: OnceLock<Result<PathBuf, String>>,
+}
+
+impl NativeSetup {
+    /// `methods`: the experiment's methods (those launched natively are kept);
+    /// `unavailable`: why this run cannot launch natively at all (interpreter mode).
+    pub fn new(
+        problem: &str,
+        methods: &[Method],
+        compiler: Arc<NativeCompiler>,
+        device: &crate::device::DeviceInfo,
+        cache_dir: PathBuf,
+        unavailable: Option<String>,
+    ) -> NativeSetup {
+        let methods: HashMap<String, Method> = methods
+            .iter()
+            .filter(|m| m.launch == LaunchPath::Native)
+            .map(|m| (m.name.clone(), m.clone()))
+            .collect();
+        // Without the runtime compiler neither kind: it compiles the helper kernels too.
+        let unavailable = unavailable.or_else(|| {
+            if device.backend == "hip" && !cfg!(feature = "hip") {
+                return Some("this tunelab was built without the `hip` feature".into());
+            }
+            compiler.rtc().err()
+        });
+        NativeSetup {
+            problem: problem.to_string(),
+            methods,
+            compiler,
+            device: Json::Object(crate::manifest::device_fields(device)),
+            unavailable,
+            cache_dir,
+            helpers: OnceLock::new(),
+        }
+    }
+
+    /// Whether any method of the run is launched natively.
+    pub fn any(&self) -> bool {
+        !self.methods.is_empty()
+    }
+
+    /// The helper kernels' image, compiled once.
+    fn helpers(&self) -> Result<PathBuf, String> {
+        self.helpers
+            .get_or_init(|| {
+                self.compiler
+                    .compile_source("tunelab_helpers.cu", HELPERS, "tunelab_spin")
+                    .map(|a| a.image)
+                    .map_err(|f| f.message)
+            })
+            .clone()
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct SharedTensor {
+    name: String,
+    handle: String,
+    offset: u64,
+    bytes: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ShareReply {
+    tensors: Vec<SharedTensor>,
+    out: usize,
+    poison: String,
+    elements: u64,
+    uuid: String,
+}
+
+/// The shape whose tensors the native worker has mapped.
+struct Shared {
+    key: String,
+    python_generation: u64,
+    native_generation: u64,
+    reply: ShareReply,
+}
+
+struct NativeLane {
+    setup: Arc<NativeSetup>,
+    process: NativeProcess,
+    shared: Option<Shared>,
+    /// Why this lane's native worker cannot run (it failed to start).
+    broken: Option<String>,
+}
+
+/// A lane's backend: Python for everything, native launches beside it.
+pub struct LaneBackend {
+    pub python: PythonBackend,
+    native: Option<NativeLane>,
+    /// The prepared job is the native worker's.
+    native_prepared: bool,
+    /// The kernel the last native check launched, until the lane takes it.
+    native_kernels: Vec<KernelResources>,
+}
+
+/// The kernel a native worker's `check` answer describes: registers and
+/// local memory as the driver reports them for the loaded function (spills
+/// counted as Triton counts them, local bytes / 4), shared memory per block
+/// (static and dynamic), warps from the block size; stages do not apply (0).
+fn kernel_of(reply: &Json) -> Option<KernelResources> {
+    let k = reply.get("kernel")?;
+    let u = |key: &str| k.get(key).and_then(Json::as_u64);
+    Some(KernelResources {
+        name: k.get("name")?.as_str()?.to_string(),
+        n_regs: u("n_regs").map(|v| v as u32),
+        n_spills: u("local_bytes").map(|v| (v / 4) as u32),
+        shared: u("shared").unwrap_or(0),
+        num_warps: u("threads").map_or(0, |t| t.div_ceil(32) as u32),
+        num_stages: 0,
+    })
+}
+
+impl LaneBackend {
+    /// A lane with only its Python worker.
+    pub fn python(python: PythonBackend) -> LaneBackend {
+        LaneBackend {
+            python,
+            native: None,
+            native_prepared: false,
+            native_kernels: Vec::new(),
+        }
+    }
+
+    /// A lane that launches `setup`'s methods through `process`.
+    pub fn with_native(
+        python: PythonBackend,
+        setup: Arc<NativeSetup>,
+        process: NativeProcess,
+    ) -> LaneBackend {
+        LaneBackend {
+            python,
+            native: Some(NativeLane {
+                setup,
+                process,
+                shared: None,
+                broken: None,
+            }),
+            native_prepared: false,
+            native_kernels: Vec::new(),
+        }
+    }
+
+    pub fn shutdown(&mut self) {
+        if let Some(n) = &mut self.native {
+            n.process.shutdown();
+        }
+        self.python.shutdown();
+    }
+
+    /// Why native launches cannot run on this lane, if they cannot: the
+    /// run's reason, or this lane's worker that would not start.
+    fn native_reason(&mut self) -> Option<String> {
+        let n = self.native.as_mut()?;
+        if let Some(why) = &n.setup.unavailable {
+            return Some(why.clone());
+        }
+        if n.broken.is_none() && n.process.hello().is_none() {
+            match n.setup.helpers() {
+                Ok(h) => n.process.set_helpers(h),
+                Err(why) => {
+                    n.broken = Some(format!("tunelab's helper kernels do not compile: {why}"))
+                }
+            }
+            if n.broken.is_none() {
+                if let Err(f) = n.process.start() {
+                    n.broken = Some(f.message.lines().next().unwrap_or("").to_string());
+                }
+            }
+        }
+        n.broken.clone()
+    }
+
+    /// The native method a job runs as, when it is launched natively here.
+    fn native_method(&mut self, job: &Job) -> Option<Method> {
+        let method = self
+            .native
+            .as_ref()?
+            .setup
+            .methods
+            .get(&job.method)?
+            .clone();
+        if self.native_reason().is_some() {
+            // A Triton method falls back to its Python launch; a CUDA one was
+            // reported unavailable at `describe`.
+            return method.kind.is_native().then_some(method);
+        }
+        Some(method)
+    }
+
+    fn check_native(
+        &mut self,
+        method: &Method,
+        job: &Job,
+        tol: ToleranceFor,
+        seed: u64,
+    ) -> Result<CheckResult, JobFailure> {
+        if let Some(why) = self.native_reason() {
+            return Err(JobFailure::new(FailureClass::Unavailable, why));
+        }
+        // A Triton recipe says what Triton compiled (stages included).
+        let mut recipe_kernels: Vec<KernelResources> = Vec::new();
+        let launch = if method.kind.is_native() {
+            let n = self.native.as_ref().expect("a native lane");
+            let artifact = n.setup.compiler.compile(method, job)?;
+            self.share(job, seed)?;
+            let shared = &self
+                .native
+                .as_ref()
+                .expect("a native lane")
+                .shared
+                .as_ref()
+                .expect("shared")
+                .reply;
+            resolve(
+                method,
+                job,
+                shared,
+                &self.native.as_ref().expect("native").setup.device,
+            )?
+            .with_image(artifact.image, artifact.symbol)
+        } else {
+            self.share(job, seed)?;
+            let cache = self
+                .native
+                .as_ref()
+                .expect("a native lane")
+                .setup
+                .cache_dir
+                .clone();
+            let body = json!({
+                "job": self.python.job_json(job, &method.kernel, method.kind.as_str()),
+                "seed": seed,
+                "cache_dir": cache,
+            });
+            let recipe = self.python.request("recipe", body)?;
+            if let Some(k) = recipe.get("kernels") {
+                recipe_kernels = serde_json::from_value(k.clone()).unwrap_or_default();
+            }
+            Launch::from_recipe(&recipe)?
+        };
+        let n = self.native.as_mut().expect("a native lane");
+        let reply = &n.shared.as_ref().expect("shared").reply;
+        let mut body = launch.body(&job.id);
+        body["poison"] =
+            json!({"tensor": reply.out, "pattern": reply.poison, "elements": reply.elements});
+        let checked = n.process.call("check", body)?;
+        self.native_kernels = if recipe_kernels.is_empty() {
+            kernel_of(&checked).into_iter().collect()
+        } else {
+            recipe_kernels
+        };
+        self.native_prepared = true;
+        let compared = self.python.request(
+            "compare",
+            json!({
+                "problem": self.python.problem(),
+                "shape": job.shape,
+                "seed": seed,
+                "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "max_mismatch": tol.max_mismatch},
+            }),
+        )?;
+        let r: CheckReply = serde_json::from_value(compared).map_err(|e| {
+            JobFailure::new(
+                FailureClass::Crash,
+                format!("protocol error: the worker's answer to `compare` does not fit ({e})"),
+            )
+        })?;
+        Ok(r.into())
+    }
+
+    /// Makes the shape's tensors shared with, and mapped by, the native
+    /// worker (again after either worker restarted).
+    fn share(&mut self, job: &Job, seed: u64) -> Result<(), JobFailure> {
+        let key = format!(
+            "{}\u{1}{}",
+            serde_json::to_string(&job.shape).expect("shape"),
+            seed
+        );
+        let py_gen = self.python.generation();
+        let n = self.native.as_mut().expect("a native lane");
+        let current = n.shared.as_ref().is_some_and(|s| {
+            s.key == key
+                && s.python_generation == py_gen
+                && s.native_generation == n.process.generation()
+        });
+        if current {
+            return Ok(());
+        }
+        n.shared = None;
+        let reply = self.python.request(
+            "share",
+            json!({"problem": self.python.problem(), "shape": job.shape, "seed": seed}),
+        )?;
+        let py_gen = self.python.generation();
+        let reply: ShareReply = serde_json::from_value(reply).map_err(|e| {
+            JobFailure::new(
+                FailureClass::Crash,
+                format!("protocol error: the worker's answer to `share` does not fit ({e})"),
+            )
+        })?;
+        let n = self.native.as_mut().expect("a native lane");
+        let hello = n.process.start()?;
+        let (theirs, ours) = (
+            reply.uuid.trim_start_matches("GPU-"),
+            hello.uuid.trim_start_matches("GPU-"),
+        );
+        if !theirs.is_empty() && !ours.is_empty() && theirs != ours {
+            return Err(JobFailure::new(
+                FailureClass::ProblemError,
+                format!("the Python worker runs on GPU {theirs} and the native worker on {ours}: they must share one GPU"),
+            ));
+        }
+        let tensors: Vec<Json> = reply
+            .tensors
+            .iter()
+            .map(|t| json!({"handle": t.handle, "offset": t.offset, "bytes": t.bytes}))
+            .collect();
+        n.process.call("import", json!({"tensors": tensors}))?;
+        n.shared = Some(Shared {
+            key,
+            python_generation: py_gen,
+            native_generation: n.process.generation(),
+            reply,
+        });
+        Ok(())
+    }
+}
+
+/// A resolved launch, as the native worker's `check` takes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    pub image: PathBuf,
+    pub symbol: String,
+    pub grid: Vec<u64>,
+    pub block: Vec<u64>,
+    pub shared: u64,
+    /// Each argument as the protocol spells it: `{"tensor": 0}`, `{"i32": 64}`, `{"scratch": 0}`.
+    pub args: Vec<Json>,
+}
+
+impl Launch {
+    fn with_image(mut self, image: PathBuf, symbol: String) -> Launch {
+        self.image = image;
+        self.symbol = symbol;
+        self
+    }
+
+    fn body(&self, job_id: &str) -> Json {
+        json!({
+            "job_id": job_id,
+            "image": self.image,
+            "symbol": self.symbol,
+            "grid": self.grid,
+            "block": self.block,
+            "shared": self.shared,
+            "args": self.args,
+        })
+    }
+
+    /// A Triton job's recipe (the Python worker's `recipe` answer).
+    fn from_recipe(r: &Json) -> Result<Launch, JobFailure> {
+        #[derive(Deserialize)]
+        struct Recipe {
+            image: PathBuf,
+            symbol: String,
+            grid: Vec<u64>,
+            block: Vec<u64>,
+            shared: u64,
+            args: Vec<serde_json::Map<String, Json>>,
+        }
+        let r: Recipe = serde_json::from_value(r.clone()).map_err(|e| {
+            JobFailure::new(
+                FailureClass::Crash,
+                format!("protocol error: the worker's answer to `recipe` does not fit ({e})"),
+            )
+        })?;
+        const KINDS: [&str; 8] = [
+            "tensor", "i32", "i64", "u32", "u64", "f32", "f64", "scratch",
+        ];
+        let args = r
+            .args
+            .iter()
+            .map(|a| {
+                // The recipe names and types each argument; the worker takes the value alone.
+                a.iter()
+                    .find(|(k, _)| KINDS.contains(&k.as_str()))
+                    .map(|(k, v)| json!({ k.clone(): v.clone() }))
+                    .ok_or_else(|| {
+                        JobFailure::new(
+                            FailureClass::Crash,
+                            format!("protocol error: recipe argument {a:?}"),
+                        )
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Launch {
+            image: r.image,
+            symbol: r.symbol,
+            grid: r.grid,
+            block: r.block,
+            shared: r.shared,
+            args,
+        })
+    }
+}
+
+/// A `kind: cuda|hip` job's grid, block, shared memory and arguments, from
+/// the method's expressions over its shape, config and device.
+fn resolve(
+    method: &Method,
+    job: &Job,
+    shared: &ShareReply,
+    device: &Json,
+) -> Result<Launch, JobFailure> {
+    let spec = method.native.as_ref().expect("a native method");
+    let ctx = context(job, device);
+    let problem = |m: String| JobFailure::new(FailureClass::ProblemError, m);
+    let count = |e: &crate::manifest::Expr, what: &str| -> Result<u64, JobFailure> {
+        let v = eval(e, &ctx)?;
+        v.as_u64().ok_or_else(|| {
+            problem(format!(
+                "{what} `{}` (at {}) is {v}: it must be a whole number >= 0",
+                e.source, e.span
+            ))
+        })
+    };
+    let grid = method
+        .grid
+        .iter()
+        .map(|e| count(e, "grid"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let block = spec
+        .block
+        .iter()
+        .map(|e| count(e, "block"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shared_bytes = spec
+        .shared_mem
+        .as_ref()
+        .map(|e| count(e, "shared_mem"))
+        .transpose()?
+        .unwrap_or(0);
+    let names: Vec<&str> = shared.tensors.iter().map(|t| t.name.as_str()).collect();
+    let mut args = Vec::new();
+    for arg in &spec.args {
+        args.push(match arg {
+            KernelArg::Tensor { name, span } => {
+                let i = names.iter().position(|n| n == name).ok_or_else(|| {
+                    problem(format!(
+                        "argument `{name}` (at {span}) names no tensor of the problem: it shares {}",
+                        names.join(", ")
+                    ))
+                })?;
+                json!({"tensor": i})
+            }
+            KernelArg::Scalar { ty, expr } => {
+                let v = eval(expr, &ctx)?;
+                scalar(*ty, &v).ok_or_else(|| {
+                    problem(format!(
+                        "argument `{}` (at {}) is {v}, which is not a {}",
+                        expr.source,
+                        expr.span,
+                        ty.as_str()
+                    ))
+                })?
+            }
+        });
+    }
+    Ok(Launch {
+        image: PathBuf::new(),
+        symbol: String::new(),
+        grid,
+        block,
+        shared: shared_bytes,
+        args,
+    })
+}
+
+/// A value as a typed argument, when it fits the type.
+fn scalar(ty: ScalarType, v: &Json) -> Option<Json> {
+    let value = match ty {
+        ScalarType::I32 => json!(i32::try_from(v.as_i64()?).ok()?),
+        ScalarType::I64 => json!(v.as_i64()?),
+        ScalarType::U32 => json!(u32::try_from(v.as_u64()?).ok()?),
+        ScalarType::U64 => json!(v.as_u64()?),
+        ScalarType::F32 | ScalarType::F64 => json!(v.as_f64()?),
+    };
+    Some(json!({ ty.as_str(): value }))
+}
+
+impl Backend for LaneBackend {
+    fn describe(&mut self, shape: &Json, seed: u64) -> Result<ShapeFacts, JobFailure> {
+        let mut facts = self.python.describe(shape, seed)?;
+        let kernels: Vec<String> = match &self.native {
+            Some(n) => n
+                .setup
+                .methods
+                .values()
+                .filter(|m| m.kind.is_native())
+                .map(|m| m.kernel.clone())
+                .collect(),
+            None => Vec::new(),
+        };
+        if !kernels.is_empty() {
+            if let Some(why) = self.native_reason() {
+                for k in kernels {
+                    facts
+                        .unavailable
+                        .insert(k, format!("native methods cannot run here: {why}"));
+                }
+            }
+        }
+        Ok(facts)
+    }
+
+    fn compile(&mut self, job: &Job, kernel: &str, kind: &str) -> Result<f64, JobFailure> {
+        match self.native.as_ref().and_then(|n| {
+            n.setup
+                .methods
+                .get(&job.method)
+                .filter(|m| m.kind.is_native())
+        }) {
+            Some(m) => {
+                let m = m.clone();
+                let n = self.native.as_ref().expect("a native lane");
+                n.setup.compiler.compile(&m, job).map(|a| a.seconds)
+            }
+            None => self.python.compile(job, kernel, kind),
+        }
+    }
+
+    fn check(
+        &mut self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        tol: ToleranceFor,
+        seed: u64,
+    ) -> Result<CheckResult, JobFailure> {
+        self.native_prepared = false;
+        self.native_kernels.clear();
+        match self.native_method(job) {
+            Some(m) => self.check_native(&m, job, tol, seed),
+            None => self.python.check(job, kernel, kind, tol, seed),
+        }
+    }
+
+    fn take_kernels(&mut self) -> Vec<KernelResources> {
+        if self.native_prepared {
+            std::mem::take(&mut self.native_kernels)
+        } else {
+            self.python.take_kernels()
+        }
+    }
+
+    fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure> {
+        if !self.native_prepared {
+            return self.python.warmup(job_id, launches, ms);
+        }
+        let n = self.native.as_mut().expect("a native lane");
+        n.process.call(
+            "warmup",
+            json!({"job_id": job_id, "min_launches": launches, "min_ms": ms}),
+        )?;
+        Ok(())
+    }
+
+    fn sample(
+        &mut self,
+        job_id: &str,
+        count: u32,
+        mode: SampleMode,
+    ) -> Result<SampleBatch, JobFailure> {
+        if !self.native_prepared {
+            return self.python.sample(job_id, count, mode);
+        }
+        let flush = mode.flush;
+        let (bytes, with) = match flush.with {
+            L2Flush::Off => (0, "read"),
+            L2Flush::Read => (flush.bytes, "read"),
+            L2Flush::Memset => (flush.bytes, "memset"),
+        };
+        let n = self.native.as_mut().expect("a native lane");
+        let reply = n.process.call(
+            "sample",
+            json!({
+                "job_id": job_id,
+                "count": count,
+                "flush_bytes": bytes,
+                "flush_with": with,
+                "timing": mode.timing.as_str(),
+                "graph_calls": mode.graph_calls,
+            }),
+        )?;
+        let r: SampleReply = serde_json::from_value(reply).map_err(|e| {
+            JobFailure::new(
+                FailureClass::Crash,
+                format!(
+                    "protocol error: the native worker's answer to `sample` does not fit ({e})"
+                ),
+            )
+        })?;
+        if r.us.len() != count as usize {
+            return Err(JobFailure::new(
+                FailureClass::Crash,
+                format!(
+                    "protocol error: asked for {count} samples, got {}",
+                    r.us.len()
+                ),
+            ));
+        }
+        Ok(SampleBatch {
+            us: r.us,
+            timer: r.timer,
+            sm_clock_mhz: r.sm_clock_mhz,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_native_check_reports_the_kernels_resources() {
+        let reply = json!({"launch_us": 12.0, "kernel": {
+            "name": "gemm_mma<128, 64>", "n_regs": 168, "local_bytes": 24,
+            "shared": 49152, "threads": 200}});
+        let k = kernel_of(&reply).expect("a kernel");
+        assert_eq!(k.name, "gemm_mma<128, 64>");
+        assert_eq!(k.n_regs, Some(168));
+        assert_eq!(k.n_spills, Some(6));
+        assert_eq!(k.shared, 49152);
+        assert_eq!(k.num_warps, 7);
+        assert_eq!(k.num_stages, 0);
+        assert!(kernel_of(&json!({"launch_us": 1.0})).is_none());
+    }
+
+    #[test]
+    fn scalars_are_typed_and_range_checked() {
+        assert_eq!(
+            scalar(ScalarType::I32, &json!(64)),
+            Some(json!({"i32": 64}))
+        );
+        assert_eq!(
+            scalar(ScalarType::I32, &json!(1i64 << 31)),
+            None,
+            "past i32"
+        );
+        assert_eq!(
+            scalar(ScalarType::I64, &json!(1i64 << 40)),
+            Some(json!({"i64": 1i64 << 40}))
+        );
+        assert_eq!(scalar(ScalarType::U32, &json!(-1)), None);
+        assert_eq!(
+            scalar(ScalarType::I32, &json!(1.5)),
+            None,
+            "an int argument takes no fraction"
+        );
+        assert_eq!(
+            scalar(ScalarType::F32, &json!(2)),
+            Some(json!({"f32": 2.0}))
+        );
+    }
+
+    /// The quickstart's CUDA method at its baseline: grid, block, shared
+    /// memory and arguments from its expressions, tensors by the names the
+    /// Python worker shares them under.
+    #[test]
+    fn the_quickstart_cuda_launch_resolves_from_its_expressions() {
+        let device = crate::device::profile("h100").unwrap();
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/quickstart.yaml");
+        let exp = crate::manifest::load(&path, &[], &device).unwrap();
+        let method = exp.method("cuda").unwrap();
+        let filter = crate::plan::Filter::parse("M=1024").unwrap();
+        let mut baseline = None;
+        crate::plan::plan(
+            &exp,
+            &crate::plan::PlanOptions {
+                device: &device,
+                filter: &filter,
+                mode: crate::plan::Mode::Gpu,
+            },
+            &mut |j| {
+                if j.method == "cuda" && j.baseline {
+                    baseline = Some(j);
+                }
+                std::ops::ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+        let job = baseline.unwrap();
+        let tensor = |name: &str| SharedTensor {
+            name: name.into(),
+            handle: String::new(),
+            offset: 0,
+            bytes: 0,
+        };
+        let shared = ShareReply {
+            tensors: vec![tensor("a"), tensor("b"), tensor("out")],
+            out: 2,
+            poison: "c07f".into(),
+            elements: 1024 * 1024,
+            uuid: String::new(),
+        };
+        let dev = Json::Object(crate::manifest::device_fields(&device));
+        let l = resolve(method, &job, &shared, &dev).unwrap();
+        // BLOCK 128 x 128 x 32, 2 x 2 warps, 3 stages.
+        assert_eq!(l.grid, vec![8, 8]);
+        assert_eq!(l.block, vec![128]);
+        assert_eq!(l.shared, 3 * (128 * 40 + 32 * 136) * 2);
+        assert_eq!(
+            l.args,
+            vec![
+                json!({"tensor": 0}),
+                json!({"tensor": 1}),
+                json!({"tensor": 2}),
+                json!({"i32": 1024}),
+                json!({"i32": 1024}),
+                json!({"i32": 1024}),
+            ]
+        );
+        // A tensor the problem does not share is named, with where it was written.
+        let mut only_ab = shared.clone();
+        only_ab.tensors.truncate(2);
+        let f = resolve(method, &job, &only_ab, &dev).unwrap_err();
+        assert!(
+            f.message.contains("`out` (at ") && f.message.contains("quickstart.yaml:"),
+            "{}",
+            f.message
+        );
+    }
+
+    #[test]
+    fn a_recipe_becomes_the_workers_arguments() {
+        let recipe = json!({
+            "image": "/c/triton-ab.cubin", "symbol": "matmul_kernel", "grid": [12, 1, 1],
+            "block": [128, 1, 1], "shared": 32768,
+            "args": [
+                {"tensor": 0, "name": "a_ptr", "type": "*bf16"},
+                {"i32": 64, "name": "M", "type": "i32"},
+                {"scratch": 0, "name": "global_scratch", "type": "*i8"},
+            ],
+        });
+        let l = Launch::from_recipe(&recipe).unwrap();
+        assert_eq!(
+            l.args,
+            vec![
+                json!({"tensor": 0}),
+                json!({"i32": 64}),
+                json!({"scratch": 0})
+            ]
+        );
+        assert_eq!(
+            (l.symbol.as_str(), l.shared, l.grid.clone()),
+            ("matmul_kernel", 32768, vec![12, 1, 1])
+        );
+        let bad = json!({"image": "x", "symbol": "k", "grid": [1], "block": [1], "shared": 0, "args": [{"name": "x"}]});
+        assert!(Launch::from_recipe(&bad).is_err());
+    }
+}

@@ -1,0 +1,880 @@
+//! The native worker: `tunelab native-worker [--backend cuda|hip]`, one
+//! process per lane GPU, serving the runner over JSON lines on stdin/stdout
+//! the way a Python worker does (docs/native-backend.md has the protocol). It
+//! maps the shape's tensors that the lane's Python worker shares (CUDA IPC),
+//! loads compiled images, launches them with the arguments the runner
+//! resolved, and times them the way the Python worker's `CudaEventTimer`
+//! does: an event pair around each launch, one host synchronisation per
+//! batch, a spin kernel holding the GPU while the batch is queued, L2 evicted
+//! before each cold sample, CUDA graphs for graph timing. It returns raw
+//! samples; the runner decides how many to take.
+//!
+//! A kernel that faults poisons this process's context: the runner kills the
+//! worker after any `launch_error`, as it does a Python worker, and starts a
+//! new one for the next job.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+use serde::Deserialize;
+use serde_json::{json, Value as Json};
+
+use super::gpu::{ErrorClass, Gpu, GpuError, Ptr};
+
+/// The native worker protocol this build speaks.
+pub const PROTOCOL: u32 = 1;
+
+/// Cap on launches one warm-up batch queues (as the Python worker).
+const MAX_WARMUP_BATCH: u64 = 4096;
+/// Spin cycles per microsecond: at or above the SM clock of the GPUs tunelab
+/// targets, so a spin lasts at least as long as asked.
+const SPIN_CYCLES_PER_US: f64 = 2000.0;
+const MAX_SPIN_US: f64 = 20_000.0;
+const MAX_SAMPLES: u64 = 1_000_000;
+const MAX_GRAPH_CALLS: u64 = 10_000;
+/// Loaded images kept before the oldest are unloaded.
+const MAX_MODULES: usize = 256;
+
+/// A failure with its protocol class.
+#[derive(Debug)]
+struct Failure {
+    class: &'static str,
+    message: String,
+}
+
+impl Failure {
+    fn new(class: &'static str, message: impl Into<String>) -> Failure {
+        Failure {
+            class,
+            message: message.into(),
+        }
+    }
+
+    fn bad(message: impl Into<String>) -> Failure {
+        Failure::new("bad_request", message)
+    }
+}
+
+impl From<GpuError> for Failure {
+    fn from(e: GpuError) -> Failure {
+        let class = match e.class {
+            ErrorClass::Image => "compile_error",
+            ErrorClass::Resources => "out_of_resources",
+            ErrorClass::Fault | ErrorClass::Other => "launch_error",
+        };
+        Failure::new(class, e.to_string())
+    }
+}
+
+type Reply = Result<Json, Failure>;
+
+/// One kernel argument, as the runner resolved it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Arg {
+    /// The device pointer of imported tensor `i`.
+    Tensor(usize),
+    I32(i32),
+    I64(i64),
+    U32(u32),
+    U64(u64),
+    F32(f32),
+    F64(f64),
+    /// A scratch buffer of this many bytes this worker allocates (null when 0).
+    Scratch(u64),
+}
+
+#[derive(Debug, Deserialize)]
+struct ImportedTensor {
+    /// The allocation's IPC handle, hex.
+    handle: String,
+    /// Where the tensor starts in it.
+    offset: u64,
+    bytes: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Poison {
+    tensor: usize,
+    /// One element's bytes, hex (1, 2, 4 or 8 bytes).
+    pattern: String,
+    elements: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct CheckRequest {
+    job_id: String,
+    image: std::path::PathBuf,
+    symbol: String,
+    grid: Vec<u64>,
+    block: Vec<u64>,
+    #[serde(default)]
+    shared: u64,
+    args: Vec<Arg>,
+    poison: Option<Poison>,
+}
+
+/// A job ready to launch again and again.
+struct Prepared {
+    job_id: String,
+    function: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    /// One 8-byte slot per argument; the driver reads each parameter's own size from it.
+    _values: Box<[u64]>,
+    params: Vec<*mut c_void>,
+    scratch: Vec<Ptr>,
+    /// Instantiated graphs by launches per graph.
+    graphs: HashMap<u64, u64>,
+}
+
+impl Prepared {
+    fn launch(&mut self, gpu: &dyn Gpu) -> Result<(), GpuError> {
+        // SAFETY: `params` points into `_values`, one slot per kernel
+        // parameter, alive as long as `self`.
+        unsafe {
+            gpu.launch(
+                self.function,
+                self.grid,
+                self.block,
+                self.shared,
+                self.params.as_mut_ptr(),
+            )
+        }
+    }
+}
+
+struct Helpers {
+    spin: u64,
+    flush_read: u64,
+}
+
+/// The worker's state on its GPU.
+struct Server {
+    gpu: Box<dyn Gpu>,
+    helpers: Option<Helpers>,
+    /// Imported allocations (base pointers), and each tensor's pointer.
+    mapped: Vec<Ptr>,
+    tensors: Vec<(Ptr, u64)>,
+    modules: HashMap<std::path::PathBuf, u64>,
+    module_order: Vec<std::path::PathBuf>,
+    prepared: Option<Prepared>,
+    starts: Vec<u64>,
+    ends: Vec<u64>,
+    flush: Option<(Ptr, u64)>,
+    sink: Option<Ptr>,
+    /// Host time to queue one sample, refined after each batch; sizes the spin.
+    enqueue_us: f64,
+    clock: Option<super::nvml::SmClock>,
+}
+
+/// Runs the worker until `shutdown` or end of input; returns the exit code.
+pub fn main(backend: &str) -> i32 {
+    let mut protocol = match claim_stdout() {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("native worker: cannot set up its output: {e}");
+            return 1;
+        }
+    };
+    let opened: Result<Box<dyn Gpu>, String> = match backend {
+        "cuda" => super::cuda::Cuda::open().map(|g| Box::new(g) as Box<dyn Gpu>),
+        #[cfg(feature = "hip")]
+        "hip" => super::hip::Hip::open().map(|g| Box::new(g) as Box<dyn Gpu>),
+        #[cfg(not(feature = "hip"))]
+        "hip" => Err("this tunelab was built without the `hip` feature".into()),
+        other => Err(format!("unknown backend `{other}` (cuda, hip)")),
+    };
+    let mut server = opened.map(Server::new);
+    let stdin = std::io::stdin();
+    let mut stopping = false;
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        let (id, response) = match serde_json::from_str::<Json>(&line) {
+            Ok(request) => {
+                let id = request.get("id").cloned().unwrap_or(Json::Null);
+                let op = request
+                    .get("op")
+                    .and_then(Json::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                stopping = op == "shutdown";
+                let reply = match &mut server {
+                    Ok(s) => s.handle(&op, &request),
+                    Err(why) if op == "shutdown" => {
+                        let _ = why;
+                        Ok(json!({}))
+                    }
+                    Err(why) => Err(Failure::new(
+                        "problem_error",
+                        format!("the native worker cannot use its GPU: {why}"),
+                    )),
+                };
+                (id, reply)
+            }
+            Err(e) => (
+                Json::Null,
+                Err(Failure::bad(format!("not a JSON request: {e}"))),
+            ),
+        };
+        let mut body = match response {
+            Ok(Json::Object(m)) => Json::Object(m),
+            Ok(other) => json!({"value": other}),
+            Err(f) => json!({"ok": false, "class": f.class, "message": f.message}),
+        };
+        body["id"] = id;
+        if body.get("ok").is_none() {
+            body["ok"] = json!(true);
+        }
+        body["worker_us"] = json!(started.elapsed().as_secs_f64() * 1e6);
+        let text = serde_json::to_string(&body).expect("response serialises") + "\n";
+        if protocol
+            .write_all(text.as_bytes())
+            .and_then(|_| protocol.flush())
+            .is_err()
+        {
+            return 1;
+        }
+        if stopping {
+            break;
+        }
+    }
+    if let Ok(s) = &mut server {
+        s.release_all();
+    }
+    0
+}
+
+/// Keeps the real stdout for the protocol and points file descriptor 1 at
+/// stderr, so that a kernel's `printf` (which the driver writes to fd 1)
+/// cannot corrupt a response.
+fn claim_stdout() -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    std::io::stdout().flush()?;
+    // SAFETY: duplicating and redirecting this process's own descriptors.
+    unsafe {
+        let fd = libc::dup(1);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::dup2(2, 1) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(std::fs::File::from_raw_fd(fd))
+    }
+}
+
+fn field<'a, T: Deserialize<'a>>(request: &'a Json, key: &str) -> Result<T, Failure> {
+    let v = request
+        .get(key)
+        .ok_or_else(|| Failure::bad(format!("missing `{key}`")))?;
+    T::deserialize(v).map_err(|e| Failure::bad(format!("`{key}`: {e}")))
+}
+
+fn int_field(request: &Json, key: &str, default: u64, min: u64, max: u64) -> Result<u64, Failure> {
+    let v = match request.get(key) {
+        None => default,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| Failure::bad(format!("`{key}` must be an integer >= 0, got {v}")))?,
+    };
+    if v < min || v > max {
+        return Err(Failure::bad(format!(
+            "`{key}` must be in {min}..={max}, got {v}"
+        )));
+    }
+    Ok(v)
+}
+
+fn hex(s: &str) -> Result<Vec<u8>, Failure> {
+    if s.len() % 2 != 0 {
+        return Err(Failure::bad("odd-length hex"));
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&s[i..i + 2], 16).map_err(|_| Failure::bad(format!("not hex: {s}")))
+        })
+        .collect()
+}
+
+fn dims(v: &[u64], what: &str) -> Result<[u32; 3], Failure> {
+    if v.is_empty() || v.len() > 3 {
+        return Err(Failure::bad(format!(
+            "`{what}` has 1 to 3 dimensions, got {}",
+            v.len()
+        )));
+    }
+    let mut out = [1u32; 3];
+    for (i, &x) in v.iter().enumerate() {
+        if x == 0 || x > u32::MAX as u64 {
+            return Err(Failure::new(
+                "launch_error",
+                format!(
+                    "{what} dimension {} is {x}: it must be between 1 and 2^32 - 1",
+                    ["x", "y", "z"][i]
+                ),
+            ));
+        }
+        out[i] = x as u32;
+    }
+    Ok(out)
+}
+
+impl Server {
+    fn new(gpu: Box<dyn Gpu>) -> Server {
+        Server {
+            gpu,
+            helpers: None,
+            mapped: Vec::new(),
+            tensors: Vec::new(),
+            modules: HashMap::new(),
+            module_order: Vec::new(),
+            prepared: None,
+            starts: Vec::new(),
+            ends: Vec::new(),
+            flush: None,
+            sink: None,
+            enqueue_us: 50.0,
+            clock: None,
+        }
+    }
+
+    fn handle(&mut self, op: &str, r: &Json) -> Reply {
+        match op {
+            "hello" => self.hello(r),
+            "import" => self.import(r),
+            "check" => self.check(r),
+            "warmup" => self.warmup(r),
+            "sample" => self.sample(r),
+            "launch_cost" => self.launch_cost(r),
+            "release" => {
+                self.release();
+                Ok(json!({}))
+            }
+            "shutdown" => Ok(json!({})),
+            other => Err(Failure::bad(format!("unknown op `{other}`"))),
+        }
+    }
+
+    fn hello(&mut self, r: &Json) -> Reply {
+        if let Some(path) = r.get("helpers").and_then(Json::as_str) {
+            let image = std::fs::read(path)
+                .map_err(|e| Failure::new("problem_error", format!("cannot read {path}: {e}")))?;
+            let module = self.gpu.load_module(&image)?;
+            self.helpers = Some(Helpers {
+                spin: self.gpu.function(module, "tunelab_spin")?,
+                flush_read: self.gpu.function(module, "tunelab_flush_read")?,
+            });
+        }
+        let f = self.gpu.facts();
+        Ok(json!({
+            "protocol": PROTOCOL,
+            "backend": f.backend,
+            "device": f.name,
+            "uuid": f.uuid,
+            "driver": f.driver,
+            "version": env!("CARGO_PKG_VERSION"),
+        }))
+    }
+
+    /// Maps the tensors of a shape, replacing the previous shape's.
+    fn import(&mut self, r: &Json) -> Reply {
+        let tensors: Vec<ImportedTensor> = field(r, "tensors")?;
+        self.release();
+        self.unmap();
+        let mut by_handle: HashMap<String, Ptr> = HashMap::new();
+        for t in &tensors {
+            let base = match by_handle.get(&t.handle) {
+                Some(&b) => b,
+                None => {
+                    // An allocation is mapped once per process, however many tensors live in it.
+                    let b = self.gpu.ipc_open(&hex(&t.handle)?).map_err(|e| {
+                        Failure::new(
+                            "problem_error",
+                            format!("cannot map a shared tensor: {e} (the lane's GPU must be the one the Python worker allocated on)"),
+                        )
+                    })?;
+                    self.mapped.push(b);
+                    by_handle.insert(t.handle.clone(), b);
+                    b
+                }
+            };
+            self.tensors.push((base + t.offset, t.bytes));
+        }
+        Ok(json!({"tensors": self.tensors.len(), "allocations": self.mapped.len()}))
+    }
+
+    fn unmap(&mut self) {
+        for p in self.mapped.drain(..) {
+            self.gpu.ipc_close(p);
+        }
+        self.tensors.clear();
+    }
+
+    fn module(&mut self, image: &std::path::Path) -> Result<u64, Failure> {
+        if let Some(&m) = self.modules.get(image) {
+            return Ok(m);
+        }
+        if self.module_order.len() >= MAX_MODULES {
+            let old = self.module_order.remove(0);
+            if let Some(m) = self.modules.remove(&old) {
+                self.gpu.unload_module(m);
+            }
+        }
+        let bytes = std::fs::read(image).map_err(|e| {
+            Failure::new(
+                "compile_error",
+                format!("cannot read the image {}: {e}", image.display()),
+            )
+        })?;
+        let m = self.gpu.load_module(&bytes)?;
+        self.modules.insert(image.to_path_buf(), m);
+        self.module_order.push(image.to_path_buf());
+        Ok(m)
+    }
+
+    /// Prepares a job and launches it once into its poisoned output; the
+    /// runner then asks the Python worker to compare.
+    fn check(&mut self, r: &Json) -> Reply {
+        let req: CheckRequest =
+            serde_json::from_value(r.clone()).map_err(|e| Failure::bad(format!("check: {e}")))?;
+        self.release();
+        let module = self.module(&req.image)?;
+        let function = self.gpu.function(module, &req.symbol)?;
+        let grid = dims(&req.grid, "grid")?;
+        let block = dims(&req.block, "block")?;
+        let threads = block.iter().map(|&b| b as u64).product::<u64>();
+        let limit = self.gpu.max_threads(function)? as u64;
+        if threads > limit {
+            return Err(Failure::new(
+                "out_of_resources",
+                format!("a block of {threads} threads; this kernel launches with at most {limit} (its registers decide)"),
+            ));
+        }
+        let shared = u32::try_from(req.shared).map_err(|_| {
+            Failure::new(
+                "out_of_resources",
+                format!("{} bytes of shared memory", req.shared),
+            )
+        })?;
+        let static_shared = self.gpu.static_shared(function)?;
+        let usage = self.gpu.usage(function)?;
+        let optin = self.gpu.max_shared_optin();
+        if optin > 0 && shared as u64 + static_shared as u64 > optin as u64 {
+            return Err(Failure::new(
+                "out_of_resources",
+                format!(
+                    "{shared} bytes of dynamic and {static_shared} of static shared memory; a block may have {optin}"
+                ),
+            ));
+        }
+        if shared > 48 * 1024 {
+            self.gpu.allow_shared(function, shared)?;
+        }
+        let grid_blocks = grid.iter().map(|&g| g as u64).product::<u64>();
+        let mut values = vec![0u64; req.args.len()].into_boxed_slice();
+        let mut scratch = Vec::new();
+        for (slot, arg) in values.iter_mut().zip(&req.args) {
+            *slot = match *arg {
+                Arg::Tensor(i) => {
+                    self.tensors
+                        .get(i)
+                        .ok_or_else(|| {
+                            Failure::bad(format!(
+                                "tensor {i} was not imported ({} are)",
+                                self.tensors.len()
+                            ))
+                        })?
+                        .0
+                }
+                Arg::I32(v) => v as u32 as u64,
+                Arg::U32(v) => v as u64,
+                Arg::I64(v) => v as u64,
+                Arg::U64(v) => v,
+                Arg::F32(v) => v.to_bits() as u64,
+                Arg::F64(v) => v.to_bits(),
+                Arg::Scratch(0) => 0,
+                Arg::Scratch(bytes) => {
+                    // Per program, as Triton's launcher sizes global scratch.
+                    let total = bytes.checked_mul(grid_blocks).ok_or_else(|| {
+                        Failure::new("out_of_resources", "scratch size overflows")
+                    })?;
+                    let p = self.gpu.alloc(total as usize)?;
+                    scratch.push(p);
+                    p
+                }
+            };
+        }
+        let params: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+        let mut prepared = Prepared {
+            job_id: req.job_id,
+            function,
+            grid,
+            block,
+            shared,
+            _values: values,
+            params,
+            scratch,
+            graphs: HashMap::new(),
+        };
+        if let Some(p) = &req.poison {
+            let (ptr, bytes) = *self.tensors.get(p.tensor).ok_or_else(|| {
+                Failure::bad(format!("poison: tensor {} was not imported", p.tensor))
+            })?;
+            let pattern = hex(&p.pattern)?;
+            if pattern.is_empty() || p.elements.saturating_mul(pattern.len() as u64) > bytes {
+                return Err(Failure::bad("poison: the pattern does not fit the tensor"));
+            }
+            self.poison(ptr, &pattern, p.elements)?;
+        }
+        let started = Instant::now();
+        prepared.launch(self.gpu.as_ref())?;
+        self.gpu.synchronize()?;
+        let us = started.elapsed().as_secs_f64() * 1e6;
+        self.prepared = Some(prepared);
+        Ok(json!({
+            "launch_us": us,
+            "kernel": {
+                "name": req.symbol,
+                "n_regs": usage.registers,
+                "local_bytes": usage.local_bytes,
+                "shared": static_shared as u64 + shared as u64,
+                "threads": threads,
+            },
+        }))
+    }
+
+    fn poison(&mut self, ptr: Ptr, pattern: &[u8], elements: u64) -> Result<(), Failure> {
+        match pattern.len() {
+            1 | 2 | 4 => self.gpu.fill(ptr, pattern, elements as usize)?,
+            8 if pattern[..4] == pattern[4..] => {
+                self.gpu.fill(ptr, &pattern[..4], 2 * elements as usize)?
+            }
+            _ => {
+                let bytes: Vec<u8> = pattern
+                    .iter()
+                    .copied()
+                    .cycle()
+                    .take(pattern.len() * elements as usize)
+                    .collect();
+                self.gpu.upload(ptr, &bytes)?;
+            }
+        }
+        self.gpu.synchronize()?;
+        Ok(())
+    }
+
+    /// Fails unless `r`'s job is the prepared one.
+    fn prepared(&self, r: &Json) -> Result<(), Failure> {
+        let id = r.get("job_id").and_then(Json::as_str).unwrap_or("");
+        match &self.prepared {
+            Some(p) if p.job_id == id => Ok(()),
+            other => Err(Failure::bad(format!(
+                "job {id:?} is not prepared (prepared: {}); send a check first",
+                other.as_ref().map_or("none", |p| p.job_id.as_str())
+            ))),
+        }
+    }
+
+    fn events(&mut self, count: usize) -> Result<(), Failure> {
+        while self.starts.len() < count {
+            let s = self.gpu.new_event()?;
+            let e = self.gpu.new_event()?;
+            self.starts.push(s);
+            self.ends.push(e);
+        }
+        Ok(())
+    }
+
+    fn warmup(&mut self, r: &Json) -> Reply {
+        let min_launches = int_field(r, "min_launches", 3, 0, MAX_SAMPLES)?;
+        let min_ms = r.get("min_ms").and_then(Json::as_f64).unwrap_or(5.0);
+        if !(min_ms.is_finite() && min_ms >= 0.0) {
+            return Err(Failure::bad("`min_ms` must be a finite number >= 0"));
+        }
+        self.prepared(r)?;
+        self.events(1)?;
+        let (start, end) = (self.starts[0], self.ends[0]);
+        let mut prepared = self.prepared.take();
+        let p = prepared.as_mut().expect("checked above");
+        let gpu = self.gpu.as_ref();
+        let result = (|| -> Result<(u64, f64), Failure> {
+            let (mut launches, mut ms) = (0u64, 0.0f64);
+            let mut batch = min_launches.max(1);
+            loop {
+                gpu.record(start)?;
+                for _ in 0..batch {
+                    p.launch(gpu)?;
+                }
+                gpu.record(end)?;
+                gpu.synchronize()?;
+                launches += batch;
+                ms += gpu.elapsed_ms(start, end)? as f64;
+                if launches >= min_launches && ms >= min_ms {
+                    return Ok((launches, ms));
+                }
+                // The next batch from the time per launch so far, at most 4x larger.
+                let per = ms / launches as f64;
+                let needed = if per > 0.0 {
+                    ((min_ms - ms) / per).ceil().max(1.0) as u64
+                } else {
+                    2 * batch
+                };
+                batch = needed.min(4 * batch).clamp(1, MAX_WARMUP_BATCH);
+            }
+        })();
+        self.prepared = prepared;
+        let (launches, ms) = result?;
+        Ok(json!({"launches": launches, "ms": ms}))
+    }
+
+    /// Queues the spin kernel for about `us` microseconds.
+    fn hold_gpu(&self, us: f64) -> Result<(), Failure> {
+        let Some(h) = &self.helpers else {
+            return Ok(());
+        };
+        let mut cycles: i64 = (us.min(MAX_SPIN_US) * SPIN_CYCLES_PER_US) as i64;
+        let mut params = [(&mut cycles as *mut i64).cast::<c_void>()];
+        // SAFETY: tunelab_spin takes one 8-byte integer.
+        unsafe {
+            self.gpu
+                .launch(h.spin, [1, 1, 1], [1, 1, 1], 0, params.as_mut_ptr())?
+        };
+        Ok(())
+    }
+
+    /// The flush buffer of `bytes` (zeroed once), allocated or grown on demand.
+    fn flush_buffer(&mut self, bytes: u64) -> Result<Option<(Ptr, u64)>, Failure> {
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let bytes = bytes.div_ceil(16) * 16;
+        match self.flush {
+            Some((p, n)) if n >= bytes => return Ok(Some((p, bytes))),
+            Some((p, _)) => {
+                self.gpu.free(p);
+                self.flush = None;
+            }
+            None => {}
+        }
+        let p = self.gpu.alloc(bytes as usize)?;
+        self.gpu.fill(p, &[0, 0, 0, 0], (bytes / 4) as usize)?;
+        self.gpu.synchronize()?;
+        self.flush = Some((p, bytes));
+        if self.sink.is_none() {
+            self.sink = Some(self.gpu.alloc(16)?);
+        }
+        Ok(Some((p, bytes)))
+    }
+
+    fn evict(&self, buf: (Ptr, u64), with: &str) -> Result<(), Failure> {
+        match (with, &self.helpers) {
+            ("read", Some(h)) => {
+                let (mut ptr, mut chunks, mut sink) = (buf.0, buf.1 / 16, self.sink.unwrap_or(0));
+                let mut params = [
+                    (&mut ptr as *mut u64).cast::<c_void>(),
+                    (&mut chunks as *mut u64).cast::<c_void>(),
+                    (&mut sink as *mut u64).cast::<c_void>(),
+                ];
+                // SAFETY: tunelab_flush_read(const uint4*, unsigned long long, unsigned*).
+                unsafe {
+                    self.gpu.launch(
+                        h.flush_read,
+                        [1024, 1, 1],
+                        [256, 1, 1],
+                        0,
+                        params.as_mut_ptr(),
+                    )?
+                };
+            }
+            // A memset, or a read with no helper kernel to do it.
+            _ => self.gpu.fill(buf.0, &[0, 0, 0, 0], (buf.1 / 4) as usize)?,
+        }
+        Ok(())
+    }
+
+    fn sample(&mut self, r: &Json) -> Reply {
+        let count = int_field(r, "count", 0, 1, MAX_SAMPLES)? as usize;
+        let flush_bytes = int_field(r, "flush_bytes", 0, 0, u64::MAX)?;
+        let flush_with = r.get("flush_with").and_then(Json::as_str).unwrap_or("read");
+        if !["read", "memset"].contains(&flush_with) {
+            return Err(Failure::bad(format!(
+                "flush_with must be read or memset, got {flush_with:?}"
+            )));
+        }
+        let timing = r.get("timing").and_then(Json::as_str).unwrap_or("cold");
+        let graph_calls = int_field(r, "graph_calls", 10, 1, MAX_GRAPH_CALLS)?;
+        self.prepared(r)?;
+        self.events(count)?;
+        let (us, timer) = match timing {
+            "cold" | "hot" => {
+                let flush = if timing == "cold" {
+                    self.flush_buffer(flush_bytes)?
+                } else {
+                    None
+                };
+                (
+                    self.sample_launches(count, flush, flush_with)?,
+                    "cuda_event",
+                )
+            }
+            "graph" => (self.sample_graph(count, graph_calls)?, "cuda_graph"),
+            other => {
+                return Err(Failure::bad(format!(
+                    "timing must be cold, hot or graph, got {other:?}"
+                )))
+            }
+        };
+        let clock = self.sm_clock();
+        Ok(json!({"us": us, "timer": timer, "sm_clock_mhz": clock}))
+    }
+
+    fn sample_launches(
+        &mut self,
+        count: usize,
+        flush: Option<(Ptr, u64)>,
+        with: &str,
+    ) -> Result<Vec<f64>, Failure> {
+        self.hold_gpu(1.5 * self.enqueue_us * count as f64)?;
+        let mut p = self.prepared.take().expect("checked by the caller");
+        let queued = (|| -> Result<f64, Failure> {
+            let queued_at = Instant::now();
+            for i in 0..count {
+                if let Some(buf) = flush {
+                    self.evict(buf, with)?;
+                }
+                self.gpu.record(self.starts[i])?;
+                p.launch(self.gpu.as_ref())?;
+                self.gpu.record(self.ends[i])?;
+            }
+            Ok(queued_at.elapsed().as_secs_f64() * 1e6 / count as f64)
+        })();
+        self.prepared = Some(p);
+        self.enqueue_us = queued?;
+        self.gpu.synchronize()?;
+        (0..count)
+            .map(|i| Ok(self.gpu.elapsed_ms(self.starts[i], self.ends[i])? as f64 * 1e3))
+            .collect()
+    }
+
+    fn sample_graph(&mut self, count: usize, calls: u64) -> Result<Vec<f64>, Failure> {
+        let mut p = self.prepared.take().expect("checked by the caller");
+        let graph = match p.graphs.get(&calls) {
+            Some(&g) => Ok(g),
+            None => {
+                (|| -> Result<u64, Failure> {
+                    // One launch outside the capture, as the Python worker does.
+                    p.launch(self.gpu.as_ref())?;
+                    self.gpu.synchronize()?;
+                    self.gpu.begin_capture()?;
+                    let mut captured = Ok(());
+                    for _ in 0..calls {
+                        captured = p.launch(self.gpu.as_ref());
+                        if captured.is_err() {
+                            break;
+                        }
+                    }
+                    // The capture ends whatever happened, so the stream is usable again.
+                    let ended = self.gpu.end_capture();
+                    captured.map_err(|e| {
+                    Failure::new("launch_error", format!("timing 'graph': this launch cannot be captured in a CUDA graph ({e})"))
+                })?;
+                    let g = ended?;
+                    p.graphs.insert(calls, g);
+                    Ok(g)
+                })()
+            }
+        };
+        let result = graph.and_then(|g| {
+            self.hold_gpu(1.5 * self.enqueue_us * count as f64)?;
+            let queued_at = Instant::now();
+            for i in 0..count {
+                self.gpu.record(self.starts[i])?;
+                self.gpu.launch_graph(g)?;
+                self.gpu.record(self.ends[i])?;
+            }
+            self.enqueue_us = queued_at.elapsed().as_secs_f64() * 1e6 / count as f64;
+            self.gpu.synchronize()?;
+            (0..count)
+                .map(|i| {
+                    Ok(
+                        self.gpu.elapsed_ms(self.starts[i], self.ends[i])? as f64 * 1e3
+                            / calls as f64,
+                    )
+                })
+                .collect()
+        });
+        self.prepared = Some(p);
+        result
+    }
+
+    /// Host cost of launching the prepared job: `count` launches queued
+    /// behind a spin (so the queue never fills), timed on the host, then one
+    /// synchronisation. Answers the mean and the median of per-launch times
+    /// over batches of 100, in microseconds.
+    fn launch_cost(&mut self, r: &Json) -> Reply {
+        let count = int_field(r, "count", 10_000, 100, MAX_SAMPLES)?;
+        self.prepared(r)?;
+        let mut p = self.prepared.take().expect("just checked");
+        let result = (|| -> Result<Json, Failure> {
+            let mut per_batch = Vec::new();
+            let started = Instant::now();
+            let mut done = 0;
+            while done < count {
+                let n = (count - done).min(100);
+                // Enough spin for the batch: launches are then queued, never blocked on a full queue.
+                self.hold_gpu(n as f64 * 20.0)?;
+                let t = Instant::now();
+                for _ in 0..n {
+                    p.launch(self.gpu.as_ref())?;
+                }
+                per_batch.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+                self.gpu.synchronize()?;
+                done += n;
+            }
+            let total = started.elapsed().as_secs_f64();
+            per_batch.sort_by(f64::total_cmp);
+            Ok(json!({
+                "launches": count,
+                "mean_us": per_batch.iter().sum::<f64>() / per_batch.len() as f64,
+                "median_us": per_batch[per_batch.len() / 2],
+                "wall_s": total,
+            }))
+        })();
+        self.prepared = Some(p);
+        result
+    }
+
+    fn sm_clock(&mut self) -> Option<f64> {
+        let uuid = self.gpu.facts().uuid.clone();
+        if self.clock.is_none() {
+            self.clock = Some(super::nvml::SmClock::open(&uuid));
+        }
+        self.clock.as_ref().and_then(|c| c.read())
+    }
+
+    fn release(&mut self) {
+        if let Some(mut p) = self.prepared.take() {
+            for (_, g) in p.graphs.drain() {
+                self.gpu.destroy_graph(g);
+            }
+            for s in p.scratch.drain(..) {
+                self.gpu.free(s);
+            }
+        }
+    }
+
+    fn release_all(&mut self) {
+        self.release();
+        self.unmap();
+        let _ = self.gpu.synchronize();
+    }
+}
