@@ -386,7 +386,7 @@ fn committed_gptoss_vllm_files_hold_every_tuned_shape() {
         };
         let out = render(&results);
         assert_eq!(
-            assert_vllm_finds_every_tuned_shape(&results, &out, "triton", None, None),
+            assert_vllm_finds_every_tuned_shape(&results, &out, "triton_vllm", None, None),
             144,
             "{device}"
         );

@@ -96,6 +96,22 @@ pub(super) fn flags_table(a: &Analysis<'_, '_, '_>, details_link: &str) -> (Opti
     )
 }
 
+/// A failures table of one class as one sentence, or `None`.
+pub(super) fn single_class_line(table: &Table) -> Option<String> {
+    let [row] = table.rows.as_slice() else {
+        return None;
+    };
+    let [class, jobs, example] = row.as_slice() else {
+        return None;
+    };
+    let n: u64 = jobs.parse().ok()?;
+    Some(format!(
+        "{} failed, all `{class}`; {}: {example}.",
+        num::count(n, "job", "jobs"),
+        if n == 1 { "it was" } else { "for example" }
+    ))
+}
+
 pub(super) fn failures_table(a: &Analysis<'_, '_, '_>) -> Option<Table> {
     let mut by_class: Vec<(String, usize, &JobRecord)> = Vec::new();
     for j in a.jobs.iter().filter(|j| j.status == JobStatus::Failed) {

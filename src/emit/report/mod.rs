@@ -470,20 +470,34 @@ fn slug(rest: &ShapeFields, fields: &[String]) -> String {
     }
 }
 
+/// Finalists whose re-timing picked another winner, shown in the report.
+const RETIMED_SHOWN: usize = 3;
+
 fn context(a: &Analysis<'_, '_, '_>, paths: &Paths, charts: &[charts::ChartFile]) -> Ctx {
     let h = a.group.header;
-    let (retime, retime_note) = retime::table(a, 5, &paths.details_link);
+    // The report shows the largest few; the details file lists them all.
+    let (retime, retime_note) = retime::table(a, RETIMED_SHOWN, &paths.details_link);
     let (flags, flags_note) = failures::flags_table(a, &paths.details_link);
-    let failures = failures::failures_table(a);
+    let mut failures = failures::failures_table(a);
     let mut problem_notes = vec![flags_note];
-    let skipped = failures::skipped_lines(a);
-    match (failures.is_none(), skipped.is_empty()) {
-        (true, true) => problem_notes.push("No job failed, was skipped or pruned.".into()),
-        (true, false) => problem_notes.push("No job failed.".into()),
-        (false, true) => problem_notes.push("No job was skipped or pruned.".into()),
-        (false, false) => {}
+    let skipped = !failures::skipped_lines(a).is_empty();
+    match (failures.is_none(), skipped) {
+        (true, false) => problem_notes.push("No job failed, was skipped or pruned.".into()),
+        (true, true) => problem_notes.push("No job failed.".into()),
+        (false, false) => problem_notes.push("No job was skipped or pruned.".into()),
+        (false, true) => {}
     }
-    problem_notes.extend(skipped);
+    // One class of failure reads as a sentence; several as a table.
+    if let Some(line) = failures.as_ref().and_then(failures::single_class_line) {
+        problem_notes.push(line);
+        failures = None;
+    }
+    if skipped {
+        // "What was timed" counts them per method; the details say why.
+        problem_notes[0].push_str(
+            " Skipped and pruned jobs are counted per method under What was timed, and why in the details.",
+        );
+    }
     Ctx {
         title: h.experiment.clone(),
         description: h.description.clone().filter(|d| !d.trim().is_empty()),

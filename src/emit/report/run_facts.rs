@@ -169,9 +169,9 @@ pub(super) fn runs_table(a: &Analysis<'_, '_, '_>) -> Table {
             "Run",
             "Started (UTC)",
             "Already done",
-            "Planned",
+            "Planned (not in the journal yet)",
             "Recorded",
-            "Not run",
+            "Not run (left to the next run)",
             "Wall time",
         ]
         .map(String::from)
@@ -185,13 +185,6 @@ pub(super) fn runs_table(a: &Analysis<'_, '_, '_>) -> Table {
 pub(super) fn run_notes(a: &Analysis<'_, '_, '_>) -> Vec<String> {
     let rows = runs(&a.group.results.runs, &a.jobs);
     let mut notes = Vec::new();
-    if rows.len() > 1 || rows.iter().any(|r| r.not_run() > 0) {
-        notes.push(
-            "A run plans only what the journal does not hold yet (already done + planned); \
-             a run that stopped early leaves its `not run` jobs to the next."
-                .to_string(),
-        );
-    }
     if let Some(last) = rows.last().filter(|r| r.not_run() > 0) {
         notes.push(format!(
             "**{} planned jobs were never recorded**: the last run stopped before them; run it again to finish.",

@@ -328,6 +328,15 @@ pub(super) fn summary(a: &Analysis<'_, '_, '_>) -> Vec<String> {
         ordered.retain(|m| *m != p);
         ordered.insert(0, p);
     }
+    // A shipped file's method is summarised by the comparison above.
+    let shipped: Vec<&str> = a
+        .group
+        .header
+        .compared
+        .iter()
+        .map(|c| c.method.as_str())
+        .collect();
+    ordered.retain(|m| !shipped.contains(m));
     for m in &ordered {
         let rule = baseline_rule(a, m);
         let has_baseline = a
