@@ -394,3 +394,40 @@ pub fn compared_in_run(results: &Results) -> Vec<(String, Comparison)> {
     }
     out
 }
+
+/// BASE against NEW as `tunelab compare` takes them: each a results directory
+/// or a journal file, or BASE a consumer's shipped file (a `.json`) whose
+/// configs NEW's run timed (`run --compare-to`). Also returns the warnings
+/// of reading the journals; the error says which path and why.
+pub fn from_paths(
+    base: &std::path::Path,
+    new: &std::path::Path,
+) -> Result<(Comparison, Vec<String>), String> {
+    let mut warnings = Vec::new();
+    let mut read = |path: &std::path::Path| -> Result<Results, String> {
+        let read = if path.is_dir() {
+            crate::store::journal::read(path)
+        } else {
+            crate::store::journal::read_file(path)
+        };
+        let (results, w) = read.map_err(|e| format!("{}: {e}", path.display()))?;
+        warnings.extend(w.into_iter().map(|w| w.to_string()));
+        Ok(results)
+    };
+    let new_results = read(new)?;
+    let is_shipped = base.is_file() && base.extension().is_some_and(|e| e == "json");
+    let comparison = if is_shipped {
+        let shipped =
+            super::shipped::read(base).map_err(|why| format!("{}: {why}", base.display()))?;
+        against_shipped(&shipped, &new_results, &new.display().to_string())?
+    } else {
+        let base_results = read(base)?;
+        between(
+            &base_results,
+            &new_results,
+            &base.display().to_string(),
+            &new.display().to_string(),
+        )
+    };
+    Ok((comparison, warnings))
+}

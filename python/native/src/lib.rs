@@ -260,6 +260,63 @@ fn read_journal(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
     from_json(py, &text.map_err(store_error)?)
 }
 
+/// BASE against NEW as `tunelab compare` takes them (results directories,
+/// journals, or BASE a shipped vLLM JSON that NEW's run timed): the rows with
+/// their verdicts, the geometric-mean speedup and the markdown the command
+/// prints. A threshold (0.02 for 2 %) also lists the regressions beyond it.
+#[pyfunction]
+#[pyo3(signature = (base, new, fail_on_slower=None))]
+fn compare(
+    py: Python<'_>,
+    base: PathBuf,
+    new: PathBuf,
+    fail_on_slower: Option<f64>,
+) -> PyResult<Py<PyAny>> {
+    let text = py.detach(|| -> Result<String, String> {
+        let (cmp, warnings) = tunelab::emit::compare::from_paths(&base, &new)?;
+        let rows: Vec<Json> = cmp
+            .rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "shape": r.shape,
+                    "base_method": r.base_method,
+                    "new_method": r.new_method,
+                    "base_us": r.base.median_us,
+                    "new_us": r.new.median_us,
+                    "speedup": r.speedup(),
+                    "verdict": r.verdict.as_str(),
+                    "base_config": r.base_config,
+                    "new_config": r.new_config,
+                })
+            })
+            .collect();
+        let regressions: Vec<Json> = fail_on_slower
+            .map(|t| {
+                cmp.regressions(t)
+                    .iter()
+                    .map(|r| json!({"shape": r.shape, "method": r.new_method, "speedup": r.speedup()}))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(json!({
+            "base": cmp.base_name,
+            "new": cmp.new_name,
+            "rows": rows,
+            "geomean_speedup": cmp.geomean_speedup(),
+            "notes": cmp.notes,
+            "regressions": regressions,
+            "markdown": cmp.markdown(fail_on_slower),
+            "warnings": warnings,
+        })
+        .to_string())
+    });
+    from_json(
+        py,
+        &text.map_err(|why| PyValueError::new_err(format!("error: {why}")))?,
+    )
+}
+
 /// The manifest JSON schema (`tunelab schema`).
 #[pyfunction]
 fn schema() -> String {
@@ -364,7 +421,7 @@ mod _native {
 
     #[pymodule_export]
     use super::{
-        cli_main, default_python, load, plan_manifest, read_journal, run_cli, schema,
+        cli_main, compare, default_python, load, plan_manifest, read_journal, run_cli, schema,
         ManifestError, SettingsError,
     };
 

@@ -76,7 +76,7 @@ def test_load_returns_the_resolved_experiment():
     exp = tunelab.load(QUICKSTART)
     assert exp["name"] == "quickstart"
     assert exp["problem"] == "gemm"
-    assert [m["name"] for m in exp["methods"]] == ["triton", "torch"]
+    assert [m["name"] for m in exp["methods"]] == ["triton", "cuda", "torch"]
     triton = exp["methods"][0]
     assert triton["space"]["num_warps"] == [4, 8]
     assert triton["params"] == {"GROUP_SIZE_M": 8}
@@ -149,7 +149,7 @@ def test_plan_with_jobs_lists_every_job():
     assert len(jobs) == planned["jobs"] > 0
     cli = command("plan", QUICKSTART, "--interpret", "--jobs")
     assert [json.loads(line) for line in cli.stdout.splitlines()] == jobs
-    assert {j["method"] for j in jobs} == {"triton", "torch"}
+    assert {j["method"] for j in jobs} == {"triton", "cuda", "torch"}
     assert all({"id", "shape", "config", "baseline"} <= set(j) for j in jobs)
 
 
@@ -189,6 +189,33 @@ def test_to_pandas_without_pandas_says_how_to_get_it(monkeypatch):
         records.to_pandas()
 
 
+def test_compare_a_run_with_itself_is_all_same():
+    journal = "tests/fixtures/journals/moe.jsonl"
+    cmp = tunelab.compare(journal, journal, fail_on_slower=0.02)
+    assert cmp["rows"], cmp["notes"]
+    assert {r["verdict"] for r in cmp["rows"]} == {"SAME"}
+    assert cmp["geomean_speedup"] == pytest.approx(1.0)
+    assert cmp["regressions"] == []
+    assert "SAME" in cmp["markdown"]
+
+
+def test_compare_against_a_shipped_file_is_the_commands():
+    shipped = "experiments/shipped/vllm/E=128,N=2880,device_name=NVIDIA_H100_80GB_HBM3.json"
+    run_dir = "results/gptoss/NVIDIA_H100_80GB_HBM3"
+    cmp = tunelab.compare(shipped, run_dir)
+    assert len(cmp["rows"]) == 18, "one row per M of the shipped file"
+    assert all(r["new_method"] == "triton_vllm" for r in cmp["rows"])
+    assert all(r["speedup"] == pytest.approx(r["base_us"] / r["new_us"]) for r in cmp["rows"])
+    printed = command("compare", shipped, run_dir)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == cmp["markdown"]
+
+
+def test_compare_says_which_side_it_cannot_read(tmp_path):
+    with pytest.raises(ValueError, match=str(tmp_path)):
+        tunelab.compare(tmp_path, "tests/fixtures/journals/moe.jsonl")
+
+
 def test_reading_where_there_is_no_journal(tmp_path):
     with pytest.raises(FileNotFoundError, match="no journal"):
         tunelab.read_journal(tmp_path)
@@ -223,14 +250,20 @@ def test_run_calls_back_with_every_job_and_resumes(tmp_path):
     assert len(seen) == planned == result.new_records == len(records)
     assert [r["job_id"] for r in seen] == [r["job_id"] for r in records]
     assert seen == list(records), "the callback gets the journal's records"
-    assert all(r["status"] == "ok" for r in seen)
+    # The CUDA C++ method needs a GPU: recorded as skipped (unavailable) in the interpreter.
+    assert all(r["status"] == "ok" for r in seen if r["method"] != "cuda")
+    assert all(r["status"] == "skipped" and r["failure"]["class"] == "unavailable" for r in seen if r["method"] == "cuda")
     # Workers ran in this Python (the default), importing the installed package.
     fingerprint = records.runs[-1]["fingerprint"]
     assert fingerprint["python"] == ".".join(map(str, sys.version_info[:3]))
 
     again = []
     resumed = tunelab.run(QUICKSTART, interpret=True, quiet=True, results_dir=tmp_path, on_job=again.append)
-    assert resumed.exit_code == 0 and again == [] and resumed.new_records == 0
+    # Resuming runs nothing again but the jobs whose method could not run here
+    # (they wait for a machine that can run them).
+    assert resumed.exit_code == 0 and resumed.new_records == len(again)
+    assert {r["method"] for r in again} == {"cuda"}
+    assert all(r["status"] == "skipped" for r in again)
 
 
 def test_a_callback_that_raises_does_not_stop_the_run(tmp_path):
