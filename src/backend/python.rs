@@ -135,6 +135,45 @@ pub(crate) struct SampleReply {
     pub sm_clock_mhz: Option<f64>,
 }
 
+impl SampleReply {
+    /// The batch, if the worker sent as many samples as it was asked for.
+    pub(crate) fn into_batch(self, count: u32) -> Result<SampleBatch, JobFailure> {
+        if self.us.len() != count as usize {
+            return Err(JobFailure::new(
+                FailureClass::Crash,
+                format!(
+                    "protocol error: asked for {count} samples, got {}",
+                    self.us.len()
+                ),
+            ));
+        }
+        Ok(SampleBatch {
+            us: self.us,
+            timer: self.timer,
+            sm_clock_mhz: self.sm_clock_mhz,
+        })
+    }
+}
+
+/// The `sample` request both workers take (Python's and the native one).
+pub(crate) fn sample_request(job_id: &str, count: u32, mode: SampleMode) -> serde_json::Value {
+    // The protocol knows a read and a memset; no flush is a size of zero.
+    let flush = mode.flush;
+    let (bytes, with) = match flush.with {
+        L2Flush::Off => (0, "read"),
+        L2Flush::Read => (flush.bytes, "read"),
+        L2Flush::Memset => (flush.bytes, "memset"),
+    };
+    json!({
+        "job_id": job_id,
+        "count": count,
+        "flush_bytes": bytes,
+        "flush_with": with,
+        "timing": mode.timing.as_str(),
+        "graph_calls": mode.graph_calls,
+    })
+}
+
 pub struct PythonBackend {
     spec: WorkerSpec,
     worker: Option<Worker>,
@@ -427,38 +466,8 @@ impl Backend for PythonBackend {
         count: u32,
         mode: SampleMode,
     ) -> Result<SampleBatch, JobFailure> {
-        // The protocol knows a read and a memset; no flush is a size of zero.
-        let flush = mode.flush;
-        let (bytes, with) = match flush.with {
-            L2Flush::Off => (0, "read"),
-            L2Flush::Read => (flush.bytes, "read"),
-            L2Flush::Memset => (flush.bytes, "memset"),
-        };
-        let r: SampleReply = self.call_for(
-            "sample",
-            json!({
-                "job_id": job_id,
-                "count": count,
-                "flush_bytes": bytes,
-                "flush_with": with,
-                "timing": mode.timing.as_str(),
-                "graph_calls": mode.graph_calls,
-            }),
-            self.timeout,
-        )?;
-        if r.us.len() != count as usize {
-            return Err(JobFailure::new(
-                FailureClass::Crash,
-                format!(
-                    "protocol error: asked for {count} samples, got {}",
-                    r.us.len()
-                ),
-            ));
-        }
-        Ok(SampleBatch {
-            us: r.us,
-            timer: r.timer,
-            sm_clock_mhz: r.sm_clock_mhz,
-        })
+        let r: SampleReply =
+            self.call_for("sample", sample_request(job_id, count, mode), self.timeout)?;
+        r.into_batch(count)
     }
 }

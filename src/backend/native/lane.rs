@@ -19,10 +19,9 @@ use serde_json::{json, Value as Json};
 
 use super::client::NativeProcess;
 use super::compile::{context, eval, NativeCompiler};
-use crate::backend::python::{CheckReply, SampleReply};
+use crate::backend::python::{sample_request, CheckReply, SampleReply};
 use crate::backend::{Backend, JobFailure, PythonBackend, SampleBatch, SampleMode, ShapeFacts};
 use crate::manifest::{KernelArg, LaunchPath, Method, ScalarType, ToleranceFor};
-use crate::measure::L2Flush;
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass, KernelResources};
 
@@ -619,24 +618,10 @@ impl Backend for LaneBackend {
         if !self.native_prepared {
             return self.python.sample(job_id, count, mode);
         }
-        let flush = mode.flush;
-        let (bytes, with) = match flush.with {
-            L2Flush::Off => (0, "read"),
-            L2Flush::Read => (flush.bytes, "read"),
-            L2Flush::Memset => (flush.bytes, "memset"),
-        };
         let n = self.native.as_mut().expect("a native lane");
-        let reply = n.process.call(
-            "sample",
-            json!({
-                "job_id": job_id,
-                "count": count,
-                "flush_bytes": bytes,
-                "flush_with": with,
-                "timing": mode.timing.as_str(),
-                "graph_calls": mode.graph_calls,
-            }),
-        )?;
+        let reply = n
+            .process
+            .call("sample", sample_request(job_id, count, mode))?;
         let r: SampleReply = serde_json::from_value(reply).map_err(|e| {
             JobFailure::new(
                 FailureClass::Crash,
@@ -645,20 +630,7 @@ impl Backend for LaneBackend {
                 ),
             )
         })?;
-        if r.us.len() != count as usize {
-            return Err(JobFailure::new(
-                FailureClass::Crash,
-                format!(
-                    "protocol error: asked for {count} samples, got {}",
-                    r.us.len()
-                ),
-            ));
-        }
-        Ok(SampleBatch {
-            us: r.us,
-            timer: r.timer,
-            sm_clock_mhz: r.sm_clock_mhz,
-        })
+        r.into_batch(count)
     }
 }
 
