@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
@@ -78,19 +78,25 @@ impl NativeProcess {
         self.hello.as_ref()
     }
 
+    /// The trace track of this worker's calls: its log's file stem ("native0").
+    pub fn track(&self) -> String {
+        self.spawn
+            .log
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "native".into())
+    }
+
     fn worker(&mut self) -> Result<&mut Worker, JobFailure> {
         if self.worker.is_none() {
+            let started = Instant::now();
+            let name = self.track();
             let s = &self.spawn;
             let mut cmd = Command::new(&s.program);
             cmd.args(["native-worker", "--backend", s.backend]);
             if let Some(dev) = &s.visible_device {
                 cmd.env(s.visible_var, dev);
             }
-            let name = s
-                .log
-                .file_stem()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "native".into());
             let mut w = Worker::start(cmd, &s.log, name).map_err(|e| {
                 JobFailure::new(
                     FailureClass::Crash,
@@ -136,6 +142,9 @@ impl NativeProcess {
                     return Err(f);
                 }
             }
+            // Process start, opening the GPU and `hello`, as a Python worker's start-up
+            // is traced: `bench/trace_breakdown.py` keeps it out of the per-job overhead.
+            crate::trace::span(w.name(), "start-up", started, json!({"pid": w.pid()}));
             self.worker = Some(w);
             self.generation += 1;
         }

@@ -199,7 +199,17 @@ impl LaneBackend {
             return Some(why.clone());
         }
         if n.broken.is_none() && n.process.hello().is_none() {
-            match n.setup.helpers() {
+            let started = std::time::Instant::now();
+            let helpers = n.setup.helpers();
+            // Once per run (the first lane compiles, the others wait for it), inside
+            // the first native group: traced so it is not taken for per-job overhead.
+            crate::trace::span(
+                &n.process.track(),
+                "helper kernels",
+                started,
+                json!({"ok": helpers.is_ok()}),
+            );
+            match helpers {
                 Ok(h) => n.process.set_helpers(h),
                 Err(why) => {
                     n.broken = Some(format!("tunelab's helper kernels do not compile: {why}"))
