@@ -12,8 +12,22 @@ compile pool), the journal's appends and the planner. From those this reports:
   for a compile, and time between calls;
 - runner overhead per job: lane time inside groups that is not a worker call
   (scheduling, statistics, building records), plus the protocol's own cost
-  (round trip minus worker time) per call; journal appends happen on another
-  thread and are reported separately.
+  (round trip minus worker time) of every call but `hello` and `shutdown`,
+  divided by the lane's jobs; journal appends happen on another thread and
+  are reported separately.
+
+A lane N is the track `laneN` (its Python worker's calls), `laneN jobs`
+(groups, waits for compiles, health checks) and, when the run launches
+methods natively (`kind: cuda`, Triton's `launch: native`), `nativeN`: the
+native worker's calls (`hello`, `import`, `check`, `warmup`, `sample`,
+`shutdown`; `launch_cost` is bench/native_launch.py's, not a run's), its
+`start-up` (process, GPU, `hello`) and the one-off `helper kernels` compile
+(NVRTC, in the runner) before it. Both run on the lane's thread, inside the
+first native group: they are counted as start-up, not as runner overhead.
+A native job's calls are `recipe` (Triton methods) and `compare` on the
+Python worker, `check`, `warmup` and `sample` on the native worker; `share`
+and `import` once per shape. A job is counted once, by its `check` on
+either worker.
 
 Used by bench/tuning_speed.py; standalone for any run.
 """
@@ -49,6 +63,54 @@ def _ms(us):
     return us / 1e3
 
 
+# Spans on a worker's track that are not calls: its start-up, and the native
+# worker's helper kernels (compiled by the runner before the worker starts).
+NOT_CALLS = ("start-up", "helper kernels")
+# Calls whose round trip is not protocol: hello includes the worker's start-up.
+NOT_PROTOCOL = ("hello", "shutdown")
+
+
+def _union_us(intervals):
+    """Total length of the union of (start, end) intervals."""
+    total, cur_lo, cur_hi = 0.0, None, None
+    for lo, hi in sorted(intervals):
+        if cur_hi is None or lo > cur_hi:
+            if cur_hi is not None:
+                total += cur_hi - cur_lo
+            cur_lo, cur_hi = lo, hi
+        else:
+            cur_hi = max(cur_hi, hi)
+    if cur_hi is not None:
+        total += cur_hi - cur_lo
+    return total
+
+
+def _inside(spans, groups):
+    """Each span clipped to each group it overlaps, as (start, end) intervals."""
+    out = []
+    for g in groups:
+        lo, hi = g["ts"], _end(g)
+        for e in spans:
+            a, b = max(lo, e["ts"]), min(hi, _end(e))
+            if b > a:
+                out.append((a, b))
+    return out
+
+
+def _ops(calls):
+    by_op = defaultdict(lambda: {"calls": 0, "ms": 0.0})
+    for e in calls:
+        by_op[e["name"]]["calls"] += 1
+        by_op[e["name"]]["ms"] += _ms(e["dur"])
+    return dict(by_op)
+
+
+def _protocol_us(calls):
+    """Round trip minus the worker's own time, per call that has both (not hello, shutdown)."""
+    return [e["dur"] - e["args"]["worker_us"] for e in calls
+            if e["name"] not in NOT_PROTOCOL and isinstance(e["args"].get("worker_us"), (int, float))]
+
+
 def breakdown(path):
     spans = load(path)
     everything = [e for track in spans.values() for e in track]
@@ -75,40 +137,58 @@ def breakdown(path):
         }
 
     for lane in lanes:
-        calls = [e for e in spans[lane] if e["name"] != "start-up"]
+        native_track = "native" + lane[len("lane"):]
+        py_calls = [e for e in spans[lane] if e["name"] not in NOT_CALLS]
         start = [e for e in spans[lane] if e["name"] == "start-up"]
+        native = spans.get(native_track, [])
+        nat_calls = [e for e in native if e["name"] not in NOT_CALLS]
+        nat_start = [e for e in native if e["name"] in NOT_CALLS]
+        calls = py_calls + nat_calls
         jobs_track = spans.get(f"{lane} jobs", [])
         groups = [e for e in jobs_track if e["name"] == "group"]
         waits = [e for e in jobs_track if e["name"] == "wait for compile"]
-        by_op = defaultdict(lambda: {"calls": 0, "ms": 0.0})
-        for e in calls:
-            by_op[e["name"]]["calls"] += 1
-            by_op[e["name"]]["ms"] += _ms(e["dur"])
-        # Calls inside groups, so the probe's hello before the first group is not counted.
-        in_groups_us = 0.0
-        for g in groups:
-            lo, hi = g["ts"], _end(g)
-            in_groups_us += sum(e["dur"] for e in calls if e["ts"] >= lo and _end(e) <= hi)
+        # Inside groups only, so the probe's hello before the first group is not counted. The
+        # lane's thread makes every call, wait and native start-up in turn; a union all the same,
+        # as the native start-up span holds the native worker's hello.
+        in_calls_us = _union_us(_inside(calls, groups))
+        native_startup_us = _union_us(_inside(nat_start, groups))
+        covered_us = _union_us(_inside(calls + nat_start + waits, groups))
         wait_us = sum(e["dur"] for e in waits)
         group_us = sum(e["dur"] for e in groups)
-        jobs = len({e["args"].get("job") for e in calls if e["name"] == "check" and e["args"].get("job")})
-        # hello's round trip includes the worker's start-up; it is reported as such.
-        protocol = [e["dur"] - e["args"]["worker_us"] for e in calls
-                    if e["name"] not in ("hello", "shutdown") and isinstance(e["args"].get("worker_us"), (int, float))]
-        runner_us = group_us - in_groups_us - wait_us
+        job_ids = {e["args"].get("job") for e in calls if e["name"] == "check" and e["args"].get("job")}
+        native_job_ids = {e["args"].get("job") for e in nat_calls if e["name"] == "check" and e["args"].get("job")}
+        jobs = len(job_ids)
+        py_protocol, nat_protocol = _protocol_us(py_calls), _protocol_us(nat_calls)
+        protocol = py_protocol + nat_protocol
+        runner_us = group_us - covered_us
         out["lanes"][lane] = {
             "ready_s": _end(start[0]) / 1e6 if start else None,
             "first_group_s": groups[0]["ts"] / 1e6 if groups else None,
             "last_group_end_s": _end(groups[-1]) / 1e6 if groups else None,
             "groups": len(groups),
             "jobs": jobs,
-            "calls": dict(by_op),
+            "calls": _ops(py_calls),
             "wait_for_compile_s": wait_us / 1e6,
-            "in_calls_s": in_groups_us / 1e6,
+            "in_calls_s": in_calls_us / 1e6,
             "runner_between_calls_s": runner_us / 1e6,
             "runner_ms_per_job": _ms(runner_us / jobs) if jobs else None,
             "protocol_us_per_call": statistics.mean(protocol) if protocol else None,
-            "calls_per_job": len(calls) / jobs if jobs else None,
+            # The calls whose protocol is counted (every call but hello and shutdown), per job.
+            "calls_per_job": len(protocol) / jobs if jobs else None,
+            "protocol_ms_per_job": _ms(sum(protocol) / jobs) if jobs and protocol else None,
+            "python_protocol_us_per_call": statistics.mean(py_protocol) if py_protocol else None,
+            "python_calls_per_job": len(py_protocol) / jobs if jobs else None,
+            "native": None if not native else {
+                "track": native_track,
+                "ready_s": max(_end(e) for e in nat_start if e["name"] == "start-up") / 1e6
+                if any(e["name"] == "start-up" for e in nat_start) else None,
+                "startup_in_groups_s": native_startup_us / 1e6,
+                "calls": _ops(nat_calls),
+                # Jobs whose check the native worker ran: launched natively.
+                "jobs": len(native_job_ids),
+                "protocol_us_per_call": statistics.mean(nat_protocol) if nat_protocol else None,
+                "calls_per_job": len(nat_protocol) / jobs if jobs else None,
+            },
         }
 
     appends = spans.get("journal", [])
@@ -125,11 +205,19 @@ def breakdown(path):
 
 
 def overhead_per_job_ms(b):
-    """Everything the runner adds per job on a lane: between calls, plus the protocol's cost of its calls."""
+    """Everything the runner adds per job on a lane: between calls, plus the protocol's cost of its calls.
+
+    Both workers' calls for a lane that launches natively. The journal's append
+    (another thread) is not in it; bench/tuning_speed.py adds it.
+    """
     lane = next(iter(b["lanes"].values()), None)
-    if not lane or not lane["jobs"] or lane["protocol_us_per_call"] is None:
+    if not lane or not lane["jobs"] or lane["protocol_ms_per_job"] is None:
         return None
-    return lane["runner_ms_per_job"] + lane["protocol_us_per_call"] * lane["calls_per_job"] / 1e3
+    return lane["runner_ms_per_job"] + lane["protocol_ms_per_job"]
+
+
+def _render_ops(calls):
+    return ", ".join(f"{op} {v['calls']}x {v['ms']:.0f} ms" for op, v in sorted(calls.items()))
 
 
 def render(b):
@@ -142,13 +230,23 @@ def render(b):
             f"{pool['compile_s_total']:.1f} s in total ({pool['compile_ms_mean'] or 0:.0f} ms each), "
             f"from {pool['first_compile_s'] or 0:.2f} s to {pool['last_compile_end_s'] or 0:.2f} s")
     for name, lane in b["lanes"].items():
-        ops = ", ".join(f"{op} {v['calls']}x {v['ms']:.0f} ms" for op, v in sorted(lane["calls"].items()))
         lines.append(f"{name}: ready at {lane['ready_s'] or 0:.2f} s, groups {lane['first_group_s'] or 0:.2f}-"
-                     f"{lane['last_group_end_s'] or 0:.2f} s, {lane['jobs']} jobs; calls: {ops}")
+                     f"{lane['last_group_end_s'] or 0:.2f} s, {lane['jobs']} jobs; calls: {_render_ops(lane['calls'])}")
+        nat = lane.get("native")
+        if nat:
+            lines.append(f"  native worker ({nat['track']}): {nat['jobs']} of {lane['jobs']} jobs checked there; "
+                         f"start-up {nat['startup_in_groups_s'] * 1e3:.0f} ms inside the groups (helper kernels, "
+                         f"process, GPU, hello; not runner overhead), ready at {nat['ready_s'] or 0:.2f} s; "
+                         f"calls: {_render_ops(nat['calls'])}")
         lines.append(f"  waiting for compiles {lane['wait_for_compile_s']:.2f} s; in calls {lane['in_calls_s']:.2f} s; "
                      f"runner between calls {lane['runner_between_calls_s'] * 1e3:.1f} ms "
                      f"({lane['runner_ms_per_job'] or 0:.3f} ms/job); protocol "
-                     f"{lane['protocol_us_per_call'] or 0:.0f} us/call, {lane['calls_per_job'] or 0:.1f} calls/job")
+                     f"{lane['protocol_us_per_call'] or 0:.0f} us/call, {lane['calls_per_job'] or 0:.1f} calls/job "
+                     f"({lane['protocol_ms_per_job'] or 0:.3f} ms/job)")
+        if nat:
+            lines.append(f"  protocol by worker: Python {lane['python_protocol_us_per_call'] or 0:.0f} us/call x "
+                         f"{lane['python_calls_per_job'] or 0:.1f} calls/job, native "
+                         f"{nat['protocol_us_per_call'] or 0:.0f} us/call x {nat['calls_per_job'] or 0:.1f} calls/job")
     per_job = overhead_per_job_ms(b)
     if per_job is not None:
         lines.append(f"runner overhead per job (between calls + protocol): {per_job:.3f} ms")
