@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Tuning speed: triton.autotune vs tunelab (grid, successive halving), one GPU.
+"""Tuning speed: triton.autotune vs tunelab (grid, successive halving; Python and native launches), one GPU.
 
-All three contenders search the same 48 configs of tunelab's Triton matmul
+Every contender searches the same 48 configs of tunelab's Triton matmul
 (python/tunelab/kernels/matmul.py) for one bf16 4096^3 GEMM, each from a cold
 Triton cache. The config list comes from `tunelab plan --jobs
 experiments/bench-gemm.yaml`, so triton.autotune gets exactly the points
@@ -11,7 +11,27 @@ in one process with one timer (so "gap to grid winner" compares like with
 like) and measures the host cost of one launch through Triton's JIT dispatch,
 through the compiled kernel's launcher and through torch.matmul.
 
-    TUNELAB_PYTHON=/path/to/python /path/to/python bench/tuning_speed.py [--tunelab PATH]
+Contenders: `autotune` (triton.autotune), `grid` and `halving` (`tunelab run`
+with that search strategy; the Python worker launches and times each
+kernel), `native-grid` and `native-halving` (the same runs with
+`--set methods.triton.launch=native`: the Python compile pool compiles as
+before, tunelab's native worker (Rust, cudarc) launches and times the cubins,
+docs/native-backend.md; the manifest file is not changed or copied).
+
+What the native contenders need at run time, all of it found by tunelab
+itself (nothing to pass, no build feature: the default `cargo build
+--release` / `just gpu-bin` binary has the CUDA native worker):
+- the native worker is the tunelab binary itself (`tunelab native-worker`);
+  `TUNELAB_NATIVE_WORKER` overrides it (for the Python package's entry point);
+- NVRTC, to compile tunelab's helper kernels (spin, L2 flush): `TUNELAB_NVRTC`,
+  else the pip wheel in the workers' Python (torch installs it:
+  site-packages/nvidia/cu13/lib/libnvrtc.so.13), else the CUDA toolkit;
+- libcuda from the driver, and the GPU that the lane's Python worker uses.
+Where it cannot start, tunelab quietly launches the Triton method from Python
+instead: the script therefore checks in each native run's trace that the
+native worker checked every job, and fails that contender otherwise.
+
+    TUNELAB_PYTHON=/path/to/python /path/to/python bench/tuning_speed.py [--tunelab PATH] [--contenders LIST]
     python3 bench/tuning_speed.py --dry-run     # no GPU needed: checks and prints the plan
 
 Writes results/bench/<device>/tuning_speed.md and tuning_speed.json and prints
@@ -44,9 +64,16 @@ import trace_breakdown  # noqa: E402  (bench/, next to this file)
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "experiments" / "bench-gemm.yaml"
+# tunelab's helper kernels, which a native lane compiles with NVRTC before its first launch.
+HELPERS_SOURCE = REPO / "src" / "native" / "helpers.cu"
 EXPECTED_CONFIGS = 48
 HOPPER_SMEM_BYTES = 227 * 1024  # the per-block opt-in maximum on H100/H200
-CONTENDERS = ("autotune", "grid", "halving")
+CONTENDERS = ("autotune", "grid", "halving", "native-grid", "native-halving")
+# A contender named native-<strategy> is that strategy with the Triton method launched natively.
+NATIVE_PREFIX = "native-"
+NATIVE_OVERRIDE = "methods.triton.launch=native"
+LABELS = {"autotune": "triton.autotune", "grid": "tunelab grid", "halving": "tunelab halving",
+          "native-grid": "tunelab grid, native launches", "native-halving": "tunelab halving, native launches"}
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 # Host launch cost: launches queued back to back without a sync. A small
@@ -66,6 +93,9 @@ GOALS = [
     "GPU busy at least 80 % of tunelab's wall time",
     "successive halving's winner within 2 % of the exhaustive (grid) best",
     "runner overhead per job (scheduling, protocol, journal) under 1 ms",
+    "the whole tunelab process with native launches is at least 8x faster than triton.autotune, "
+    "with the same winner or one within 1 %",
+    "runner overhead per job on the native path <= 0.2 ms",
 ]
 
 
@@ -131,17 +161,38 @@ def config_label(config):
             f"g{c['GROUP_SIZE_M']} w{c['num_warps']} s{c['num_stages']}")
 
 
-def plan_configs(tunelab):
-    """The shape and the configs tunelab will run, from `tunelab plan --jobs`.
+def is_native(name):
+    return name.startswith(NATIVE_PREFIX)
 
-    Taking the list from tunelab itself (rather than re-reading the YAML) is
-    what makes triton.autotune search exactly the same points.
-    """
+
+def strategy_of(name):
+    """The search strategy of a tunelab contender: grid for grid and native-grid."""
+    return name[len(NATIVE_PREFIX):] if is_native(name) else name
+
+
+def plan_jobs(tunelab, overrides=()):
     cmd = [str(tunelab), "plan", str(MANIFEST), "--jobs"]
+    for o in overrides:
+        cmd += ["--set", o]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BenchError(f"`{shlex.join(cmd)}` failed ({proc.returncode}):\n{proc.stderr.strip()}", 2)
-    jobs = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def plan_configs(tunelab, native=False):
+    """The shape and the configs tunelab will run, from `tunelab plan --jobs`.
+
+    Taking the list from tunelab itself (rather than re-reading the YAML) is
+    what makes triton.autotune search exactly the same points. With `native`,
+    the manifest with the native override must plan the very same jobs (the
+    override is accepted, and changes how they are launched, not which).
+    """
+    jobs = plan_jobs(tunelab)
+    if native:
+        native_jobs = plan_jobs(tunelab, [NATIVE_OVERRIDE])
+        if [(j["shape"], j["config"]) for j in native_jobs] != [(j["shape"], j["config"]) for j in jobs]:
+            raise BenchError(f"`--set {NATIVE_OVERRIDE}` plans other jobs than {MANIFEST.name}", 2)
     shapes = {json.dumps(j["shape"], sort_keys=True) for j in jobs}
     if len(shapes) != 1:
         raise BenchError(f"{MANIFEST.name} must have exactly one shape, has {len(shapes)}", 2)
@@ -525,44 +576,44 @@ def run_child(kind, spec, work):
     return result
 
 
-def tunelab_command(tunelab, strategy, results_dir):
+def tunelab_command(tunelab, name, results_dir):
+    """`tunelab run` for contender `name`: grid, halving, native-grid, native-halving."""
     cmd = [str(tunelab), "run", str(MANIFEST.relative_to(REPO)), "--results-dir", str(results_dir), "--quiet",
            "--python", worker_python(), "--trace", str(results_dir / "trace.json")]
+    strategy = strategy_of(name)
     if strategy != "grid":
         cmd += ["--set", f"search.strategy={strategy}"]
+    if is_native(name):
+        cmd += ["--set", NATIVE_OVERRIDE]
     return cmd
 
 
-def run_tunelab(tunelab, strategy, work, gpu):
+def run_tunelab(tunelab, name, work, gpu):
     """`tunelab run` in a fresh results directory (so a fresh Triton cache under its .cache); wall time around it."""
-    results_dir = work / f"tunelab-{strategy}"
-    cmd = tunelab_command(tunelab, strategy, results_dir)
-    print(f"tuning_speed: {strategy}: {shlex.join(cmd)}", file=sys.stderr)
-    env = child_env_vars(Path(tempfile.mkdtemp(prefix=f"triton-cache-{strategy}-", dir=work)))
+    results_dir = work / f"tunelab-{name}"
+    cmd = tunelab_command(tunelab, name, results_dir)
+    print(f"tuning_speed: {name}: {shlex.join(cmd)}", file=sys.stderr)
+    env = child_env_vars(Path(tempfile.mkdtemp(prefix=f"triton-cache-{name}-", dir=work)))
     with UtilSampler(gpu) as util:
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise BenchError(f"tunelab {strategy} ran past {STEP_TIMEOUT_S} s and was stopped") from None
+            raise BenchError(f"tunelab {name} ran past {STEP_TIMEOUT_S} s and was stopped") from None
         wall_s = time.perf_counter() - start
     log = (proc.stdout + proc.stderr).strip()
     # 3: the run finished but some configs failed; they are in the journal and counted below.
     if proc.returncode not in (0, 3):
-        raise BenchError(f"tunelab {strategy} failed (exit {proc.returncode}; worker logs in {results_dir}, "
+        raise BenchError(f"tunelab {name} failed (exit {proc.returncode}; worker logs in {results_dir}, "
                          f"kept with --keep-work):\n{log[-3000:]}")
     journal = find_journal(results_dir)
     summary = summarize_journal(journal)
     trace_path = results_dir / "trace.json"
     if trace_path.exists():
-        summary["breakdown"] = trace_breakdown.breakdown(trace_path)
-        summary["breakdown_text"] = trace_breakdown.render(summary["breakdown"])
-        summary["overhead_ms_per_job"] = trace_breakdown.overhead_per_job_ms(summary["breakdown"])
-        if summary["breakdown"]["journal"]:
-            # The journal's fsync runs on the writer thread, off the lane's path; counted anyway.
-            summary["overhead_ms_per_job"] = (summary["overhead_ms_per_job"] or 0.0) + \
-                summary["breakdown"]["journal"]["ms_mean"]
+        summary.update(overhead_from_trace(trace_breakdown.breakdown(trace_path)))
         summary["trace"] = str(trace_path)
+    if is_native(name):
+        check_native_ran(name, summary.get("breakdown"), log, results_dir)
     summary.update({
         "command": shlex.join(cmd),
         "exit_code": proc.returncode,
@@ -574,6 +625,84 @@ def run_tunelab(tunelab, strategy, work, gpu):
         "journal": str(journal),
     })
     return summary
+
+
+def overhead_from_trace(b):
+    """The trace's breakdown, and runner overhead per job: bench/trace_breakdown.py's plus the journal append.
+
+    trace_breakdown counts, per job of the lane: lane time inside groups that is
+    in no worker call (Python's or the native worker's), no wait for a compile and
+    no native worker start-up; plus round trip minus worker time of every call but
+    hello and shutdown, on both workers: `lane_overhead_ms_per_job`, what the
+    native goal counts. The journal's append (fsync) runs on the writer thread,
+    off the lane's path; `overhead_ms_per_job` adds its mean (the goal "under
+    1 ms" counts it), and `overhead_parts_ms` names each part.
+    """
+    lane_ms = trace_breakdown.overhead_per_job_ms(b)
+    out = {"breakdown": b, "breakdown_text": trace_breakdown.render(b),
+           # On the lane's path: between calls + protocol (trace_breakdown's figure).
+           "lane_overhead_ms_per_job": lane_ms,
+           # With the journal append: what the goal "under 1 ms" counts.
+           "overhead_ms_per_job": lane_ms, "overhead_parts_ms": None}
+    lane = next(iter(b["lanes"].values()), None)
+    if out["overhead_ms_per_job"] is not None:
+        journal_ms = b["journal"]["ms_mean"] if b["journal"] else 0.0
+        out["overhead_ms_per_job"] += journal_ms
+        nat = lane.get("native") or {}
+        python_ms = (lane.get("python_protocol_us_per_call") or 0.0) * (lane.get("python_calls_per_job") or 0.0) / 1e3
+        native_ms = (nat.get("protocol_us_per_call") or 0.0) * (nat.get("calls_per_job") or 0.0) / 1e3
+        out["overhead_parts_ms"] = {"between_calls": lane["runner_ms_per_job"], "protocol_python": python_ms,
+                                    "protocol_native": native_ms, "journal": journal_ms}
+    return out
+
+
+def check_native_ran(name, breakdown, log, results_dir):
+    """A native contender must have had every job checked (so launched and timed) by the native worker.
+
+    tunelab launches a `launch: native` Triton method from Python when native
+    launches cannot run (no NVRTC, a native worker that does not start); that
+    run would be timed as a Python one, so it is an error here.
+    """
+    if breakdown is None:
+        raise BenchError(f"tunelab {name}: no trace, so no way to tell that its launches were native")
+    lane = next(iter(breakdown["lanes"].values()), None)
+    native = (lane or {}).get("native")
+    done = native["jobs"] if native else 0
+    total = lane["jobs"] if lane else 0
+    if not total or done != total:
+        warnings = [line for line in log.splitlines() if "warning" in line.lower()]
+        logs = sorted(results_dir.glob("*/*/logs/native*.log"))
+        tail = logs[0].read_text(errors="replace").strip().splitlines()[-5:] if logs else []
+        raise BenchError(f"tunelab {name}: the native worker checked {done} of {total} jobs, so the others were "
+                         f"launched by Python (no NVRTC: set TUNELAB_NVRTC; or a native worker that did not start)"
+                         + (f"; tunelab said: {' | '.join(warnings)}" if warnings else "")
+                         + (f"; {logs[0].name} ends: {' | '.join(tail)}" if tail else "; no native worker log"))
+
+
+def nvrtc_check(tunelab, arch):
+    """Compile tunelab's helper kernels (spin, L2 flush) with NVRTC, as a native lane's first job does.
+
+    `tunelab native-compile` finds NVRTC the way a run does (TUNELAB_NVRTC, the
+    workers' Python's wheels, the toolkit). Without it the native contenders
+    would be launched by Python; returns the compiler tunelab found.
+    """
+    out = Path(tempfile.mkdtemp(prefix="tunelab-nvrtc-"))
+    cmd = [str(tunelab), "native-compile", str(HELPERS_SOURCE), "--kernel", "tunelab_spin", "--out", str(out),
+           "--arch", arch, "--python", worker_python()]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"`{shlex.join(cmd)}` ran past 120 s", 2) from None
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    if proc.returncode != 0:
+        raise BenchError(f"the native contenders cannot launch natively: `{shlex.join(cmd)}` failed "
+                         f"({proc.returncode}): {proc.stderr.strip()[-1500:]}\n  = help: point TUNELAB_NVRTC at "
+                         "libnvrtc.so, or install the NVRTC wheel into the workers' Python", 2)
+    try:
+        return json.loads(proc.stdout)["compiler"]
+    except (ValueError, KeyError):
+        return proc.stdout.strip()
 
 
 def find_journal(results_dir):
@@ -656,14 +785,21 @@ def driver_version(gpu):
 def assemble(shape, configs, env, results, verify, commands, errors):
     """One dict with every fact; the JSON file is this, the markdown is rendered from it."""
     rows = {}
-    grid_key = config_key(results["grid"]["winner"]) if "grid" in results else None
+    reference = grid_reference(results)
+    grid_key = config_key(results[reference]["winner"]) if reference else None
     retimed = {config_key(r["config"]): r["us"] for r in (verify or {}).get("retimed", [])}
     autotune_wall = results.get("autotune", {}).get("wall_s")
+    autotune_process = results.get("autotune", {}).get("process_s")
     for name, r in results.items():
         key = config_key(r["winner"])
         row = {
             "wall_s": r["wall_s"],
             "speedup_vs_autotune": autotune_wall / r["wall_s"] if autotune_wall else None,
+            # Against autotune's whole child process (interpreter, imports, inputs, tuning call, output
+            # check, one do_bench of the winner); not given for autotune itself.
+            "speedup_vs_autotune_process": (autotune_process / r["wall_s"]
+                                            if autotune_process and name != "autotune" else None),
+            "native": is_native(name),
             # tunelab's wall after its lane worker answered hello: what autotune's figure measures
             # too (autotune's clock starts in a process that has imported torch already).
             "after_startup_s": after_startup(r),
@@ -691,6 +827,8 @@ def assemble(shape, configs, env, results, verify, commands, errors):
                         "winner_from_final": r["winner_from_final"], "exit_code": r["exit_code"],
                         "tunelab_log_tail": r["tunelab_log_tail"],
                         "overhead_ms_per_job": r.get("overhead_ms_per_job"),
+                        "lane_overhead_ms_per_job": r.get("lane_overhead_ms_per_job"),
+                        "overhead_parts_ms": r.get("overhead_parts_ms"),
                         "breakdown": r.get("breakdown"), "breakdown_text": r.get("breakdown_text")})
         row["util_samples"], row["util_source"] = r["util"]["samples"], r["util"]["source"]
         rows[name] = row
@@ -700,11 +838,18 @@ def assemble(shape, configs, env, results, verify, commands, errors):
         "contender_commands": commands["contenders"],
         "environment": env,
         "problem": {**shape, "configs": len(configs), "manifest": str(MANIFEST.relative_to(REPO))},
+        "native_override": NATIVE_OVERRIDE,
+        "grid_reference": reference,
         "contenders": rows,
         "launch_cost": (verify or {}).get("launch_cost"),
         "goals": goal_status(rows),
         "errors": errors,
     }
+
+
+def grid_reference(rows):
+    """The exhaustive run the gaps are taken against: grid, else native-grid (same space, same search)."""
+    return next((n for n in ("grid", "native-grid") if n in rows), None)
 
 
 def after_startup(result):
@@ -727,18 +872,34 @@ def gap_pct(key, grid_key, retimed):
     return None
 
 
+def winner_gap_pct(row, other):
+    """row's winner re-timed against other's, in %: 0 when it is the same config, None when not re-timed."""
+    if config_key(row["winner"]) == config_key(other["winner"]):
+        return 0.0
+    a, b = row.get("winner_retimed_us"), other.get("winner_retimed_us")
+    return (a / b - 1.0) * 100.0 if a and b else None
+
+
+def autotune_winner_verdict(auto, row):
+    """Whether autotune's winner is row's, or no more than 1 % faster than it (re-timed), and the words for it.
+
+    gap: autotune's winner re-timed against row's. Positive means tunelab found the
+    faster config; only autotune winning by more than 1 % counts against tunelab.
+    """
+    gap = winner_gap_pct(auto, row)
+    same = config_key(auto["winner"]) == config_key(row["winner"])
+    good = same or (gap is not None and gap >= -1.0)
+    text = "is the same config" if same else f"differs and is {fmt(gap, '{:+.2f} %')} vs tunelab's (re-timed)"
+    return good, text
+
+
 def goal_status(rows):
     """Each goal with the measured value and whether it was met (stated, never asserted)."""
-    grid, auto, halving = rows.get("grid"), rows.get("autotune"), rows.get("halving")
+    grid, auto = rows.get("grid"), rows.get("autotune")
+    reference = grid_reference(rows)
     out = []
     if grid and auto:
-        gap = auto["gap_to_grid_pct"]
-        # Either way round: autotune finding a config 1 % faster would mean the grid's pick was wrong.
-        # gap: autotune's winner re-timed against the grid's. Positive means the grid found the faster
-        # config; only autotune winning by more than 1 % counts against the grid.
-        good_winner = auto["same_winner_as_grid"] or (gap is not None and gap >= -1.0)
-        winner_text = ("is the same config" if auto["same_winner_as_grid"]
-                       else f"differs and is {fmt(gap, '{:+.2f} %')} vs the grid's (re-timed)")
+        good_winner, winner_text = autotune_winner_verdict(auto, grid)
         met = grid["speedup_vs_autotune"] >= 8 and good_winner
         out.append({"goal": GOALS[0] + " (whole tunelab process)", "met": met,
                     "measured": f"{grid['speedup_vs_autotune']:.1f}x; autotune's winner {winner_text}"})
@@ -746,19 +907,51 @@ def goal_status(rows):
             out.append({"goal": GOALS[0] + " (after worker start-up, as autotune's figure is)",
                         "met": grid["speedup_after_startup"] >= 8 and good_winner,
                         "measured": f"{grid['speedup_after_startup']:.1f}x ({grid['after_startup_s']:.1f} s)"})
-    for name in ("grid", "halving"):
+    for name in ("native-grid", "native-halving"):
+        native = rows.get(name)
+        if not (native and auto):
+            continue
+        good_winner, winner_text = autotune_winner_verdict(auto, native)
+        against = [("speedup_vs_autotune", f"against autotune's tuning call, {auto['wall_s']:.1f} s")]
+        if native.get("speedup_vs_autotune_process"):
+            against.append(("speedup_vs_autotune_process",
+                            f"against autotune's whole process, {auto['process_s']:.1f} s"))
+        for key, label in against:
+            out.append({"goal": f"{GOALS[4]} ({name}, {native['wall_s']:.1f} s; {label})",
+                        "met": native[key] >= 8 and good_winner,
+                        "measured": f"{native[key]:.1f}x; autotune's winner {winner_text}"})
+    for name in ("grid", "halving", "native-grid", "native-halving"):
         if rows.get(name) and rows[name]["gpu_util"] is not None:
             out.append({"goal": f"{GOALS[1]} ({name})", "met": rows[name]["gpu_util"] >= 0.8,
                         "measured": f"{rows[name]['gpu_util'] * 100:.0f} % NVML utilisation"})
-    if grid and halving:
-        gap = halving["gap_to_grid_pct"]
-        out.append({"goal": GOALS[2], "met": gap is not None and gap <= 2.0, "measured": fmt(gap, "{:+.2f} %")})
+    for name in ("halving", "native-halving"):
+        if reference and rows.get(name):
+            gap = rows[name]["gap_to_grid_pct"]
+            label = GOALS[2] if name == "halving" and reference == "grid" else f"{GOALS[2]} ({name} vs {reference})"
+            out.append({"goal": label, "met": gap is not None and gap <= 2.0, "measured": fmt(gap, "{:+.2f} %")})
     for name in ("grid", "halving"):
         overhead = (rows.get(name) or {}).get("overhead_ms_per_job")
         if overhead is not None:
             out.append({"goal": f"{GOALS[3]} ({name})", "met": overhead < 1.0,
                         "measured": f"{overhead:.3f} ms per job"})
+    for name in ("native-grid", "native-halving"):
+        # The lane's path: between calls + protocol of both workers' calls, as trace_breakdown reports it.
+        # The journal append runs on the writer thread; it is shown, not counted.
+        row = rows.get(name) or {}
+        overhead = row.get("lane_overhead_ms_per_job")
+        if overhead is not None:
+            out.append({"goal": f"{GOALS[5]} ({name}; between calls + protocol, on the lane's path)",
+                        "met": overhead <= 0.2,
+                        "measured": f"{overhead:.3f} ms per job ({overhead_parts_text(row.get('overhead_parts_ms'))})"})
     return out
+
+
+def overhead_parts_text(parts):
+    if not parts:
+        return "parts not known"
+    return (f"between calls {parts['between_calls']:.3f} + protocol of the Python worker's calls "
+            f"{parts['protocol_python']:.3f} + of the native worker's {parts['protocol_native']:.3f}; not counted: "
+            f"the journal append, {parts['journal']:.3f} on the writer thread")
 
 
 def fmt(value, pattern):
@@ -774,12 +967,13 @@ def render_markdown(f):
     add(f"Same {p['configs']}-config space (`{p['manifest']}`) for tunelab's Triton matmul, "
         f"{p['M']}x{p['N']}x{p['K']} {p['dtype']}, each contender from a cold Triton cache, one GPU.")
     add("")
-    add("| contender | wall s | speedup vs autotune | wall after start-up s | speedup | GPU util | winner | winner µs "
-        "| TFLOP/s | gap to grid winner | winner re-timed µs | timed-kernel fraction | configs ok / pruned / failed |")
-    add("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
-    names = {"autotune": "triton.autotune", "grid": "tunelab grid", "halving": "tunelab halving"}
+    add("| contender | wall s | speedup vs autotune | vs autotune's whole process | wall after start-up s | speedup "
+        "| GPU util | winner | winner µs | TFLOP/s | gap to grid winner | winner re-timed µs | timed-kernel fraction "
+        "| configs ok / pruned / failed |")
+    add("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, r in f["contenders"].items():
-        add(f"| {names[name]} | {r['wall_s']:.1f} | {fmt(r['speedup_vs_autotune'], '{:.1f}x')} "
+        add(f"| {LABELS[name]} | {r['wall_s']:.1f} | {fmt(r['speedup_vs_autotune'], '{:.1f}x')} "
+            f"| {fmt(r.get('speedup_vs_autotune_process'), '{:.1f}x')} "
             f"| {fmt(r.get('after_startup_s'), '{:.1f}')} | {fmt(r.get('speedup_after_startup'), '{:.1f}x')} "
             f"| {fmt(r['gpu_util'], '{:.0%}')} | `{r['winner_label']}` | {r['winner_us']:.1f} "
             f"| {r['winner_tflops']:.1f} | {fmt(r['gap_to_grid_pct'], '{:+.2f} %')} "
@@ -790,13 +984,26 @@ def render_markdown(f):
         "torch and built the inputs"
         + (f" (whole process: {f['contenders']['autotune']['process_s']:.1f} s)" if "autotune" in f["contenders"] else "")
         + "; tunelab, the whole `tunelab run` process: start-up, workers, compile pool, checks, timing, finalists, outputs.")
+    add("- speedup vs autotune: autotune's wall s (its tuning call) / this wall s. vs autotune's whole process: "
+        "the wall time of autotune's whole child process (interpreter start, imports, inputs, the tuning call, the "
+        "output check, one `do_bench` of the winner) / this wall s.")
+    if any(r.get("native") for r in f["contenders"].values()):
+        override = f.get("native_override", NATIVE_OVERRIDE)
+        add(f"- native launches: `tunelab run` of the same manifest with `--set {override}` "
+            "(an override on the command line; no derived manifest): Triton compiles in the Python compile pool as "
+            "before, the runner's native worker (Rust, cudarc) loads each cubin and launches and times it; the "
+            "lane's Python worker builds inputs and reference, shares them over CUDA IPC, answers `recipe` and "
+            "compares each job's output. The script checked in each such run's trace that the native worker "
+            "checked every job (none fell back to Python's launch).")
     add("- wall after start-up: tunelab's wall time from its lane worker's first answer (torch imported, CUDA "
         "up) to the end of the run, from the trace; the same starting point as autotune's figure. For autotune "
         "the two columns are the same figure.")
     add("- GPU util: mean NVML utilisation (share of time any kernel ran) sampled every ~50 ms over that wall time.")
     add("- winner µs: each contender's own timer (autotune: `triton.testing.do_bench` median; tunelab: its journal, "
         "the finalist re-timing where there is one). winner re-timed µs: every winner again in one process, "
-        "do_bench median of 5 interleaved rounds; the gap column uses these (0 when the config is the grid's).")
+        "do_bench median of 5 interleaved rounds; the gap column uses these (0 when the config is the grid's)"
+        + (f"; grid here is `{f['grid_reference']}`" if f.get("grid_reference") not in (None, "grid") else "")
+        + ".")
     add("- timed-kernel fraction: sum of the journal's job `stats.gpu_ms` / wall (finalist re-timings not included; "
         "for halving, survivors' screening samples are not in the journal either).")
     add("")
@@ -822,6 +1029,8 @@ def render_markdown(f):
     add(f"- torch {env['torch']}, Triton {env['triton']}, Python {env['python']}; host CPUs: {env['cpus']}")
     add(f"- GPU utilisation before the runs (idle check): {fmt(env.get('idle_util_before'), '{:.0%}')}")
     add(f"- tunelab: `{env['tunelab']}` ({env['tunelab_version']})")
+    if env.get("nvrtc"):
+        add(f"- NVRTC (native contenders' helper kernels): {env['nvrtc']}")
     add(f"- date (UTC): {f['date_utc']}")
     add(f"- command: `{f['command']}`")
     for name, cmd in f["contender_commands"].items():
@@ -839,9 +1048,19 @@ def add_breakdown(add, contenders):
     add("From each run's `--trace` (kept as `journals/<contender>.trace.json`; open it in ui.perfetto.dev). "
         "Runner overhead per job: lane time inside a group that is not a worker call, plus each call's round "
         "trip minus the worker's own time, plus the journal append (fsync) on the writer thread.")
+    if any(r.get("native") for r in traced.values()):
+        add("")
+        add("Native launches: a job is `recipe` and `compare` on the lane's Python worker (track `lane0`), "
+            "`check`, `warmup` and `sample` on the native worker (track `native0`); `share` and `import` once "
+            "per shape; `describe` once per group. Runner overhead per job there: lane time inside groups in no "
+            "call of either worker, no wait for a compile, and not the native worker's start-up (tunelab's "
+            "helper kernels compiled with NVRTC, the process started, its GPU opened, `hello`: once per run, "
+            "inside the first group, reported on its own line); plus round trip minus worker time of every "
+            "call of both workers but `hello` and `shutdown`; divided by the lane's jobs (each counted once, by "
+            "its `check`); plus the journal append's mean.")
     add("")
     for name, r in traced.items():
-        add(f"**tunelab {name}**")
+        add(f"**{LABELS[name]}**")
         add("")
         add("```")
         add(r["breakdown_text"])
@@ -892,6 +1111,12 @@ def print_plan(args, tunelab, shape, configs):
                        "first call timed, winner timed with do_bench")
         else:
             out.append(f"    {name}: {shlex.join(tunelab_command(tunelab, name, Path('<tmp>') / f'tunelab-{name}'))}")
+    if any(is_native(n) for n in args.contenders):
+        worker = os.environ.get("TUNELAB_NATIVE_WORKER") or tunelab
+        out.append(f"    native-*: `--set {NATIVE_OVERRIDE}` accepted, same {len(configs)} jobs planned; "
+                   f"native worker: {worker} native-worker; NVRTC (helper kernels "
+                   f"compiled for sm_90 here): {args.nvrtc}; each run's trace must show every job checked by "
+                   "the native worker")
     out.append("    verify: re-time the winners in one process; host µs per launch: JIT, compiled launcher, torch.matmul")
     out.append(f"  outputs:   {args.out_dir}/<device>/tuning_speed.md, tuning_speed.json")
     out.append(f"  triton.Config list: {triton_config_summary(configs)}")
@@ -934,8 +1159,16 @@ def run_benchmark(args, tunelab, shape, configs):
                     "tunelab_version": tunelab_version(tunelab), "worker_python": worker_python()})
         print(f"tuning_speed: {env['gpu']}, torch {env['torch']}, Triton {env['triton']}", file=sys.stderr)
         env["idle_util_before"] = idle_utilization(gpu)
+        native_blocked = None
+        if any(is_native(n) for n in args.contenders):
+            try:
+                env["nvrtc"] = nvrtc_check(tunelab, "sm_" + env["capability"].replace(".", ""))
+            except BenchError as e:
+                native_blocked = str(e)
         for name in args.contenders:
             try:
+                if is_native(name) and native_blocked:
+                    raise BenchError(f"not run: {native_blocked}")
                 if name == "autotune":
                     print("tuning_speed: autotune: triton.autotune over the same configs (cold cache)", file=sys.stderr)
                     commands["contenders"][name] = "triton.autotune in `--child autotune` (this script)"
@@ -1014,8 +1247,15 @@ def main(argv=None):
         return child_main(args)
     try:
         tunelab = find_tunelab(args.tunelab)
-        shape, configs = plan_configs(tunelab)
+        native = any(is_native(n) for n in args.contenders)
+        shape, configs = plan_configs(tunelab, native=native)
         if args.dry_run:
+            args.nvrtc = None
+            if native:
+                try:
+                    args.nvrtc = nvrtc_check(tunelab, "sm_90")
+                except BenchError as e:  # this machine may not be the GPU host: say so, plan anyway
+                    args.nvrtc = f"NOT FOUND here, the native contenders would not run: {e}"
             print_plan(args, tunelab, shape, configs)
             return 0
         return run_benchmark(args, tunelab, shape, configs)
