@@ -114,7 +114,7 @@ schemas:
 bench-plan:
     cargo bench --bench plan_throughput
 
-# Tuning speed on GPU 0 (autotune vs grid vs halving, 48 configs); writes results/bench/<gpu>/tuning_speed.*
+# Tuning speed on GPU 0 (autotune vs grid vs halving, each also with native launches; 48 configs); writes results/bench/<gpu>/tuning_speed.*
 bench-tuning *ARGS:
     TUNELAB_PYTHON={{python}} {{python}} bench/tuning_speed.py {{ARGS}}
 
