@@ -218,34 +218,39 @@ class Timing:
 
 
 def allowed(config: dict, M: int, topk: int, E: int, smem_bytes: int) -> bool:
-    """experiments/spaces/fused-moe.yaml's constraints."""
+    """experiments/spaces/fused-moe.yaml's constraints; with SWAP_AB=1, eight
+    warps also where the weights' side alone is 128 rows or more (the MMA's
+    long side is then BLOCK_SIZE_N: two warp groups of 64 rows each)."""
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
+    swapped = config.get("SWAP_AB", 0) == 1
     return ((bm + bn) * bk * 2 * config["num_stages"] <= smem_bytes
             and bm <= max(16, 2 * M * topk // E)
-            and (config["num_warps"] == 4 or bm * bn >= 8192)
+            and (config["num_warps"] == 4 or bm * bn >= 8192 or (swapped and bn >= 128))
             and (bm >= 64 or M < 1024)
             and (bn >= 64 or M <= 128)
             and (config["num_warps"] == 8 or M < 2048 or bm * bn < 8192))
 
 
 def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None) -> list:
-    """The configs of `space` (default SPACE) its constraints allow at this M;
-    MXFP4 once with each dequantisation (DOT_SCALED 0 and 1). Ordered by how
-    many keys differ from vLLM's default config, so a sweep cut short by the
-    time budget has tried the configs nearest the default."""
-    space = space or SPACE
+    """The configs of `space` (default SPACE) its constraints allow at this M,
+    each with both operand orders (SWAP_AB 0 and 1); MXFP4 also with each
+    dequantisation (DOT_SCALED=0 with MX_PTX 0 and 1, DOT_SCALED=1). Ordered by how many keys differ from
+    vLLM's default config, so a sweep cut short by the time budget has tried
+    the configs nearest the default."""
+    space = dict(space or SPACE)
+    space["SWAP_AB"] = [0, 1]
     keys = list(space)
     configs = [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
     configs = [c for c in configs if allowed(c, M, topk, E, smem_bytes)]
     if fmt == "mxfp4":
-        configs = [dict(c, DOT_SCALED=ds) for c in configs for ds in (0, 1)]
+        configs = [dict(c, DOT_SCALED=ds, MX_PTX=px) for c in configs for ds, px in ((0, 0), (1, 0), (0, 1))]
     default = default_config(fmt, M, E)
     return sorted(configs, key=lambda c: sum(c.get(k) != v for k, v in default.items()))
 
 
 def default_config(fmt: str, M: int, E: int) -> dict:
-    config = vllm_default_config(M, E)
-    return dict(config, DOT_SCALED=0) if fmt == "mxfp4" else config
+    config = dict(vllm_default_config(M, E), SWAP_AB=0)
+    return dict(config, DOT_SCALED=0, MX_PTX=0) if fmt == "mxfp4" else config
 
 
 def with_default_first(fmt: str, M: int, E: int, configs: list) -> list:
@@ -360,7 +365,7 @@ def measure_shape(shape, fmt, configs, ctx, deadline) -> dict:
     entry["best_cold"] = ranked[0] if ranked else None
     entry["best_graph"] = best_by(rows, graph_us)
     if fmt == "fp8":
-        keys = [k for k in rows[0]["config"]]
+        keys = [k for k in rows[0]["config"] if k != "SWAP_AB"]  # vLLM's call has no operand swap
         top = 1 if ctx["smoke"] else VLLM_TOP
         vcfgs = _unique([rows[0]["config"]] + [{k: r["config"][k] for k in keys} for r in ranked[:top]])
         if ctx["compiler"] is not None:
@@ -423,7 +428,7 @@ def fmt_pct(v):
 
 def cfg_text(config):
     short = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
-             "num_warps": "w", "num_stages": "s", "DOT_SCALED": "DS"}
+             "num_warps": "w", "num_stages": "s", "DOT_SCALED": "DS", "SWAP_AB": "SW", "MX_PTX": "PTX"}
     return " ".join(f"{short.get(k, k)}{v}" for k, v in config.items())
 
 
@@ -507,12 +512,16 @@ def markdown(report: dict) -> str:
     notes = []
     for e in report["shapes"]:
         label = f"{e['format']} {shape_label(e['shape'])}"
-        if e["format"] == "mxfp4":
-            for ds in (0, 1):
-                r = best_by([r for r in e["rows"] if r["config"].get("DOT_SCALED") == ds], cold_us)
-                if r:
-                    notes.append(f"- {label}: best with DOT_SCALED={ds}: {cold_us(r):.1f} µs cold "
-                                 f"({fmt_pct(pct(e['bound_us'], cold_us(r)))} %), {cfg_text(r['config'])}")
+        variants = [("DOT_SCALED", ds, "MX_PTX", px, "SWAP_AB", sw) for ds, px in ((0, 0), (0, 1), (1, 0))
+                    for sw in (0, 1)] \
+            if e["format"] == "mxfp4" else [("SWAP_AB", sw) for sw in (0, 1)]
+        for v in variants:
+            want = dict(zip(v[::2], v[1::2]))
+            r = best_by([r for r in e["rows"] if all(r["config"].get(k, 0) == x for k, x in want.items())], cold_us)
+            if r:
+                what = ", ".join(f"{k}={x}" for k, x in want.items())
+                notes.append(f"- {label}: best with {what}: {cold_us(r):.1f} µs cold "
+                             f"({fmt_pct(pct(e['bound_us'], cold_us(r)))} %), {cfg_text(r['config'])}")
         failed = [r for r in e["rows"] if cold_us(r) is None]
         if failed:
             notes.append(f"- {label}: {len(failed)} of {len(e['rows'])} configs not timed: "

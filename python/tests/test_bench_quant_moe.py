@@ -70,22 +70,28 @@ def test_sweep_is_the_tuning_space_under_its_constraints(qm):
         "num_warps == 8 or M < 2048 or BLOCK_SIZE_M * BLOCK_SIZE_N < 8192",
     ]
     smem = qm.SM90_SMEM
-    one = qm.sweep("fp8", 1, 4, 128, smem)
+    both = qm.sweep("fp8", 1, 4, 128, smem)
+    one = [{k: v for k, v in c.items() if k != "SWAP_AB"} for c in both if c["SWAP_AB"] == 0]
     assert one and all(c["BLOCK_SIZE_M"] == 16 and c["GROUP_SIZE_M"] == 1 and c["num_warps"] == 4 for c in one)
+    # Swapped operands: every unswapped config, plus eight warps where the weights' side is 128 rows or more.
+    swapped = [{k: v for k, v in c.items() if k != "SWAP_AB"} for c in both if c["SWAP_AB"] == 1]
+    assert [c for c in swapped if c["num_warps"] == 4] == one
+    assert {c["BLOCK_SIZE_N"] for c in swapped if c["num_warps"] == 8} == {128, 256}
     assert all((16 + c["BLOCK_SIZE_N"]) * c["BLOCK_SIZE_K"] * 2 * c["num_stages"] <= smem for c in one)
     assert {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1, "num_warps": 4,
             "num_stages": 4} not in one  # 557,056 bytes of shared memory
     assert len(one) == len({json.dumps(c, sort_keys=True) for c in one})
     # Many tokens: only tall blocks, and large tiles with eight warps.
-    big = qm.sweep("fp8", 16384, 4, 32, smem)
+    big = [c for c in qm.sweep("fp8", 16384, 4, 32, smem) if c["SWAP_AB"] == 0]
     assert {c["BLOCK_SIZE_M"] for c in big} == {64, 128}
     assert {c["num_warps"] for c in big} == {4, 8} and {c["GROUP_SIZE_M"] for c in big} == {1}
     assert all(c["num_warps"] == 8 or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] < 8192 for c in big)
     # MXFP4: every config once per dequantisation.
     mx = qm.sweep("mxfp4", 1, 4, 128, smem)
-    assert len(mx) == 2 * len(one)
+    assert len(mx) == 3 * len(both)
     assert sorted(json.dumps(c, sort_keys=True) for c in mx) == sorted(
-        json.dumps(dict(c, DOT_SCALED=ds), sort_keys=True) for c in one for ds in (0, 1))
+        json.dumps(dict(c, DOT_SCALED=ds, MX_PTX=px), sort_keys=True) for c in both
+        for ds, px in ((0, 0), (1, 0), (0, 1)))
 
 
 def test_sweep_runs_vllms_default_first_and_its_neighbours_next(qm):

@@ -86,6 +86,23 @@ def test_mxfp4_both_dequantisations(dot_scaled, M, device):
     check(launch.out, p.reference(inputs), "mxfp4")
 
 
+@pytest.mark.parametrize("fmt,dot_scaled", [(FP8_TENSOR, 0), (FP8_BLOCK, 0), (MXFP4, 0), (MXFP4, 1)],
+                         ids=["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled"])
+@pytest.mark.parametrize("M", [1, 13])
+def test_swapped_operands_match_reference(fmt, dot_scaled, M, device):
+    """SWAP_AB=1 (the weights as the MMA's left operand) computes the same
+    product: K = 96 leaves a K tail, N = 40 a partial tile and MXFP4 padding."""
+    p = FusedMoE(shape(fmt, M=M))
+    inputs = p.inputs(2, device)
+    config = dict(CFG, SWAP_AB=1, **({"DOT_SCALED": 1} if dot_scaled else {}))
+    launch = run("fused_moe", p, inputs, config)
+    assert launch.plan.swap_ab and launch.plan.dot_scaled == bool(dot_scaled)
+    check(launch.out, p.reference(inputs), "mxfp4")
+    plain = run("fused_moe", p, inputs, dict(config, SWAP_AB=0))
+    # The same products summed in another order: equal to within an fp32 rounding or two.
+    torch.testing.assert_close(launch.out.float(), plain.out.float(), atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("fmt", [FP8_TENSOR, FP8_BLOCK], ids=["fp8-tensor", "fp8-block"])
 @pytest.mark.parametrize("M", [1, 13])
 def test_vllm_structure_fp8(fmt, M, device):
@@ -188,6 +205,81 @@ def test_mxfp4_dequantisation_is_exact(scale_range, device):
     _halves_kernel[(1,)](packed, scales, lo, hi, BK=BK, BN=BN)
     want = quant.dequantize_mxfp4(packed, scales, BK)  # [BN, BK]; scale 0 gives subnormal products, still exact
     assert torch.equal(lo, want[:, 0::2].T) and torch.equal(hi, want[:, 1::2].T)
+
+
+def _run_ptx(asm: str, regs: dict) -> dict:
+    """Run MX_PTX's inline PTX on the CPU: the five instructions it uses, on
+    32-bit registers ($n and named), mul.rn.bf16x2 as two bf16 products."""
+
+    def val(tok):
+        tok = tok.strip().rstrip(";")
+        return int(tok, 0) if tok[0].isdigit() else regs[tok]
+
+    def bf16(bits):
+        return torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double().item()
+
+    def to_bf16(x):
+        return torch.tensor([x], dtype=torch.float64).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF
+
+    for line in asm.replace(";", ";\n").splitlines():
+        line = line.strip()
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        d, *src = [a.strip() for a in args.rstrip(";").split(",")]
+        x = [val(a) for a in src]
+        if op == "prmt.b32":
+            pool = x[0] | (x[1] << 32)
+            out = 0
+            for i in range(4):
+                out |= ((pool >> (8 * ((x[2] >> (4 * i)) & 7))) & 0xFF) << (8 * i)
+        elif op == "shl.b32":
+            out = (x[0] << x[1]) & 0xFFFFFFFF
+        elif op == "and.b32":
+            out = x[0] & x[1]
+        elif op == "or.b32":
+            out = x[0] | x[1]
+        elif op == "mul.rn.bf16x2":
+            out = sum(to_bf16(bf16((x[0] >> s) & 0xFFFF) * bf16((x[1] >> s) & 0xFFFF)) << s for s in (0, 16))
+        else:
+            raise AssertionError(f"an instruction the emulator does not know: {line}")
+        regs[d] = out
+    return regs
+
+
+@pytest.mark.parametrize("two", [False, True], ids=["one-multiply", "two-multiplies"])
+def test_mx_ptx_dequantisation_is_exact(two):
+    """MX_PTX's PTX, run instruction by instruction on the CPU: every byte (so
+    every pair of codes) at scales around its one-multiply limit gives
+    tunelab.quant's dequantised values, bit for bit, for both nibbles of each
+    of the four bytes in a register."""
+    asm = quant_moe._ptx(two)
+    scales = [0, 1, 100, 127, 128] + ([129, 150, 200] if two else [])
+
+    def factor(bits_e):  # the bf16 factors the kernel passes for scale e (_mx_halves_ptx)
+        if not two:
+            return [(bits_e + 126) << 7]
+        return [(min(bits_e, 128) + 126) << 7, (max(bits_e, 128) - 1) << 7]
+
+    for e in scales:
+        for start in range(0, 256, 4):
+            four = list(range(start, start + 4))
+            es = [e, e, max(e - 1, 0), e]  # a different scale for one element of the pack
+            regs = {"$4": sum(b << (8 * j) for j, b in enumerate(four))}
+            fs = [factor(x) for x in es]
+            for k in range(len(fs[0])):
+                regs[f"${5 + 2 * k}"] = fs[0][k] | (fs[1][k] << 16)
+                regs[f"${6 + 2 * k}"] = fs[2][k] | (fs[3][k] << 16)
+            regs = _run_ptx(asm, regs)
+            for j in range(4):
+                row = torch.zeros(1, 16, dtype=torch.uint8)  # one scale group, the byte first
+                row[0, 0] = four[j]
+                want = quant.dequantize_mxfp4(row, torch.tensor([[es[j]]], dtype=torch.uint8), 2)[0]
+                out_lo, out_hi = regs[f"${j // 2}"], regs[f"${2 + j // 2}"]
+                shift = 16 * (j % 2)
+                got = [torch.tensor([(r >> shift) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+                       .float().item() for r in (out_lo, out_hi)]
+                assert got == [want[0].item(), want[1].item()], (e, four[j], got, want)
 
 
 def test_gpt_oss_interleaved_bias_with_block_scales(align, device):
@@ -318,6 +410,19 @@ def test_bad_quantised_configs(device):
         quant_moe.make_quant_plan(mx, dict(CFG, BLOCK_SIZE_K=16))
     with pytest.raises(ValueError, match="DOT_SCALED must be 0 or 1"):
         quant_moe.make_quant_plan(mx, dict(CFG, DOT_SCALED=2))
+    with pytest.raises(ValueError, match=r"power of two >= 16 \(tl.dot"):
+        quant_moe.make_quant_plan(mx, dict(CFG, BLOCK_SIZE_M=8))
+    with pytest.raises(ValueError, match="DOT_SCALED=0 only"):
+        quant_moe.make_quant_plan(mx, dict(CFG, MX_PTX=1, DOT_SCALED=1))
+    with pytest.raises(ValueError, match="mxfp4 weights only"):
+        blk.methods()["fused_moe"].bind(blk, blk.inputs(0, device), dict(CFG, MX_PTX=1))
+    with pytest.raises(ValueError, match="SWAP_AB must be 0 or 1"):
+        quant_moe.make_quant_plan(mx, dict(CFG, SWAP_AB=3))
+    with pytest.raises(ValueError, match="vLLM's call structure"):
+        quant_moe.make_quant_plan(blk, dict(CFG, SWAP_AB=1), vllm_structure=True)
+    plain = FusedMoE(shape({"dtype": "fp16"}))
+    with pytest.raises(ValueError, match="quantised weights .* only"):
+        plain.methods()["fused_moe"].bind(plain, plain.inputs(0, device), dict(CFG, SWAP_AB=1))
 
 
 # ---------------------------------------------------------------------------
@@ -335,17 +440,25 @@ GPT_OSS_CFGS = [
 @pytest.mark.parametrize("M", [1, 8, 256])
 @pytest.mark.parametrize("N", [2880, 360])
 @pytest.mark.parametrize("method", ["fused_moe", "fused_moe_vllm"])
-@pytest.mark.parametrize("fmt", ["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled"])
-def test_gpu_gpt_oss_shapes(fmt, method, N, M, cfg, device):
+@pytest.mark.parametrize("swap", [0, 1], ids=["", "swapped"])
+@pytest.mark.parametrize("fmt", ["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled", "mxfp4-ptx"])
+def test_gpu_gpt_oss_shapes(fmt, swap, method, N, M, cfg, device):
     fields = {"fp8-tensor": {"dtype": "fp8"}, "fp8-block": {"dtype": "fp8", "weight_quant": "block",
                                                              "block_shape": [128, 128]},
               "mxfp4": {"dtype": "mxfp4", "activation": "swiglu_oai"},
-              "mxfp4-dot-scaled": {"dtype": "mxfp4", "activation": "swiglu_oai"}}[fmt]
+              "mxfp4-dot-scaled": {"dtype": "mxfp4", "activation": "swiglu_oai"},
+              "mxfp4-ptx": {"dtype": "mxfp4", "activation": "swiglu_oai"}}[fmt]
     p = FusedMoE({"M": M, "E": 32, "topk": 4, "K": 2880, "N": N, "act_dtype": "bf16", **fields})
     reason = getattr(p.methods()[method], "unavailable", lambda _: None)(p)
     if reason:
         pytest.skip(reason)
     config = dict(cfg, DOT_SCALED=1) if fmt == "mxfp4-dot-scaled" else dict(cfg)
+    if fmt == "mxfp4-ptx":
+        config["MX_PTX"] = 1
+    if swap:
+        if method == "fused_moe_vllm":
+            pytest.skip("SWAP_AB is tunelab's call only")
+        config["SWAP_AB"] = 1
     if fmt == "fp8-block" and config["BLOCK_SIZE_K"] > 128:
         pytest.skip("BLOCK_SIZE_K must divide block_k")
     inputs = p.inputs(0, device)

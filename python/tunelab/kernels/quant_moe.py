@@ -210,6 +210,87 @@ def _mx_halves(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constex
     return lo, hi
 
 
+@triton.jit
+def _mx_halves_rows(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                    BLOCK_SIZE_N: tl.constexpr):
+    """_mx_halves for the swapped tile: packed bytes [BLOCK_SIZE_N, BLOCK_SIZE_K / 2]
+    (one weight row per row, as the weights lie in memory), scales
+    [BLOCK_SIZE_N, BLOCK_SIZE_K / 32]; (low, high), each [BLOCK_SIZE_N,
+    BLOCK_SIZE_K / 2] in OUT_DTYPE. The same arithmetic, so the same exact values."""
+    HALF: tl.constexpr = BLOCK_SIZE_K // 2
+    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
+    p = packed.to(tl.uint32)
+    e = scales.to(tl.uint32)  # [BLOCK_SIZE_N, GROUPS]
+    e = tl.reshape(tl.broadcast_to(e[:, :, None], (BLOCK_SIZE_N, GROUPS, 16)), (BLOCK_SIZE_N, HALF))
+    u_lo = _e2m1_bits(p & 15)
+    u_hi = _e2m1_bits(p >> 4)
+    if tl.max(tl.max(scales, axis=1), axis=0) <= 128:
+        factor = ((e + 126) << 23).to(tl.float32, bitcast=True)  # 2^(e - 1)
+        lo = (u_lo * factor).to(OUT_DTYPE)
+        hi = (u_hi * factor).to(OUT_DTYPE)
+    else:
+        factor = (e << 23).to(tl.float32, bitcast=True)  # 2^(e - 127); e = 0 reads as 0
+        lo = (u_lo * 8.507059173023462e37 * factor).to(OUT_DTYPE)  # 2^126
+        hi = (u_hi * 8.507059173023462e37 * factor).to(OUT_DTYPE)
+    return lo, hi
+
+
+# Inline PTX for MX_PTX=1: four packed bytes in (one register), the bf16
+# values of their low nibbles ($0, $1) and of their high nibbles ($2, $3)
+# out, two values a register; element j of the pack is byte j. Each byte is
+# first spread into a 16-bit half of its own (prmt), so one shift-and-mask
+# works on two values: a code's magnitude bits go to bf16 bits 6-8 and its
+# sign to bit 15, which reads as the value times 2^-126 (e = 0, m = 1 is
+# bf16's subnormal 2^-127: exact, as mul.bf16x2 keeps subnormals). One
+# mul.bf16x2 by the element's factor ($5, $6: 2^(e - 1), bf16) makes it the
+# weight. `_PTX_TWO` is the same with a second factor ($7, $8) for groups
+# whose 2^(e - 1) is not a bf16 (e > 128): 2^(min(e, 128) - 1), then 2^(e - 128).
+_PTX_SPREAD = """
+    .reg .b32 t<2>, m, g;
+    prmt.b32 t0, $4, 0, 0x4140;
+    prmt.b32 t1, $4, 0, 0x4342;
+"""
+_PTX_NIBBLE = """
+    shl.b32 m, {t}, {mag}; and.b32 m, m, 0x01C001C0;
+    shl.b32 g, {t}, {sign}; and.b32 g, g, 0x80008000;
+    or.b32 {out}, m, g;
+"""
+
+
+def _ptx(two: bool) -> str:
+    body = [_PTX_SPREAD]
+    for out, t, mag, sign, f in (("$0", "t0", 6, 12, 5), ("$1", "t1", 6, 12, 6),
+                                 ("$2", "t0", 2, 8, 5), ("$3", "t1", 2, 8, 6)):
+        body.append(_PTX_NIBBLE.format(t=t, mag=mag, sign=sign, out=out))
+        body.append(f"    mul.rn.bf16x2 {out}, {out}, ${f};\n")
+        if two:
+            body.append(f"    mul.rn.bf16x2 {out}, {out}, ${f + 2};\n")
+    return "{\n" + "".join(body) + "}"
+
+
+_PTX_ONE = tl.constexpr(_ptx(False))
+_PTX_TWO = tl.constexpr(_ptx(True))
+
+
+@triton.jit
+def _mx_halves_ptx(packed, e):
+    """(low, high) bf16 values of packed bytes (uint8) whose E8M0 scales are `e`
+    (uint32, the same shape: each byte's group's scale): MX_PTX=1's
+    dequantisation, the same values as _mx_halves' (both exact), two per
+    instruction. (Measured on an H200: scales widened before the broadcast
+    run faster than uint8 ones widened after it.)"""
+    if tl.max(e) <= 128:
+        f = ((e + 126) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)  # 2^(e - 1)
+        lo, hi = tl.inline_asm_elementwise(_PTX_ONE, "=r,=r,=r,=r,r,r,r", [packed, f],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        f_a = ((tl.minimum(e, 128) + 126) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        f_b = ((tl.maximum(e, 128) - 1) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)  # 2^(e - 128)
+        lo, hi = tl.inline_asm_elementwise(_PTX_TWO, "=r,=r,=r,=r,r,r,r,r,r", [packed, f_a, f_b],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return lo, hi
+
+
 # ---------------------------------------------------------------------------
 # The quantised GEMM tile (both GEMMs)
 
@@ -237,10 +318,18 @@ def _q_acc(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
     A_CACHE: tl.constexpr,
+    SWAP_AB: tl.constexpr = 0,
+    MX_PTX: tl.constexpr = 0,
 ):
     """fp32 [BLOCK_SIZE_M, BLOCK_SIZE_N]: activation rows `a_rows` times weight
     rows `w_rows` over the reduction axis K_RED, dequantised (see the module
-    docstring). Tails along K_RED are masked (MXFP4 storage is zero-padded)."""
+    docstring). Tails along K_RED are masked (MXFP4 storage is zero-padded).
+    SWAP_AB=1 computes the transpose (_q_acc_swapped) and returns it transposed back."""
+    if SWAP_AB:
+        acc_t = _q_acc_swapped(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, stride_am,
+                               stride_asm, stride_wr, stride_wsr, WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT,
+                               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_CACHE, MX_PTX)
+        return tl.trans(acc_t)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     n_k = tl.cdiv(K_RED, BLOCK_SIZE_K)
     if WFMT == 3:
@@ -270,7 +359,15 @@ def _q_acc(
                                other=0.0, cache_modifier=A_CACHE)
                 a_hi = tl.load(a_row + (k_even + 1)[None, :], mask=a_mask[:, None] & (k_even[None, :] + 1 < K_RED),
                                other=0.0, cache_modifier=A_CACHE)
-                lo, hi = _mx_halves(packed, scales, a_lo.dtype, BLOCK_SIZE_K, BLOCK_SIZE_N)
+                if MX_PTX:
+                    # Each byte's scale beside it: the tile's layout, not one the dot would need (measured:
+                    # loading the bytes as [groups, 16, BLOCK_SIZE_N] to broadcast the scales in registers
+                    # instead was 1.4x slower on an H200).
+                    e = tl.trans(scales.to(tl.uint32))  # [GROUPS, BLOCK_SIZE_N]
+                    e = tl.reshape(tl.broadcast_to(e[:, None, :], (GROUPS, 16, BLOCK_SIZE_N)), (HALF, BLOCK_SIZE_N))
+                    lo, hi = _mx_halves_ptx(packed, e)
+                else:
+                    lo, hi = _mx_halves(packed, scales, a_lo.dtype, BLOCK_SIZE_K, BLOCK_SIZE_N)
                 acc = tl.dot(a_lo, lo, acc)
                 acc = tl.dot(a_hi, hi, acc)
     else:
@@ -298,6 +395,94 @@ def _q_acc(
         if WFMT == 1:
             a_s = tl.load(a_scale_ptr + a_rows, mask=a_mask, other=0.0)
             acc = acc * (a_s[:, None] * tl.load(w_scale_ptr))
+    return acc
+
+
+@triton.jit
+def _q_acc_swapped(
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, stride_am, stride_asm, stride_wr,
+    stride_wsr,
+    WFMT: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    DOT_SCALED: tl.constexpr,
+    A_FMT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    A_CACHE: tl.constexpr,
+    MX_PTX: tl.constexpr = 0,
+):
+    """_q_acc's product transposed, fp32 [BLOCK_SIZE_N, BLOCK_SIZE_M]: weight
+    rows times activation columns, the weights as the left operand.
+
+    Why: with a few tokens per expert, the left operand's rows are the MMA's
+    long side. Hopper's warp-group MMA takes 64 of them and can read that
+    operand from registers, so weights dequantised in registers feed it
+    without a round trip through shared memory, and the tokens (16 of a tile,
+    most of them padding at decode sizes) are its short side. Same values,
+    same fp32 accumulation; only the order of the products in a dot differs."""
+    acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
+    n_k = tl.cdiv(K_RED, BLOCK_SIZE_K)
+    if WFMT == 3:
+        HALF: tl.constexpr = BLOCK_SIZE_K // 2
+        GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
+        k_pad = tl.cdiv(K_RED, 32) * 32
+        offs_h = tl.arange(0, HALF)
+        offs_g = tl.arange(0, GROUPS)
+        offs_k = tl.arange(0, BLOCK_SIZE_K)
+        w_base = w_ptr + w_rows[:, None] * stride_wr
+        s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
+        a_col = a_ptr + a_rows[None, :] * stride_am
+        for k in range(0, n_k):
+            byte0 = k * HALF
+            packed = tl.load(w_base + (byte0 + offs_h)[None, :], mask=(byte0 + offs_h)[None, :] < k_pad // 2,
+                             other=0)
+            g0 = k * GROUPS
+            scales = tl.load(s_base + (g0 + offs_g)[None, :], mask=(g0 + offs_g)[None, :] < k_pad // 32, other=0)
+            if DOT_SCALED:
+                kk = k * BLOCK_SIZE_K + offs_k
+                a_t = tl.load(a_col + kk[:, None], mask=a_mask[None, :] & (kk[:, None] < K_RED), other=0.0,
+                              cache_modifier=A_CACHE)
+                acc = tl.dot_scaled(packed, scales, "e2m1", a_t, None, A_FMT, acc)
+            else:
+                k_even = k * BLOCK_SIZE_K + 2 * offs_h
+                a_lo = tl.load(a_col + k_even[:, None], mask=a_mask[None, :] & (k_even[:, None] < K_RED),
+                               other=0.0, cache_modifier=A_CACHE)
+                a_hi = tl.load(a_col + (k_even + 1)[:, None], mask=a_mask[None, :] & (k_even[:, None] + 1 < K_RED),
+                               other=0.0, cache_modifier=A_CACHE)
+                if MX_PTX:
+                    e = scales.to(tl.uint32)  # [BLOCK_SIZE_N, GROUPS]
+                    e = tl.reshape(tl.broadcast_to(e[:, :, None], (BLOCK_SIZE_N, GROUPS, 16)), (BLOCK_SIZE_N, HALF))
+                    lo, hi = _mx_halves_ptx(packed, e)
+                else:
+                    lo, hi = _mx_halves_rows(packed, scales, a_lo.dtype, BLOCK_SIZE_K, BLOCK_SIZE_N)
+                acc = tl.dot(lo, a_lo, acc)
+                acc = tl.dot(hi, a_hi, acc)
+    else:
+        offs_k = tl.arange(0, BLOCK_SIZE_K)
+        a_ptrs = a_ptr + a_rows[None, :] * stride_am + offs_k[:, None]
+        w_ptrs = w_ptr + w_rows[:, None] * stride_wr + offs_k[None, :]
+        if WFMT == 2:
+            a_s_ptrs = a_scale_ptr + a_rows * stride_asm
+            w_s_ptrs = w_scale_ptr + (w_rows // GROUP_N) * stride_wsr
+        for k in range(0, n_k):
+            k_rem = K_RED - k * BLOCK_SIZE_K
+            a_t = tl.load(a_ptrs, mask=a_mask[None, :] & (offs_k[:, None] < k_rem), other=0.0,
+                          cache_modifier=A_CACHE)
+            w = tl.load(w_ptrs, mask=offs_k[None, :] < k_rem, other=0.0)
+            if WFMT == 2:
+                group = (k * BLOCK_SIZE_K) // GROUP_K
+                a_s = tl.load(a_s_ptrs + group, mask=a_mask, other=0.0)
+                w_s = tl.load(w_s_ptrs + group)
+                acc += tl.dot(w, a_t) * w_s[:, None] * a_s[None, :]
+            else:
+                acc = tl.dot(w, a_t, acc)
+            a_ptrs += BLOCK_SIZE_K
+            w_ptrs += BLOCK_SIZE_K
+        if WFMT == 1:
+            a_s = tl.load(a_scale_ptr + a_rows, mask=a_mask, other=0.0)
+            acc = acc * (a_s[None, :] * tl.load(w_scale_ptr))
     return acc
 
 
@@ -335,6 +520,8 @@ def moe_gemm1_q_kernel(
     GROUP_K: tl.constexpr,
     DOT_SCALED: tl.constexpr,
     A_FMT: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
+    MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -365,7 +552,7 @@ def moe_gemm1_q_kernel(
     offs_j, w_row, _ = _gemm1_rows(pid_n, N, INTERLEAVED, ACTIVATION, BLOCK_SIZE_N)
     acc = _q_acc(a_ptr, a_scale_ptr, w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, rows,
                  tok_mask, w_row.to(tl.int64), K, stride_am, stride_asm, stride_wr, stride_wsr,
-                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "")
+                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX)
     _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, stride_be, stride_im,
                  ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
 
@@ -402,6 +589,8 @@ def moe_gemm2_q_kernel(
     GROUP_K: tl.constexpr,
     DOT_SCALED: tl.constexpr,
     A_FMT: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
+    MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -436,7 +625,7 @@ def moe_gemm2_q_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     acc = _q_acc(a_ptr, a_scale_ptr, w2_ptr + expert * stride_we, w2_scale_ptr + expert * stride_wse, slots64,
                  tok_mask, offs_n, K_RED, stride_am, stride_asm, stride_wr, stride_wsr,
-                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "")
+                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX)
     if HAS_BIAS:
         acc += tl.load(b2_ptr + expert * stride_be + offs_n).to(tl.float32)[None, :]
     w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
@@ -467,6 +656,8 @@ class QuantMoEPlan:
     has_bias: bool
     config: dict
     dot_scaled: bool
+    swap_ab: bool  # the weights as the MMA's left operand (_q_acc_swapped)
+    mx_ptx: bool  # MXFP4 dequantised by inline PTX (_mx_halves_ptx); False under the interpreter
     numel: int
     max_blocks: int
     max_padded: int
@@ -509,6 +700,20 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     dot_scaled = int(config.get("DOT_SCALED", 0))
     if dot_scaled not in (0, 1):
         raise ValueError(f"DOT_SCALED must be 0 or 1, got {dot_scaled}")
+    swap_ab = int(config.get("SWAP_AB", 0))
+    if swap_ab not in (0, 1):
+        raise ValueError(f"SWAP_AB must be 0 or 1, got {swap_ab}")
+    if swap_ab and vllm_structure:
+        raise ValueError("SWAP_AB=1 is tunelab's own tile order; vLLM's call structure (fused_moe_vllm) runs "
+                         "vLLM's, which has no such key")
+    mx_ptx = int(config.get("MX_PTX", 0))
+    if mx_ptx not in (0, 1):
+        raise ValueError(f"MX_PTX must be 0 or 1, got {mx_ptx}")
+    if mx_ptx:
+        if wfmt != WFMT_MXFP4 or dot_scaled:
+            raise ValueError("MX_PTX=1 is tunelab's own MXFP4 dequantisation: MXFP4 weights with DOT_SCALED=0 only")
+        if problem.act_dtype_name != "bf16" and not interpreting():
+            raise ValueError(f"MX_PTX=1 builds bf16 weights: it takes bf16 activations, not {problem.act_dtype_name}")
     group_n = group_k = 0
     if wfmt == WFMT_MXFP4:
         if bk < MX_GROUP:
@@ -539,7 +744,8 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
         act_dtype=problem.dtype, wfmt=wfmt, group_n=group_n, group_k=group_k,
         activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
         interleaved=problem.interleaved, has_bias=problem.bias,
-        config={k: int(config[k]) for k in QUANT_CONFIG_KEYS}, dot_scaled=bool(dot_scaled),
+        config={k: int(config[k]) for k in QUANT_CONFIG_KEYS}, dot_scaled=bool(dot_scaled), swap_ab=bool(swap_ab),
+        mx_ptx=bool(mx_ptx) and not interpreting(),
         numel=numel, max_blocks=max_blocks, max_padded=max_padded,
         align_meta=_align_meta(numel, problem.E, max_padded),
         grid1=(max_blocks * triton.cdiv(2 * problem.N, bn),),
@@ -581,7 +787,7 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     tiles = {k: c[k] for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")}
     launch = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
     fmt = dict(WFMT=plan.wfmt, GROUP_N=plan.group_n, GROUP_K=plan.group_k, DOT_SCALED=plan.dot_scaled,
-               A_FMT=_a_fmt(plan.act_dtype))
+               A_FMT=_a_fmt(plan.act_dtype), SWAP_AB=plan.swap_ab, MX_PTX=plan.mx_ptx)
     specs: list[tuple] = []
 
     def add(kernel, grid, args, kwargs):

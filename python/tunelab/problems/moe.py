@@ -72,8 +72,11 @@ B1_STD = 0.25
 B2_STD = 0.1
 
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
-# MXFP4 only: 1 runs tl.dot_scaled (Triton's upcast), 0 tunelab's own dequantisation (tunelab.kernels.quant_moe).
-MX_KEYS = ("DOT_SCALED",)
+# Quantised weights only (tunelab.kernels.quant_moe), tunelab's call only:
+# DOT_SCALED (MXFP4): 1 runs tl.dot_scaled (Triton's upcast), 0 tunelab's own dequantisation;
+# SWAP_AB (fp8 and MXFP4): 1 makes the weights the MMA's left operand (tokens its short side).
+# MX_PTX (MXFP4, DOT_SCALED=0, bf16 activations): 1 dequantises with inline PTX, two values an instruction.
+QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX")
 
 
 class _WeightCache:
@@ -489,8 +492,8 @@ class TritonFusedMoE:
 
     name = "fused_moe"
     kind = "triton"
-    config_keys = CONFIG_KEYS + MX_KEYS
-    config_types = {key: int for key in CONFIG_KEYS + MX_KEYS}
+    config_keys = CONFIG_KEYS + QUANT_KEYS
+    config_types = {key: int for key in CONFIG_KEYS + QUANT_KEYS}
 
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
         if problem.quantised:
@@ -638,6 +641,14 @@ def _full_config(problem: FusedMoE, config: dict) -> dict:
         full["DOT_SCALED"] = int(config.get("DOT_SCALED", 0))
     elif int(config.get("DOT_SCALED", 0)):
         raise ValueError(f"DOT_SCALED applies to mxfp4 weights only, not {problem.dtype_name}")
+    if problem.weight_format == "mxfp4":
+        full["MX_PTX"] = int(config.get("MX_PTX", 0))
+    elif int(config.get("MX_PTX", 0)):
+        raise ValueError(f"MX_PTX applies to mxfp4 weights only, not {problem.dtype_name}")
+    if problem.quantised:
+        full["SWAP_AB"] = int(config.get("SWAP_AB", 0))
+    elif int(config.get("SWAP_AB", 0)):
+        raise ValueError(f"SWAP_AB applies to quantised weights (fp8, mxfp4) only, not {problem.dtype_name}")
     return full
 
 
