@@ -367,7 +367,7 @@ def measure_shape(shape, fmt, configs, ctx, deadline) -> dict:
     if fmt == "fp8":
         keys = [k for k in rows[0]["config"] if k != "SWAP_AB"]  # vLLM's call has no operand swap
         top = 1 if ctx["smoke"] else VLLM_TOP
-        vcfgs = _unique([rows[0]["config"]] + [{k: r["config"][k] for k in keys} for r in ranked[:top]])
+        vcfgs = _unique([{k: r["config"][k] for k in keys} for r in [rows[0]] + ranked[:top]])
         if ctx["compiler"] is not None:
             ctx["compiler"](shape, "fused_moe_vllm", vcfgs)
         entry["vllm_structure"] = []

@@ -243,7 +243,8 @@ def _mx_halves_rows(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.co
 # sign to bit 15, which reads as the value times 2^-126 (e = 0, m = 1 is
 # bf16's subnormal 2^-127: exact, as mul.bf16x2 keeps subnormals). One
 # mul.bf16x2 by the element's factor ($5, $6: 2^(e - 1), bf16) makes it the
-# weight. `_PTX_TWO` is the same with a second factor ($7, $8) for groups
+# weight. (E8M0's 255 is NaN; like tunelab's fp32 path, this one reads it as
+# a huge power of two instead. No real weight file holds it.) `_PTX_TWO` is the same with a second factor ($7, $8) for groups
 # whose 2^(e - 1) is not a bf16 (e > 128): 2^(min(e, 128) - 1), then 2^(e - 128).
 _PTX_SPREAD = """
     .reg .b32 t<2>, m, g;
@@ -712,8 +713,14 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     if mx_ptx:
         if wfmt != WFMT_MXFP4 or dot_scaled:
             raise ValueError("MX_PTX=1 is tunelab's own MXFP4 dequantisation: MXFP4 weights with DOT_SCALED=0 only")
-        if problem.act_dtype_name != "bf16" and not interpreting():
-            raise ValueError(f"MX_PTX=1 builds bf16 weights: it takes bf16 activations, not {problem.act_dtype_name}")
+        if not interpreting():
+            if problem.act_dtype_name != "bf16":
+                raise ValueError(f"MX_PTX=1 builds bf16 weights: it takes bf16 activations, not "
+                                 f"{problem.act_dtype_name}")
+            # mul.rn.bf16x2 is sm_90 PTX; pdl_supported() asks the same question (CUDA, 9.0 or newer).
+            if not pdl_supported():
+                raise ValueError("MX_PTX=1 is inline PTX for compute capability 9.0 or newer (mul.rn.bf16x2): "
+                                 "use MX_PTX=0 on this GPU")
     group_n = group_k = 0
     if wfmt == WFMT_MXFP4:
         if bk < MX_GROUP:

@@ -529,8 +529,10 @@ class TritonFusedMoEVllm:
     writing gate and up ([M*topk, 2N], biases added, no activation), the
     activation kernel (silu_and_mul or swigluoai_and_mul), GEMM 2 times the
     routing weights, the top-k sum; five plain launches, no dependent launches
-    and no self-alignment. Same kernels, config keys and compile contract as
-    `fused_moe` (tunelab.kernels.fused_moe.vllm_plan). fp8 weights add vLLM's
+    and no self-alignment. Same kernels and compile contract as `fused_moe`
+    (tunelab.kernels.fused_moe.vllm_plan), and its config keys less
+    tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX: vLLM's kernel has no such
+    choices). fp8 weights add vLLM's
     activation quantisation before each GEMM (tunelab.kernels.quant_moe);
     MXFP4 weights are not run this way (see `unavailable`)."""
 
