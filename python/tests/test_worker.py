@@ -6,6 +6,7 @@ interpreter and times with the wall clock; with one it runs the GPU paths.
 """
 
 import ctypes.util
+import json
 import math
 
 import pytest
@@ -239,6 +240,15 @@ def test_bad_input_gets_bad_request_and_the_worker_keeps_serving(shared_worker):
     # Blank lines are not requests and get no response; the next one does.
     worker.send_raw(b"\n")
     assert worker.request("hello")["ok"]
+
+
+def test_worker_us_covers_the_encoding_and_ends_the_line(shared_worker):
+    worker = shared_worker
+    worker.send_raw(b'{"id": 5, "op": "release"}\n')
+    line = worker._lines.get(timeout=60)
+    assert line.startswith(b'{"id":5,"ok":true') and line.endswith(b"}\n")
+    response = json.loads(line)
+    assert list(response)[-1] == "worker_us" and response["worker_us"] >= 0
 
 
 def test_problem_errors(shared_worker):

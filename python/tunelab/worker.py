@@ -513,16 +513,18 @@ class Worker:
 
     # ---- dispatch
 
-    def handle_line(self, raw: bytes) -> dict:
-        """One request line in, one response object out; never raises.
+    def handle_line(self, raw: bytes) -> bytes:
+        """One request line in, its response line out (JSON, newline-ended); never raises.
 
-        Every response carries `worker_us`, the time spent here: the runner
-        subtracts it from the round trip to see what the protocol costs.
+        Every response ends with `worker_us`: the time from here until the
+        response is text, its encoding included, so the runner, subtracting
+        it from the round trip, sees what the pipe and the runner's side
+        cost and nothing the worker did.
         """
         started = time.perf_counter()
-        response = self._handle(raw)
-        response["worker_us"] = round((time.perf_counter() - started) * 1e6, 1)
-        return response
+        text = _encode(self._handle(raw))  # a JSON object: ends with "}"
+        us = (time.perf_counter() - started) * 1e6
+        return b"%s,\"worker_us\":%.1f}\n" % (text[:-1], us)
 
     def _handle(self, raw: bytes) -> dict:
         try:
@@ -1132,13 +1134,14 @@ def _bytes_for(problem, inputs) -> float:
 
 
 def _encode(response: dict) -> bytes:
+    """The response as compact JSON, without a newline."""
     try:
         text = json.dumps(response, allow_nan=False, separators=(",", ":"))
     except ValueError:
         # JSON has no NaN or infinity; a problem's flops or a timer could
         # still produce one. Send null rather than an unparsable line.
         text = json.dumps(_finite(response), allow_nan=False, separators=(",", ":"))
-    return text.encode("utf-8") + b"\n"
+    return text.encode("utf-8")
 
 
 def _finite(value):
@@ -1209,7 +1212,7 @@ def main(argv=None) -> int:
             break  # the runner closed our stdin: nothing more to serve
         if not line.strip():
             continue
-        protocol.write(_encode(worker.handle_line(line)))
+        protocol.write(worker.handle_line(line))
         protocol.flush()  # the runner is waiting for this line
     return 0
 

@@ -233,8 +233,12 @@ pub fn main(backend: &str) -> i32 {
         if body.get("ok").is_none() {
             body["ok"] = json!(true);
         }
-        body["worker_us"] = json!(started.elapsed().as_secs_f64() * 1e6);
-        let text = serde_json::to_string(&body).expect("response serialises") + "\n";
+        // The worker's time runs until its answer is text: serialising it is
+        // the worker's work, not the pipe's.
+        let mut text = serde_json::to_string(&body).expect("response serialises");
+        text.pop(); // the object's closing brace
+        let us = started.elapsed().as_secs_f64() * 1e6;
+        text.push_str(&format!(",\"worker_us\":{us:.1}}}\n"));
         if protocol
             .write_all(text.as_bytes())
             .and_then(|_| protocol.flush())
