@@ -224,3 +224,19 @@ fn the_native_worker_answers_each_request_with_its_time_last() {
         assert!(r["worker_us"].as_f64().is_some_and(|us| us >= 0.0), "{r}");
     }
 }
+
+#[test]
+fn a_request_split_across_writes_is_one_request_spinning_or_not() {
+    for spin in ["20000", "0"] {
+        let replies = native_worker_session(
+            &[("TUNELAB_SPIN_US", spin)],
+            &[
+                b"{\"id\":1,",
+                b"\"op\":\"release\"}\n{\"id\":2,\"op\"",
+                b":\"shutdown\"}\n",
+            ],
+        );
+        let ids: Vec<u64> = replies.iter().filter_map(|r| r["id"].as_u64()).collect();
+        assert_eq!(ids, [1, 2], "TUNELAB_SPIN_US={spin}: {replies:?}");
+    }
+}
