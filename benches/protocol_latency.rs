@@ -18,7 +18,10 @@
 //!   cost shows; its GPU calls (check, warmup, sample) need a GPU.
 //!
 //! `--gap-us G` spends G µs in the caller between calls (busy, as the
-//! runner's own work between calls is), default 0.
+//! runner's own work between calls is), default 0: the longer a worker has
+//! waited, the deeper its CPU has gone idle. `TUNELAB_SPIN_US=0` makes the
+//! caller and the workers sleep in every wait, as before the spin-then-sleep
+//! waits (docs/worker-protocol.md, "Waiting for a line").
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -116,6 +119,11 @@ fn measure(w: &mut Worker, op: &str, body: &Json, calls: u64, gap_us: u64) -> Fi
 }
 
 fn main() {
+    // `cargo test --all-targets` also runs bench targets, without `--bench`:
+    // measure only when asked to (`cargo bench`).
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
     let calls = arg("--calls", 500);
     let gap_us = arg("--gap-us", 0);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
