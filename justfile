@@ -114,6 +114,10 @@ schemas:
 bench-plan:
     cargo bench --bench plan_throughput
 
+# What a worker call costs beyond the worker's own time (Python and native workers; no GPU needed).
+bench-protocol *ARGS:
+    TUNELAB_PYTHON={{python}} cargo bench --bench protocol_latency -- {{ARGS}}
+
 # Tuning speed on GPU 0 (autotune vs grid vs halving, each also with native launches; 48 configs); writes results/bench/<gpu>/tuning_speed.*
 bench-tuning *ARGS:
     TUNELAB_PYTHON={{python}} {{python}} bench/tuning_speed.py {{ARGS}}

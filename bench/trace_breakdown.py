@@ -14,7 +14,11 @@ compile pool), the journal's appends and the planner. From those this reports:
   (scheduling, statistics, building records), plus the protocol's own cost
   (round trip minus worker time) of every call but `hello` and `shutdown`,
   divided by the lane's jobs; journal appends happen on another thread and
-  are reported separately.
+  are reported separately. A call's worker time (`worker_us`) runs from the
+  worker reading the request to its reply being text, so the protocol is the
+  pipe's two hand-offs and the runner's own encoding and parsing;
+- how the lane met each reply (`met`, runners since the spin-then-sleep
+  waits of docs/worker-protocol.md): spinning, asleep, or already there.
 
 A lane N is the track `laneN` (its Python worker's calls), `laneN jobs`
 (groups, waits for compiles, health checks) and, when the run launches
@@ -111,6 +115,16 @@ def _protocol_us(calls):
             if e["name"] not in NOT_PROTOCOL and isinstance(e["args"].get("worker_us"), (int, float))]
 
 
+def _met(calls):
+    """How the lane met each counted call's reply (`met` in the span, from runners that record it):
+    {"spinning": n, "asleep": n, "ready": n}, or None when no call says."""
+    met = defaultdict(int)
+    for e in calls:
+        if e["name"] not in NOT_PROTOCOL and e["args"].get("met"):
+            met[e["args"]["met"]] += 1
+    return dict(met) or None
+
+
 def breakdown(path):
     spans = load(path)
     everything = [e for track in spans.values() for e in track]
@@ -178,6 +192,8 @@ def breakdown(path):
             "protocol_ms_per_job": _ms(sum(protocol) / jobs) if jobs and protocol else None,
             "python_protocol_us_per_call": statistics.mean(py_protocol) if py_protocol else None,
             "python_calls_per_job": len(py_protocol) / jobs if jobs else None,
+            # Whether the lane was spinning (no CPU to wake) when each reply came, both workers.
+            "replies_met": _met(calls),
             "native": None if not native else {
                 "track": native_track,
                 "ready_s": max(_end(e) for e in nat_start if e["name"] == "start-up") / 1e6
@@ -243,6 +259,10 @@ def render(b):
                      f"({lane['runner_ms_per_job'] or 0:.3f} ms/job); protocol "
                      f"{lane['protocol_us_per_call'] or 0:.0f} us/call, {lane['calls_per_job'] or 0:.1f} calls/job "
                      f"({lane['protocol_ms_per_job'] or 0:.3f} ms/job)")
+        met = lane.get("replies_met")
+        if met:
+            lines.append("  replies met: " + ", ".join(f"{k} {v}" for k, v in sorted(met.items()))
+                         + " (spinning: the lane was polling when the reply came, no CPU to wake)")
         if nat:
             lines.append(f"  protocol by worker: Python {lane['python_protocol_us_per_call'] or 0:.0f} us/call x "
                          f"{lane['python_calls_per_job'] or 0:.1f} calls/job, native "

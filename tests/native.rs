@@ -155,3 +155,88 @@ fn compile_errors_carry_the_compilers_message() {
         f.message
     );
 }
+
+/// Drives `tunelab native-worker` over its pipes as a lane does. Without a
+/// GPU it still answers every request (a `problem_error` saying why), so
+/// the transport is tested on any machine.
+fn native_worker_session(env: &[(&str, &str)], input: &[&[u8]]) -> Vec<serde_json::Value> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+        .args(["native-worker", "--backend", "cuda"])
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the native worker starts");
+    let mut stdin = child.stdin.take().unwrap();
+    for part in input {
+        stdin.write_all(part).unwrap();
+        stdin.flush().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+    }
+    drop(stdin);
+    let replies: Vec<serde_json::Value> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| {
+            let l = l.unwrap();
+            assert!(
+                l.starts_with('{') && l.ends_with('}'),
+                "one JSON object a line: {l}"
+            );
+            serde_json::from_str(&l).unwrap()
+        })
+        .collect();
+    assert!(child.wait().unwrap().success());
+    replies
+}
+
+#[test]
+fn the_native_worker_answers_each_request_with_its_time_last() {
+    let replies = native_worker_session(
+        &[],
+        &[
+            b"{\"id\":1,\"op\":\"release\"}\n\n",
+            b"not json\n",
+            b"{\"id\":3,\"op\":\"shutdown\"}\n",
+        ],
+    );
+    assert_eq!(replies.len(), 3, "{replies:?}");
+    let ids: Vec<&serde_json::Value> = replies.iter().map(|r| &r["id"]).collect();
+    assert_eq!(
+        ids,
+        [
+            &serde_json::json!(1),
+            &serde_json::Value::Null,
+            &serde_json::json!(3)
+        ]
+    );
+    assert_eq!(replies[1]["class"], "bad_request");
+    assert_eq!(replies[2]["ok"], true);
+    for r in &replies {
+        let obj = r.as_object().unwrap();
+        assert_eq!(
+            obj.keys().next_back().map(String::as_str),
+            Some("worker_us"),
+            "{r}"
+        );
+        assert!(r["worker_us"].as_f64().is_some_and(|us| us >= 0.0), "{r}");
+    }
+}
+
+#[test]
+fn a_request_split_across_writes_is_one_request_spinning_or_not() {
+    for spin in ["20000", "0"] {
+        let replies = native_worker_session(
+            &[("TUNELAB_SPIN_US", spin)],
+            &[
+                b"{\"id\":1,",
+                b"\"op\":\"release\"}\n{\"id\":2,\"op\"",
+                b":\"shutdown\"}\n",
+            ],
+        );
+        let ids: Vec<u64> = replies.iter().filter_map(|r| r["id"].as_u64()).collect();
+        assert_eq!(ids, [1, 2], "TUNELAB_SPIN_US={spin}: {replies:?}");
+    }
+}

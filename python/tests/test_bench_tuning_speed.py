@@ -125,6 +125,19 @@ def test_a_native_lane_is_its_python_and_native_tracks_together(tb, tmp_path):
     assert "runner overhead per job (between calls + protocol): 0.190 ms" in text
 
 
+def test_how_the_lane_met_its_replies_is_counted_over_both_workers(tb, tmp_path):
+    t = native_lane_trace()
+    assert tb.breakdown(t.write(tmp_path / "old.json"))["lanes"]["lane0"]["replies_met"] is None
+    # A runner that records `met`: every counted call says how its reply came (hello and shutdown do
+    # not count).
+    for e in t.events:
+        if e["ph"] == "X" and "worker_us" in e["args"]:
+            e["args"]["met"] = "asleep" if e["name"] in ("recipe", "hello") else "spinning"
+    b = tb.breakdown(t.write(tmp_path / "met.json"))
+    assert b["lanes"]["lane0"]["replies_met"] == {"asleep": 2, "spinning": 11}
+    assert "replies met: asleep 2, spinning 11" in tb.render(b)
+
+
 def test_a_python_lane_is_unchanged_by_the_native_accounting(tb, tmp_path):
     t = Trace()
     t.span("lane0", "start-up", 0, 5000, pid=1)

@@ -6,6 +6,7 @@ interpreter and times with the wall clock; with one it runs the GPU paths.
 """
 
 import ctypes.util
+import json
 import math
 
 import pytest
@@ -239,6 +240,56 @@ def test_bad_input_gets_bad_request_and_the_worker_keeps_serving(shared_worker):
     # Blank lines are not requests and get no response; the next one does.
     worker.send_raw(b"\n")
     assert worker.request("hello")["ok"]
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 0.005])
+def test_requests_come_whole_however_the_pipe_splits_them(spin_s):
+    import os
+    import threading
+    import time
+
+    from tunelab.worker import _Requests
+
+    read_fd, write_fd = os.pipe()
+    try:
+        requests = _Requests(read_fd, spin_s)
+        os.write(write_fd, b'{"id":1}\n\n{"id"')
+        assert requests.readline() == b'{"id":1}\n'
+        assert requests.readline() == b"\n"
+
+        # The rest of a line comes while the reader spins, then sleeps.
+        def rest():
+            time.sleep(0.02)
+            os.write(write_fd, b':2}\n{"id":3}')
+            os.close(write_fd)
+
+        writer = threading.Thread(target=rest)
+        writer.start()
+        assert requests.readline() == b'{"id":2}\n'
+        writer.join()
+        # End of file: the last line without its newline, then nothing.
+        assert requests.readline() == b'{"id":3}'
+        assert requests.readline() == b""
+    finally:
+        os.close(read_fd)
+
+
+def test_worker_us_covers_the_encoding_and_ends_the_line(shared_worker):
+    worker = shared_worker
+    worker.send_raw(b'{"id": 5, "op": "release"}\n')
+    line = worker._lines.get(timeout=60)
+    assert line.startswith(b'{"id":5,"ok":true') and line.endswith(b"}\n")
+    response = json.loads(line)
+    assert list(response)[-1] == "worker_us" and response["worker_us"] >= 0
+
+
+def test_a_worker_that_never_spins_serves_the_same(spawn_worker):
+    worker = spawn_worker(env_overrides={"TUNELAB_SPIN_US": "0"})
+    assert worker.request("hello")["ok"]
+    worker.send_raw(b"\n")
+    assert worker.request("release")["ok"]
+    assert worker.request("shutdown")["ok"]
+    assert worker.at_eof()
 
 
 def test_problem_errors(shared_worker):

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import select
 import sys
 import time
 import traceback
@@ -513,16 +514,18 @@ class Worker:
 
     # ---- dispatch
 
-    def handle_line(self, raw: bytes) -> dict:
-        """One request line in, one response object out; never raises.
+    def handle_line(self, raw: bytes) -> bytes:
+        """One request line in, its response line out (JSON, newline-ended); never raises.
 
-        Every response carries `worker_us`, the time spent here: the runner
-        subtracts it from the round trip to see what the protocol costs.
+        Every response ends with `worker_us`: the time from here until the
+        response is text, its encoding included, so the runner, subtracting
+        it from the round trip, sees what the pipe and the runner's side
+        cost and nothing the worker did.
         """
         started = time.perf_counter()
-        response = self._handle(raw)
-        response["worker_us"] = round((time.perf_counter() - started) * 1e6, 1)
-        return response
+        text = _encode(self._handle(raw))  # a JSON object: ends with "}"
+        us = (time.perf_counter() - started) * 1e6
+        return b"%s,\"worker_us\":%.1f}\n" % (text[:-1], us)
 
     def _handle(self, raw: bytes) -> dict:
         try:
@@ -1132,13 +1135,14 @@ def _bytes_for(problem, inputs) -> float:
 
 
 def _encode(response: dict) -> bytes:
+    """The response as compact JSON, without a newline."""
     try:
         text = json.dumps(response, allow_nan=False, separators=(",", ":"))
     except ValueError:
         # JSON has no NaN or infinity; a problem's flops or a timer could
         # still produce one. Send null rather than an unparsable line.
         text = json.dumps(_finite(response), allow_nan=False, separators=(",", ":"))
-    return text.encode("utf-8") + b"\n"
+    return text.encode("utf-8")
 
 
 def _finite(value):
@@ -1149,6 +1153,73 @@ def _finite(value):
     if isinstance(value, (list, tuple)):
         return [_finite(item) for item in value]
     return value
+
+
+# How long the worker spins for its next request after answering one before it
+# sleeps (docs/worker-protocol.md, "Waiting for a line"); TUNELAB_SPIN_US sets
+# it (0 always sleeps). Waking a CPU that went idle costs more than the
+# runner's work between two calls.
+WORKER_SPIN_US = 20_000
+# A spin step (a poll, a yield) that takes longer than this was preempted:
+# another process wanted the CPU, and the worker sleeps instead.
+_CONTENDED_S = 50e-6
+
+
+def _spin_seconds() -> float:
+    try:
+        return max(0, int(os.environ.get("TUNELAB_SPIN_US", WORKER_SPIN_US))) / 1e6
+    except ValueError:
+        return WORKER_SPIN_US / 1e6
+
+
+class _Requests:
+    """Request lines from a pipe: spinning for the next one for a while after
+    each answer (polling without sleeping, yielding the CPU to anything else
+    runnable, and giving up as soon as something else did run), then asleep
+    until it comes.
+
+    Reads the file descriptor itself: a buffered reader could hold a line
+    that `poll` does not see.
+    """
+
+    def __init__(self, fd: int, spin_s: float):
+        self._fd = fd
+        self._spin_s = spin_s
+        self._buf = bytearray()
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+
+    def readline(self) -> bytes:
+        """The next line with its newline; the last one without; b"" at end of file."""
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buf[: end + 1])
+                del self._buf[: end + 1]
+                return line
+            self._wait()
+            chunk = os.read(self._fd, 65536)
+            if not chunk:
+                line = bytes(self._buf)
+                self._buf.clear()
+                return line
+            self._buf += chunk
+
+    def _wait(self):
+        if self._spin_s > 0:
+            poll, clock = self._poll.poll, time.perf_counter
+            now = clock()
+            until = now + self._spin_s
+            while now < until:
+                if poll(0):
+                    return
+                os.sched_yield()
+                step, now = now, clock()
+                if now - step > _CONTENDED_S:
+                    # Something else ran: this CPU is wanted, so it will not
+                    # idle, and sleeping costs no wake-up from idle.
+                    break
+        self._poll.poll()
 
 
 def _parse_args(argv):
@@ -1202,14 +1273,14 @@ def main(argv=None) -> int:
     else:
         mode = choose_mode()
     worker = Worker(role=args.role, mode=mode, target=target)
-    requests = sys.stdin.buffer
+    requests = _Requests(sys.stdin.fileno(), _spin_seconds())
     while not worker.stopping:
         line = requests.readline()
         if not line:
             break  # the runner closed our stdin: nothing more to serve
         if not line.strip():
             continue
-        protocol.write(_encode(worker.handle_line(line)))
+        protocol.write(worker.handle_line(line))
         protocol.flush()  # the runner is waiting for this line
     return 0
 

@@ -2,6 +2,7 @@
 //! worker process (Triton, torch, user problems); a native CUDA or HIP
 //! backend implements the same trait.
 
+pub mod lines;
 pub mod native;
 pub mod python;
 pub mod worker;

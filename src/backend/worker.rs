@@ -5,13 +5,15 @@
 //! Either way the caller records the job's failure class and starts a fresh
 //! worker: nothing a kernel does can take the runner down.
 
-use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value as Json};
+
+use super::lines::{self, LineReader, ReadError, Wait};
 
 /// How to start a worker.
 #[derive(Debug, Clone)]
@@ -61,7 +63,12 @@ impl std::fmt::Display for CallError {
 pub struct Worker {
     child: Child,
     stdin: ChildStdin,
-    lines: LineReader,
+    lines: LineReader<ChildStdout>,
+    /// How long this side spins for a reply (zero: it sleeps until one comes).
+    spin: Duration,
+    /// The worker's own time for its last successful answer to each op: the
+    /// next call of the op is waited for around when it should end.
+    expected: HashMap<String, Duration>,
     next_id: u64,
     log: PathBuf,
     /// The trace track: the log's file stem ("lane0", "compile3").
@@ -99,12 +106,22 @@ impl Worker {
         if let Some(cache) = &spec.triton_cache {
             cmd.env("TRITON_CACHE_DIR", cache);
         }
+        // A compile takes hundreds of milliseconds: waking for its answer costs
+        // nothing that shows, and the pool's cores are better left to compiling.
+        let compile = spec.role == "compile";
+        if compile {
+            cmd.env(lines::SPIN_VAR, "0");
+        }
         let name = spec
             .log
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| spec.role.clone());
-        Worker::start(cmd, &spec.log, name)
+        let mut worker = Worker::start(cmd, &spec.log, name)?;
+        if compile {
+            worker.spin = Duration::ZERO;
+        }
+        Ok(worker)
     }
 
     /// Starts `cmd` (its arguments and environment set) as a worker speaking
@@ -131,6 +148,8 @@ impl Worker {
             child,
             stdin,
             lines: LineReader::new(stdout),
+            spin: lines::spin_from_env(lines::LANE_SPIN),
+            expected: HashMap::new(),
             next_id: 1,
             log: log.to_path_buf(),
             name,
@@ -141,7 +160,7 @@ impl Worker {
         self.child.id()
     }
 
-    /// Sends one request and waits for its response, at most `timeout`.
+    /// Its trace track ("lane0", "native0").
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -173,7 +192,8 @@ impl Worker {
                 &self.name,
                 op,
                 started,
-                json!({"job": job, "worker_us": worker_us, "outcome": outcome}),
+                json!({"job": job, "worker_us": worker_us, "outcome": outcome,
+                       "met": result.is_ok().then(|| self.lines.met().as_str())}),
             );
         }
         result
@@ -185,6 +205,7 @@ impl Worker {
         mut body: Json,
         timeout: Duration,
     ) -> Result<Json, CallError> {
+        let started = Instant::now();
         let id = self.next_id;
         self.next_id += 1;
         body["id"] = json!(id);
@@ -198,14 +219,35 @@ impl Worker {
         {
             return Err(self.crashed());
         }
-        match self.lines.next_line(Instant::now() + timeout) {
+        let wait = Wait::around(
+            started,
+            self.expected.get(op).copied(),
+            self.spin,
+            Instant::now() + timeout,
+        );
+        match self.lines.next_line(wait) {
             Ok(Some(text)) => {
                 let response: Json = serde_json::from_str(&text)
                     .map_err(|e| CallError::Protocol(format!("not JSON ({e}): {text}")))?;
                 // We kill a worker on timeout, so a late answer to an earlier
                 // request cannot arrive: any other id is a protocol error.
                 match response.get("id").and_then(Json::as_u64) {
-                    Some(got) if got == id => Ok(response),
+                    Some(got) if got == id => {
+                        let worker_us = response.get("worker_us").and_then(Json::as_f64);
+                        let ok = response.get("ok").and_then(Json::as_bool) == Some(true);
+                        if let (true, Some(us)) = (ok, worker_us) {
+                            if us.is_finite() && us >= 0.0 && us < timeout.as_secs_f64() * 1e6 {
+                                let us = Duration::from_secs_f64(us / 1e6);
+                                match self.expected.get_mut(op) {
+                                    Some(e) => *e = us,
+                                    None => {
+                                        self.expected.insert(op.to_string(), us);
+                                    }
+                                }
+                            }
+                        }
+                        Ok(response)
+                    }
                     _ => Err(CallError::Protocol(format!(
                         "response for another request: {text}"
                     ))),
@@ -267,74 +309,6 @@ impl Drop for Worker {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
-        }
-    }
-}
-
-enum ReadError {
-    Timeout,
-    /// Reading the pipe failed: treated like the worker exiting.
-    Io,
-}
-
-/// Lines from the worker's stdout, read in the calling thread with a deadline.
-///
-/// `poll` waits for data, so a response reaches the waiting lane without a
-/// hand-off through a reader thread: on a host whose cores are all busy
-/// compiling, each such hand-off is a scheduler wake-up, and a lane makes
-/// several calls per job.
-struct LineReader {
-    stdout: ChildStdout,
-    buf: Vec<u8>,
-}
-
-impl LineReader {
-    fn new(stdout: ChildStdout) -> LineReader {
-        LineReader {
-            stdout,
-            buf: Vec::with_capacity(64 * 1024),
-        }
-    }
-
-    /// The next line without its newline; `None` at end of file.
-    fn next_line(&mut self, deadline: Instant) -> Result<Option<String>, ReadError> {
-        let mut chunk = [0u8; 64 * 1024];
-        loop {
-            if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=end).collect();
-                return Ok(Some(
-                    String::from_utf8_lossy(&line[..line.len() - 1]).into_owned(),
-                ));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ReadError::Timeout);
-            }
-            let mut fds = libc::pollfd {
-                fd: self.stdout.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // Round up, so a deadline less than a millisecond away still waits.
-            let wait_ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
-            // SAFETY: one valid pollfd that lives across the call.
-            let ready = unsafe { libc::poll(&mut fds, 1, wait_ms) };
-            if ready < 0 {
-                let err = std::io::Error::last_os_error();
-                if err.kind() == std::io::ErrorKind::Interrupted {
-                    continue; // Ctrl-C: the runner finishes this call first
-                }
-                return Err(ReadError::Io);
-            }
-            if ready == 0 {
-                continue; // the deadline is checked at the top
-            }
-            match self.stdout.read(&mut chunk) {
-                Ok(0) => return Ok(None),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return Err(ReadError::Io),
-            }
         }
     }
 }

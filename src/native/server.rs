@@ -15,13 +15,15 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::io::{BufRead, Write};
-use std::time::Instant;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
 use super::gpu::{ErrorClass, Gpu, GpuError, Ptr};
+use crate::backend::lines::{self, LineReader, Wait};
 
 /// The native worker protocol this build speaks.
 pub const PROTOCOL: u32 = 1;
@@ -189,10 +191,23 @@ pub fn main(backend: &str) -> i32 {
         other => Err(format!("unknown backend `{other}` (cuda, hip)")),
     };
     let mut server = opened.map(Server::new);
-    let stdin = std::io::stdin();
+    // Its own descriptor for the requests, read without std's buffering so
+    // that `poll` sees every byte not yet taken.
+    let requests = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) => {
+            eprintln!("native worker: cannot read its input: {e}");
+            return 1;
+        }
+    };
+    let mut requests = LineReader::new(requests);
+    // After each answer, spin for the next request before sleeping
+    // (docs/worker-protocol.md, "Waiting for a line"; TUNELAB_SPIN_US in its
+    // environment sets how long, 0 always sleeps).
+    let spin = lines::spin_from_env(lines::WORKER_SPIN);
+    let forever = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
     let mut stopping = false;
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { break };
+    while let Ok(Some(line)) = requests.next_line(Wait::spin_then_sleep(spin, forever)) {
         if line.trim().is_empty() {
             continue;
         }
@@ -233,8 +248,12 @@ pub fn main(backend: &str) -> i32 {
         if body.get("ok").is_none() {
             body["ok"] = json!(true);
         }
-        body["worker_us"] = json!(started.elapsed().as_secs_f64() * 1e6);
-        let text = serde_json::to_string(&body).expect("response serialises") + "\n";
+        // The worker's time runs until its answer is text: serialising it is
+        // the worker's work, not the pipe's.
+        let mut text = serde_json::to_string(&body).expect("response serialises");
+        text.pop(); // the object's closing brace
+        let us = started.elapsed().as_secs_f64() * 1e6;
+        text.push_str(&format!(",\"worker_us\":{us:.1}}}\n"));
         if protocol
             .write_all(text.as_bytes())
             .and_then(|_| protocol.flush())
