@@ -182,24 +182,37 @@ def _e2m1_bits(code):
 
 
 @triton.jit
-def _mx_halves(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
-    """(low, high): the dequantised values of packed bytes [BLOCK_SIZE_K / 2,
-    BLOCK_SIZE_N] (byte i holds reduction indices 2i and 2i + 1), each
-    [BLOCK_SIZE_K / 2, BLOCK_SIZE_N] in OUT_DTYPE; scales [BLOCK_SIZE_N,
-    BLOCK_SIZE_K / 32] E8M0 bytes (byte i's group is i // 16).
+def _scales_per_byte_cols(scales, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """uint32 [BLOCK_SIZE_K / 2, BLOCK_SIZE_N]: each packed byte's E8M0 scale,
+    for a tile with the reduction axis first; scales [BLOCK_SIZE_N, BLOCK_SIZE_K / 32]
+    (byte i's group is i // 16)."""
+    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
+    e = tl.trans(scales.to(tl.uint32))  # [GROUPS, BLOCK_SIZE_N]
+    return tl.reshape(tl.broadcast_to(e[:, None, :], (GROUPS, 16, BLOCK_SIZE_N)), (BLOCK_SIZE_K // 2, BLOCK_SIZE_N))
+
+
+@triton.jit
+def _scales_per_byte_rows(scales, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """_scales_per_byte_cols for the swapped tile: [BLOCK_SIZE_N, BLOCK_SIZE_K / 2]."""
+    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
+    e = scales.to(tl.uint32)  # [BLOCK_SIZE_N, GROUPS]
+    return tl.reshape(tl.broadcast_to(e[:, :, None], (BLOCK_SIZE_N, GROUPS, 16)), (BLOCK_SIZE_N, BLOCK_SIZE_K // 2))
+
+
+@triton.jit
+def _mx_values(packed, e, e_max, OUT_DTYPE: tl.constexpr):
+    """(low, high): the dequantised values in OUT_DTYPE of packed bytes (byte
+    i holds reduction indices 2i and 2i + 1) whose E8M0 scales are `e`
+    (uint32, the same shape; `e_max` their largest).
 
     A value is its bits (x 2^-126, _e2m1_bits) times 2^126 x 2^(e - 127) =
     2^(e - 1): one multiply, exact. 2^(e - 1) is an fp32 for e <= 128 (a
     group whose largest weight is below 16); a tile with a larger scale takes
     two multiplies (2^126, then 2^(e - 127))."""
-    HALF: tl.constexpr = BLOCK_SIZE_K // 2
-    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
     p = packed.to(tl.uint32)
-    e = tl.trans(scales.to(tl.uint32))  # [GROUPS, BLOCK_SIZE_N]
-    e = tl.reshape(tl.broadcast_to(e[:, None, :], (GROUPS, 16, BLOCK_SIZE_N)), (HALF, BLOCK_SIZE_N))
     u_lo = _e2m1_bits(p & 15)
     u_hi = _e2m1_bits(p >> 4)
-    if tl.max(tl.max(scales, axis=1), axis=0) <= 128:
+    if e_max <= 128:
         factor = ((e + 126) << 23).to(tl.float32, bitcast=True)  # 2^(e - 1)
         lo = (u_lo * factor).to(OUT_DTYPE)
         hi = (u_hi * factor).to(OUT_DTYPE)
@@ -211,28 +224,21 @@ def _mx_halves(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constex
 
 
 @triton.jit
+def _mx_halves(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """(low, high) of packed bytes [BLOCK_SIZE_K / 2, BLOCK_SIZE_N], each
+    [BLOCK_SIZE_K / 2, BLOCK_SIZE_N] in OUT_DTYPE, with scales
+    [BLOCK_SIZE_N, BLOCK_SIZE_K / 32] (_mx_values)."""
+    return _mx_values(packed, _scales_per_byte_cols(scales, BLOCK_SIZE_K, BLOCK_SIZE_N),
+                      tl.max(tl.max(scales, axis=1), axis=0), OUT_DTYPE)
+
+
+@triton.jit
 def _mx_halves_rows(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
                     BLOCK_SIZE_N: tl.constexpr):
     """_mx_halves for the swapped tile: packed bytes [BLOCK_SIZE_N, BLOCK_SIZE_K / 2]
-    (one weight row per row, as the weights lie in memory), scales
-    [BLOCK_SIZE_N, BLOCK_SIZE_K / 32]; (low, high), each [BLOCK_SIZE_N,
-    BLOCK_SIZE_K / 2] in OUT_DTYPE. The same arithmetic, so the same exact values."""
-    HALF: tl.constexpr = BLOCK_SIZE_K // 2
-    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
-    p = packed.to(tl.uint32)
-    e = scales.to(tl.uint32)  # [BLOCK_SIZE_N, GROUPS]
-    e = tl.reshape(tl.broadcast_to(e[:, :, None], (BLOCK_SIZE_N, GROUPS, 16)), (BLOCK_SIZE_N, HALF))
-    u_lo = _e2m1_bits(p & 15)
-    u_hi = _e2m1_bits(p >> 4)
-    if tl.max(tl.max(scales, axis=1), axis=0) <= 128:
-        factor = ((e + 126) << 23).to(tl.float32, bitcast=True)  # 2^(e - 1)
-        lo = (u_lo * factor).to(OUT_DTYPE)
-        hi = (u_hi * factor).to(OUT_DTYPE)
-    else:
-        factor = (e << 23).to(tl.float32, bitcast=True)  # 2^(e - 127); e = 0 reads as 0
-        lo = (u_lo * 8.507059173023462e37 * factor).to(OUT_DTYPE)  # 2^126
-        hi = (u_hi * 8.507059173023462e37 * factor).to(OUT_DTYPE)
-    return lo, hi
+    (one weight row per row, as the weights lie in memory); the same values."""
+    return _mx_values(packed, _scales_per_byte_rows(scales, BLOCK_SIZE_K, BLOCK_SIZE_N),
+                      tl.max(tl.max(scales, axis=1), axis=0), OUT_DTYPE)
 
 
 # Inline PTX for MX_PTX=1: four packed bytes in (one register), the bf16
@@ -243,9 +249,10 @@ def _mx_halves_rows(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.co
 # sign to bit 15, which reads as the value times 2^-126 (e = 0, m = 1 is
 # bf16's subnormal 2^-127: exact, as mul.bf16x2 keeps subnormals). One
 # mul.bf16x2 by the element's factor ($5, $6: 2^(e - 1), bf16) makes it the
-# weight. (E8M0's 255 is NaN; like tunelab's fp32 path, this one reads it as
-# a huge power of two instead. No real weight file holds it.) `_PTX_TWO` is the same with a second factor ($7, $8) for groups
-# whose 2^(e - 1) is not a bf16 (e > 128): 2^(min(e, 128) - 1), then 2^(e - 128).
+# weight. `_PTX_TWO` is the same with a second factor ($7, $8) for groups
+# whose 2^(e - 1) is not a bf16 (e > 128): 2^(min(e, 128) - 1), then
+# 2^(e - 128). (E8M0's 255 is NaN; like tunelab's fp32 path, this one reads
+# it as a huge power of two instead. No real weight file holds it.)
 _PTX_SPREAD = """
     .reg .b32 t<2>, m, g;
     prmt.b32 t0, $4, 0, 0x4140;
@@ -364,9 +371,7 @@ def _q_acc(
                     # Each byte's scale beside it: the tile's layout, not one the dot would need (measured:
                     # loading the bytes as [groups, 16, BLOCK_SIZE_N] to broadcast the scales in registers
                     # instead was 1.4x slower on an H200).
-                    e = tl.trans(scales.to(tl.uint32))  # [GROUPS, BLOCK_SIZE_N]
-                    e = tl.reshape(tl.broadcast_to(e[:, None, :], (GROUPS, 16, BLOCK_SIZE_N)), (HALF, BLOCK_SIZE_N))
-                    lo, hi = _mx_halves_ptx(packed, e)
+                    lo, hi = _mx_halves_ptx(packed, _scales_per_byte_cols(scales, BLOCK_SIZE_K, BLOCK_SIZE_N))
                 else:
                     lo, hi = _mx_halves(packed, scales, a_lo.dtype, BLOCK_SIZE_K, BLOCK_SIZE_N)
                 acc = tl.dot(a_lo, lo, acc)
@@ -453,9 +458,7 @@ def _q_acc_swapped(
                 a_hi = tl.load(a_col + (k_even + 1)[:, None], mask=a_mask[None, :] & (k_even[:, None] + 1 < K_RED),
                                other=0.0, cache_modifier=A_CACHE)
                 if MX_PTX:
-                    e = scales.to(tl.uint32)  # [BLOCK_SIZE_N, GROUPS]
-                    e = tl.reshape(tl.broadcast_to(e[:, :, None], (BLOCK_SIZE_N, GROUPS, 16)), (BLOCK_SIZE_N, HALF))
-                    lo, hi = _mx_halves_ptx(packed, e)
+                    lo, hi = _mx_halves_ptx(packed, _scales_per_byte_rows(scales, BLOCK_SIZE_K, BLOCK_SIZE_N))
                 else:
                     lo, hi = _mx_halves_rows(packed, scales, a_lo.dtype, BLOCK_SIZE_K, BLOCK_SIZE_N)
                 acc = tl.dot(lo, a_lo, acc)
