@@ -1160,9 +1160,11 @@ def _finite(value):
 # it (0 always sleeps). Waking a CPU that went idle costs more than the
 # runner's work between two calls.
 WORKER_SPIN_US = 20_000
-# A spin step (a poll, a yield) that takes longer than this was preempted:
-# another process wanted the CPU, and the worker sleeps instead.
+# A spin step (a poll) that takes longer than this was preempted: another
+# thread wanted the CPU, and the worker sleeps instead.
 _CONTENDED_S = 50e-6
+# How often a spin looks whether the host is crowded (_crowded).
+_CROWD_LOOK_S = 100e-6
 
 
 def _spin_seconds() -> float:
@@ -1174,9 +1176,8 @@ def _spin_seconds() -> float:
 
 class _Requests:
     """Request lines from a pipe: spinning for the next one for a while after
-    each answer (polling without sleeping, yielding the CPU to anything else
-    runnable, and giving up as soon as something else did run), then asleep
-    until it comes.
+    each answer (polling without sleeping, and giving up as soon as the spin
+    is preempted or any thread waits for a CPU), then asleep until it comes.
 
     Reads the file descriptor itself: a buffered reader could hold a line
     that `poll` does not see.
@@ -1209,17 +1210,46 @@ class _Requests:
         if self._spin_s > 0:
             poll, clock = self._poll.poll, time.perf_counter
             now = clock()
-            until = now + self._spin_s
+            until, next_look = now + self._spin_s, now
             while now < until:
+                if now >= next_look:
+                    next_look = now + _CROWD_LOOK_S
+                    if _crowded():
+                        break
                 if poll(0):
                     return
-                os.sched_yield()
+                # No yield: it would hand the CPU to whatever else is runnable
+                # on it for a whole slice (milliseconds), and the request
+                # would wait that long.
                 step, now = now, clock()
                 if now - step > _CONTENDED_S:
-                    # Something else ran: this CPU is wanted, so it will not
-                    # idle, and sleeping costs no wake-up from idle.
+                    # Preempted: this CPU is wanted, so it will not idle, and
+                    # sleeping costs no wake-up from idle.
                     break
         self._poll.poll()
+
+
+def _crowded() -> bool:
+    """Whether more threads are runnable than the host has CPUs online
+    (/proc/loadavg; never where there is none): one of them waits for a CPU,
+    and a spin would keep it waiting, since the scheduler places a woken
+    thread on an idle CPU and a spinning one does not look idle."""
+    global _LOADAVG
+    if _LOADAVG is None:
+        try:
+            _LOADAVG = (os.open("/proc/loadavg", os.O_RDONLY), os.sysconf("SC_NPROCESSORS_ONLN"))
+        except (OSError, ValueError):
+            _LOADAVG = (None, 0)
+    fd, cpus = _LOADAVG
+    if fd is None:
+        return False
+    try:
+        return int(os.pread(fd, 128, 0).split()[3].split(b"/")[0]) > cpus
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+_LOADAVG = None
 
 
 def _parse_args(argv):
