@@ -514,16 +514,19 @@ class Worker:
 
     # ---- dispatch
 
-    def handle_line(self, raw: bytes) -> bytes:
+    def handle_line(self, raw: bytes, met: Optional[str] = None) -> bytes:
         """One request line in, its response line out (JSON, newline-ended); never raises.
 
         Every response ends with `worker_us`: the time from here until the
         response is text, its encoding included, so the runner, subtracting
         it from the round trip, sees what the pipe and the runner's side
-        cost and nothing the worker did.
+        cost and nothing the worker did. Before it, `met`: how the request
+        was met (`_Requests.met`), when given.
         """
         started = time.perf_counter()
         text = _encode(self._handle(raw))  # a JSON object: ends with "}"
+        if met is not None:
+            text = b'%s,"met":"%s"}' % (text[:-1], met.encode())
         us = (time.perf_counter() - started) * 1e6
         return b"%s,\"worker_us\":%.1f}\n" % (text[:-1], us)
 
@@ -1187,18 +1190,24 @@ class _Requests:
         self._fd = fd
         self._spin_s = spin_s
         self._buf = bytearray()
+        self.met = "ready"
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
 
     def readline(self) -> bytes:
-        """The next line with its newline; the last one without; b"" at end of file."""
+        """The next line with its newline; the last one without; b"" at end of file.
+
+        `met` then says how its last byte was met: "ready" (read with an
+        earlier line), "spinning" or "asleep".
+        """
+        self.met = "ready"
         while True:
             end = self._buf.find(b"\n")
             if end >= 0:
                 line = bytes(self._buf[: end + 1])
                 del self._buf[: end + 1]
                 return line
-            self._wait()
+            self.met = self._wait()
             chunk = os.read(self._fd, 65536)
             if not chunk:
                 line = bytes(self._buf)
@@ -1206,7 +1215,7 @@ class _Requests:
                 return line
             self._buf += chunk
 
-    def _wait(self):
+    def _wait(self) -> str:
         if self._spin_s > 0:
             poll, clock = self._poll.poll, time.perf_counter
             now = clock()
@@ -1217,7 +1226,7 @@ class _Requests:
                     if _crowded():
                         break
                 if poll(0):
-                    return
+                    return "spinning"
                 # No yield: it would hand the CPU to whatever else is runnable
                 # on it for a whole slice (milliseconds), and the request
                 # would wait that long.
@@ -1227,6 +1236,7 @@ class _Requests:
                     # sleeping costs no wake-up from idle.
                     break
         self._poll.poll()
+        return "asleep"
 
 
 def _crowded() -> bool:
@@ -1310,7 +1320,7 @@ def main(argv=None) -> int:
             break  # the runner closed our stdin: nothing more to serve
         if not line.strip():
             continue
-        protocol.write(worker.handle_line(line))
+        protocol.write(worker.handle_line(line, requests.met))
         protocol.flush()  # the runner is waiting for this line
     return 0
 
