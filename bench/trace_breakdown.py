@@ -18,7 +18,8 @@ compile pool), the journal's appends and the planner. From those this reports:
   worker reading the request to its reply being text, so the protocol is the
   pipe's two hand-offs and the runner's own encoding and parsing;
 - how the lane met each reply (`met`, runners since the spin-then-sleep
-  waits of docs/worker-protocol.md): spinning, asleep, or already there.
+  waits of docs/worker-protocol.md), and each worker its requests
+  (`worker_met`, from the reply's `met`): spinning, asleep, or already there.
 
 A lane N is the track `laneN` (its Python worker's calls), `laneN jobs`
 (groups, waits for compiles, health checks) and, when the run launches
@@ -115,13 +116,14 @@ def _protocol_us(calls):
             if e["name"] not in NOT_PROTOCOL and isinstance(e["args"].get("worker_us"), (int, float))]
 
 
-def _met(calls):
-    """How the lane met each counted call's reply (`met` in the span, from runners that record it):
-    {"spinning": n, "asleep": n, "ready": n}, or None when no call says."""
+def _met(calls, key="met"):
+    """How each counted call's reply was met by the lane (`met` in the span, from runners that record
+    it), or its request by the worker (`worker_met`, from workers that say): {"spinning": n,
+    "asleep": n, "ready": n}, or None when no call says."""
     met = defaultdict(int)
     for e in calls:
-        if e["name"] not in NOT_PROTOCOL and e["args"].get("met"):
-            met[e["args"]["met"]] += 1
+        if e["name"] not in NOT_PROTOCOL and e["args"].get(key):
+            met[e["args"][key]] += 1
     return dict(met) or None
 
 
@@ -194,6 +196,8 @@ def breakdown(path):
             "python_calls_per_job": len(py_protocol) / jobs if jobs else None,
             # Whether the lane was spinning (no CPU to wake) when each reply came, both workers.
             "replies_met": _met(calls),
+            # Whether the worker was spinning when each request came.
+            "python_requests_met": _met(py_calls, "worker_met"),
             "native": None if not native else {
                 "track": native_track,
                 "ready_s": max(_end(e) for e in nat_start if e["name"] == "start-up") / 1e6
@@ -204,6 +208,7 @@ def breakdown(path):
                 "jobs": len(native_job_ids),
                 "protocol_us_per_call": statistics.mean(nat_protocol) if nat_protocol else None,
                 "calls_per_job": len(nat_protocol) / jobs if jobs else None,
+                "requests_met": _met(nat_calls, "worker_met"),
             },
         }
 
@@ -230,6 +235,10 @@ def overhead_per_job_ms(b):
     if not lane or not lane["jobs"] or lane["protocol_ms_per_job"] is None:
         return None
     return lane["runner_ms_per_job"] + lane["protocol_ms_per_job"]
+
+
+def _render_met(met):
+    return ", ".join(f"{k} {v}" for k, v in sorted(met.items()))
 
 
 def _render_ops(calls):
@@ -261,8 +270,11 @@ def render(b):
                      f"({lane['protocol_ms_per_job'] or 0:.3f} ms/job)")
         met = lane.get("replies_met")
         if met:
-            lines.append("  replies met: " + ", ".join(f"{k} {v}" for k, v in sorted(met.items()))
+            lines.append("  replies met: " + _render_met(met)
                          + " (spinning: the lane was polling when the reply came, no CPU to wake)")
+        for who, wmet in (("Python", lane.get("python_requests_met")), ("native", (nat or {}).get("requests_met"))):
+            if wmet:
+                lines.append(f"  requests met by the {who} worker: " + _render_met(wmet))
         if nat:
             lines.append(f"  protocol by worker: Python {lane['python_protocol_us_per_call'] or 0:.0f} us/call x "
                          f"{lane['python_calls_per_job'] or 0:.1f} calls/job, native "

@@ -240,3 +240,19 @@ fn a_request_split_across_writes_is_one_request_spinning_or_not() {
         assert_eq!(ids, [1, 2], "TUNELAB_SPIN_US={spin}: {replies:?}");
     }
 }
+
+#[test]
+fn the_native_worker_says_how_it_met_each_request() {
+    for (spin, first) in [("20000", "spinning"), ("0", "asleep")] {
+        let replies = native_worker_session(
+            &[("TUNELAB_SPIN_US", spin)],
+            &[b"{\"id\":1,\"op\":\"release\"}\n{\"id\":2,\"op\":\"release\"}\n"],
+        );
+        let met: Vec<&str> = replies.iter().filter_map(|r| r["met"].as_str()).collect();
+        // The second came with the first: ready. The first was waited for,
+        // spinning (the host may be crowded: then asleep) or asleep.
+        assert_eq!(met.len(), 2, "{replies:?}");
+        assert!(met[0] == first || met[0] == "asleep", "{met:?}");
+        assert_eq!(met[1], "ready");
+    }
+}

@@ -133,9 +133,18 @@ def test_how_the_lane_met_its_replies_is_counted_over_both_workers(tb, tmp_path)
     for e in t.events:
         if e["ph"] == "X" and "worker_us" in e["args"]:
             e["args"]["met"] = "asleep" if e["name"] in ("recipe", "hello") else "spinning"
+            # And the workers say how they met the requests: the Python worker's recipe after the
+            # native calls found it asleep.
+            e["args"]["worker_met"] = "asleep" if e["name"] == "recipe" else "spinning"
     b = tb.breakdown(t.write(tmp_path / "met.json"))
-    assert b["lanes"]["lane0"]["replies_met"] == {"asleep": 2, "spinning": 11}
-    assert "replies met: asleep 2, spinning 11" in tb.render(b)
+    lane = b["lanes"]["lane0"]
+    assert lane["replies_met"] == {"asleep": 2, "spinning": 11}
+    assert lane["python_requests_met"] == {"asleep": 2, "spinning": 4}
+    assert lane["native"]["requests_met"] == {"spinning": 7}
+    text = tb.render(b)
+    assert "replies met: asleep 2, spinning 11" in text
+    assert "requests met by the Python worker: asleep 2, spinning 4" in text
+    assert "requests met by the native worker: spinning 7" in text
 
 
 def test_a_python_lane_is_unchanged_by_the_native_accounting(tb, tmp_path):

@@ -514,16 +514,19 @@ class Worker:
 
     # ---- dispatch
 
-    def handle_line(self, raw: bytes) -> bytes:
+    def handle_line(self, raw: bytes, met: Optional[str] = None) -> bytes:
         """One request line in, its response line out (JSON, newline-ended); never raises.
 
         Every response ends with `worker_us`: the time from here until the
         response is text, its encoding included, so the runner, subtracting
         it from the round trip, sees what the pipe and the runner's side
-        cost and nothing the worker did.
+        cost and nothing the worker did. Before it, `met`: how the request
+        was met (`_Requests.met`), when given.
         """
         started = time.perf_counter()
         text = _encode(self._handle(raw))  # a JSON object: ends with "}"
+        if met is not None:
+            text = b'%s,"met":"%s"}' % (text[:-1], met.encode())
         us = (time.perf_counter() - started) * 1e6
         return b"%s,\"worker_us\":%.1f}\n" % (text[:-1], us)
 
@@ -1158,11 +1161,14 @@ def _finite(value):
 # How long the worker spins for its next request after answering one before it
 # sleeps (docs/worker-protocol.md, "Waiting for a line"); TUNELAB_SPIN_US sets
 # it (0 always sleeps). Waking a CPU that went idle costs more than the
-# runner's work between two calls.
-WORKER_SPIN_US = 20_000
-# A spin step (a poll, a yield) that takes longer than this was preempted:
-# another process wanted the CPU, and the worker sleeps instead.
+# runner's work between two calls; on a native lane this worker waits while the
+# native worker warms up and samples a job (17 ms median, 36 ms p90 on an H200).
+WORKER_SPIN_US = 50_000
+# A spin step (a poll) that takes longer than this was preempted: another
+# thread wanted the CPU, and the worker sleeps instead.
 _CONTENDED_S = 50e-6
+# How often a spin looks whether the host is crowded (_crowded).
+_CROWD_LOOK_S = 100e-6
 
 
 def _spin_seconds() -> float:
@@ -1174,9 +1180,8 @@ def _spin_seconds() -> float:
 
 class _Requests:
     """Request lines from a pipe: spinning for the next one for a while after
-    each answer (polling without sleeping, yielding the CPU to anything else
-    runnable, and giving up as soon as something else did run), then asleep
-    until it comes.
+    each answer (polling without sleeping, and giving up as soon as the spin
+    is preempted or any thread waits for a CPU), then asleep until it comes.
 
     Reads the file descriptor itself: a buffered reader could hold a line
     that `poll` does not see.
@@ -1186,18 +1191,24 @@ class _Requests:
         self._fd = fd
         self._spin_s = spin_s
         self._buf = bytearray()
+        self.met = "ready"
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
 
     def readline(self) -> bytes:
-        """The next line with its newline; the last one without; b"" at end of file."""
+        """The next line with its newline; the last one without; b"" at end of file.
+
+        `met` then says how its last byte was met: "ready" (read with an
+        earlier line), "spinning" or "asleep".
+        """
+        self.met = "ready"
         while True:
             end = self._buf.find(b"\n")
             if end >= 0:
                 line = bytes(self._buf[: end + 1])
                 del self._buf[: end + 1]
                 return line
-            self._wait()
+            self.met = self._wait()
             chunk = os.read(self._fd, 65536)
             if not chunk:
                 line = bytes(self._buf)
@@ -1205,21 +1216,51 @@ class _Requests:
                 return line
             self._buf += chunk
 
-    def _wait(self):
+    def _wait(self) -> str:
         if self._spin_s > 0:
             poll, clock = self._poll.poll, time.perf_counter
             now = clock()
-            until = now + self._spin_s
+            until, next_look = now + self._spin_s, now
             while now < until:
+                if now >= next_look:
+                    next_look = now + _CROWD_LOOK_S
+                    if _crowded():
+                        break
                 if poll(0):
-                    return
-                os.sched_yield()
+                    return "spinning"
+                # No yield: it would hand the CPU to whatever else is runnable
+                # on it for a whole slice (milliseconds), and the request
+                # would wait that long.
                 step, now = now, clock()
                 if now - step > _CONTENDED_S:
-                    # Something else ran: this CPU is wanted, so it will not
-                    # idle, and sleeping costs no wake-up from idle.
+                    # Preempted: this CPU is wanted, so it will not idle, and
+                    # sleeping costs no wake-up from idle.
                     break
         self._poll.poll()
+        return "asleep"
+
+
+def _crowded() -> bool:
+    """Whether more threads are runnable than the host has CPUs online
+    (/proc/loadavg; never where there is none): one of them waits for a CPU,
+    and a spin would keep it waiting, since the scheduler places a woken
+    thread on an idle CPU and a spinning one does not look idle."""
+    global _LOADAVG
+    if _LOADAVG is None:
+        try:
+            _LOADAVG = (os.open("/proc/loadavg", os.O_RDONLY), os.sysconf("SC_NPROCESSORS_ONLN"))
+        except (OSError, ValueError):
+            _LOADAVG = (None, 0)
+    fd, cpus = _LOADAVG
+    if fd is None:
+        return False
+    try:
+        return int(os.pread(fd, 128, 0).split()[3].split(b"/")[0]) > cpus
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+_LOADAVG = None
 
 
 def _parse_args(argv):
@@ -1280,7 +1321,7 @@ def main(argv=None) -> int:
             break  # the runner closed our stdin: nothing more to serve
         if not line.strip():
             continue
-        protocol.write(worker.handle_line(line))
+        protocol.write(worker.handle_line(line, requests.met))
         protocol.flush()  # the runner is waiting for this line
     return 0
 

@@ -183,6 +183,8 @@ impl Worker {
                 .as_ref()
                 .ok()
                 .and_then(|r| r.get("worker_us").cloned());
+            // How the worker met the request (workers that say).
+            let worker_met = result.as_ref().ok().and_then(|r| r.get("met").cloned());
             let outcome = match &result {
                 Ok(r) if r.get("ok").and_then(Json::as_bool) == Some(true) => "ok",
                 Ok(_) => "failed",
@@ -193,7 +195,8 @@ impl Worker {
                 op,
                 started,
                 json!({"job": job, "worker_us": worker_us, "outcome": outcome,
-                       "met": result.is_ok().then(|| self.lines.met().as_str())}),
+                       "met": result.is_ok().then(|| self.lines.met().as_str()),
+                       "worker_met": worker_met}),
             );
         }
         result

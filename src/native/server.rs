@@ -252,8 +252,9 @@ pub fn main(backend: &str) -> i32 {
         // the worker's work, not the pipe's.
         let mut text = serde_json::to_string(&body).expect("response serialises");
         text.pop(); // the object's closing brace
+        let met = requests.met().as_str();
         let us = started.elapsed().as_secs_f64() * 1e6;
-        text.push_str(&format!(",\"worker_us\":{us:.1}}}\n"));
+        text.push_str(&format!(",\"met\":\"{met}\",\"worker_us\":{us:.1}}}\n"));
         if protocol
             .write_all(text.as_bytes())
             .and_then(|_| protocol.flush())
