@@ -1260,7 +1260,7 @@ def _crowded() -> bool:
         return False
 
 
-_LOADAVG = None
+_LOADAVG: tuple[int | None, int] | None = None  # (/proc/loadavg's descriptor, CPUs online), opened once
 
 
 def _parse_args(argv):
