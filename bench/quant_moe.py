@@ -102,6 +102,12 @@ SPACE = {
     "num_warps": [4, 8],
     "num_stages": [3, 4],
 }
+# K split over programs (SPLIT_K, tunelab's call only): swept where a call has at most
+# SPLIT_K_MAX_SLOTS routed tokens (M * topk), the decode sizes where a GEMM has too few
+# tiles to fill the GPU; larger calls have tiles enough and run one split.
+SPLIT_K_VALUES = [1, 2, 4, 8]
+SMOKE_SPLIT_K_VALUES = [1, 2]
+SPLIT_K_MAX_SLOTS = 32
 # --smoke: a few configs the interpreter runs in seconds at K=64, N=32.
 SMOKE_SPACE = {
     "BLOCK_SIZE_M": [16],
@@ -231,14 +237,17 @@ def allowed(config: dict, M: int, topk: int, E: int, smem_bytes: int) -> bool:
             and (config["num_warps"] == 8 or M < 2048 or bm * bn < 8192))
 
 
-def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None) -> list:
+def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None, split_ks=None) -> list:
     """The configs of `space` (default SPACE) its constraints allow at this M,
-    each with both operand orders (SWAP_AB 0 and 1); MXFP4 also with each
-    dequantisation (DOT_SCALED=0 with MX_PTX 0 and 1, DOT_SCALED=1). Ordered by how many keys differ from
+    each with both operand orders (SWAP_AB 0 and 1) and, at decode sizes
+    (M * topk <= SPLIT_K_MAX_SLOTS), each of `split_ks` (default
+    SPLIT_K_VALUES); MXFP4 also with each dequantisation (DOT_SCALED=0 with
+    MX_PTX 0 and 1, DOT_SCALED=1). Ordered by how many keys differ from
     vLLM's default config, so a sweep cut short by the time budget has tried
     the configs nearest the default."""
     space = dict(space or SPACE)
     space["SWAP_AB"] = [0, 1]
+    space["SPLIT_K"] = list(split_ks or SPLIT_K_VALUES) if M * topk <= SPLIT_K_MAX_SLOTS else [1]
     keys = list(space)
     configs = [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
     configs = [c for c in configs if allowed(c, M, topk, E, smem_bytes)]
@@ -249,7 +258,7 @@ def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None) -> l
 
 
 def default_config(fmt: str, M: int, E: int) -> dict:
-    config = dict(vllm_default_config(M, E), SWAP_AB=0)
+    config = dict(vllm_default_config(M, E), SWAP_AB=0, SPLIT_K=1)
     return dict(config, DOT_SCALED=0, MX_PTX=0) if fmt == "mxfp4" else config
 
 
@@ -428,7 +437,8 @@ def fmt_pct(v):
 
 def cfg_text(config):
     short = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
-             "num_warps": "w", "num_stages": "s", "DOT_SCALED": "DS", "SWAP_AB": "SW", "MX_PTX": "PTX"}
+             "num_warps": "w", "num_stages": "s", "DOT_SCALED": "DS", "SWAP_AB": "SW", "MX_PTX": "PTX",
+             "SPLIT_K": "SK"}
     return " ".join(f"{short.get(k, k)}{v}" for k, v in config.items())
 
 
@@ -515,9 +525,13 @@ def markdown(report: dict) -> str:
         variants = [("DOT_SCALED", ds, "MX_PTX", px, "SWAP_AB", sw) for ds, px in ((0, 0), (0, 1), (1, 0))
                     for sw in (0, 1)] \
             if e["format"] == "mxfp4" else [("SWAP_AB", sw) for sw in (0, 1)]
+        splits = sorted({r["config"].get("SPLIT_K", 1) for r in e["rows"]})
+        if len(splits) > 1:
+            variants += [("SPLIT_K", sk) for sk in splits]
         for v in variants:
             want = dict(zip(v[::2], v[1::2]))
-            r = best_by([r for r in e["rows"] if all(r["config"].get(k, 0) == x for k, x in want.items())], cold_us)
+            r = best_by([r for r in e["rows"] if all(r["config"].get(k, 1 if k == "SPLIT_K" else 0) == x
+                                                     for k, x in want.items())], cold_us)
             if r:
                 what = ", ".join(f"{k}={x}" for k, x in want.items())
                 notes.append(f"- {label}: best with {what}: {cold_us(r):.1f} µs cold "
@@ -620,7 +634,7 @@ def main(argv=None):
         device, name = torch.device("cpu"), "CPU (Triton interpreter)"
         peak = args.peak or 10.0  # nominal: the smoke run's % of bound only exercises the arithmetic
         flush_bytes, rule, compiler, sm_count = 0, SMOKE_RULE, None, None
-        smem, space = SM90_SMEM, SMOKE_SPACE
+        smem, space, split_ks = SM90_SMEM, SMOKE_SPACE, SMOKE_SPLIT_K_VALUES
     else:
         if os.environ.get("TRITON_INTERPRET", "0") == "1":
             sys.exit("quant_moe: TRITON_INTERPRET=1 is set; unset it, or pass --smoke for the CPU run")
@@ -635,7 +649,7 @@ def main(argv=None):
             sys.exit(f"quant_moe: no peak bandwidth known for {name!r}; pass --peak GB/s")
         flush_bytes = max(2 * getattr(props, "L2_cache_size", 50 << 20), 32 << 20)
         smem = getattr(props, "shared_memory_per_block_optin", 0) or SM90_SMEM
-        rule, space, sm_count = GPU_RULE, SPACE, props.multi_processor_count
+        rule, space, sm_count, split_ks = GPU_RULE, SPACE, props.multi_processor_count, SPLIT_K_VALUES
         compiler = None
         if args.compile_jobs > 0:
             from moe_methods import Compiler  # bench/moe_methods.py: the runner's compile pool, in small
@@ -665,7 +679,7 @@ def main(argv=None):
             continue
         share = left * weight / sum(w for _, _, w in plan[i:])
         configs = with_default_first(fmt, shape["M"], shape["E"],
-                                     sweep(fmt, shape["M"], shape["topk"], shape["E"], smem, space))
+                                     sweep(fmt, shape["M"], shape["topk"], shape["E"], smem, space, split_ks))
         progress(ctx, f"{label}: {len(configs)} configs, up to {share:.0f} s")
         try:
             entry = measure_shape(shape, fmt, configs, ctx, time.perf_counter() + share)

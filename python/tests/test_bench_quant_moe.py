@@ -70,7 +70,11 @@ def test_sweep_is_the_tuning_space_under_its_constraints(qm):
         "num_warps == 8 or M < 2048 or BLOCK_SIZE_M * BLOCK_SIZE_N < 8192",
     ]
     smem = qm.SM90_SMEM
-    both = qm.sweep("fp8", 1, 4, 128, smem)
+    splits = qm.sweep("fp8", 1, 4, 128, smem)
+    both = [{k: v for k, v in c.items() if k != "SPLIT_K"} for c in splits if c["SPLIT_K"] == 1]
+    # Decode sizes: every config once per split of K.
+    assert sorted(json.dumps(c, sort_keys=True) for c in splits) == sorted(
+        json.dumps(dict(c, SPLIT_K=sk), sort_keys=True) for c in both for sk in qm.SPLIT_K_VALUES)
     one = [{k: v for k, v in c.items() if k != "SWAP_AB"} for c in both if c["SWAP_AB"] == 0]
     assert one and all(c["BLOCK_SIZE_M"] == 16 and c["GROUP_SIZE_M"] == 1 and c["num_warps"] == 4 for c in one)
     # Swapped operands: every unswapped config, plus eight warps where the weights' side is 128 rows or more.
@@ -83,11 +87,13 @@ def test_sweep_is_the_tuning_space_under_its_constraints(qm):
     assert len(one) == len({json.dumps(c, sort_keys=True) for c in one})
     # Many tokens: only tall blocks, and large tiles with eight warps.
     big = [c for c in qm.sweep("fp8", 16384, 4, 32, smem) if c["SWAP_AB"] == 0]
+    assert {c["SPLIT_K"] for c in big} == {1}  # tiles enough: no split
     assert {c["BLOCK_SIZE_M"] for c in big} == {64, 128}
     assert {c["num_warps"] for c in big} == {4, 8} and {c["GROUP_SIZE_M"] for c in big} == {1}
     assert all(c["num_warps"] == 8 or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] < 8192 for c in big)
     # MXFP4: every config once per dequantisation.
-    mx = qm.sweep("mxfp4", 1, 4, 128, smem)
+    mx = [{k: v for k, v in c.items() if k != "SPLIT_K"} for c in qm.sweep("mxfp4", 1, 4, 128, smem)
+          if c["SPLIT_K"] == 1]
     assert len(mx) == 3 * len(both)
     assert sorted(json.dumps(c, sort_keys=True) for c in mx) == sorted(
         json.dumps(dict(c, DOT_SCALED=ds, MX_PTX=px), sort_keys=True) for c in both

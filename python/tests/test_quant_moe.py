@@ -103,6 +103,32 @@ def test_swapped_operands_match_reference(fmt, dot_scaled, M, device):
     torch.testing.assert_close(launch.out.float(), plain.out.float(), atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.parametrize("fmt,extra", [(FP8_TENSOR, {}), (FP8_BLOCK, {}), (MXFP4, {}), (MXFP4, {"DOT_SCALED": 1}),
+                                       (MXFP4, {"SWAP_AB": 1})],
+                         ids=["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled", "mxfp4-swapped"])
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_split_k_matches_one_split(fmt, extra, split_k, align, device):
+    """SPLIT_K > 1 (K split over programs, the last split of each tile sums the
+    partials and runs the epilogue): the same output as one split to within
+    fp32 reassociation. K = 160 is three K steps of 64 with a tail, so three
+    splits take one step each and two take two and one; N = 40 leaves a
+    partial column tile in both GEMMs. A second call must give the same bits:
+    the tiles' counters were reset by their last split."""
+    p = FusedMoE(shape(fmt, M=3, K=160))
+    inputs = p.inputs(4, device)
+    config = dict(CFG, **extra)
+    launch = run("fused_moe", p, inputs, dict(config, SPLIT_K=split_k))
+    assert launch.plan.split_k == split_k and launch.plan.grid1[1] == split_k
+    first = launch.out.clone()
+    check(first, p.reference(inputs), "mxfp4")
+    one = run("fused_moe", p, inputs, config)
+    torch.testing.assert_close(first.float(), one.out.float(), atol=2e-3, rtol=2e-3)
+    assert launch.count1.eq(0).all() and launch.count2.eq(0).all()
+    launch.out.fill_(float("nan"))
+    launch()
+    assert torch.equal(launch.out, first)
+
+
 @pytest.mark.parametrize("fmt", [FP8_TENSOR, FP8_BLOCK], ids=["fp8-tensor", "fp8-block"])
 @pytest.mark.parametrize("M", [1, 13])
 def test_vllm_structure_fp8(fmt, M, device):
@@ -420,9 +446,15 @@ def test_bad_quantised_configs(device):
         quant_moe.make_quant_plan(mx, dict(CFG, SWAP_AB=3))
     with pytest.raises(ValueError, match="vLLM's call structure"):
         quant_moe.make_quant_plan(blk, dict(CFG, SWAP_AB=1), vllm_structure=True)
+    with pytest.raises(ValueError, match="SPLIT_K must be between 1 and 16"):
+        quant_moe.make_quant_plan(mx, dict(CFG, SPLIT_K=0))
+    with pytest.raises(ValueError, match="SPLIT_K is tunelab's own"):
+        quant_moe.make_quant_plan(blk, dict(CFG, SPLIT_K=2), vllm_structure=True)
     plain = FusedMoE(shape({"dtype": "fp16"}))
-    with pytest.raises(ValueError, match="quantised weights .* only"):
+    with pytest.raises(ValueError, match="SWAP_AB applies to quantised weights .* only"):
         plain.methods()["fused_moe"].bind(plain, plain.inputs(0, device), dict(CFG, SWAP_AB=1))
+    with pytest.raises(ValueError, match="SPLIT_K applies to quantised weights .* only"):
+        plain.methods()["fused_moe"].bind(plain, plain.inputs(0, device), dict(CFG, SPLIT_K=4))
 
 
 # ---------------------------------------------------------------------------
@@ -466,6 +498,31 @@ def test_gpu_gpt_oss_shapes(fmt, swap, method, N, M, cfg, device):
     # bf16 activations: gptoss-fp8.yaml's and gptoss-mxfp4.yaml's tolerances.
     check(launch.out, p.reference(inputs), "fp8" if fmt.startswith("fp8") else "mxfp4",
           **({"max_mismatch": 0.005} if fmt.startswith("mxfp4") else {}))
+
+
+@GPU
+@pytest.mark.parametrize("split_k", [2, 4, 8])
+@pytest.mark.parametrize("fmt", ["fp8-tensor", "mxfp4-ptx-swapped", "mxfp4-dot-scaled"])
+@pytest.mark.parametrize("M", [1, 4, 64])
+def test_gpu_split_k(fmt, M, split_k, device):
+    """SPLIT_K on the GPU, where the splits of a tile really run at once: the
+    output passes the reference and repeats bit for bit over 20 calls (the
+    partials are summed in split order whichever finished last; a lost count
+    or a stale partial would show as a NaN, a mismatch or a changed bit)."""
+    fields = {"dtype": "fp8"} if fmt == "fp8-tensor" else {"dtype": "mxfp4", "activation": "swiglu_oai"}
+    p = FusedMoE({"M": M, "E": 128, "topk": 4, "K": 2880, "N": 2880, "act_dtype": "bf16", **fields})
+    config = dict(GPT_OSS_CFGS[0], SPLIT_K=split_k)
+    config.update({"mxfp4-ptx-swapped": {"MX_PTX": 1, "SWAP_AB": 1}, "mxfp4-dot-scaled": {"DOT_SCALED": 1}}.get(fmt, {}))
+    inputs = p.inputs(0, device)
+    launch = run("fused_moe", p, inputs, config)
+    first = launch.out.clone()
+    check(first, p.reference(inputs), "fp8" if fmt.startswith("fp8") else "mxfp4",
+          **({"max_mismatch": 0.005} if fmt.startswith("mxfp4") else {}))
+    for _ in range(20):
+        launch.out.fill_(float("nan"))
+        assert torch.equal(launch(), first)
+    torch.cuda.synchronize()
+    assert launch.count1.eq(0).all() and launch.count2.eq(0).all()
 
 
 @GPU

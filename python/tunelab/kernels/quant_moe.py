@@ -82,6 +82,8 @@ WFMT_FP8_TENSOR = 1
 WFMT_FP8_BLOCK = 2
 WFMT_MXFP4 = 3
 
+# SPLIT_K's ceiling: each split writes an fp32 partial of the GEMM's whole output.
+MAX_SPLIT_K = 16
 QUANT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 # Columns of one row a quantisation program covers per step (a multiple of the group).
 QUANT_BLOCK = 1024
@@ -313,6 +315,8 @@ def _q_acc(
     a_mask,  # [BLOCK_SIZE_M]
     w_rows,  # int64 [BLOCK_SIZE_N], in bounds
     K_RED,
+    k_begin,  # the K steps of BLOCK_SIZE_K this program reduces: [k_begin, k_end) (_split_k_steps)
+    k_end,
     stride_am,
     stride_asm,  # activation scales' row stride (block: ceil(K_RED / GROUP_K))
     stride_wr,  # weight row stride, in elements (fp8) or bytes (MXFP4)
@@ -330,16 +334,17 @@ def _q_acc(
     MX_PTX: tl.constexpr = 0,
 ):
     """fp32 [BLOCK_SIZE_M, BLOCK_SIZE_N]: activation rows `a_rows` times weight
-    rows `w_rows` over the reduction axis K_RED, dequantised (see the module
-    docstring). Tails along K_RED are masked (MXFP4 storage is zero-padded).
-    SWAP_AB=1 computes the transpose (_q_acc_swapped) and returns it transposed back."""
+    rows `w_rows` over K steps [k_begin, k_end) of the reduction axis K_RED,
+    dequantised (see the module docstring). Tails along K_RED are masked
+    (MXFP4 storage is zero-padded). SWAP_AB=1 computes the transpose
+    (_q_acc_swapped) and returns it transposed back."""
     if SWAP_AB:
-        acc_t = _q_acc_swapped(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, stride_am,
+        acc_t = _q_acc_swapped(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, k_begin,
+                               k_end, stride_am,
                                stride_asm, stride_wr, stride_wsr, WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT,
                                BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_CACHE, MX_PTX)
         return tl.trans(acc_t)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    n_k = tl.cdiv(K_RED, BLOCK_SIZE_K)
     if WFMT == 3:
         HALF: tl.constexpr = BLOCK_SIZE_K // 2
         GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
@@ -349,7 +354,7 @@ def _q_acc(
         offs_k = tl.arange(0, BLOCK_SIZE_K)
         w_base = w_ptr + w_rows[None, :] * stride_wr
         s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
-        for k in range(0, n_k):
+        for k in range(k_begin, k_end):
             byte0 = k * HALF
             packed = tl.load(w_base + (byte0 + offs_h)[:, None], mask=(byte0 + offs_h)[:, None] < k_pad // 2,
                              other=0)
@@ -378,12 +383,12 @@ def _q_acc(
                 acc = tl.dot(a_hi, hi, acc)
     else:
         offs_k = tl.arange(0, BLOCK_SIZE_K)
-        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
-        b_ptrs = w_ptr + w_rows[None, :] * stride_wr + offs_k[:, None]
+        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] + k_begin * BLOCK_SIZE_K
+        b_ptrs = w_ptr + w_rows[None, :] * stride_wr + offs_k[:, None] + k_begin * BLOCK_SIZE_K
         if WFMT == 2:
             a_s_ptrs = a_scale_ptr + a_rows * stride_asm
             b_s_ptrs = w_scale_ptr + (w_rows // GROUP_N) * stride_wsr
-        for k in range(0, n_k):
+        for k in range(k_begin, k_end):
             k_rem = K_RED - k * BLOCK_SIZE_K
             a = tl.load(a_ptrs, mask=a_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0,
                         cache_modifier=A_CACHE)
@@ -406,8 +411,8 @@ def _q_acc(
 
 @triton.jit
 def _q_acc_swapped(
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, stride_am, stride_asm, stride_wr,
-    stride_wsr,
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, k_begin, k_end, stride_am, stride_asm,
+    stride_wr, stride_wsr,
     WFMT: tl.constexpr,
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
@@ -429,7 +434,6 @@ def _q_acc_swapped(
     most of them padding at decode sizes) are its short side. Same values,
     same fp32 accumulation; only the order of the products in a dot differs."""
     acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
-    n_k = tl.cdiv(K_RED, BLOCK_SIZE_K)
     if WFMT == 3:
         HALF: tl.constexpr = BLOCK_SIZE_K // 2
         GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
@@ -440,7 +444,7 @@ def _q_acc_swapped(
         w_base = w_ptr + w_rows[:, None] * stride_wr
         s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
         a_col = a_ptr + a_rows[None, :] * stride_am
-        for k in range(0, n_k):
+        for k in range(k_begin, k_end):
             byte0 = k * HALF
             packed = tl.load(w_base + (byte0 + offs_h)[None, :], mask=(byte0 + offs_h)[None, :] < k_pad // 2,
                              other=0)
@@ -465,12 +469,12 @@ def _q_acc_swapped(
                 acc = tl.dot(hi, a_hi, acc)
     else:
         offs_k = tl.arange(0, BLOCK_SIZE_K)
-        a_ptrs = a_ptr + a_rows[None, :] * stride_am + offs_k[:, None]
-        w_ptrs = w_ptr + w_rows[:, None] * stride_wr + offs_k[None, :]
+        a_ptrs = a_ptr + a_rows[None, :] * stride_am + offs_k[:, None] + k_begin * BLOCK_SIZE_K
+        w_ptrs = w_ptr + w_rows[:, None] * stride_wr + offs_k[None, :] + k_begin * BLOCK_SIZE_K
         if WFMT == 2:
             a_s_ptrs = a_scale_ptr + a_rows * stride_asm
             w_s_ptrs = w_scale_ptr + (w_rows // GROUP_N) * stride_wsr
-        for k in range(0, n_k):
+        for k in range(k_begin, k_end):
             k_rem = K_RED - k * BLOCK_SIZE_K
             a_t = tl.load(a_ptrs, mask=a_mask[None, :] & (offs_k[:, None] < k_rem), other=0.0,
                           cache_modifier=A_CACHE)
@@ -490,6 +494,52 @@ def _q_acc_swapped(
     return acc
 
 
+# ---------------------------------------------------------------------------
+# K split over programs (SPLIT_K > 1): decode sizes
+
+
+@triton.jit
+def _split_k_steps(K_RED, BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """[k_begin, k_end): the K steps this program reduces. The grid's second
+    axis is the split; each split takes ceil(steps / SPLIT_K) consecutive
+    steps (the last ones may take fewer, or none)."""
+    n_k = tl.cdiv(K_RED, BLOCK_SIZE_K)
+    per_split = tl.cdiv(n_k, SPLIT_K)
+    k_begin = tl.minimum(tl.program_id(1) * per_split, n_k)
+    return k_begin, tl.minimum(k_begin + per_split, n_k)
+
+
+@triton.jit
+def _split_k_total(acc, part_ptr, count_ptr, rows, row_ok, cols, col_ok, stride_ps, stride_pr,
+                   SPLIT_K: tl.constexpr):
+    """(total, last): the sum of the tile's SPLIT_K partial products, in split
+    order, and whether this program is the tile's last to finish (only the
+    last one has the total and runs the epilogue).
+
+    Each split stores its fp32 partial in part_ptr[split, row, col] (rows and
+    columns the tile owns only), then counts itself in count_ptr[tile] with
+    one acquire-release atomic. Triton makes a scalar atomic from one thread
+    after the barrier below, so every thread's partial is written before the
+    count is released (the pattern of a grid-wide barrier: block barrier,
+    then one thread's release). The program that counts SPLIT_K - 1 acquires
+    everyone's partials, reads them past L1 (.cg) and resets the counter to
+    zero for the next call: no memset launch, and the sum's order does not
+    depend on which split finished last, so the output is deterministic."""
+    ptrs = part_ptr + rows[:, None] * stride_pr + cols[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(ptrs + tl.program_id(1) * stride_ps, acc, mask=mask)
+    tl.debug_barrier()
+    tile = tl.program_id(0)
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = arrived == SPLIT_K - 1
+    total = tl.zeros_like(acc)
+    if last:
+        for split in tl.static_range(SPLIT_K):
+            total += tl.load(ptrs + split * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(count_ptr + tile, 0)
+    return total, last
+
+
 @triton.jit
 def moe_gemm1_q_kernel(
     a_ptr,  # [M, K]: x (MXFP4) or its fp8 quantisation
@@ -498,6 +548,8 @@ def moe_gemm1_q_kernel(
     w1_scale_ptr,  # fp32 [E] / [E, ceil(2N / GROUP_N), ceil(K / GROUP_K)], or E8M0 [E, 2N, K_PAD / 32]
     b1_ptr,  # [E, 2N] (unused unless HAS_BIAS)
     inter_ptr,  # [M * topk, N], or [M * topk, 2N] with ACT_NONE
+    part_ptr,  # fp32 [SPLIT_K, M * topk, 2N]: the splits' partial products (SPLIT_K > 1)
+    count_ptr,  # int32 [grid axis 0], zero between calls: splits finished per tile (SPLIT_K > 1)
     sorted_ids_ptr,
     expert_ids_ptr,
     num_post_ptr,
@@ -515,6 +567,7 @@ def moe_gemm1_q_kernel(
     stride_wsr,
     stride_be,
     stride_im,
+    stride_ps,  # part_ptr's split stride (its row stride is 2N)
     TOPK: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ACTIVATION: tl.constexpr,
@@ -526,6 +579,7 @@ def moe_gemm1_q_kernel(
     A_FMT: tl.constexpr,
     SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
+    SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -553,10 +607,16 @@ def moe_gemm1_q_kernel(
         expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     tok_mask = slots < numel
     rows = (slots // TOPK).to(tl.int64)
-    offs_j, w_row, _ = _gemm1_rows(pid_n, N, INTERLEAVED, ACTIVATION, BLOCK_SIZE_N)
+    offs_j, w_row, row_ok = _gemm1_rows(pid_n, N, INTERLEAVED, ACTIVATION, BLOCK_SIZE_N)
+    k_begin, k_end = _split_k_steps(K, BLOCK_SIZE_K, SPLIT_K)
     acc = _q_acc(a_ptr, a_scale_ptr, w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, rows,
-                 tok_mask, w_row.to(tl.int64), K, stride_am, stride_asm, stride_wr, stride_wsr,
+                 tok_mask, w_row.to(tl.int64), K, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
                  WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX)
+    if SPLIT_K > 1:
+        acc, last = _split_k_total(acc, part_ptr, count_ptr, slots.to(tl.int64), tok_mask, w_row, row_ok,
+                                   stride_ps, 2 * N, SPLIT_K)
+        if not last:
+            return
     _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, stride_be, stride_im,
                  ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
 
@@ -569,6 +629,8 @@ def moe_gemm2_q_kernel(
     w2_scale_ptr,
     b2_ptr,  # [E, K] (unused unless HAS_BIAS)
     out_ptr,  # [M * topk, K]
+    part_ptr,  # fp32 [SPLIT_K, M * topk, K]: the splits' partial products (SPLIT_K > 1)
+    count_ptr,  # int32 [grid axis 0], zero between calls (SPLIT_K > 1)
     weights_ptr,  # fp32 [M * topk] routing weights
     sorted_ids_ptr,
     expert_ids_ptr,
@@ -587,6 +649,7 @@ def moe_gemm2_q_kernel(
     stride_wsr,
     stride_be,
     stride_om,
+    stride_ps,  # part_ptr's split stride (its row stride is N_OUT)
     HAS_BIAS: tl.constexpr,
     WFMT: tl.constexpr,
     GROUP_N: tl.constexpr,
@@ -595,6 +658,7 @@ def moe_gemm2_q_kernel(
     A_FMT: tl.constexpr,
     SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
+    SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -627,9 +691,15 @@ def moe_gemm2_q_kernel(
         tl.extra.cuda.gdc_wait()
     if PDL_LAUNCH:
         tl.extra.cuda.gdc_launch_dependents()
+    k_begin, k_end = _split_k_steps(K_RED, BLOCK_SIZE_K, SPLIT_K)
     acc = _q_acc(a_ptr, a_scale_ptr, w2_ptr + expert * stride_we, w2_scale_ptr + expert * stride_wse, slots64,
-                 tok_mask, offs_n, K_RED, stride_am, stride_asm, stride_wr, stride_wsr,
+                 tok_mask, offs_n, K_RED, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
                  WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX)
+    if SPLIT_K > 1:
+        acc, last = _split_k_total(acc, part_ptr, count_ptr, slots64, tok_mask, offs_n, offs_n_raw < N_OUT,
+                                   stride_ps, N_OUT, SPLIT_K)
+        if not last:
+            return
     if HAS_BIAS:
         acc += tl.load(b2_ptr + expert * stride_be + offs_n).to(tl.float32)[None, :]
     w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
@@ -662,6 +732,7 @@ class QuantMoEPlan:
     dot_scaled: bool
     swap_ab: bool  # the weights as the MMA's left operand (_q_acc_swapped)
     mx_ptx: bool  # MXFP4 dequantised by inline PTX (_mx_halves_ptx); False under the interpreter
+    split_k: int  # K split over this many programs per tile (the grids' second axis; _split_k_total)
     numel: int
     max_blocks: int
     max_padded: int
@@ -710,6 +781,12 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     if swap_ab and vllm_structure:
         raise ValueError("SWAP_AB=1 is tunelab's own tile order; vLLM's call structure (fused_moe_vllm) runs "
                          "vLLM's, which has no such key")
+    split_k = int(config.get("SPLIT_K", 1))
+    if not 1 <= split_k <= MAX_SPLIT_K:
+        raise ValueError(f"SPLIT_K must be between 1 and {MAX_SPLIT_K}, got {split_k}")
+    if split_k > 1 and vllm_structure:
+        raise ValueError("SPLIT_K is tunelab's own (K split over programs); vLLM's call structure "
+                         "(fused_moe_vllm) runs vLLM's kernel, which has no such key")
     mx_ptx = int(config.get("MX_PTX", 0))
     if mx_ptx not in (0, 1):
         raise ValueError(f"MX_PTX must be 0 or 1, got {mx_ptx}")
@@ -755,11 +832,11 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
         activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
         interleaved=problem.interleaved, has_bias=problem.bias,
         config={k: int(config[k]) for k in QUANT_CONFIG_KEYS}, dot_scaled=bool(dot_scaled), swap_ab=bool(swap_ab),
-        mx_ptx=bool(mx_ptx) and not interpreting(),
+        mx_ptx=bool(mx_ptx) and not interpreting(), split_k=split_k,
         numel=numel, max_blocks=max_blocks, max_padded=max_padded,
         align_meta=_align_meta(numel, problem.E, max_padded),
-        grid1=(max_blocks * triton.cdiv(2 * problem.N, bn),),
-        grid2=(max_blocks * triton.cdiv(problem.K, bn),),
+        grid1=(max_blocks * triton.cdiv(2 * problem.N, bn), split_k),
+        grid2=(max_blocks * triton.cdiv(problem.K, bn), split_k),
         self_align=max(2, _next_pow2(numel)) if numel <= self_align_max else 0,
         pdl=bool(pdl), split_activation=bool(vllm_structure),
     )
@@ -797,7 +874,7 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     tiles = {k: c[k] for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")}
     launch = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
     fmt = dict(WFMT=plan.wfmt, GROUP_N=plan.group_n, GROUP_K=plan.group_k, DOT_SCALED=plan.dot_scaled,
-               A_FMT=_a_fmt(plan.act_dtype), SWAP_AB=plan.swap_ab, MX_PTX=plan.mx_ptx)
+               A_FMT=_a_fmt(plan.act_dtype), SWAP_AB=plan.swap_ab, MX_PTX=plan.mx_ptx, SPLIT_K=plan.split_k)
     specs: list[tuple] = []
 
     def add(kernel, grid, args, kwargs):
@@ -827,10 +904,10 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
         (b["gate_up"], ACT_NONE, 2 * N) if plan.split_activation else (b["inter"], plan.activation, N))
     swe, swr, swse, swsr = _weight_strides(plan, 2 * N, K)
     add(moe_gemm1_q_kernel, plan.grid1,
-        (a1, a1s, b["w1"], b["w1_scale"], b["b1"] if plan.has_bias else b["x"], gemm1_out,
+        (a1, a1s, b["w1"], b["w1_scale"], b["b1"] if plan.has_bias else b["x"], gemm1_out, b["part1"], b["count1"],
          b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
          N, K, plan.numel, E, plan.max_blocks,
-         K, stride_a1s, swe, swr, swse, swsr, 2 * N, gemm1_stride),
+         K, stride_a1s, swe, swr, swse, swsr, 2 * N, gemm1_stride, plan.numel * 2 * N),
         dict(TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=gemm1_act, HAS_BIAS=plan.has_bias,
              SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
     if plan.split_activation:
@@ -845,10 +922,10 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
         a2, a2s, stride_a2s = b["inter"], b["inter"], 0
     swe, swr, swse, swsr = _weight_strides(plan, K, N)
     add(moe_gemm2_q_kernel, plan.grid2,
-        (a2, a2s, b["w2"], b["w2_scale"], b["b2"] if plan.has_bias else b["x"], b["out2"], b["topk_weights"],
-         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
+        (a2, a2s, b["w2"], b["w2_scale"], b["b2"] if plan.has_bias else b["x"], b["out2"], b["part2"], b["count2"],
+         b["topk_weights"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
          K, N, plan.numel, E, plan.max_blocks,
-         N, stride_a2s, swe, swr, swse, swsr, K, K),
+         N, stride_a2s, swe, swr, swse, swsr, K, K, plan.numel * K),
         dict(HAS_BIAS=plan.has_bias, SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
     # The sum waits for GEMM 2 through moe_sum_kernel's own USE_PDL.
     specs.append((moe_sum_kernel, (plan.M, triton.cdiv(K, SUM_BLOCK)), (b["out2"], b["out"], K),
@@ -866,6 +943,7 @@ def _stand_in_buffers(plan: QuantMoEPlan) -> dict:
         "x": dt, "w1": wt, "w1_scale": ws, "b1": dt, "w2": wt, "w2_scale": ws, "b2": dt,
         "inter": dt, "gate_up": dt, "out2": dt, "out": dt, "xq": q, "xs": f32, "interq": q, "inters": f32,
         "topk_ids": i32, "sorted_ids": i32, "expert_ids": i32, "num_post": i32, "cursor": i32, "topk_weights": f32,
+        "part1": f32, "part2": f32, "count1": i32, "count2": i32,
     }
 
 
@@ -897,8 +975,18 @@ class QuantMoELaunch:
         self.gate_up = torch.empty(plan.numel, 2 * plan.N, dtype=adt, device=dev) if plan.split_activation else None
         self.out2 = torch.empty(plan.numel, plan.K, dtype=adt, device=dev)
         self.out = torch.empty(plan.M, plan.K, dtype=adt, device=dev)
+        # SPLIT_K > 1: the splits' fp32 partials, and per tile a count of splits
+        # done that must start at zero (the last split of a tile resets it).
+        # With one split the kernels never touch them: a stand-in element each.
+        f32 = torch.float32
+        split = plan.split_k > 1
+        self.part1 = torch.empty((plan.split_k, plan.numel, 2 * plan.N) if split else (1,), dtype=f32, device=dev)
+        self.part2 = torch.empty((plan.split_k, plan.numel, plan.K) if split else (1,), dtype=f32, device=dev)
+        self.count1 = torch.zeros(plan.grid1[0] if split else 1, dtype=i32, device=dev)
+        self.count2 = torch.zeros(plan.grid2[0] if split else 1, dtype=i32, device=dev)
         bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids, num_post=self.num_post,
-                    cursor=self.cursor, inter=self.inter, gate_up=self.gate_up, out2=self.out2, out=self.out)
+                    cursor=self.cursor, inter=self.inter, gate_up=self.gate_up, out2=self.out2, out=self.out,
+                    part1=self.part1, part2=self.part2, count1=self.count1, count2=self.count2)
         if plan.fp8:
             f8 = torch.float8_e4m3fn
             g = plan.group_k

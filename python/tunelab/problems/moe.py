@@ -76,7 +76,8 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # DOT_SCALED (MXFP4): 1 runs tl.dot_scaled (Triton's upcast), 0 tunelab's own dequantisation;
 # SWAP_AB (fp8 and MXFP4): 1 makes the weights the MMA's left operand (tokens its short side).
 # MX_PTX (MXFP4, DOT_SCALED=0, bf16 activations): 1 dequantises with inline PTX, two values an instruction.
-QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX")
+# SPLIT_K (fp8 and MXFP4): K split over this many programs per tile (decode sizes: more programs in flight).
+QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX", "SPLIT_K")
 
 
 class _WeightCache:
@@ -531,7 +532,7 @@ class TritonFusedMoEVllm:
     routing weights, the top-k sum; five plain launches, no dependent launches
     and no self-alignment. Same kernels and compile contract as `fused_moe`
     (tunelab.kernels.fused_moe.vllm_plan), and its config keys less
-    tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX: vLLM's kernel has no such
+    tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX, SPLIT_K: vLLM's kernel has no such
     choices). fp8 weights add vLLM's
     activation quantisation before each GEMM (tunelab.kernels.quant_moe);
     MXFP4 weights are not run this way (see `unavailable`)."""
@@ -647,10 +648,11 @@ def _full_config(problem: FusedMoE, config: dict) -> dict:
         full["MX_PTX"] = int(config.get("MX_PTX", 0))
     elif int(config.get("MX_PTX", 0)):
         raise ValueError(f"MX_PTX applies to mxfp4 weights only, not {problem.dtype_name}")
-    if problem.quantised:
-        full["SWAP_AB"] = int(config.get("SWAP_AB", 0))
-    elif int(config.get("SWAP_AB", 0)):
-        raise ValueError(f"SWAP_AB applies to quantised weights (fp8, mxfp4) only, not {problem.dtype_name}")
+    for key, default in (("SWAP_AB", 0), ("SPLIT_K", 1)):
+        if problem.quantised:
+            full[key] = int(config.get(key, default))
+        elif int(config.get(key, default)) != default:
+            raise ValueError(f"{key} applies to quantised weights (fp8, mxfp4) only, not {problem.dtype_name}")
     return full
 
 
