@@ -512,7 +512,8 @@ def test_gpu_split_k(fmt, M, split_k, device):
     fields = {"dtype": "fp8"} if fmt == "fp8-tensor" else {"dtype": "mxfp4", "activation": "swiglu_oai"}
     p = FusedMoE({"M": M, "E": 128, "topk": 4, "K": 2880, "N": 2880, "act_dtype": "bf16", **fields})
     config = dict(GPT_OSS_CFGS[0], SPLIT_K=split_k)
-    config.update({"mxfp4-ptx-swapped": {"MX_PTX": 1, "SWAP_AB": 1}, "mxfp4-dot-scaled": {"DOT_SCALED": 1}}.get(fmt, {}))
+    extra = {"mxfp4-ptx-swapped": {"MX_PTX": 1, "SWAP_AB": 1}, "mxfp4-dot-scaled": {"DOT_SCALED": 1}}
+    config.update(extra.get(fmt, {}))
     inputs = p.inputs(0, device)
     launch = run("fused_moe", p, inputs, config)
     first = launch.out.clone()
