@@ -36,10 +36,12 @@ over the median. The goals are judged on cold times: graph replays keep
 whatever of the weights L2 holds from the call before.
 
 The run stops starting work after --budget-s seconds (default 390, so it
-ends within 8 minutes): each shape gets a share of what is left (the goal
-shapes twice the others'), and a shape's sweep stops at its share; what was
-cut is listed in the report. Kernels are compiled ahead by a pool of
---compile-jobs compile workers (bench/moe_methods.py's Compiler).
+ends within 8 minutes): each shape gets a share of what is left, in
+proportion to its number of configs (twice that for a goal shape), and a
+shape's sweep stops at its share; what was cut is listed in the report.
+Kernels are compiled ahead, COMPILE_BATCH at a time within the shape's
+share, by a pool of --compile-jobs compile workers (bench/moe_methods.py's
+Compiler).
 
     python3 bench/quant_moe.py --out DIR [--mxfp4-m 1,4,16,64]
         [--fp8-m 8,16,32,64,128,256] [--no-bf16] [--budget-s 390]
@@ -91,6 +93,8 @@ TOLERANCE = {
 GOALS = {"mxfp4": (70.0, (1, 1), "M=1, on an H200"), "fp8": (80.0, (8, 256), "8 <= M <= 256")}
 GRAPH_TOP = 3  # best cold configs per shape also timed under graph replay (besides vLLM's default)
 VLLM_TOP = 3  # best cold fp8 configs also run in vLLM's call structure (besides vLLM's default)
+# Configs compiled ahead at a time (by the pool), then timed, before the next batch.
+COMPILE_BATCH = 96
 SM90_SMEM = 232_448  # src/device/cuda.rs's profile for sm_90, when torch does not say
 
 # experiments/spaces/fused-moe.yaml (a test keeps them equal); its constraints are in allowed().
@@ -103,11 +107,12 @@ SPACE = {
     "num_stages": [3, 4],
 }
 # K split over programs (SPLIT_K, tunelab's call only): swept where a call has at most
-# SPLIT_K_MAX_SLOTS routed tokens (M * topk), the decode sizes where a GEMM has too few
-# tiles to fill the GPU; larger calls have tiles enough and run one split.
+# SPLIT_K_MAX_SLOTS routed tokens (M * topk), the decode sizes where a GEMM has the
+# fewest tiles. Measured on an H200 (2026-11-23, E=128 N=2880): at MXFP4 M=4 and fp8 M=8
+# (16 and 32 slots) every split was slower than one, so larger calls run one split.
 SPLIT_K_VALUES = [1, 2, 4, 8]
 SMOKE_SPLIT_K_VALUES = [1, 2]
-SPLIT_K_MAX_SLOTS = 32
+SPLIT_K_MAX_SLOTS = 8
 # --smoke: a few configs the interpreter runs in seconds at K=64, N=32.
 SMOKE_SPACE = {
     "BLOCK_SIZE_M": [16],
@@ -346,14 +351,16 @@ def measure_shape(shape, fmt, configs, ctx, deadline) -> dict:
     tol = TOLERANCE[fmt]
     entry = {"format": fmt, "shape": shape, "bytes": nbytes, "bound_us": bound_us, "configs": len(configs),
              "data_s": round(time.perf_counter() - started, 2)}
-    if ctx["compiler"] is not None:
-        t0 = time.perf_counter()
-        ctx["compiler"](shape, "fused_moe", configs)
-        entry["compile_s"] = round(time.perf_counter() - t0, 2)
+    entry["compile_s"] = 0.0
     rows = []
     for i, config in enumerate(configs):
         if i > 0 and time.perf_counter() > deadline:  # vLLM's default always runs
             break
+        if ctx["compiler"] is not None and i % COMPILE_BATCH == 0:
+            # In batches, so that compiling counts against the shape's share as timing does.
+            t0 = time.perf_counter()
+            ctx["compiler"](shape, "fused_moe", configs[i:i + COMPILE_BATCH])
+            entry["compile_s"] = round(entry["compile_s"] + time.perf_counter() - t0, 2)
         rows.append(run_one(problem, inputs, expected, "fused_moe", config, tol, ctx["timing"]))
         if (i + 1) % 10 == 0:
             best = best_by(rows, cold_us)
@@ -581,8 +588,9 @@ def parse_ms(text: str) -> list:
 
 def plan_shapes(args) -> list:
     """[(format, shape, weight)] in the order they run: the goal shapes first
-    (MXFP4 at M=1, then fp8), then MXFP4's other M; weight: the shape's share
-    of the time budget relative to the others."""
+    (MXFP4 at M=1, then fp8), then MXFP4's other M; weight: 2 for a goal
+    shape, else 1 (a shape's share of the time budget is its weight times
+    its number of configs, relative to the shapes still to run)."""
     base = {"E": args.E, "topk": args.topk, "K": args.K, "N": args.N, "act_dtype": args.act_dtype}
     mx = [("mxfp4", dict(base, M=m, dtype="mxfp4", activation="swiglu_oai")) for m in parse_ms(args.mxfp4_m)]
     fp8 = [("fp8", dict(base, M=m, dtype="fp8", weight_quant="per_tensor", activation="silu"))
@@ -670,16 +678,19 @@ def main(argv=None):
     plan = plan_shapes(args)
     progress(ctx, f"{name}: {len(plan)} quantised shapes, peak {peak:.0f} GB/s, budget {args.budget_s:.0f} s, "
                   f"writing {out_dir}")
-    for i, (fmt, shape, weight) in enumerate(plan):
+    # Each shape's claim on the budget: its weight times its number of configs.
+    sweeps = [with_default_first(fmt, shape["M"], shape["E"],
+                                 sweep(fmt, shape["M"], shape["topk"], shape["E"], smem, space, split_ks))
+              for fmt, shape, _ in plan]
+    claims = [weight * len(configs) for (_, _, weight), configs in zip(plan, sweeps)]
+    for i, ((fmt, shape, _), configs) in enumerate(zip(plan, sweeps)):
         label = f"{fmt} {shape_label(shape)}"
         left = budget.left()
         if left <= 0:
             report["skipped"].append(label)
             progress(ctx, f"{label}: skipped, time budget spent")
             continue
-        share = left * weight / sum(w for _, _, w in plan[i:])
-        configs = with_default_first(fmt, shape["M"], shape["E"],
-                                     sweep(fmt, shape["M"], shape["topk"], shape["E"], smem, space, split_ks))
+        share = left * claims[i] / sum(claims[i:])
         progress(ctx, f"{label}: {len(configs)} configs, up to {share:.0f} s")
         try:
             entry = measure_shape(shape, fmt, configs, ctx, time.perf_counter() + share)
