@@ -333,6 +333,11 @@ fn gptoss_moe_in_the_interpreter_writes_vllm_files_and_notes_the_aiter_table() {
         let rows = best.lines().filter(|l| l.split(',').nth(8) == Some(method));
         assert_eq!(rows.count(), 3, "{best}");
     }
+    // K split over programs only at decode sizes: M * topk <= 8 is M = 1 and 4 here (topk 2).
+    let split = best
+        .lines()
+        .filter(|l| l.split(',').nth(8) == Some("triton_ptx_split"));
+    assert_eq!(split.count(), 2, "{best}");
     assert!(!mxfp4.join("vllm").exists());
 }
 
