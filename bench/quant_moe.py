@@ -381,7 +381,8 @@ def measure_shape(shape, fmt, configs, ctx, deadline) -> dict:
     entry["best_cold"] = ranked[0] if ranked else None
     entry["best_graph"] = best_by(rows, graph_us)
     if fmt == "fp8":
-        keys = [k for k in rows[0]["config"] if k != "SWAP_AB"]  # vLLM's call has no operand swap
+        # vLLM's call has no operand swap and no K split: its configs are the tiles alone.
+        keys = [k for k in rows[0]["config"] if k not in ("SWAP_AB", "SPLIT_K")]
         top = 1 if ctx["smoke"] else VLLM_TOP
         vcfgs = _unique([{k: r["config"][k] for k in keys} for r in [rows[0]] + ranked[:top]])
         if ctx["compiler"] is not None:

@@ -120,6 +120,9 @@ def test_split_k_matches_one_split(fmt, extra, split_k, align, device):
     launch = run("fused_moe", p, inputs, dict(config, SPLIT_K=split_k))
     assert launch.plan.split_k == split_k and launch.plan.grid1[1] == split_k
     first = launch.out.clone()
+    # Partials poisoned: a split's mask that differed between store and load would show as NaN.
+    launch.part1.fill_(float("nan"))
+    launch.part2.fill_(float("nan"))
     check(first, p.reference(inputs), "mxfp4")
     one = run("fused_moe", p, inputs, config)
     torch.testing.assert_close(first.float(), one.out.float(), atol=2e-3, rtol=2e-3)
@@ -448,6 +451,12 @@ def test_bad_quantised_configs(device):
         quant_moe.make_quant_plan(blk, dict(CFG, SWAP_AB=1), vllm_structure=True)
     with pytest.raises(ValueError, match="SPLIT_K must be between 1 and 16"):
         quant_moe.make_quant_plan(mx, dict(CFG, SPLIT_K=0))
+    with pytest.raises(ValueError, match="SPLIT_K must be between 1 and 16"):
+        quant_moe.make_quant_plan(mx, dict(CFG, SPLIT_K=17))
+    big = FusedMoE({"M": 16384, "E": 128, "topk": 4, "K": 2880, "N": 2880, "dtype": "mxfp4", "act_dtype": "bf16",
+                    "activation": "swiglu_oai"})
+    with pytest.raises(ValueError, match=r"SPLIT_K=16 at M=16384 needs 33\.8 GiB of fp32 partials"):
+        quant_moe.make_quant_plan(big, dict(CFG, SPLIT_K=16))
     with pytest.raises(ValueError, match="SPLIT_K is tunelab's own"):
         quant_moe.make_quant_plan(blk, dict(CFG, SPLIT_K=2), vllm_structure=True)
     plain = FusedMoE(shape({"dtype": "fp16"}))
@@ -521,6 +530,8 @@ def test_gpu_split_k(fmt, M, split_k, device):
           **({"max_mismatch": 0.005} if fmt.startswith("mxfp4") else {}))
     for _ in range(20):
         launch.out.fill_(float("nan"))
+        launch.part1.fill_(float("nan"))
+        launch.part2.fill_(float("nan"))
         assert torch.equal(launch(), first)
     torch.cuda.synchronize()
     assert launch.count1.eq(0).all() and launch.count2.eq(0).all()

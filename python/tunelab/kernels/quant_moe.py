@@ -82,8 +82,9 @@ WFMT_FP8_TENSOR = 1
 WFMT_FP8_BLOCK = 2
 WFMT_MXFP4 = 3
 
-# SPLIT_K's ceiling: each split writes an fp32 partial of the GEMM's whole output.
+# SPLIT_K's ceilings: each split writes an fp32 partial of the GEMM's whole output.
 MAX_SPLIT_K = 16
+MAX_SPLIT_K_BYTES = 1 << 30
 QUANT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 # Columns of one row a quantisation program covers per step (a multiple of the group).
 QUANT_BLOCK = 1024
@@ -518,16 +519,19 @@ def _split_k_total(acc, part_ptr, count_ptr, rows, row_ok, cols, col_ok, stride_
 
     Each split stores its fp32 partial in part_ptr[split, row, col] (rows and
     columns the tile owns only), then counts itself in count_ptr[tile] with
-    one acquire-release atomic. Triton makes a scalar atomic from one thread
-    after the barrier below, so every thread's partial is written before the
-    count is released (the pattern of a grid-wide barrier: block barrier,
-    then one thread's release). The program that counts SPLIT_K - 1 acquires
+    one acquire-release atomic. Triton (3.6 to 3.9, read in their generated
+    PTX) makes a scalar atomic from one thread and broadcasts its result
+    through shared memory behind a barrier, so: every thread's store, the
+    barrier below, one thread's gpu-scope release (the pattern of a grid-wide
+    barrier), and on the last split one acquire before any thread loads. The program that counts SPLIT_K - 1 acquires
     everyone's partials, reads them past L1 (.cg) and resets the counter to
     zero for the next call: no memset launch, and the sum's order does not
     depend on which split finished last, so the output is deterministic."""
+    # 64-bit offsets: SPLIT_K x M * topk x columns can pass 2^31 elements.
+    stride_ps = stride_ps.to(tl.int64)
     ptrs = part_ptr + rows[:, None] * stride_pr + cols[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
-    tl.store(ptrs + tl.program_id(1) * stride_ps, acc, mask=mask)
+    tl.store(ptrs + tl.program_id(1).to(tl.int64) * stride_ps, acc, mask=mask)
     tl.debug_barrier()
     tile = tl.program_id(0)
     arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
@@ -784,6 +788,11 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     split_k = int(config.get("SPLIT_K", 1))
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"SPLIT_K must be between 1 and {MAX_SPLIT_K}, got {split_k}")
+    partial_bytes = 4 * split_k * problem.M * problem.topk * (2 * problem.N + problem.K) if split_k > 1 else 0
+    if partial_bytes > MAX_SPLIT_K_BYTES:
+        raise ValueError(f"SPLIT_K={split_k} at M={problem.M} needs {partial_bytes / 2**30:.1f} GiB of fp32 partials "
+                         f"(at most {MAX_SPLIT_K_BYTES / 2**30:.0f}): split K at decode sizes, where the GEMMs "
+                         "have few tiles")
     if split_k > 1 and vllm_structure:
         raise ValueError("SPLIT_K is tunelab's own (K split over programs); vLLM's call structure "
                          "(fused_moe_vllm) runs vLLM's kernel, which has no such key")
