@@ -113,6 +113,19 @@ SPACE = {
 SPLIT_K_VALUES = [1, 2, 4, 8]
 SMOKE_SPLIT_K_VALUES = [1, 2]
 SPLIT_K_MAX_SLOTS = 8
+# The one-token MXFP4 kernel (GEMV=1: BLOCK_SIZE_M 1, CUDA cores, no MMA), swept where SPLIT_K
+# is (M * topk <= SPLIT_K_MAX_SLOTS), first after vLLM's default: its own tiles, K splits
+# and no pipeline (num_stages 1: its loads go straight to registers).
+GEMV_SPACE = {
+    "BLOCK_SIZE_M": [1],
+    "BLOCK_SIZE_N": [32, 64, 128, 256],
+    "BLOCK_SIZE_K": [128, 256, 512],
+    "GROUP_SIZE_M": [1],
+    "num_warps": [4, 8],
+    "num_stages": [1],
+    "SPLIT_K": [1, 2, 4],
+}
+SMOKE_GEMV_SPACE = dict(GEMV_SPACE, BLOCK_SIZE_N=[16], BLOCK_SIZE_K=[32], num_warps=[4], SPLIT_K=[1, 2])
 # --smoke: a few configs the interpreter runs in seconds at K=64, N=32.
 SMOKE_SPACE = {
     "BLOCK_SIZE_M": [16],
@@ -242,14 +255,16 @@ def allowed(config: dict, M: int, topk: int, E: int, smem_bytes: int) -> bool:
             and (config["num_warps"] == 8 or M < 2048 or bm * bn < 8192))
 
 
-def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None, split_ks=None) -> list:
+def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None, split_ks=None,
+          gemv_space=None) -> list:
     """The configs of `space` (default SPACE) its constraints allow at this M,
     each with both operand orders (SWAP_AB 0 and 1) and, at decode sizes
     (M * topk <= SPLIT_K_MAX_SLOTS), each of `split_ks` (default
     SPLIT_K_VALUES); MXFP4 also with each dequantisation (DOT_SCALED=0 with
     MX_PTX 0 and 1, DOT_SCALED=1). Ordered by how many keys differ from
     vLLM's default config, so a sweep cut short by the time budget has tried
-    the configs nearest the default."""
+    the configs nearest the default. MXFP4 at decode sizes puts the one-token
+    kernel's configs (`gemv_space`, default GEMV_SPACE) first."""
     space = dict(space or SPACE)
     space["SWAP_AB"] = [0, 1]
     space["SPLIT_K"] = list(split_ks or SPLIT_K_VALUES) if M * topk <= SPLIT_K_MAX_SLOTS else [1]
@@ -257,14 +272,24 @@ def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None, spli
     configs = [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
     configs = [c for c in configs if allowed(c, M, topk, E, smem_bytes)]
     if fmt == "mxfp4":
-        configs = [dict(c, DOT_SCALED=ds, MX_PTX=px) for c in configs for ds, px in ((0, 0), (1, 0), (0, 1))]
+        configs = [dict(c, DOT_SCALED=ds, MX_PTX=px, GEMV=0) for c in configs for ds, px in ((0, 0), (1, 0), (0, 1))]
     default = default_config(fmt, M, E)
-    return sorted(configs, key=lambda c: sum(c.get(k) != v for k, v in default.items()))
+    configs = sorted(configs, key=lambda c: sum(c.get(k) != v for k, v in default.items()))
+    if fmt == "mxfp4" and M * topk <= SPLIT_K_MAX_SLOTS:
+        gemv_space = gemv_space or GEMV_SPACE
+        keys = list(gemv_space)
+        gemv = [dict(zip(keys, values)) for values in itertools.product(*(gemv_space[k] for k in keys))]
+        order = ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages",
+                 "SWAP_AB", "SPLIT_K", "DOT_SCALED", "MX_PTX", "GEMV"]
+        # At most 32 weight words (256 codes) a thread a K step: more spills registers (ptxas for sm_90).
+        gemv = [c for c in gemv if c["BLOCK_SIZE_N"] * c["BLOCK_SIZE_K"] // 8 <= 32 * 32 * c["num_warps"]]
+        configs = [{k: dict(c, SWAP_AB=0, DOT_SCALED=0, MX_PTX=0, GEMV=1)[k] for k in order} for c in gemv] + configs
+    return configs
 
 
 def default_config(fmt: str, M: int, E: int) -> dict:
     config = dict(vllm_default_config(M, E), SWAP_AB=0, SPLIT_K=1)
-    return dict(config, DOT_SCALED=0, MX_PTX=0) if fmt == "mxfp4" else config
+    return dict(config, DOT_SCALED=0, MX_PTX=0, GEMV=0) if fmt == "mxfp4" else config
 
 
 def with_default_first(fmt: str, M: int, E: int, configs: list) -> list:
@@ -446,7 +471,7 @@ def fmt_pct(v):
 def cfg_text(config):
     short = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
              "num_warps": "w", "num_stages": "s", "DOT_SCALED": "DS", "SWAP_AB": "SW", "MX_PTX": "PTX",
-             "SPLIT_K": "SK"}
+             "SPLIT_K": "SK", "GEMV": "GEMV"}
     return " ".join(f"{short.get(k, k)}{v}" for k, v in config.items())
 
 
@@ -532,8 +557,8 @@ def markdown(report: dict) -> str:
     notes = []
     for e in report["shapes"]:
         label = f"{e['format']} {shape_label(e['shape'])}"
-        variants = [("DOT_SCALED", ds, "MX_PTX", px, "SWAP_AB", sw) for ds, px in ((0, 0), (0, 1), (1, 0))
-                    for sw in (0, 1)] \
+        variants = [("DOT_SCALED", ds, "MX_PTX", px, "SWAP_AB", sw, "GEMV", 0) for ds, px in ((0, 0), (0, 1), (1, 0))
+                    for sw in (0, 1)] + [("GEMV", 1)] \
             if e["format"] == "mxfp4" else [("SWAP_AB", sw) for sw in (0, 1)]
         splits = sorted({r["config"].get("SPLIT_K", 1) for r in e["rows"]})
         one = None  # the best config with one split, where the sweep had several
@@ -650,7 +675,7 @@ def main(argv=None):
         device, name = torch.device("cpu"), "CPU (Triton interpreter)"
         peak = args.peak or 10.0  # nominal: the smoke run's % of bound only exercises the arithmetic
         flush_bytes, rule, compiler, sm_count = 0, SMOKE_RULE, None, None
-        smem, space, split_ks = SM90_SMEM, SMOKE_SPACE, SMOKE_SPLIT_K_VALUES
+        smem, space, split_ks, gemv_space = SM90_SMEM, SMOKE_SPACE, SMOKE_SPLIT_K_VALUES, SMOKE_GEMV_SPACE
     else:
         if os.environ.get("TRITON_INTERPRET", "0") == "1":
             sys.exit("quant_moe: TRITON_INTERPRET=1 is set; unset it, or pass --smoke for the CPU run")
@@ -666,6 +691,7 @@ def main(argv=None):
         flush_bytes = max(2 * getattr(props, "L2_cache_size", 50 << 20), 32 << 20)
         smem = getattr(props, "shared_memory_per_block_optin", 0) or SM90_SMEM
         rule, space, sm_count, split_ks = GPU_RULE, SPACE, props.multi_processor_count, SPLIT_K_VALUES
+        gemv_space = GEMV_SPACE
         compiler = None
         if args.compile_jobs > 0:
             from moe_methods import Compiler  # bench/moe_methods.py: the runner's compile pool, in small
@@ -688,7 +714,8 @@ def main(argv=None):
                   f"writing {out_dir}")
     # Each shape's claim on the budget: its weight times its number of configs.
     sweeps = [with_default_first(fmt, shape["M"], shape["E"],
-                                 sweep(fmt, shape["M"], shape["topk"], shape["E"], smem, space, split_ks))
+                                 sweep(fmt, shape["M"], shape["topk"], shape["E"], smem, space, split_ks,
+                                       gemv_space))
               for fmt, shape, _ in plan]
     claims = [weight * len(configs) for (_, _, weight), configs in zip(plan, sweeps)]
     for i, ((fmt, shape, _), configs) in enumerate(zip(plan, sweeps)):

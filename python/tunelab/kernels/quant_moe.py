@@ -39,6 +39,9 @@ use. What changes is what the GEMMs read and how they dequantise
   - DOT_SCALED=1: hands the packed bytes and scales to `tl.dot_scaled`,
     Triton's own upcast (on Hopper it converts to bf16 and runs an ordinary
     dot).
+  or
+  - GEMV=1 (decode sizes, BLOCK_SIZE_M = 1): one token a program on CUDA
+    cores, no MMA (`_mx_gemv_acc`).
   Calls: as for bf16 (no quantisation kernels).
 
 Every dequantised value is exact in the activation dtype; the accumulation
@@ -303,6 +306,74 @@ def _mx_halves_ptx(packed, e):
 
 
 # ---------------------------------------------------------------------------
+# One token a program (GEMV=1): MXFP4 at decode sizes
+
+# A product's scale: the activations are multiplied by 2^64 as they are
+# loaded, so that a weight's bits read as its code's value x 2^-126
+# (_e2m1_bits) give products of about value x activation x 2^-62, normal
+# fp32 for any activation above 2^-64 in magnitude; the group's scale
+# 2^(e - 127) times 2^62 is applied to the group's sum.
+_GEMV_ACT_SHIFT = tl.constexpr(18446744073709551616.0)  # 2^64
+
+
+@triton.jit
+def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr, stride_wsr,
+                 BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """fp32 [BLOCK_SIZE_N]: the activation row at offset `a_row` times MXFP4
+    weight rows `w_rows` over K steps [k_begin, k_end), on CUDA cores: no
+    MMA, so no 16-row tile of which one token uses one row.
+
+    The weights are read as 32-bit words, eight codes each, four words (16
+    bytes, one vector load) per scale group: a tile is [rows, groups, 4]
+    words. Code p of word q of group g is reduction index 32g + 8q + p. Each
+    code's bits become an fp32 (x 2^-126, _e2m1_bits: shifts and masks, no
+    conversion instruction) multiplied into the activation (x 2^64, see
+    _GEMV_ACT_SHIFT) with one fused multiply-add; a group's 32 products are
+    summed in registers and scaled once, by 2^(e - 65) as two exact powers
+    of two (2^(min(e, 128) - 65) x 2^(max(e, 128) - 128): each an fp32 for
+    every E8M0 byte). A step's activations are one vector load a thread,
+    split by code position (measured on an H200: loading each position
+    apart made GEMM 1 1.31x slower, results/bench/NVIDIA_H200/mxfp4_m1_gemv.md)."""
+    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
+    words = w_ptr.to(tl.pointer_type(tl.uint32))
+    # A row holds K_PAD / 2 bytes, K_PAD a multiple of 32: a multiple of 4 words (16 bytes).
+    stride_w = tl.multiple_of(stride_wr // 4, 4)
+    offs_g = tl.arange(0, GROUPS)
+    offs_q = tl.arange(0, 4)
+    w_base = words + w_rows[:, None, None] * stride_w + offs_q[None, None, :]
+    s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
+    n_groups = tl.cdiv(K_RED, 32)
+    acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
+    for k in range(k_begin, k_end):
+        g = k * GROUPS + offs_g
+        g_ok = g < n_groups
+        w = tl.load(w_base + (g * 4)[None, :, None], mask=g_ok[None, :, None], other=0)
+        e = tl.load(s_base + g[None, :], mask=g_ok[None, :], other=0).to(tl.uint32)
+        # The step's activations in one vector load a thread, then split by code position p.
+        kk = g[:, None, None] * 32 + offs_q[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+        a8 = tl.load(a_ptr + a_row + kk, mask=kk < K_RED, other=0.0).to(tl.float32) * _GEMV_ACT_SHIFT
+        a_even, a_odd = tl.split(tl.reshape(a8, (GROUPS, 4, 4, 2)))  # p = 2j, 2j + 1
+        a04, a26 = tl.split(tl.reshape(a_even, (GROUPS, 4, 2, 2)))
+        a15, a37 = tl.split(tl.reshape(a_odd, (GROUPS, 4, 2, 2)))
+        a0, a4 = tl.split(a04)
+        a2, a6 = tl.split(a26)
+        a1, a5 = tl.split(a15)
+        a3, a7 = tl.split(a37)
+        part = _e2m1_bits(w) * a0[None, :, :]
+        part += _e2m1_bits(w >> 4) * a1[None, :, :]
+        part += _e2m1_bits(w >> 8) * a2[None, :, :]
+        part += _e2m1_bits(w >> 12) * a3[None, :, :]
+        part += _e2m1_bits(w >> 16) * a4[None, :, :]
+        part += _e2m1_bits(w >> 20) * a5[None, :, :]
+        part += _e2m1_bits(w >> 24) * a6[None, :, :]
+        part += _e2m1_bits(w >> 28) * a7[None, :, :]
+        f_lo = ((tl.minimum(e, 128) + 62) << 23).to(tl.float32, bitcast=True)  # 2^(min(e, 128) - 65)
+        f_hi = ((tl.maximum(e, 128) - 1) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 128) - 128)
+        acc += tl.sum(part, axis=2) * f_lo * f_hi
+    return tl.sum(acc, axis=1)
+
+
+# ---------------------------------------------------------------------------
 # The quantised GEMM tile (both GEMMs)
 
 
@@ -333,12 +404,21 @@ def _q_acc(
     A_CACHE: tl.constexpr,
     SWAP_AB: tl.constexpr = 0,
     MX_PTX: tl.constexpr = 0,
+    GEMV: tl.constexpr = 0,
 ):
     """fp32 [BLOCK_SIZE_M, BLOCK_SIZE_N]: activation rows `a_rows` times weight
     rows `w_rows` over K steps [k_begin, k_end) of the reduction axis K_RED,
     dequantised (see the module docstring). Tails along K_RED are masked
     (MXFP4 storage is zero-padded). SWAP_AB=1 computes the transpose
-    (_q_acc_swapped) and returns it transposed back."""
+    (_q_acc_swapped) and returns it transposed back; GEMV=1 (MXFP4,
+    BLOCK_SIZE_M = 1) the block's one row on CUDA cores (_mx_gemv_acc)."""
+    if GEMV:
+        # The block's one slot. With blocks of one, every block the GEMMs run holds
+        # a real slot; row 0 stands in for a padding one all the same (never stored).
+        row_offset = tl.sum(tl.where(a_mask, a_rows, 0), axis=0) * stride_am
+        acc_n = _mx_gemv_acc(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr,
+                             stride_wsr, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        return acc_n[None, :]
     if SWAP_AB:
         acc_t = _q_acc_swapped(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, k_begin,
                                k_end, stride_am,
@@ -583,6 +663,7 @@ def moe_gemm1_q_kernel(
     A_FMT: tl.constexpr,
     SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
+    GEMV: tl.constexpr,  # 1: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc)
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
@@ -615,7 +696,8 @@ def moe_gemm1_q_kernel(
     k_begin, k_end = _split_k_steps(K, BLOCK_SIZE_K, SPLIT_K)
     acc = _q_acc(a_ptr, a_scale_ptr, w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, rows,
                  tok_mask, w_row.to(tl.int64), K, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
-                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX)
+                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
+                 GEMV)
     if SPLIT_K > 1:
         acc, last = _split_k_total(acc, part_ptr, count_ptr, slots.to(tl.int64), tok_mask, w_row, row_ok,
                                    stride_ps, 2 * N, SPLIT_K)
@@ -662,6 +744,7 @@ def moe_gemm2_q_kernel(
     A_FMT: tl.constexpr,
     SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
+    GEMV: tl.constexpr,  # 1: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc)
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
@@ -698,7 +781,8 @@ def moe_gemm2_q_kernel(
     k_begin, k_end = _split_k_steps(K_RED, BLOCK_SIZE_K, SPLIT_K)
     acc = _q_acc(a_ptr, a_scale_ptr, w2_ptr + expert * stride_we, w2_scale_ptr + expert * stride_wse, slots64,
                  tok_mask, offs_n, K_RED, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
-                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX)
+                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
+                 GEMV)
     if SPLIT_K > 1:
         acc, last = _split_k_total(acc, part_ptr, count_ptr, slots64, tok_mask, offs_n, offs_n_raw < N_OUT,
                                    stride_ps, N_OUT, SPLIT_K)
@@ -736,6 +820,7 @@ class QuantMoEPlan:
     dot_scaled: bool
     swap_ab: bool  # the weights as the MMA's left operand (_q_acc_swapped)
     mx_ptx: bool  # MXFP4 dequantised by inline PTX (_mx_halves_ptx); False under the interpreter
+    gemv: bool  # MXFP4 one token a block on CUDA cores (_mx_gemv_acc); BLOCK_SIZE_M is 1
     split_k: int  # K split over this many programs per tile (the grids' second axis; _split_k_total)
     numel: int
     max_blocks: int
@@ -771,7 +856,23 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     knobs are for tests and benchmarks, as in fused_moe.make_plan."""
     wfmt = weight_format_code(problem)
     bm, bn, bk = (int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
-    for name, v in (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk)):
+    gemv = int(config.get("GEMV", 0))
+    if gemv not in (0, 1):
+        raise ValueError(f"GEMV must be 0 or 1, got {gemv}")
+    if gemv:
+        if wfmt != WFMT_MXFP4:
+            raise ValueError("GEMV=1 is tunelab's one-token MXFP4 kernel: MXFP4 weights only")
+        if bm != 1:
+            raise ValueError(f"GEMV=1 computes one token a block: BLOCK_SIZE_M must be 1, got {bm}")
+        for key in ("DOT_SCALED", "SWAP_AB", "MX_PTX"):
+            if int(config.get(key, 0)):
+                raise ValueError(f"GEMV=1 dequantises on CUDA cores with no MMA: {key} must be 0")
+        if vllm_structure:
+            raise ValueError("GEMV=1 is tunelab's own kernel; vLLM's call structure (fused_moe_vllm) runs "
+                             "vLLM's, which has no such key")
+    checked = (("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk)) if gemv else \
+        (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk))
+    for name, v in checked:
         if v < 16 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs 16), got {v}")
     if int(config["GROUP_SIZE_M"]) < 1:
@@ -841,7 +942,7 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
         activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
         interleaved=problem.interleaved, has_bias=problem.bias,
         config={k: int(config[k]) for k in QUANT_CONFIG_KEYS}, dot_scaled=bool(dot_scaled), swap_ab=bool(swap_ab),
-        mx_ptx=bool(mx_ptx) and not interpreting(), split_k=split_k,
+        mx_ptx=bool(mx_ptx) and not interpreting(), gemv=bool(gemv), split_k=split_k,
         numel=numel, max_blocks=max_blocks, max_padded=max_padded,
         align_meta=_align_meta(numel, problem.E, max_padded),
         grid1=(max_blocks * triton.cdiv(2 * problem.N, bn), split_k),
@@ -883,7 +984,8 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     tiles = {k: c[k] for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")}
     launch = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
     fmt = dict(WFMT=plan.wfmt, GROUP_N=plan.group_n, GROUP_K=plan.group_k, DOT_SCALED=plan.dot_scaled,
-               A_FMT=_a_fmt(plan.act_dtype), SWAP_AB=plan.swap_ab, MX_PTX=plan.mx_ptx, SPLIT_K=plan.split_k)
+               A_FMT=_a_fmt(plan.act_dtype), SWAP_AB=plan.swap_ab, MX_PTX=plan.mx_ptx, GEMV=plan.gemv,
+               SPLIT_K=plan.split_k)
     specs: list[tuple] = []
 
     def add(kernel, grid, args, kwargs):

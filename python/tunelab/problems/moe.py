@@ -76,8 +76,9 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # DOT_SCALED (MXFP4): 1 runs tl.dot_scaled (Triton's upcast), 0 tunelab's own dequantisation;
 # SWAP_AB (fp8 and MXFP4): 1 makes the weights the MMA's left operand (tokens its short side).
 # MX_PTX (MXFP4, DOT_SCALED=0, bf16 activations): 1 dequantises with inline PTX, two values an instruction.
+# GEMV (MXFP4, BLOCK_SIZE_M 1): 1 computes one token a block on CUDA cores, no MMA (decode sizes).
 # SPLIT_K (fp8 and MXFP4): K split over this many programs per tile (decode sizes: more programs in flight).
-QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX", "SPLIT_K")
+QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX", "GEMV", "SPLIT_K")
 
 
 class _WeightCache:
@@ -532,8 +533,8 @@ class TritonFusedMoEVllm:
     routing weights, the top-k sum; five plain launches, no dependent launches
     and no self-alignment. Same kernels and compile contract as `fused_moe`
     (tunelab.kernels.fused_moe.vllm_plan), and its config keys less
-    tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX, SPLIT_K: vLLM's kernel has no such
-    choices). fp8 weights add vLLM's
+    tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX, GEMV, SPLIT_K: vLLM's kernel has no
+    such choices). fp8 weights add vLLM's
     activation quantisation before each GEMM (tunelab.kernels.quant_moe);
     MXFP4 weights are not run this way (see `unavailable`)."""
 
@@ -644,10 +645,11 @@ def _full_config(problem: FusedMoE, config: dict) -> dict:
         full["DOT_SCALED"] = int(config.get("DOT_SCALED", 0))
     elif int(config.get("DOT_SCALED", 0)):
         raise ValueError(f"DOT_SCALED applies to mxfp4 weights only, not {problem.dtype_name}")
-    if problem.weight_format == "mxfp4":
-        full["MX_PTX"] = int(config.get("MX_PTX", 0))
-    elif int(config.get("MX_PTX", 0)):
-        raise ValueError(f"MX_PTX applies to mxfp4 weights only, not {problem.dtype_name}")
+    for key in ("MX_PTX", "GEMV"):
+        if problem.weight_format == "mxfp4":
+            full[key] = int(config.get(key, 0))
+        elif int(config.get(key, 0)):
+            raise ValueError(f"{key} applies to mxfp4 weights only, not {problem.dtype_name}")
     for key, default in (("SWAP_AB", 0), ("SPLIT_K", 1)):
         if problem.quantised:
             full[key] = int(config.get(key, default))

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Where an MXFP4 fused-MoE call spends its time, kernel by kernel (a measurement, not a test).
+
+Binds tunelab's call (`fused_moe`) at gpt-oss-120b's shape (E=128, topk=4,
+K=2880, N=2880, bf16 activations, SwiGLU with biases) for each config given,
+checks it against the reference, then times each of its kernels alone with
+a cold L2: read max(2 x L2, 32 MiB) of another buffer, an event pair
+around one launch, the median of --samples (default 50). Kernels after the
+first read what the whole call left in their inputs, so each one does its
+real work. The whole call is timed the same way for comparison.
+
+    python3 bench/mxfp4_m1_profile.py [--M 1] [--samples 50] [--ncu] CONFIG_JSON...
+
+--ncu: after the timings, one more call between cudaProfilerStart and
+cudaProfilerStop, for `ncu --profile-from-start off ...` to profile.
+Prints a markdown table (device, date and command first) to stdout.
+"""
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "python"))
+
+import torch  # noqa: E402
+
+from tunelab.compare import compare  # noqa: E402
+from tunelab.problems.moe import FusedMoE  # noqa: E402
+
+
+def cold_median_us(fn, flush, samples: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(samples):
+        flush.add_(1)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("configs", nargs="+", help="a config as JSON, e.g. '{\"BLOCK_SIZE_M\": 1, ...}'")
+    ap.add_argument("--M", type=int, default=1)
+    ap.add_argument("--samples", type=int, default=50)
+    ap.add_argument("--ncu", action="store_true")
+    args = ap.parse_args(argv)
+    props = torch.cuda.get_device_properties(0)
+    flush = torch.empty(max(2 * props.L2_cache_size, 32 << 20) // 4, dtype=torch.float32, device="cuda")
+    problem = FusedMoE({"M": args.M, "E": 128, "topk": 4, "K": 2880, "N": 2880, "act_dtype": "bf16",
+                        "dtype": "mxfp4", "activation": "swiglu_oai"})
+    inputs = problem.inputs(0, torch.device("cuda"))
+    expected = problem.reference(inputs)
+    print(f"Device {torch.cuda.get_device_name()}, {datetime.date.today().isoformat()}, torch {torch.__version__}; "
+          f"`python3 bench/mxfp4_m1_profile.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n")
+    print("| config | kernel | cold µs (median) |\n| --- | --- | ---: |")
+    launches = []
+    for text in args.configs:
+        config = json.loads(text)
+        launch = problem.methods()["fused_moe"].bind(problem, inputs, config)
+        for _ in range(3):
+            launch()
+        torch.cuda.synchronize()
+        result = compare(launch.out, expected, atol=2e-2, rtol=2e-2, max_mismatch=0.005)
+        label = " ".join(f"{k}={v}" for k, v in config.items())
+        if not result["passed"]:
+            print(f"| {label} | check failed: {result} | - |")
+            continue
+        for name, run in zip(launch.kernels, launch._runners):
+            print(f"| {label} | {name} | {cold_median_us(run, flush, args.samples):.1f} |")
+        print(f"| {label} | whole call | {cold_median_us(launch, flush, args.samples):.1f} |")
+        launches.append(launch)
+    if args.ncu:
+        cudart = torch.cuda.cudart()
+        for launch in launches:
+            torch.cuda.synchronize()
+            cudart.cudaProfilerStart()
+            launch()
+            torch.cuda.synchronize()
+            cudart.cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()
