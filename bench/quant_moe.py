@@ -268,23 +268,24 @@ def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None, spli
     space = dict(space or SPACE)
     space["SWAP_AB"] = [0, 1]
     space["SPLIT_K"] = list(split_ks or SPLIT_K_VALUES) if M * topk <= SPLIT_K_MAX_SLOTS else [1]
-    keys = list(space)
-    configs = [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
-    configs = [c for c in configs if allowed(c, M, topk, E, smem_bytes)]
+    configs = [c for c in _product(space) if allowed(c, M, topk, E, smem_bytes)]
     if fmt == "mxfp4":
         configs = [dict(c, DOT_SCALED=ds, MX_PTX=px, GEMV=0) for c in configs for ds, px in ((0, 0), (1, 0), (0, 1))]
     default = default_config(fmt, M, E)
     configs = sorted(configs, key=lambda c: sum(c.get(k) != v for k, v in default.items()))
     if fmt == "mxfp4" and M * topk <= SPLIT_K_MAX_SLOTS:
-        gemv_space = gemv_space or GEMV_SPACE
-        keys = list(gemv_space)
-        gemv = [dict(zip(keys, values)) for values in itertools.product(*(gemv_space[k] for k in keys))]
-        order = ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages",
-                 "SWAP_AB", "SPLIT_K", "DOT_SCALED", "MX_PTX", "GEMV"]
         # At most 32 weight words (256 codes) a thread a K step: more spills registers (ptxas for sm_90).
-        gemv = [c for c in gemv if c["BLOCK_SIZE_N"] * c["BLOCK_SIZE_K"] // 8 <= 32 * 32 * c["num_warps"]]
-        configs = [{k: dict(c, SWAP_AB=0, DOT_SCALED=0, MX_PTX=0, GEMV=1)[k] for k in order} for c in gemv] + configs
+        gemv = [dict(c, SWAP_AB=0, DOT_SCALED=0, MX_PTX=0, GEMV=1) for c in _product(gemv_space or GEMV_SPACE)
+                if c["BLOCK_SIZE_N"] * c["BLOCK_SIZE_K"] // 8 <= 32 * 32 * c["num_warps"]]
+        # In the default's key order, as every other config: the report's config text reads alike.
+        configs = [{k: c[k] for k in default} for c in gemv] + configs
     return configs
+
+
+def _product(space: dict) -> list:
+    """Every config of a space (key -> values), in the space's key order."""
+    keys = list(space)
+    return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
 
 
 def default_config(fmt: str, M: int, E: int) -> dict:
