@@ -650,6 +650,47 @@ def test_persistent_on_the_gpu(M, split_k, device):
         assert launch.workspace_clear() and not launch.timed_out()
 
 
+def test_persistent_trace(device):
+    """A traced launch (bench/moe_persistent_timeline.py) stamps every program and
+    every item the routing made, in order, and computes the same output. Under
+    the interpreter there is no clock: asking for a trace is refused."""
+    from tunelab.kernels.fused_moe import TRACE_PER_PROGRAM, PersistentMoELaunch, make_persistent_plan, trace_layout
+
+    p = FusedMoE(shape(M=3, E=16, topk=4, activation="swiglu_oai"))
+    inputs = p.inputs(18, device)
+    plan = make_persistent_plan(p, dict(PCFG, SPLIT_K=2))
+    if INTERPRETED:
+        with pytest.raises(ValueError, match="needs a GPU"):
+            PersistentMoELaunch(plan, inputs, trace=True)
+        return
+    launch = PersistentMoELaunch(plan, inputs, trace=True)
+    launch()
+    assert_close(launch.out, p.reference(inputs), "fp16")
+    layout = trace_layout(plan, launch.grid)
+    raw = launch.trace.cpu()
+    programs = raw[:launch.grid * TRACE_PER_PROGRAM].view(launch.grid, TRACE_PER_PROGRAM)
+    start, gemm1_begin, gemm1_end, end, sm = programs.unbind(1)
+    assert bool((start > 0).all()) and bool((start <= gemm1_begin).all()) and bool((gemm1_begin <= gemm1_end).all())
+    assert bool((gemm1_end <= end).all()) and int(sm.max()) < torch.cuda.get_device_properties(0).multi_processor_count
+    first1, count1 = layout["items1"]
+    first2, count2 = layout["items2"]
+    items1 = raw[first1:first1 + 3 * count1].view(count1, 3)
+    items2 = raw[first2:first2 + 4 * count2].view(count2, 4)
+    blocks = len({int(e) for e in inputs["topk_ids"].reshape(-1)})  # 3 tokens x 4 slots <= 16 rows: a block each
+    made1, made2 = blocks * plan.n_tiles1 * plan.split_k, blocks * plan.n_tiles2
+    assert bool((items1[:made1] > 0).all()) and bool((items1[made1:] == 0).all())
+    assert bool((items2[:made2] > 0).all()) and bool((items2[made2:] == 0).all())
+    assert bool((items1[:made1].diff(dim=1) >= 0).all()) and bool((items2[:made2].diff(dim=1) >= 0).all())
+    # A GEMM 2 item's wait ends after the K loops of its block's GEMM 1 items (whose
+    # counts it waits for) are done; 100 ns for the clock's steps.
+    per_block1 = plan.n_tiles1 * plan.split_k
+    for m in range(blocks):
+        loops_done = int(items1[m * per_block1:(m + 1) * per_block1, 1].max())
+        waits_over = items2[m * plan.n_tiles2:(m + 1) * plan.n_tiles2, 1]
+        assert int(waits_over.min()) >= loops_done - 100
+    assert int(items2[:made2, 3].max()) <= int(end.max())
+
+
 # ---- torch
 
 

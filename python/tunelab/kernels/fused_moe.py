@@ -607,6 +607,19 @@ def _wait_at_least(counter_ptr, target, timed_out_ptr, MAX_SPIN: tl.constexpr):
     tl.debug_barrier()
 
 
+# Words a program's timeline takes (TRACE): start, GEMM 1 begins, GEMM 1 ends, end, SM id.
+TRACE_PER_PROGRAM = 5
+_TRACE_PER_PROGRAM = tl.constexpr(TRACE_PER_PROGRAM)
+
+
+@triton.jit
+def _stamp(ptr, TRACE: tl.constexpr):
+    """Store the GPU's global nanosecond clock (%globaltimer) at ptr when TRACE; nothing otherwise."""
+    if TRACE:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        tl.store(ptr, now)
+
+
 @triton.jit
 def _prefetch_l2(base_ptr, numel, LINE: tl.constexpr, LINES: tl.constexpr):
     """Ask L2 to fetch `numel` contiguous elements from `base_ptr`, one
@@ -637,6 +650,7 @@ def moe_persistent_kernel(
     num_post_ptr,
     cursor_ptr,
     ws_ptr,  # int32 workspace, zero between launches (WS_* above)
+    trace_ptr,  # int64 timeline (TRACE; see trace_layout), else any pointer
     # A constexpr: Triton knows an integer argument's divisibility by 16 only, and
     # N=360 (gpt-oss's smallest shard) is not, so every w2 and intermediate row
     # would look unaligned and GEMM 2 would load them two bytes at a time,
@@ -668,6 +682,7 @@ def moe_persistent_kernel(
     PHASE: tl.constexpr,  # -1: the whole call, synchronised in-kernel (GPU); 0, 1, 2: one phase (interpreter)
     PREFETCH_W2: tl.constexpr,  # 0, or the elements per 128-byte line: prefetch this program's w2 tiles into L2
     MAX_SPIN: tl.constexpr,
+    TRACE: tl.constexpr,  # 1: stamp %globaltimer at each step into trace_ptr (bench/moe_persistent_timeline.py)
 ):
     """Alignment, GEMM 1 with the activation, GEMM 2 with the routing weights
     and the top-k sum in one launch (see PersistentMoELaunch for the design).
@@ -689,6 +704,15 @@ def moe_persistent_kernel(
     arrived_ptr = done_ptr + max_blocks
     splits_ptr = arrived_ptr + (numel // TOPK) * n_tiles2
     timed_out_ptr = ws_ptr + _WS_TIMED_OUT
+    # Timeline (TRACE): per program [start, GEMM 1 begins, GEMM 1 ends, end, SM],
+    # then per GEMM 1 item [begin, K loop done, end], then per GEMM 2 item
+    # [begin, wait over, K loop done, end].
+    trace_items1 = trace_ptr + grid * _TRACE_PER_PROGRAM
+    trace_items2 = trace_items1 + 3 * max_blocks * n_tiles1 * SPLIT_K
+    _stamp(trace_ptr + pid * _TRACE_PER_PROGRAM, TRACE)
+    if TRACE:
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+        tl.store(trace_ptr + pid * _TRACE_PER_PROGRAM + 4, sm.to(tl.int64))
 
     # ---- alignment: which slots each BLOCK_SIZE_M block holds, and its expert.
     if SELF_ALIGN:
@@ -721,9 +745,19 @@ def moe_persistent_kernel(
     first2 = (pid + grid - total1 % grid) % grid if SYNC else pid
 
     if SYNC and PREFETCH_W2:
-        # This program's GEMM 2 weights into L2 now, while GEMM 1 streams w1:
-        # they do not depend on GEMM 1, and HBM stays busy across the wait.
-        for j in range(first2, total2, grid):
+        # GEMM 2's weights into L2 now, while GEMM 1 streams w1: they do not
+        # depend on GEMM 1, and HBM stays busy across the wait. The programs with
+        # no GEMM 1 item (decode sizes) share them all out, so the others start
+        # GEMM 1 at once; where every program has a GEMM 1 item, each asks for
+        # its own GEMM 2 tiles.
+        prefetch_first = first2
+        prefetch_step = grid
+        if total1 < grid:
+            prefetch_step = grid - total1
+            prefetch_first = pid - total1
+            if pid < total1:
+                prefetch_first = total2
+        for j in range(prefetch_first, total2, prefetch_step):
             m = j // n_tiles2
             if SELF_ALIGN:
                 _, expert = _block_slots(ids, pos, valid, numel, m, BLOCK_SIZE_M, SELF_ALIGN)
@@ -736,10 +770,12 @@ def moe_persistent_kernel(
 
     # ---- GEMM 1 (+ bias, activation): item t is K slice t % SPLIT_K of tile
     # t // SPLIT_K, which is block tile // n_tiles1, w1 rows tile tile % n_tiles1.
+    _stamp(trace_ptr + pid * _TRACE_PER_PROGRAM + 1, TRACE)
     if PHASE == -1 or PHASE == 1:
         n_k = tl.cdiv(K, BLOCK_SIZE_K)
         k_per_slice = tl.cdiv(n_k, SPLIT_K)
         for t in range(pid, total1, grid):
+            _stamp(trace_items1 + 3 * t, TRACE)
             tile = t // SPLIT_K
             m = tile // n_tiles1
             pid_n = tile % n_tiles1
@@ -755,6 +791,7 @@ def moe_persistent_kernel(
             if SPLIT_K == 1:
                 acc = _gemm1_acc(x_ptr, w1_ptr, rows, tok_mask, expert, w_row, row_ok, 0, n_k, K, K, 2 * N * K, K,
                                  EVEN_K1, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                _stamp(trace_items1 + 3 * t + 1, TRACE)
                 _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, 2 * N, N,
                              ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
                 finished = True
@@ -767,6 +804,7 @@ def moe_persistent_kernel(
                 acc = _gemm1_acc(x_ptr, w1_ptr, rows, tok_mask, expert, w_row, row_ok, k_first, k_last, K, K,
                                  2 * N * K, K,
                                  EVEN_K1, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                _stamp(trace_items1 + 3 * t + 1, TRACE)
                 tile_elems = BLOCK_SIZE_M * BLOCK_SIZE_N
                 offs_tile = tl.arange(0, BLOCK_SIZE_M)[:, None] * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :]
                 tile_base = slices_ptr + tile.to(tl.int64) * SPLIT_K * tile_elems
@@ -786,10 +824,13 @@ def moe_persistent_kernel(
                 # Publish the tile: GEMM 2's tiles of block m wait for all n_tiles1 of them.
                 tl.debug_barrier()
                 tl.atomic_add(ready_ptr + m, 1, sem="release", scope="gpu")
+            _stamp(trace_items1 + 3 * t + 2, TRACE)
+    _stamp(trace_ptr + pid * _TRACE_PER_PROGRAM + 2, TRACE)
 
     # ---- GEMM 2 (+ bias, x routing weight) and the top-k sum.
     if PHASE == -1 or PHASE == 2:
         for j in range(first2, total2, grid):
+            _stamp(trace_items2 + 4 * j, TRACE)
             m = j // n_tiles2
             pid_n = j % n_tiles2
             # The block's slots and expert depend on the alignment only, not on GEMM 1.
@@ -808,22 +849,22 @@ def moe_persistent_kernel(
                 # Every program took its GEMM 1 items before any GEMM 2 item, and every
                 # program is resident, so the tiles waited for are running or done.
                 _wait_at_least(ready_ptr + m, n_tiles1, timed_out_ptr, MAX_SPIN)
+            _stamp(trace_items2 + 4 * j + 1, TRACE)
+            # Block bookkeeping: the last GEMM 2 tile of block m past its wait clears
+            # the block's counters for the next launch. Relaxed, and its value is
+            # looked at only after the tile: off the critical path (it was an
+            # acq_rel count before the top-k count, 0.6 µs more a tile on an H100).
+            done = tl.atomic_add(done_ptr + m, 1, sem="relaxed", scope="gpu")
             # The intermediate was written by other programs of this launch: from L2 (.cg).
             acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n,
                              tl.arange(0, BLOCK_SIZE_K2), N, N, K * N, N, K,
                              HAS_BIAS, EVEN_K2, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N2, BLOCK_SIZE_K2, ".cg")
+            _stamp(trace_items2 + 4 * j + 2, TRACE)
             w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
             acc = acc * w[:, None]
             tl.store(part_ptr + slots64[:, None] * K + offs_n_raw[None, :], acc,
                      mask=tok_mask[:, None] & col_mask[None, :])
             tl.debug_barrier()  # every thread's rows are issued before the releases below
-
-            # Block bookkeeping: the last GEMM 2 tile of block m (all its tiles are
-            # past their wait) clears the block's counters for the next launch.
-            done = tl.atomic_add(done_ptr + m, 1, sem="acq_rel", scope="gpu")
-            if done == n_tiles2 - 1:
-                tl.atomic_xchg(ready_ptr + m, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(done_ptr + m, 0, sem="relaxed", scope="gpu")
 
             # The top-k sum: the block's rows are distinct tokens (a token meets an
             # expert once). The program that brings a token's count for this column
@@ -836,6 +877,10 @@ def moe_persistent_kernel(
             tl.debug_barrier()  # the acquires above come before any thread's reads below
             _topk_sum(part_ptr, out_ptr, tok, last, offs_n_raw, col_mask, K, TOPK, BLOCK_SIZE_M, BLOCK_SIZE_N2)
             tl.store(arrived_ptr + tok * n_tiles2 + pid_n, 0, mask=last)
+            if done == n_tiles2 - 1:
+                tl.atomic_xchg(ready_ptr + m, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(done_ptr + m, 0, sem="relaxed", scope="gpu")
+            _stamp(trace_items2 + 4 * j + 3, TRACE)
 
     if SYNC:
         if not SELF_ALIGN:
@@ -845,6 +890,7 @@ def moe_persistent_kernel(
             if exited == grid - 1:
                 tl.atomic_xchg(ws_ptr + _WS_ALIGNED, 0, sem="relaxed", scope="gpu")
                 tl.atomic_xchg(ws_ptr + _WS_EXITED, 0, sem="relaxed", scope="gpu")
+    _stamp(trace_ptr + pid * _TRACE_PER_PROGRAM + 3, TRACE)
 
 
 @triton.jit
@@ -1170,13 +1216,18 @@ def persistent_default_config(M: int, N: int) -> dict:
     """The persistent config a job runs when it names none of the keys.
 
     Each choice below was measured on an H100 (bench/moe_methods.py, gpt-oss
-    E=128, K=2880, bf16, SiLU; bench/results/moe_methods-H100.json,
-    2026-11-22; µs cold / under graph timing), as the best of a coordinate
-    search (M=1 and 8) or of a one-key sweep (M=64):
+    E=128, K=2880, bf16, SiLU; µs cold / under graph timing), as the best of
+    a coordinate search (M=1 and 8) or of a one-key sweep (M=64). M <= 2 with
+    N <= 720 is from bench/results/moe_methods-H100.json (2026-11-23, the
+    kernel as it is), the rest from moe_methods-H100-2026-11-22.json (before
+    the GEMM 2 count and the prefetch changed, see PersistentMoELaunch; those
+    rows take 75-1770 µs, where the 1 µs those changes saved matters little):
 
     - M <= 2, N <= 360: GEMM 1 in four K slices of 64-row tiles (4 x 12 tiles
-      alone would leave most SMs idle): N=360 20.6 / 14.3;
-    - M <= 2, N <= 720: 128-row tiles in three slices: N=720 28.7 / 27.0;
+      alone would leave most SMs idle), GEMM 2's weights prefetched: N=360
+      19.9 / 13.7;
+    - M <= 2, N <= 720: whole 64-row tiles, eight warps: N=720 28.3 / 24.9
+      (the four-launch call: 29.8 / 24.9);
     - M <= 2, larger N: whole 64-row tiles, enough of them: N=2880 80.7 / 78.1;
     - M <= 16: whole 64-row tiles, six stages, GEMM 2 tiles of 128 columns:
       N=360 M=8 75.7 / 73.3;
@@ -1188,9 +1239,9 @@ def persistent_default_config(M: int, N: int) -> dict:
             "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
     if M <= 2:
         if N <= 360:
-            return dict(base, BLOCK_SIZE_K=64, SPLIT_K=4, PREFETCH_W2=0)
+            return dict(base, BLOCK_SIZE_K=64, SPLIT_K=4)
         if N <= 720:
-            return dict(base, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, SPLIT_K=3, PREFETCH_W2=0)
+            return dict(base, num_warps=8, PREFETCH_W2=0)
         return dict(base, BLOCK_SIZE_K=64, PREFETCH_W2=0)
     if M <= 16:
         return dict(base, BLOCK_SIZE_N2=128, num_stages=6)
@@ -1301,18 +1352,32 @@ def _persistent_spec(plan: PersistentPlan, b: dict, phase: int):
     # Without its own alignment the kernel still takes the buffers: any pointer will do.
     align = (b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"])
     args = (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], b["w2"], b["b2"] if plan.has_bias else b["x"],
-            b["topk_ids"], b["topk_weights"], b["inter"], b["part"], b["slices"], b["out"], *align, b["ws"])
+            b["topk_ids"], b["topk_weights"], b["inter"], b["part"], b["slices"], b["out"], *align, b["ws"],
+            b.get("trace", b["ws"]))
     kwargs = dict(
         N=plan.N, K=plan.K, numel=plan.numel, num_experts=plan.E, max_blocks=plan.max_blocks,
-        max_padded=plan.max_padded, ws_words=plan.ws_words, TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation, HAS_BIAS=plan.has_bias,
+        max_padded=plan.max_padded, ws_words=plan.ws_words, TOPK=plan.topk, INTERLEAVED=plan.interleaved,
+        ACTIVATION=plan.activation, HAS_BIAS=plan.has_bias,
         EVEN_K1=plan.K % c["BLOCK_SIZE_K"] == 0, EVEN_K2=plan.N % c["BLOCK_SIZE_K2"] == 0, PRECISION=precision,
         BLOCK_SIZE_M=c["BLOCK_SIZE_M"], BLOCK_SIZE_N=c["BLOCK_SIZE_N"], BLOCK_SIZE_K=c["BLOCK_SIZE_K"],
         BLOCK_SIZE_N2=c["BLOCK_SIZE_N2"], BLOCK_SIZE_K2=c["BLOCK_SIZE_K2"], SPLIT_K=plan.split_k,
         SELF_ALIGN=plan.self_align, E_PAD=plan.align_meta["E_PAD"], CHUNK=plan.align_meta["CHUNK"],
         BCHUNK=plan.align_meta["BCHUNK"], PHASE=phase, PREFETCH_W2=plan.prefetch if phase < 0 else 0,
-        MAX_SPIN=MAX_SPIN, num_warps=c["num_warps"], num_stages=c["num_stages"],
+        MAX_SPIN=MAX_SPIN, TRACE=int("trace" in b), num_warps=c["num_warps"], num_stages=c["num_stages"],
     )
     return moe_persistent_kernel, args, kwargs
+
+
+def trace_layout(plan: PersistentPlan, grid: int) -> dict:
+    """Where a traced launch (TRACE) stamps its times: (first int64 word, count)
+    of the per-program records (TRACE_PER_PROGRAM words), the GEMM 1 item
+    records (3 words) and the GEMM 2 item records (4 words), and the words in all."""
+    items1 = plan.max_blocks * plan.n_tiles1 * plan.split_k
+    items2 = plan.max_blocks * plan.n_tiles2
+    first1 = grid * TRACE_PER_PROGRAM
+    first2 = first1 + 3 * items1
+    return {"programs": (0, grid), "items1": (first1, items1), "items2": (first2, items2),
+            "words": first2 + 4 * items2}
 
 
 def persistent_phases(plan: PersistentPlan):
@@ -1426,7 +1491,9 @@ class PersistentMoELaunch:
     - GEMM 1 -> GEMM 2: no grid-wide barrier. Each GEMM 1 tile counts itself
       into its block's READY word (release); a GEMM 2 tile waits only for its
       own block's n_tiles1 tiles (acquire), so GEMM 2 starts block by block.
-      With PREFETCH_W2, each program first asks L2 for its GEMM 2 weights.
+      With PREFETCH_W2, GEMM 2's weights are asked of L2 at the start: by the
+      programs with no GEMM 1 item where there are such, else by each program
+      for its own GEMM 2 tiles.
     - Top-k sum, fused into GEMM 2: each GEMM 2 tile writes its weighted rows
       (fp32) to `part`, then counts each row's token into ARRIVED[token, tile];
       the program that brings a count to topk sums the token's topk rows in
@@ -1444,11 +1511,33 @@ class PersistentMoELaunch:
     moe_persistent_kernel); `grid` overrides the number of programs (tests).
 
     Measured on an H100 (bench/moe_methods.py, gpt-oss E=128 K=2880 bf16
-    SiLU, 2026-11-22, bench/results/moe_methods-H100.json; µs cold / graph):
-    M=1 N=360 20.6 / 14.3 against fused_moe's 33.0 / 22.6 (the bound is 7.4);
-    M=8 N=360 75.7 / 73.3 against 100.5 / 95.6; M=64 N=360 261.5 / 259.6
-    against 413.9 / 413.0. Not faster at M=1 N=720 (28.7 / 27.0 against
-    28.6 / 24.8), even at M=64 N=720 (470.5 / 468.8 against 470.3 / 466.4).
+    SiLU, 2026-11-23, bench/results/moe_methods-H100.json; µs cold / graph,
+    the best config of each): M=1 N=360 19.9 / 13.7 against fused_moe's
+    32.8 / 22.8 (the bound is 7.4; a one-element add measures 4.16-4.93 µs
+    cold under the same protocol); M=8 N=360 76.2 / 74.1 against 102.7 /
+    98.3; M=64 N=360 269.4 / 267.0 against 421.8 / 417.1; M=1 N=720 28.3 /
+    24.6 against 29.8 / 24.9; M=64 N=720 493.3 / 490.6 against 494.5 / 489.7.
+    - Where a decode call's time goes (bench/moe_persistent_timeline.py, an
+      in-kernel %globaltimer timeline, results/bench/NVIDIA_H100_80GB_HBM3/
+      persistent_timeline.md): at M=1 N=360, cold, GEMM 1's w1 stream ends at
+      about 8.2 µs after the first program starts (2.2 TB/s), the K-slice
+      sums publish the last tile at 10.6, GEMM 2 reads its (prefetched) w2
+      from L2 in 2.8 and its epilogue (weighted rows, top-k count and sum)
+      takes 1.0: the last program ends at 16.3, and the event pair around the
+      launch reads 19.8.
+    - Changed after that timeline (2026-11-23): GEMM 2's block count (which
+      clears the counters for the next launch) is taken relaxed just after the
+      wait and looked at last, where it was an acq_rel count before the top-k
+      count (epilogue 1.6 -> 1.0 µs); with PREFETCH_W2 the programs with no
+      GEMM 1 item prefetch all of w2, where each program prefetched its own
+      tiles before its GEMM 1 items (GEMM 1 began 0.3 µs later).
+    - Tried and not kept (2026-11-23, the timeline's figures): GEMM 2 summing
+      the K slices itself instead of a GEMM 1 program per tile (GEMM 1 done
+      1.9 µs sooner, but GEMM 2's loop took 10 µs with the slice loads in
+      inline PTX and 61 µs as tl.load, which Triton staged through 96 KB of
+      shared memory); the programs with no GEMM 1 item also prefetching w1
+      (GEMM 1's loop 6.9 -> 9.1 µs cold); narrow whole tiles (BLOCK_SIZE_N
+      16, BLOCK_SIZE_K 256: GEMM 1's loop 8.3 µs, as slow hot as cold).
     - N is a constexpr because, as a runtime argument, N=360 is not known to be
       a multiple of 16: GEMM 2 then loaded w2 two bytes at a time, unpipelined
       (M=1 N=360: 27 -> 20 µs cold, 21 -> 14 graph, in an earlier run that day).
@@ -1458,7 +1547,8 @@ class PersistentMoELaunch:
       tiles, padded to 512, cost more than the overlap saved).
     """
 
-    def __init__(self, plan: PersistentPlan, inputs: dict, direct: bool | None = None, grid: int | None = None):
+    def __init__(self, plan: PersistentPlan, inputs: dict, direct: bool | None = None, grid: int | None = None,
+                 trace: bool = False):
         self.plan = plan
         x = inputs["x"]
         dev = x.device
@@ -1481,6 +1571,14 @@ class PersistentMoELaunch:
         bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids, num_post=self.num_post,
                     cursor=self.cursor, inter=self.inter, part=self.part, slices=self.slices, out=self.out, ws=self.ws)
         self.phases = persistent_phases(plan)
+        self.trace: Any = None  # int64 timeline of the last launch (trace=True, GPU only; see trace_layout)
+        if trace:
+            if self.phases != [-1]:
+                raise ValueError("a traced persistent launch needs a GPU (it stamps %globaltimer)")
+            # Sized for the largest grid any binary of this plan takes (a grid is at most max_items).
+            words = trace_layout(plan, grid or plan.max_items())["words"]
+            self.trace = torch.zeros(words, dtype=torch.int64, device=dev)
+            bufs["trace"] = self.trace
         specs = [_persistent_spec(plan, bufs, phase) for phase in self.phases]
         if direct is None:
             direct = direct_launch_enabled(dev)
@@ -1493,6 +1591,7 @@ class PersistentMoELaunch:
             self.shared: int | None
             self.n_regs, self.shared = int(compiled.n_regs), int(compiled.metadata.shared)
             threads = plan.config["num_warps"] * getattr(compiled.metadata, "warp_size", 32)
+            self.function = compiled.function  # the CUfunction (bench/moe_persistent_timeline.py sets its carveout)
             self.driver_resident = pin_resident(compiled.function, threads, self.shared)
             self.grid = grid or persistent_grid(plan, self.n_regs, self.shared, dev, self.driver_resident)
             self.direct = bool(direct)
