@@ -338,6 +338,17 @@ fn gptoss_moe_in_the_interpreter_writes_vllm_files_and_notes_the_aiter_table() {
         .lines()
         .filter(|l| l.split(',').nth(8) == Some("triton_ptx_split"));
     assert_eq!(split.count(), 2, "{best}");
+    // The one-token kernel likewise, with one-slot blocks (the config is JSON in a quoted CSV field).
+    let gemv: Vec<&str> = best
+        .lines()
+        .filter(|l| l.split(',').nth(8) == Some("triton_gemv"))
+        .collect();
+    assert_eq!(gemv.len(), 2, "{best}");
+    assert!(
+        gemv.iter()
+            .all(|l| l.contains(r#""GEMV"":1"#) && l.contains(r#""BLOCK_SIZE_M"":1,"#)),
+        "{best}"
+    );
     assert!(!mxfp4.join("vllm").exists());
 }
 
