@@ -680,7 +680,7 @@ def moe_persistent_kernel(
     CHUNK: tl.constexpr,
     BCHUNK: tl.constexpr,
     PHASE: tl.constexpr,  # -1: the whole call, synchronised in-kernel (GPU); 0, 1, 2: one phase (interpreter)
-    PREFETCH_W2: tl.constexpr,  # 0, or the elements per 128-byte line: prefetch this program's w2 tiles into L2
+    PREFETCH_W2: tl.constexpr,  # 0, or the elements per 128-byte line: prefetch GEMM 2's w2 tiles into L2
     MAX_SPIN: tl.constexpr,
     TRACE: tl.constexpr,  # 1: stamp %globaltimer at each step into trace_ptr (bench/moe_persistent_timeline.py)
 ):
@@ -746,13 +746,14 @@ def moe_persistent_kernel(
 
     if SYNC and PREFETCH_W2:
         # GEMM 2's weights into L2 now, while GEMM 1 streams w1: they do not
-        # depend on GEMM 1, and HBM stays busy across the wait. The programs with
-        # no GEMM 1 item (decode sizes) share them all out, so the others start
-        # GEMM 1 at once; where every program has a GEMM 1 item, each asks for
-        # its own GEMM 2 tiles.
+        # depend on GEMM 1, and HBM stays busy across the wait. Where at least a
+        # quarter of the programs have no GEMM 1 item (decode sizes), those share
+        # them all out, so the others start GEMM 1 at once; otherwise each
+        # program asks for its own GEMM 2 tiles (a few idle programs would each
+        # issue a large share of w2's lines, one 128-byte line an instruction).
         prefetch_first = first2
         prefetch_step = grid
-        if total1 < grid:
+        if (total1 < grid) & ((grid - total1) * 4 >= grid):
             prefetch_step = grid - total1
             prefetch_first = pid - total1
             if pid < total1:
@@ -851,9 +852,9 @@ def moe_persistent_kernel(
                 _wait_at_least(ready_ptr + m, n_tiles1, timed_out_ptr, MAX_SPIN)
             _stamp(trace_items2 + 4 * j + 1, TRACE)
             # Block bookkeeping: the last GEMM 2 tile of block m past its wait clears
-            # the block's counters for the next launch. Relaxed, and its value is
-            # looked at only after the tile: off the critical path (it was an
-            # acq_rel count before the top-k count, 0.6 µs more a tile on an H100).
+            # the block's counters for the next launch. Relaxed: counting needs no
+            # ordering, and an acq_rel count (what it was, before the top-k count)
+            # costs a fence on top of the round trip.
             done = tl.atomic_add(done_ptr + m, 1, sem="relaxed", scope="gpu")
             # The intermediate was written by other programs of this launch: from L2 (.cg).
             acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n,
@@ -1525,12 +1526,16 @@ class PersistentMoELaunch:
       from L2 in 2.8 and its epilogue (weighted rows, top-k count and sum)
       takes 1.0: the last program ends at 16.3, and the event pair around the
       launch reads 19.8.
-    - Changed after that timeline (2026-11-23): GEMM 2's block count (which
+    - Changed that day, from the kernel in persistent_timeline-before.md (the
+      same bench on another H100 instance): GEMM 2's block count (which
       clears the counters for the next launch) is taken relaxed just after the
-      wait and looked at last, where it was an acq_rel count before the top-k
-      count (epilogue 1.6 -> 1.0 µs); with PREFETCH_W2 the programs with no
-      GEMM 1 item prefetch all of w2, where each program prefetched its own
-      tiles before its GEMM 1 items (GEMM 1 began 0.3 µs later).
+      wait, where it was an acq_rel count before the top-k count; with
+      PREFETCH_W2 the programs with no GEMM 1 item prefetch all of w2 (where
+      at least a quarter have none), where each program prefetched its own
+      tiles before its GEMM 1 item. M=1 N=360 with PREFETCH_W2, cold: GEMM 2's
+      work after its wait 4.26 -> 3.80 µs (median), GEMM 1 begins 1.02 ->
+      0.70 (median over all programs), the last program ends 16.96 -> 16.26,
+      the event pair 20.35 -> 19.79.
     - Tried and not kept (2026-11-23, the timeline's figures): GEMM 2 summing
       the K slices itself instead of a GEMM 1 program per tile (GEMM 1 done
       1.9 µs sooner, but GEMM 2's loop took 10 µs with the slice loads in
