@@ -5,6 +5,7 @@ here, before any test module imports triton (Triton reads it when a kernel is
 decorated). With a GPU they run the real kernels and the worker's GPU paths.
 """
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -18,6 +19,7 @@ import pytest
 
 PYTHON_DIR = pathlib.Path(__file__).resolve().parents[1]
 EXTPKG_DIR = PYTHON_DIR / "tests" / "extpkg"
+BENCH_DIR = PYTHON_DIR.parent / "bench"
 
 for path in (PYTHON_DIR, EXTPKG_DIR):
     if str(path) not in sys.path:
@@ -39,6 +41,17 @@ RESPONSE_TIMEOUT_S = 120
 @pytest.fixture
 def device():
     return DEVICE
+
+
+def load_bench(name: str):
+    """bench/<name>.py as a module (the benchmarks are scripts, not a package;
+    bench/ goes on sys.path for the ones that import each other)."""
+    if str(BENCH_DIR) not in sys.path:
+        sys.path.insert(0, str(BENCH_DIR))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class WorkerProcess:

@@ -2,26 +2,19 @@
 layout the kernel writes, trace_layout) and summarising them, on a made-up
 trace; the GPU run itself is the benchmark's."""
 
-import importlib.util
-import pathlib
 import types
 
 import pytest
 import torch
+from conftest import load_bench
 
 from tunelab.kernels.fused_moe import TRACE_PER_PROGRAM, make_persistent_plan, trace_layout
 from tunelab.problems.moe import FusedMoE
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BENCH = REPO / "bench" / "moe_persistent_timeline.py"
-
 
 @pytest.fixture(scope="module")
 def tl():
-    spec = importlib.util.spec_from_file_location("bench_moe_persistent_timeline", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("moe_persistent_timeline")
 
 
 def fake_launch():

@@ -2,7 +2,6 @@
 and the whole benchmark run as a CPU smoke test (--smoke: Triton's
 interpreter, tiny shapes, fp16 activations)."""
 
-import importlib.util
 import json
 import math
 import os
@@ -12,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import load_bench
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "quant_moe.py"
@@ -19,10 +19,7 @@ BENCH = REPO / "bench" / "quant_moe.py"
 
 @pytest.fixture(scope="module")
 def qm():
-    spec = importlib.util.spec_from_file_location("bench_quant_moe", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("quant_moe")
 
 
 def test_median_ci_uses_the_runners_order_statistics(qm):

@@ -5,7 +5,6 @@ src/backend/worker.rs, src/backend/native/), the check that a native run
 really launched natively, the goal verdicts on synthetic rows, and the
 markdown."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -13,28 +12,20 @@ import subprocess
 import sys
 
 import pytest
+from conftest import load_bench
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 
 
-def _load(name):
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))  # tuning_speed imports trace_breakdown from there
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def ts():
-    return _load("tuning_speed")
+    return load_bench("tuning_speed")
 
 
 @pytest.fixture(scope="module")
 def tb():
-    return _load("trace_breakdown")
+    return load_bench("trace_breakdown")
 
 
 class Trace:
