@@ -4,8 +4,10 @@
 Binds tunelab's call (`fused_moe`) at gpt-oss-120b's shape (E=128, topk=4,
 K=2880, N=2880, bf16 activations, SwiGLU with biases) for each config given,
 checks it against the reference, then times each of its kernels alone with
-a cold L2: read max(2 x L2, 32 MiB) of another buffer, an event pair
-around one launch, the median of --samples (default 50). Kernels after the
+a cold L2: add 1 to every element of another buffer of max(2 x L2, 32 MiB)
+(a write: L2 is left holding that buffer's dirty lines, unlike the worker's
+default `flush_with: read`), an event pair around one launch, the median
+of --samples (default 50). Kernels after the
 first read what the whole call left in their inputs, so each one does its
 real work. The whole call is timed the same way for comparison.
 

@@ -641,11 +641,7 @@ class TritonPersistentMoE:
 def _full_config(problem: FusedMoE, config: dict) -> dict:
     full = vllm_default_config(problem.M, problem.E, problem.block_shape)
     full.update({k: config[k] for k in CONFIG_KEYS if k in config})
-    if problem.weight_format == "mxfp4":
-        full["DOT_SCALED"] = int(config.get("DOT_SCALED", 0))
-    elif int(config.get("DOT_SCALED", 0)):
-        raise ValueError(f"DOT_SCALED applies to mxfp4 weights only, not {problem.dtype_name}")
-    for key in ("MX_PTX", "GEMV"):
+    for key in ("DOT_SCALED", "MX_PTX", "GEMV"):
         if problem.weight_format == "mxfp4":
             full[key] = int(config.get(key, 0))
         elif int(config.get(key, 0)):
