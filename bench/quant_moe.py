@@ -113,10 +113,12 @@ SPACE = {
 SPLIT_K_VALUES = [1, 2, 4, 8]
 SMOKE_SPLIT_K_VALUES = [1, 2]
 SPLIT_K_MAX_SLOTS = 8
-# The one-token MXFP4 kernel (GEMV=1: BLOCK_SIZE_M 1, CUDA cores, no MMA), swept where SPLIT_K
-# is (M * topk <= SPLIT_K_MAX_SLOTS), first after vLLM's default: its own tiles, K splits
-# and no pipeline (num_stages 1: its loads go straight to registers).
+# The one-token MXFP4 kernel (GEMV=1: BLOCK_SIZE_M 1, CUDA cores, no MMA; GEMV=2 the same in
+# packed f16), swept where SPLIT_K is (M * topk <= SPLIT_K_MAX_SLOTS), first after vLLM's
+# default: its own tiles, K splits and no pipeline (num_stages 1: its loads go straight to
+# registers).
 GEMV_SPACE = {
+    "GEMV": [1, 2],
     "BLOCK_SIZE_M": [1],
     "BLOCK_SIZE_N": [32, 64, 128, 256],
     "BLOCK_SIZE_K": [128, 256, 512],
@@ -275,7 +277,7 @@ def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None, spli
     configs = sorted(configs, key=lambda c: sum(c.get(k) != v for k, v in default.items()))
     if fmt == "mxfp4" and M * topk <= SPLIT_K_MAX_SLOTS:
         # At most 32 weight words (256 codes) a thread a K step: more spills registers (ptxas for sm_90).
-        gemv = [dict(c, SWAP_AB=0, DOT_SCALED=0, MX_PTX=0, GEMV=1) for c in _product(gemv_space or GEMV_SPACE)
+        gemv = [dict(c, SWAP_AB=0, DOT_SCALED=0, MX_PTX=0) for c in _product(gemv_space or GEMV_SPACE)
                 if c["BLOCK_SIZE_N"] * c["BLOCK_SIZE_K"] // 8 <= 32 * 32 * c["num_warps"]]
         # In the default's key order, as every other config: the report's config text reads alike.
         configs = [{k: c[k] for k in default} for c in gemv] + configs
@@ -559,7 +561,7 @@ def markdown(report: dict) -> str:
     for e in report["shapes"]:
         label = f"{e['format']} {shape_label(e['shape'])}"
         variants = [("DOT_SCALED", ds, "MX_PTX", px, "SWAP_AB", sw, "GEMV", 0) for ds, px in ((0, 0), (0, 1), (1, 0))
-                    for sw in (0, 1)] + [("GEMV", 1)] \
+                    for sw in (0, 1)] + [("GEMV", 1), ("GEMV", 2)] \
             if e["format"] == "mxfp4" else [("SWAP_AB", sw) for sw in (0, 1)]
         splits = sorted({r["config"].get("SPLIT_K", 1) for r in e["rows"]})
         one = None  # the best config with one split, where the sweep had several

@@ -41,11 +41,14 @@ use. What changes is what the GEMMs read and how they dequantise
     dot).
   or
   - GEMV=1 (decode sizes, BLOCK_SIZE_M = 1): one token a program on CUDA
-    cores, no MMA (`_mx_gemv_acc`).
+    cores, no MMA (`_mx_gemv_acc`); GEMV=2 the same in packed f16
+    arithmetic (`_mx_gemv_acc_f16`; inline PTX for sm_90, GEMV=1's code
+    under the interpreter).
   Calls: as for bf16 (no quantisation kernels).
 
 Every dequantised value is exact in the activation dtype; the accumulation
-is fp32 throughout.
+is fp32 throughout, except GEMV=2's, which rounds the activations to f16
+and sums sixteen products at a time in f16 before widening.
 """
 
 from __future__ import annotations
@@ -373,6 +376,132 @@ def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end
     return tl.sum(acc, axis=1)
 
 
+# GEMV=2: the same product in packed half-precision arithmetic (sm_89+ PTX).
+# A word's eight codes become four f16x2 pairs in eleven instructions: shifts
+# and masks turn each code into an E4M3 byte (magnitude bits to bits 2-4, sign
+# to bit 7: the code's value x 2^-6, exactly, subnormals included), and
+# `cvt.rn.f16x2.e4m3x2` widens two bytes at once. `fma.rn.f16x2` multiplies
+# them into the activations, scaled per scale group into f16 (the group's
+# largest below 2^15) and paired to match: (p0, p2), (p1, p3), (p4, p6),
+# (p5, p7), p the code's position in its word. Two words' sixteen products
+# are summed in one f16x2 accumulator (at most 16 x 6 x 2^-6 x 2^15 = 49152,
+# inside f16's range) and widened; everything after is fp32, as in GEMV=1.
+def _gemv_f16_words_ptx() -> str:
+    """Two words (eight codes each: $1, $2) times their activation pairs ($3-$6,
+    $7-$10: (p0, p2), (p1, p3), (p4, p6), (p5, p7) as f16x2), summed in one f16x2
+    accumulator and widened: $0, fp32."""
+    body = ["{",
+            "    .reg .b32 m, s, lo, hi, h0, h1, acc;",
+            "    .reg .b16 l0, l1, k0, k1, x0, x1;",
+            "    .reg .f32 f0, f1;"]
+    for word, pairs in ((1, (3, 4, 5, 6)), (2, (7, 8, 9, 10))):
+        first = "mul.rn.f16x2 acc, h0, ${};".format(pairs[0]) if word == 1 else \
+            "fma.rn.f16x2 acc, h0, ${}, acc;".format(pairs[0])
+        body += [
+            # Low nibbles: magnitude bits to E4M3 bits 2-4, sign to bit 7.
+            f"    and.b32 m, ${word}, 0x07070707;",
+            f"    and.b32 s, ${word}, 0x08080808;",
+            "    shl.b32 m, m, 2;",
+            "    shl.b32 s, s, 4;",
+            "    or.b32 lo, m, s;",
+            # High nibbles: magnitude bits down to bits 2-4, the sign is already bit 7.
+            f"    shr.b32 m, ${word}, 2;",
+            "    and.b32 m, m, 0x1C1C1C1C;",
+            f"    and.b32 s, ${word}, 0x80808080;",
+            "    or.b32 hi, m, s;",
+            "    mov.b32 {l0, l1}, lo;",
+            "    mov.b32 {k0, k1}, hi;",
+            "    cvt.rn.f16x2.e4m3x2 h0, l0;",
+            "    cvt.rn.f16x2.e4m3x2 h1, l1;",
+            "    " + first,
+            f"    fma.rn.f16x2 acc, h1, ${pairs[2]}, acc;",
+            "    cvt.rn.f16x2.e4m3x2 h0, k0;",
+            "    cvt.rn.f16x2.e4m3x2 h1, k1;",
+            f"    fma.rn.f16x2 acc, h0, ${pairs[1]}, acc;",
+            f"    fma.rn.f16x2 acc, h1, ${pairs[3]}, acc;",
+        ]
+    body += ["    mov.b32 {x0, x1}, acc;",
+             "    cvt.f32.f16 f0, x0;",
+             "    cvt.f32.f16 f1, x1;",
+             "    add.f32 $0, f0, f1;",
+             "}"]
+    return "\n".join(body)
+
+
+_GEMV_F16_WORDS = tl.constexpr(_gemv_f16_words_ptx())
+# The products' scale: E4M3 bytes read as the code's value x 2^-6 and the
+# activations are x 2^(141 - e), e their group's largest fp32 exponent field,
+# so a group's sum is its products x 2^(135 - e). 2^(e - 197) takes it to
+# GEMV=1's scale (x 2^-62; then the weights' 2^(e_w - 65), as there). e is
+# taken as at least 71 so that 2^(e - 197) is a normal fp32: smaller groups
+# (every activation below 2^-56) are scaled to below 2^14 instead of 2^15.
+_GEMV_F16_MIN_EXP = tl.constexpr(71)
+
+
+@triton.jit
+def _pack_f16x2(lo, hi):
+    """uint32: the f16 pair (lo, hi), each rounded to nearest from fp32."""
+    return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.uint32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr, stride_wsr,
+                     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """_mx_gemv_acc in packed half precision (GEMV=2, see _GEMV_F16_WORDS):
+    the same tile and scale groups. Its K loop compiles to 3.1 SASS
+    instructions a weight against GEMV=1's 5.6 (sm_90, BLOCK_SIZE_N 128,
+    BLOCK_SIZE_K 128, four warps; read from the cubin). The result differs
+    from GEMV=1's by f16 rounding: of the activations (11 bits, relative to
+    their group's largest) and of two words' sixteen-term sums."""
+    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
+    words = w_ptr.to(tl.pointer_type(tl.uint32))
+    stride_w = tl.multiple_of(stride_wr // 4, 4)
+    offs_g = tl.arange(0, GROUPS)
+    offs_q = tl.arange(0, 4)
+    w_base = words + w_rows[:, None, None] * stride_w + offs_q[None, None, :]
+    s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
+    n_groups = tl.cdiv(K_RED, 32)
+    acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
+    for k in range(k_begin, k_end):
+        g = k * GROUPS + offs_g
+        g_ok = g < n_groups
+        w = tl.load(w_base + (g * 4)[None, :, None], mask=g_ok[None, :, None], other=0)
+        e = tl.load(s_base + g[None, :], mask=g_ok[None, :], other=0).to(tl.uint32)
+        kk = g[:, None, None] * 32 + offs_q[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+        a8 = tl.load(a_ptr + a_row + kk, mask=kk < K_RED, other=0.0).to(tl.float32)
+        # Each group's largest exponent field, then its activations x 2^(141 - e) (exact).
+        e_a = tl.max(tl.max(tl.abs(a8).to(tl.uint32, bitcast=True) >> 23, axis=2), axis=1)
+        e_a = tl.maximum(e_a, _GEMV_F16_MIN_EXP)
+        up = ((268 - e_a) << 23).to(tl.float32, bitcast=True)
+        a8 = a8 * up[:, None, None]
+        a_even, a_odd = tl.split(tl.reshape(a8, (GROUPS, 4, 4, 2)))  # p = 2j, 2j + 1
+        a04, a26 = tl.split(tl.reshape(a_even, (GROUPS, 4, 2, 2)))
+        a15, a37 = tl.split(tl.reshape(a_odd, (GROUPS, 4, 2, 2)))
+        a0, a4 = tl.split(a04)
+        a2, a6 = tl.split(a26)
+        a1, a5 = tl.split(a15)
+        a3, a7 = tl.split(a37)
+        # Activation pairs per word, then each tile split into its even and odd words
+        # (q = 0, 2 and 1, 3), whose sums one f16x2 accumulator takes in turn.
+        pairs = (_pack_f16x2(a0, a2), _pack_f16x2(a1, a3), _pack_f16x2(a4, a6), _pack_f16x2(a5, a7))
+        w_even, w_odd = tl.split(tl.reshape(w, (BLOCK_SIZE_N, GROUPS, 2, 2)))
+        p02_even, p02_odd = tl.split(tl.reshape(pairs[0], (GROUPS, 2, 2)))
+        p13_even, p13_odd = tl.split(tl.reshape(pairs[1], (GROUPS, 2, 2)))
+        p46_even, p46_odd = tl.split(tl.reshape(pairs[2], (GROUPS, 2, 2)))
+        p57_even, p57_odd = tl.split(tl.reshape(pairs[3], (GROUPS, 2, 2)))
+        part = tl.inline_asm_elementwise(
+            _GEMV_F16_WORDS, "=f" + ",r" * 10,
+            [w_even, w_odd, p02_even[None, :, :], p13_even[None, :, :], p46_even[None, :, :], p57_even[None, :, :],
+             p02_odd[None, :, :], p13_odd[None, :, :], p46_odd[None, :, :], p57_odd[None, :, :]],
+            dtype=tl.float32, is_pure=True, pack=1)
+        down = ((e_a - 70) << 23).to(tl.float32, bitcast=True)  # 2^(e - 197)
+        f_lo = ((tl.minimum(e, 128) + 62) << 23).to(tl.float32, bitcast=True)  # 2^(min(e, 128) - 65)
+        f_hi = ((tl.maximum(e, 128) - 1) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 128) - 128)
+        acc += tl.sum(part, axis=2) * down[None, :] * f_lo * f_hi
+    return tl.sum(acc, axis=1)
+
+
 # ---------------------------------------------------------------------------
 # The quantised GEMM tile (both GEMMs)
 
@@ -416,8 +545,12 @@ def _q_acc(
         # The block's one slot. With blocks of one, every block the GEMMs run holds
         # a real slot; row 0 stands in for a padding one all the same (never stored).
         row_offset = tl.sum(tl.where(a_mask, a_rows, 0), axis=0) * stride_am
-        acc_n = _mx_gemv_acc(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr,
-                             stride_wsr, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        if GEMV == 2:
+            acc_n = _mx_gemv_acc_f16(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end,
+                                     stride_wr, stride_wsr, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        else:
+            acc_n = _mx_gemv_acc(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr,
+                                 stride_wsr, BLOCK_SIZE_N, BLOCK_SIZE_K)
         return acc_n[None, :]
     if SWAP_AB:
         acc_t = _q_acc_swapped(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, k_begin,
@@ -663,7 +796,7 @@ def moe_gemm1_q_kernel(
     A_FMT: tl.constexpr,
     SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
-    GEMV: tl.constexpr,  # 1: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc)
+    GEMV: tl.constexpr,  # 1, 2: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc, _mx_gemv_acc_f16)
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
@@ -744,7 +877,7 @@ def moe_gemm2_q_kernel(
     A_FMT: tl.constexpr,
     SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
-    GEMV: tl.constexpr,  # 1: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc)
+    GEMV: tl.constexpr,  # 1, 2: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc, _mx_gemv_acc_f16)
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
@@ -820,7 +953,9 @@ class QuantMoEPlan:
     dot_scaled: bool
     swap_ab: bool  # the weights as the MMA's left operand (_q_acc_swapped)
     mx_ptx: bool  # MXFP4 dequantised by inline PTX (_mx_halves_ptx); False under the interpreter
-    gemv: bool  # MXFP4 one token a block on CUDA cores (_mx_gemv_acc); BLOCK_SIZE_M is 1
+    # MXFP4 one token a block on CUDA cores, BLOCK_SIZE_M 1: 0 no, 1 fp32 (_mx_gemv_acc), 2 packed f16
+    # (_mx_gemv_acc_f16; 1 under the interpreter)
+    gemv: int
     split_k: int  # K split over this many programs per tile (the grids' second axis; _split_k_total)
     numel: int
     max_blocks: int
@@ -857,19 +992,27 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     wfmt = weight_format_code(problem)
     bm, bn, bk = (int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
     gemv = int(config.get("GEMV", 0))
-    if gemv not in (0, 1):
-        raise ValueError(f"GEMV must be 0 or 1, got {gemv}")
+    if gemv not in (0, 1, 2):
+        raise ValueError(f"GEMV must be 0, 1 or 2, got {gemv}")
     if gemv:
         if wfmt != WFMT_MXFP4:
-            raise ValueError("GEMV=1 is tunelab's one-token MXFP4 kernel: MXFP4 weights only")
+            raise ValueError(f"GEMV={gemv} is tunelab's one-token MXFP4 kernel: MXFP4 weights only")
         if bm != 1:
-            raise ValueError(f"GEMV=1 computes one token a block: BLOCK_SIZE_M must be 1, got {bm}")
+            raise ValueError(f"GEMV={gemv} computes one token a block: BLOCK_SIZE_M must be 1, got {bm}")
         for key in ("DOT_SCALED", "SWAP_AB", "MX_PTX"):
             if int(config.get(key, 0)):
-                raise ValueError(f"GEMV=1 dequantises on CUDA cores with no MMA: {key} must be 0")
+                raise ValueError(f"GEMV={gemv} dequantises on CUDA cores with no MMA: {key} must be 0")
         if vllm_structure:
-            raise ValueError("GEMV=1 is tunelab's own kernel; vLLM's call structure (fused_moe_vllm) runs "
+            raise ValueError(f"GEMV={gemv} is tunelab's own kernel; vLLM's call structure (fused_moe_vllm) runs "
                              "vLLM's, which has no such key")
+    if gemv == 2:
+        if interpreting():
+            # The interpreter cannot run PTX: it runs GEMV=1's arithmetic, as MX_PTX=1 falls back there too.
+            gemv = 1
+        elif not pdl_supported():
+            # cvt.rn.f16x2.e4m3x2 is sm_89 PTX; pdl_supported() asks for CUDA 9.0 or newer, as MX_PTX=1 does.
+            raise ValueError("GEMV=2 is inline PTX for compute capability 9.0 or newer (cvt.rn.f16x2.e4m3x2): "
+                             "use GEMV=1 on this GPU")
     checked = (("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk)) if gemv else \
         (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk))
     for name, v in checked:
@@ -942,7 +1085,7 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
         activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
         interleaved=problem.interleaved, has_bias=problem.bias,
         config={k: int(config[k]) for k in QUANT_CONFIG_KEYS}, dot_scaled=bool(dot_scaled), swap_ab=bool(swap_ab),
-        mx_ptx=bool(mx_ptx) and not interpreting(), gemv=bool(gemv), split_k=split_k,
+        mx_ptx=bool(mx_ptx) and not interpreting(), gemv=gemv, split_k=split_k,
         numel=numel, max_blocks=max_blocks, max_padded=max_padded,
         align_meta=_align_meta(numel, problem.E, max_padded),
         grid1=(max_blocks * triton.cdiv(2 * problem.N, bn), split_k),
