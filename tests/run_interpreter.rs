@@ -344,9 +344,12 @@ fn gptoss_moe_in_the_interpreter_writes_vllm_files_and_notes_the_aiter_table() {
         .filter(|l| l.split(',').nth(8) == Some("triton_gemv"))
         .collect();
     assert_eq!(gemv.len(), 2, "{best}");
+    // GEMV 1 or 2 (under the interpreter, 2 runs 1's arithmetic: PTX does not run there).
     assert!(
-        gemv.iter()
-            .all(|l| l.contains(r#""GEMV"":1"#) && l.contains(r#""BLOCK_SIZE_M"":1,"#)),
+        gemv.iter().all(
+            |l| (l.contains(r#""GEMV"":1"#) || l.contains(r#""GEMV"":2"#))
+                && l.contains(r#""BLOCK_SIZE_M"":1,"#)
+        ),
         "{best}"
     );
     assert!(!mxfp4.join("vllm").exists());
