@@ -320,6 +320,45 @@ _GEMV_ACT_SHIFT = tl.constexpr(18446744073709551616.0)  # 2^64
 
 
 @triton.jit
+def _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr, GROUPS: tl.constexpr):
+    """The one-token kernels' tile addresses: weight words [rows, 1, 4] (a
+    group's four 32-bit words, eight codes each) and E8M0 scales [rows, 1]."""
+    words = w_ptr.to(tl.pointer_type(tl.uint32))
+    # A row holds K_PAD / 2 bytes, K_PAD a multiple of 32: a multiple of 4 words (16 bytes).
+    stride_w = tl.multiple_of(stride_wr // 4, 4)
+    w_base = words + w_rows[:, None, None] * stride_w + tl.arange(0, 4)[None, None, :]
+    s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
+    return w_base, s_base
+
+
+@triton.jit
+def _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, GROUPS: tl.constexpr):
+    """K step k's weight words [rows, GROUPS, 4], E8M0 scales [rows, GROUPS]
+    (uint32) and activations [GROUPS, 4, 8] (fp32, one vector load a thread;
+    element [g, q, p] is reduction index 32g + 8q + p, code p of word q)."""
+    g = k * GROUPS + tl.arange(0, GROUPS)
+    g_ok = g < n_groups
+    w = tl.load(w_base + (g * 4)[None, :, None], mask=g_ok[None, :, None], other=0)
+    e = tl.load(s_base + g[None, :], mask=g_ok[None, :], other=0).to(tl.uint32)
+    kk = g[:, None, None] * 32 + tl.arange(0, 4)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    a8 = tl.load(a_ptr + a_row + kk, mask=kk < K_RED, other=0.0).to(tl.float32)
+    return w, e, a8
+
+
+@triton.jit
+def _by_code_position(a8, GROUPS: tl.constexpr):
+    """a8 [GROUPS, 4, 8] split by code position p: eight [GROUPS, 4] tensors."""
+    a_even, a_odd = tl.split(tl.reshape(a8, (GROUPS, 4, 4, 2)))  # p = 2j, 2j + 1
+    a04, a26 = tl.split(tl.reshape(a_even, (GROUPS, 4, 2, 2)))
+    a15, a37 = tl.split(tl.reshape(a_odd, (GROUPS, 4, 2, 2)))
+    a0, a4 = tl.split(a04)
+    a2, a6 = tl.split(a26)
+    a1, a5 = tl.split(a15)
+    a3, a7 = tl.split(a37)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
 def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr, stride_wsr,
                  BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """fp32 [BLOCK_SIZE_N]: the activation row at offset `a_row` times MXFP4
@@ -338,30 +377,12 @@ def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end
     split by code position (measured on an H200: loading each position
     apart made GEMM 1 1.31x slower, results/bench/NVIDIA_H200/mxfp4_m1_gemv.md)."""
     GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
-    words = w_ptr.to(tl.pointer_type(tl.uint32))
-    # A row holds K_PAD / 2 bytes, K_PAD a multiple of 32: a multiple of 4 words (16 bytes).
-    stride_w = tl.multiple_of(stride_wr // 4, 4)
-    offs_g = tl.arange(0, GROUPS)
-    offs_q = tl.arange(0, 4)
-    w_base = words + w_rows[:, None, None] * stride_w + offs_q[None, None, :]
-    s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
+    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr, GROUPS)
     n_groups = tl.cdiv(K_RED, 32)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
     for k in range(k_begin, k_end):
-        g = k * GROUPS + offs_g
-        g_ok = g < n_groups
-        w = tl.load(w_base + (g * 4)[None, :, None], mask=g_ok[None, :, None], other=0)
-        e = tl.load(s_base + g[None, :], mask=g_ok[None, :], other=0).to(tl.uint32)
-        # The step's activations in one vector load a thread, then split by code position p.
-        kk = g[:, None, None] * 32 + offs_q[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-        a8 = tl.load(a_ptr + a_row + kk, mask=kk < K_RED, other=0.0).to(tl.float32) * _GEMV_ACT_SHIFT
-        a_even, a_odd = tl.split(tl.reshape(a8, (GROUPS, 4, 4, 2)))  # p = 2j, 2j + 1
-        a04, a26 = tl.split(tl.reshape(a_even, (GROUPS, 4, 2, 2)))
-        a15, a37 = tl.split(tl.reshape(a_odd, (GROUPS, 4, 2, 2)))
-        a0, a4 = tl.split(a04)
-        a2, a6 = tl.split(a26)
-        a1, a5 = tl.split(a15)
-        a3, a7 = tl.split(a37)
+        w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, GROUPS)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _by_code_position(a8 * _GEMV_ACT_SHIFT, GROUPS)
         part = _e2m1_bits(w) * a0[None, :, :]
         part += _e2m1_bits(w >> 4) * a1[None, :, :]
         part += _e2m1_bits(w >> 8) * a2[None, :, :]
@@ -455,33 +476,16 @@ def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k
     from GEMV=1's by f16 rounding: of the activations (11 bits, relative to
     their group's largest) and of two words' sixteen-term sums."""
     GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
-    words = w_ptr.to(tl.pointer_type(tl.uint32))
-    stride_w = tl.multiple_of(stride_wr // 4, 4)
-    offs_g = tl.arange(0, GROUPS)
-    offs_q = tl.arange(0, 4)
-    w_base = words + w_rows[:, None, None] * stride_w + offs_q[None, None, :]
-    s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
+    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr, GROUPS)
     n_groups = tl.cdiv(K_RED, 32)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
     for k in range(k_begin, k_end):
-        g = k * GROUPS + offs_g
-        g_ok = g < n_groups
-        w = tl.load(w_base + (g * 4)[None, :, None], mask=g_ok[None, :, None], other=0)
-        e = tl.load(s_base + g[None, :], mask=g_ok[None, :], other=0).to(tl.uint32)
-        kk = g[:, None, None] * 32 + offs_q[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-        a8 = tl.load(a_ptr + a_row + kk, mask=kk < K_RED, other=0.0).to(tl.float32)
+        w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, GROUPS)
         # Each group's largest exponent field, then its activations x 2^(141 - e) (exact).
         e_a = tl.max(tl.max(tl.abs(a8).to(tl.uint32, bitcast=True) >> 23, axis=2), axis=1)
         e_a = tl.maximum(e_a, _GEMV_F16_MIN_EXP)
         up = ((268 - e_a) << 23).to(tl.float32, bitcast=True)
-        a8 = a8 * up[:, None, None]
-        a_even, a_odd = tl.split(tl.reshape(a8, (GROUPS, 4, 4, 2)))  # p = 2j, 2j + 1
-        a04, a26 = tl.split(tl.reshape(a_even, (GROUPS, 4, 2, 2)))
-        a15, a37 = tl.split(tl.reshape(a_odd, (GROUPS, 4, 2, 2)))
-        a0, a4 = tl.split(a04)
-        a2, a6 = tl.split(a26)
-        a1, a5 = tl.split(a15)
-        a3, a7 = tl.split(a37)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _by_code_position(a8 * up[:, None, None], GROUPS)
         # Activation pairs per word, then each tile split into its even and odd words
         # (q = 0, 2 and 1, 3), whose sums one f16x2 accumulator takes in turn.
         pairs = (_pack_f16x2(a0, a2), _pack_f16x2(a1, a3), _pack_f16x2(a4, a6), _pack_f16x2(a5, a7))
