@@ -1709,7 +1709,9 @@ fn the_report_says_how_l2_was_flushed() {
 }
 
 /// The committed gpt-oss runs: the report fits a reviewer's minute (at most
-/// 250 lines), and its run counts add up across the resumed runs.
+/// 250 lines for a run resumed once; each further resume adds its row to the
+/// Runs table, and nothing else), and its run counts add up across the
+/// resumed runs.
 #[test]
 fn committed_gptoss_reports_fit_in_250_lines_and_their_counts_add_up() {
     for device in ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"] {
@@ -1719,7 +1721,8 @@ fn committed_gptoss_reports_fit_in_250_lines_and_their_counts_add_up() {
         let out = render(&results);
         let report = &out["report.md"];
         let lines = report.lines().count();
-        assert!(lines <= 250, "{device}: {lines} lines");
+        let budget = 250 + results.runs.len().saturating_sub(2);
+        assert!(lines <= budget, "{device}: {lines} lines, {} runs", results.runs.len());
         // Every (E, N) has its table and its three charts.
         for e in [32, 128] {
             for n in [360, 720, 1440, 2880] {
