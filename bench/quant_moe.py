@@ -118,7 +118,6 @@ SPLIT_K_MAX_SLOTS = 8
 # default: its own tiles, K splits and no pipeline (num_stages 1: its loads go straight to
 # registers).
 GEMV_SPACE = {
-    "GEMV": [1, 2],
     "BLOCK_SIZE_M": [1],
     "BLOCK_SIZE_N": [32, 64, 128, 256],
     "BLOCK_SIZE_K": [128, 256, 512],
@@ -126,6 +125,8 @@ GEMV_SPACE = {
     "num_warps": [4, 8],
     "num_stages": [1],
     "SPLIT_K": [1, 2, 4],
+    # Last, so that the two alternate tile by tile: a sweep cut short by its budget has tried both.
+    "GEMV": [1, 2],
 }
 SMOKE_GEMV_SPACE = dict(GEMV_SPACE, BLOCK_SIZE_N=[16], BLOCK_SIZE_K=[32], num_warps=[4], SPLIT_K=[1, 2])
 # --smoke: a few configs the interpreter runs in seconds at K=64, N=32.

@@ -1722,7 +1722,11 @@ fn committed_gptoss_reports_fit_in_250_lines_and_their_counts_add_up() {
         let report = &out["report.md"];
         let lines = report.lines().count();
         let budget = 250 + results.runs.len().saturating_sub(2);
-        assert!(lines <= budget, "{device}: {lines} lines, {} runs", results.runs.len());
+        assert!(
+            lines <= budget,
+            "{device}: {lines} lines, {} runs",
+            results.runs.len()
+        );
         // Every (E, N) has its table and its three charts.
         for e in [32, 128] {
             for n in [360, 720, 1440, 2880] {

@@ -146,9 +146,15 @@ def test_gemv_matches_reference(M, split_k, gemv, align, device):
     padded to 64 with zero codes; M = 5 with topk 3 over 4 experts puts several
     tokens on one expert (a block each). A second call gives the same bits."""
     p = FusedMoE(shape(MXFP4, M=M, E=4, topk=3))
+    config = dict(GEMV_CFG, SPLIT_K=split_k, GEMV=gemv)
+    if INTERPRETED and gemv == 2:
+        # The interpreter runs GEMV=1's arithmetic for GEMV=2 (PTX does not run there): the plan
+        # says so; running it would repeat the GEMV=1 case.
+        assert quant_moe.make_quant_plan(p, config).gemv == 1
+        return
     inputs = p.inputs(5, device)
-    launch = run("fused_moe", p, inputs, dict(GEMV_CFG, SPLIT_K=split_k, GEMV=gemv))
-    assert launch.plan.gemv == (1 if INTERPRETED else gemv)
+    launch = run("fused_moe", p, inputs, config)
+    assert launch.plan.gemv == gemv
     assert launch.plan.grid1[0] == launch.plan.max_blocks * 80 // 16
     first = launch.out.clone()
     check(first, p.reference(inputs), "mxfp4")
@@ -202,7 +208,7 @@ def test_gemv_scales_across_the_e8m0_range(exponent, f16, device):
     torch.testing.assert_close(out.double(), want, rtol=rtol, atol=want.abs().max().item() * atol)
 
 
-def test_gemv_refuses_what_it_cannot_run():
+def test_gemv_refuses_what_it_cannot_run(monkeypatch):
     m = FusedMoE(shape(MXFP4))
     with pytest.raises(ValueError, match="BLOCK_SIZE_M must be 1"):
         quant_moe.make_quant_plan(m, dict(GEMV_CFG, BLOCK_SIZE_M=16))
@@ -213,6 +219,12 @@ def test_gemv_refuses_what_it_cannot_run():
         quant_moe.make_quant_plan(FusedMoE(shape(FP8_TENSOR)), GEMV_CFG)
     with pytest.raises(ValueError, match="GEMV must be 0, 1 or 2"):
         quant_moe.make_quant_plan(m, dict(GEMV_CFG, GEMV=3))
+    # GEMV=2 on a GPU below compute capability 9.0 (as the plan sees it: not interpreting, no sm_90).
+    with monkeypatch.context() as patch:
+        patch.setattr(quant_moe, "interpreting", lambda: False)
+        patch.setattr(quant_moe, "pdl_supported", lambda: False)
+        with pytest.raises(ValueError, match="use GEMV=1 on this GPU"):
+            quant_moe.make_quant_plan(m, dict(GEMV_CFG, GEMV=2))
     for gemv in (1, 2):
         with pytest.raises(ValueError, match=f"GEMV={gemv} computes one token a block"):
             quant_moe.make_quant_plan(m, dict(GEMV_CFG, GEMV=gemv, BLOCK_SIZE_M=16))
@@ -324,25 +336,57 @@ def test_mxfp4_dequantisation_is_exact(scale_range, device):
     assert torch.equal(lo, want[:, 0::2].T) and torch.equal(hi, want[:, 1::2].T)
 
 
+def _bits_to(bits: int, dtype) -> float:
+    """The value of a 16-bit pattern as `dtype` (bf16 or f16), in float64."""
+    return torch.tensor([bits & 0xFFFF], dtype=torch.int32).to(torch.int16).view(dtype).double().item()
+
+
+def _to_bits(x: float, dtype) -> int:
+    """`x` rounded to nearest in `dtype` (bf16 or f16), as its 16-bit pattern."""
+    return torch.tensor([x], dtype=torch.float64).to(dtype).view(torch.int16).item() & 0xFFFF
+
+
+def _f32_bits(x: float) -> int:
+    return torch.tensor([x], dtype=torch.float32).view(torch.int32).item() & 0xFFFFFFFF
+
+
+def _f32(bits: int) -> float:
+    return torch.tensor([bits & 0xFFFFFFFF], dtype=torch.int64).to(torch.int32).view(torch.float32).double().item()
+
+
+def _e4m3(byte: int) -> float:
+    """The value of an E4M3 byte (no NaN is ever built here)."""
+    sign = -1.0 if byte & 0x80 else 1.0
+    exp, man = (byte >> 3) & 15, byte & 7
+    return sign * (man / 8 * 2.0 ** -6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7))
+
+
 def _run_ptx(asm: str, regs: dict) -> dict:
-    """Run MX_PTX's inline PTX on the CPU: the five instructions it uses, on
-    32-bit registers ($n and named), mul.rn.bf16x2 as two bf16 products."""
+    """Run MX_PTX's and GEMV=2's inline PTX on the CPU, instruction by
+    instruction, on registers holding bit patterns ($n and named; .f32 ones
+    as fp32 bits, .b16 ones in the low 16 bits). Packed half-precision
+    arithmetic is computed exactly in float64 and rounded once to nearest,
+    as `.rn` does."""
 
     def val(tok):
         tok = tok.strip().rstrip(";")
         return int(tok, 0) if tok[0].isdigit() else regs[tok]
 
-    def bf16(bits):
-        return torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double().item()
-
-    def to_bf16(x):
-        return torch.tensor([x], dtype=torch.float64).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF
+    def halves(op2, dtype, *xs):
+        """Both 16-bit lanes of packed operands through op2, rounded to dtype."""
+        return sum(_to_bits(op2(*[_bits_to(x >> s, dtype) for x in xs]), dtype) << s for s in (0, 16))
 
     for line in asm.replace(";", ";\n").splitlines():
         line = line.strip()
         if not line or line in "{}" or line.startswith(".reg"):
             continue
         op, args = line.split(None, 1)
+        if op == "mov.b32" and args.startswith("{"):  # unpack: {low, high}, source
+            lanes, source = args.rstrip(";").split("}")
+            low, high = (a.strip() for a in lanes.lstrip("{").split(","))
+            word = val(source.strip().lstrip(","))
+            regs[low], regs[high] = word & 0xFFFF, word >> 16
+            continue
         d, *src = [a.strip() for a in args.rstrip(";").split(",")]
         x = [val(a) for a in src]
         if op == "prmt.b32":
@@ -352,12 +396,24 @@ def _run_ptx(asm: str, regs: dict) -> dict:
                 out |= ((pool >> (8 * ((x[2] >> (4 * i)) & 7))) & 0xFF) << (8 * i)
         elif op == "shl.b32":
             out = (x[0] << x[1]) & 0xFFFFFFFF
+        elif op == "shr.b32":
+            out = x[0] >> x[1]
         elif op == "and.b32":
             out = x[0] & x[1]
         elif op == "or.b32":
             out = x[0] | x[1]
         elif op == "mul.rn.bf16x2":
-            out = sum(to_bf16(bf16((x[0] >> s) & 0xFFFF) * bf16((x[1] >> s) & 0xFFFF)) << s for s in (0, 16))
+            out = halves(lambda a, b: a * b, torch.bfloat16, x[0], x[1])
+        elif op == "mul.rn.f16x2":
+            out = halves(lambda a, b: a * b, torch.float16, x[0], x[1])
+        elif op == "fma.rn.f16x2":
+            out = halves(lambda a, b, c: a * b + c, torch.float16, x[0], x[1], x[2])
+        elif op == "cvt.rn.f16x2.e4m3x2":  # the low byte to the low lane
+            out = _to_bits(_e4m3(x[0] & 0xFF), torch.float16) | _to_bits(_e4m3(x[0] >> 8), torch.float16) << 16
+        elif op == "cvt.f32.f16":
+            out = _f32_bits(_bits_to(x[0], torch.float16))
+        elif op == "add.f32":
+            out = _f32_bits(_f32(x[0]) + _f32(x[1]))  # fp32 addends: exact in float64 here, then rounded once
         else:
             raise AssertionError(f"an instruction the emulator does not know: {line}")
         regs[d] = out
@@ -397,6 +453,53 @@ def test_mx_ptx_dequantisation_is_exact(two):
                 got = [torch.tensor([(r >> shift) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
                        .float().item() for r in (out_lo, out_hi)]
                 assert got == [want[0].item(), want[1].item()], (e, four[j], got, want)
+
+
+def test_gemv_f16_words_ptx_decodes_every_code_at_every_position():
+    """GEMV=2's PTX (_gemv_f16_words_ptx), run instruction by instruction on
+    the CPU: with one activation 1.0 and every other 0, the result is the one
+    code's E2M1 value x 2^-6 (the E4M3 byte's value), exactly, for every code
+    at every position p of either word, which also checks the pairing of
+    codes with activation pairs ($3-$6, $7-$10: (p0, p2), (p1, p3), (p4, p6),
+    (p5, p7) in the low and high lanes)."""
+    asm = quant_moe._gemv_f16_words_ptx()
+    one = _to_bits(1.0, torch.float16)
+    pair_of = {0: (0, 0), 2: (0, 16), 1: (1, 0), 3: (1, 16), 4: (2, 0), 6: (2, 16), 5: (3, 0), 7: (3, 16)}
+    values = list(quant.E2M1_MAGNITUDES) + [-v for v in quant.E2M1_MAGNITUDES]  # code 8 + m is -code m
+    for word in (0, 1):
+        for p in range(8):
+            for code in range(16):
+                # The other codes of both words are 7 (6.0): any leak would show.
+                words = [0x77777777, 0x77777777]
+                words[word] = (words[word] & ~(0xF << (4 * p))) | (code << (4 * p))
+                regs = {"$1": words[0], "$2": words[1]}
+                for k in range(3, 11):
+                    regs[f"${k}"] = 0
+                index, shift = pair_of[p]
+                regs[f"${3 + 4 * word + index}"] = one << shift
+                got = _f32(_run_ptx(asm, regs)["$0"])
+                assert got == float(values[code]) * 2.0 ** -6, (word, p, code, got)
+
+
+def test_gemv_f16_words_ptx_sums_sixteen_products():
+    """The same PTX with random codes and activation pairs: the sixteen
+    products summed in f16 lanes (eight each, then added in fp32) agree with
+    the float64 sum to f16's precision."""
+    gen = torch.Generator().manual_seed(0)
+    asm = quant_moe._gemv_f16_words_ptx()
+    e2m1 = list(quant.E2M1_MAGNITUDES) + [-v for v in quant.E2M1_MAGNITUDES]
+    pairs = [(0, 2), (1, 3), (4, 6), (5, 7)]
+    for _ in range(200):
+        codes = torch.randint(0, 16, (2, 8), generator=gen).tolist()
+        acts = (torch.randn(2, 8, generator=gen) * 2.0 ** 12).to(torch.float16).double().tolist()
+        regs = {f"${1 + w}": sum(c << (4 * p) for p, c in enumerate(codes[w])) for w in range(2)}
+        for w in range(2):
+            for i, (lo, hi) in enumerate(pairs):
+                regs[f"${3 + 4 * w + i}"] = _to_bits(acts[w][lo], torch.float16) | \
+                    _to_bits(acts[w][hi], torch.float16) << 16
+        got = _f32(_run_ptx(asm, regs)["$0"])
+        terms = [e2m1[codes[w][p]] * 2.0 ** -6 * acts[w][p] for w in range(2) for p in range(8)]
+        assert abs(got - sum(terms)) <= 2.0 ** -9 * sum(abs(t) for t in terms) + 1e-6, (codes, acts, got)
 
 
 def test_gpt_oss_interleaved_bias_with_block_scales(align, device):

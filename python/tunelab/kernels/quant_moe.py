@@ -42,13 +42,13 @@ use. What changes is what the GEMMs read and how they dequantise
   or
   - GEMV=1 (decode sizes, BLOCK_SIZE_M = 1): one token a program on CUDA
     cores, no MMA (`_mx_gemv_acc`); GEMV=2 the same in packed f16
-    arithmetic (`_mx_gemv_acc_f16`; inline PTX for sm_90, GEMV=1's code
-    under the interpreter).
+    arithmetic (`_mx_gemv_acc_f16`; inline PTX, allowed from compute
+    capability 9.0; GEMV=1's code under the interpreter).
   Calls: as for bf16 (no quantisation kernels).
 
 Every dequantised value is exact in the activation dtype; the accumulation
-is fp32 throughout, except GEMV=2's, which rounds the activations to f16
-and sums sixteen products at a time in f16 before widening.
+is fp32 throughout, except GEMV=2's, which takes the activations in f16
+and sums eight products at a time in each f16 lane before widening.
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ _GEMV_ACT_SHIFT = tl.constexpr(18446744073709551616.0)  # 2^64
 
 
 @triton.jit
-def _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr, GROUPS: tl.constexpr):
+def _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr):
     """The one-token kernels' tile addresses: weight words [rows, 1, 4] (a
     group's four 32-bit words, eight codes each) and E8M0 scales [rows, 1]."""
     words = w_ptr.to(tl.pointer_type(tl.uint32))
@@ -377,7 +377,7 @@ def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end
     split by code position (measured on an H200: loading each position
     apart made GEMM 1 1.31x slower, results/bench/NVIDIA_H200/mxfp4_m1_gemv.md)."""
     GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
-    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr, GROUPS)
+    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr)
     n_groups = tl.cdiv(K_RED, 32)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
     for k in range(k_begin, k_end):
@@ -397,23 +397,27 @@ def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end
     return tl.sum(acc, axis=1)
 
 
-# GEMV=2: the same product in packed half-precision arithmetic (sm_89+ PTX).
-# A word's eight codes become four f16x2 pairs in eleven instructions: shifts
+# GEMV=2: the same product in packed half-precision arithmetic. Its PTX needs
+# sm_89 (`cvt.rn.f16x2.e4m3x2`); tunelab allows it from compute capability 9.0,
+# the only one it has run on. A word's eight codes become four f16x2 pairs in
+# eleven SASS instructions (seven integer, four conversions; sm_90): shifts
 # and masks turn each code into an E4M3 byte (magnitude bits to bits 2-4, sign
 # to bit 7: the code's value x 2^-6, exactly, subnormals included), and
 # `cvt.rn.f16x2.e4m3x2` widens two bytes at once. `fma.rn.f16x2` multiplies
 # them into the activations, scaled per scale group into f16 (the group's
 # largest below 2^15) and paired to match: (p0, p2), (p1, p3), (p4, p6),
-# (p5, p7), p the code's position in its word. Two words' sixteen products
-# are summed in one f16x2 accumulator (at most 16 x 6 x 2^-6 x 2^15 = 49152,
-# inside f16's range) and widened; everything after is fp32, as in GEMV=1.
+# (p5, p7), p the code's position in its word. Two words' sixteen products go
+# into one f16x2 accumulator, eight a lane (at most 8 x 6 x 2^-6 x 2^15 =
+# 24576, inside f16's range); the lanes are widened and added in fp32, and
+# everything after is fp32, as in GEMV=1.
 def _gemv_f16_words_ptx() -> str:
     """Two words (eight codes each: $1, $2) times their activation pairs ($3-$6,
     $7-$10: (p0, p2), (p1, p3), (p4, p6), (p5, p7) as f16x2), summed in one f16x2
-    accumulator and widened: $0, fp32."""
+    accumulator and widened: $0, fp32. lo / hi: the E4M3 bytes of the words'
+    low / high nibbles; lo0, lo1 (hi0, hi1) their low and high byte pairs."""
     body = ["{",
             "    .reg .b32 m, s, lo, hi, h0, h1, acc;",
-            "    .reg .b16 l0, l1, k0, k1, x0, x1;",
+            "    .reg .b16 lo0, lo1, hi0, hi1, x0, x1;",
             "    .reg .f32 f0, f1;"]
     for word, pairs in ((1, (3, 4, 5, 6)), (2, (7, 8, 9, 10))):
         first = "mul.rn.f16x2 acc, h0, ${};".format(pairs[0]) if word == 1 else \
@@ -430,14 +434,14 @@ def _gemv_f16_words_ptx() -> str:
             "    and.b32 m, m, 0x1C1C1C1C;",
             f"    and.b32 s, ${word}, 0x80808080;",
             "    or.b32 hi, m, s;",
-            "    mov.b32 {l0, l1}, lo;",
-            "    mov.b32 {k0, k1}, hi;",
-            "    cvt.rn.f16x2.e4m3x2 h0, l0;",
-            "    cvt.rn.f16x2.e4m3x2 h1, l1;",
+            "    mov.b32 {lo0, lo1}, lo;",
+            "    mov.b32 {hi0, hi1}, hi;",
+            "    cvt.rn.f16x2.e4m3x2 h0, lo0;",
+            "    cvt.rn.f16x2.e4m3x2 h1, lo1;",
             "    " + first,
             f"    fma.rn.f16x2 acc, h1, ${pairs[2]}, acc;",
-            "    cvt.rn.f16x2.e4m3x2 h0, k0;",
-            "    cvt.rn.f16x2.e4m3x2 h1, k1;",
+            "    cvt.rn.f16x2.e4m3x2 h0, hi0;",
+            "    cvt.rn.f16x2.e4m3x2 h1, hi1;",
             f"    fma.rn.f16x2 acc, h0, ${pairs[1]}, acc;",
             f"    fma.rn.f16x2 acc, h1, ${pairs[3]}, acc;",
         ]
@@ -472,11 +476,13 @@ def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k
     """_mx_gemv_acc in packed half precision (GEMV=2, see _GEMV_F16_WORDS):
     the same tile and scale groups. Its K loop compiles to 3.1 SASS
     instructions a weight against GEMV=1's 5.6 (sm_90, BLOCK_SIZE_N 128,
-    BLOCK_SIZE_K 128, four warps; read from the cubin). The result differs
-    from GEMV=1's by f16 rounding: of the activations (11 bits, relative to
-    their group's largest) and of two words' sixteen-term sums."""
+    BLOCK_SIZE_K 128, four warps; results/bench/NVIDIA_H200/mxfp4_m1_gemv.md
+    says how they were counted). The result differs from GEMV=1's by f16
+    rounding: of the sums (eight products a lane), and of activations far
+    below their group's largest (bf16 and f16 values within about 2^16 of
+    it convert exactly)."""
     GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
-    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr, GROUPS)
+    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr)
     n_groups = tl.cdiv(K_RED, 32)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
     for k in range(k_begin, k_end):
@@ -543,8 +549,9 @@ def _q_acc(
     rows `w_rows` over K steps [k_begin, k_end) of the reduction axis K_RED,
     dequantised (see the module docstring). Tails along K_RED are masked
     (MXFP4 storage is zero-padded). SWAP_AB=1 computes the transpose
-    (_q_acc_swapped) and returns it transposed back; GEMV=1 (MXFP4,
-    BLOCK_SIZE_M = 1) the block's one row on CUDA cores (_mx_gemv_acc)."""
+    (_q_acc_swapped) and returns it transposed back; GEMV=1 and 2 (MXFP4,
+    BLOCK_SIZE_M = 1) the block's one row on CUDA cores (_mx_gemv_acc,
+    _mx_gemv_acc_f16)."""
     if GEMV:
         # The block's one slot. With blocks of one, every block the GEMMs run holds
         # a real slot; row 0 stands in for a padding one all the same (never stored).
@@ -1014,8 +1021,9 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
             # The interpreter cannot run PTX: it runs GEMV=1's arithmetic, as MX_PTX=1 falls back there too.
             gemv = 1
         elif not pdl_supported():
-            # cvt.rn.f16x2.e4m3x2 is sm_89 PTX; pdl_supported() asks for CUDA 9.0 or newer, as MX_PTX=1 does.
-            raise ValueError("GEMV=2 is inline PTX for compute capability 9.0 or newer (cvt.rn.f16x2.e4m3x2): "
+            # Its PTX needs sm_89 (cvt.rn.f16x2.e4m3x2); tunelab allows it where it has run, compute
+            # capability 9.0 or newer (pdl_supported() asks that, as MX_PTX=1 does).
+            raise ValueError("GEMV=2 is inline PTX that tunelab runs on compute capability 9.0 or newer: "
                              "use GEMV=1 on this GPU")
     checked = (("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk)) if gemv else \
         (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk))

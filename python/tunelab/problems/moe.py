@@ -76,7 +76,8 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # DOT_SCALED (MXFP4): 1 runs tl.dot_scaled (Triton's upcast), 0 tunelab's own dequantisation;
 # SWAP_AB (fp8 and MXFP4): 1 makes the weights the MMA's left operand (tokens its short side).
 # MX_PTX (MXFP4, DOT_SCALED=0, bf16 activations): 1 dequantises with inline PTX, two values an instruction.
-# GEMV (MXFP4, BLOCK_SIZE_M 1): 1 computes one token a block on CUDA cores, no MMA (decode sizes).
+# GEMV (MXFP4, BLOCK_SIZE_M 1): 1 computes one token a block on CUDA cores, no MMA (decode sizes);
+# 2 the same in packed f16 arithmetic (compute capability 9.0 or newer).
 # SPLIT_K (fp8 and MXFP4): K split over this many programs per tile (decode sizes: more programs in flight).
 QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX", "GEMV", "SPLIT_K")
 
