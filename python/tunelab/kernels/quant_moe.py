@@ -471,6 +471,14 @@ def _pack_f16x2(lo, hi):
 
 
 @triton.jit
+def _by_word_parity(x, GROUPS: tl.constexpr):
+    """x [GROUPS, 4] (one value per word q) split into its even and odd words
+    (q = 0, 2 and 1, 3), each [1, GROUPS, 2] to broadcast over a tile's rows."""
+    even, odd = tl.split(tl.reshape(x, (GROUPS, 2, 2)))
+    return even[None, :, :], odd[None, :, :]
+
+
+@triton.jit
 def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr, stride_wsr,
                      BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """_mx_gemv_acc in packed half precision (GEMV=2, see _GEMV_F16_WORDS):
@@ -494,16 +502,14 @@ def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k
         a0, a1, a2, a3, a4, a5, a6, a7 = _by_code_position(a8 * up[:, None, None], GROUPS)
         # Activation pairs per word, then each tile split into its even and odd words
         # (q = 0, 2 and 1, 3), whose sums one f16x2 accumulator takes in turn.
-        pairs = (_pack_f16x2(a0, a2), _pack_f16x2(a1, a3), _pack_f16x2(a4, a6), _pack_f16x2(a5, a7))
         w_even, w_odd = tl.split(tl.reshape(w, (BLOCK_SIZE_N, GROUPS, 2, 2)))
-        p02_even, p02_odd = tl.split(tl.reshape(pairs[0], (GROUPS, 2, 2)))
-        p13_even, p13_odd = tl.split(tl.reshape(pairs[1], (GROUPS, 2, 2)))
-        p46_even, p46_odd = tl.split(tl.reshape(pairs[2], (GROUPS, 2, 2)))
-        p57_even, p57_odd = tl.split(tl.reshape(pairs[3], (GROUPS, 2, 2)))
+        p02_even, p02_odd = _by_word_parity(_pack_f16x2(a0, a2), GROUPS)
+        p13_even, p13_odd = _by_word_parity(_pack_f16x2(a1, a3), GROUPS)
+        p46_even, p46_odd = _by_word_parity(_pack_f16x2(a4, a6), GROUPS)
+        p57_even, p57_odd = _by_word_parity(_pack_f16x2(a5, a7), GROUPS)
         part = tl.inline_asm_elementwise(
             _GEMV_F16_WORDS, "=f" + ",r" * 10,
-            [w_even, w_odd, p02_even[None, :, :], p13_even[None, :, :], p46_even[None, :, :], p57_even[None, :, :],
-             p02_odd[None, :, :], p13_odd[None, :, :], p46_odd[None, :, :], p57_odd[None, :, :]],
+            [w_even, w_odd, p02_even, p13_even, p46_even, p57_even, p02_odd, p13_odd, p46_odd, p57_odd],
             dtype=tl.float32, is_pure=True, pack=1)
         down = ((e_a - 70) << 23).to(tl.float32, bitcast=True)  # 2^(e - 197)
         f_lo = ((tl.minimum(e, 128) + 62) << 23).to(tl.float32, bitcast=True)  # 2^(min(e, 128) - 65)
