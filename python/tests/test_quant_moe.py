@@ -165,16 +165,32 @@ def test_gemv_matches_reference(M, split_k, gemv, align, device):
     assert torch.equal(launch.out, first)
 
 
+@pytest.mark.parametrize("activation", ["swiglu_oai", "silu"])
+def test_gemv_tile_major_weights_with_tail_tiles(activation, device):
+    """GEMV reads weights copied tile by tile (gemv_tile_major), each column
+    tile's rows in the order the kernel computes them (gemm1_weight_rows for
+    w1, wrapping around in a tail tile). N = 44 leaves GEMM 1 a tail tile
+    (88 rows in tiles of 16) and K = 104 GEMM 2 one (104 rows), and K = 104
+    is 3.25 scale groups: the copies' padding past K must read as zeros.
+    gpt-oss's SwiGLU takes gate and up interleaved, SiLU in two halves."""
+    p = FusedMoE(shape(MXFP4, M=2, E=4, topk=3, N=44, K=104, activation=activation))
+    assert p.interleaved == (activation == "swiglu_oai")
+    inputs = p.inputs(6, device)
+    launch = run("fused_moe", p, inputs, GEMV_CFG)
+    check(launch.out, p.reference(inputs), "mxfp4")
+    rows = quant_moe.gemm1_weight_rows(44, p.interleaved, launch.plan.activation, 16)
+    assert rows.shape == (6, 16) and set(rows.reshape(-1).tolist()) == set(range(88))
+    assert launch.inputs["w1"].shape == (4, 6, 2, 16, 32) and launch.inputs["w2_scale"].shape == (4, 7, 1, 16, 2)
+
+
 @triton.jit
-def _gemv_probe(a_ptr, w_ptr, s_ptr, out_ptr, K, stride_wr, stride_wsr, ROWS: tl.constexpr,
-                BLOCK_SIZE_K: tl.constexpr, F16: tl.constexpr):
+def _gemv_probe(a_ptr, w_ptr, s_ptr, out_ptr, K, ROWS: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, F16: tl.constexpr):
     rows = tl.arange(0, ROWS).to(tl.int64)
     if F16:
-        acc = quant_moe._mx_gemv_acc_f16(a_ptr, 0, w_ptr, s_ptr, rows, K, 0, tl.cdiv(K, BLOCK_SIZE_K), stride_wr,
-                                         stride_wsr, ROWS, BLOCK_SIZE_K)
+        acc = quant_moe._mx_gemv_acc_f16(a_ptr, 0, w_ptr, s_ptr, rows, K, 0, tl.cdiv(K, BLOCK_SIZE_K), ROWS,
+                                         BLOCK_SIZE_K)
     else:
-        acc = quant_moe._mx_gemv_acc(a_ptr, 0, w_ptr, s_ptr, rows, K, 0, tl.cdiv(K, BLOCK_SIZE_K), stride_wr,
-                                     stride_wsr, ROWS, BLOCK_SIZE_K)
+        acc = quant_moe._mx_gemv_acc(a_ptr, 0, w_ptr, s_ptr, rows, K, 0, tl.cdiv(K, BLOCK_SIZE_K), ROWS, BLOCK_SIZE_K)
     tl.store(out_ptr + rows, acc)
 
 
@@ -197,8 +213,9 @@ def test_gemv_scales_across_the_e8m0_range(exponent, f16, device):
     a = torch.randn(K, generator=gen) * 2.0 ** max(-60, min(60, 127 - exponent))
     out = torch.empty(rows, dtype=torch.float32)
     packed, scales, a, out = (t.to(device) for t in (packed, scales, a, out))
-    _gemv_probe[(1,)](a, packed, scales, out, K, packed.stride(0), scales.stride(0), ROWS=rows, BLOCK_SIZE_K=64,
-                      F16=f16)
+    # One expert, one tile of every row, laid out as GEMV reads it.
+    tiled, tiled_scales = quant_moe.gemv_tile_major(packed[None], scales[None], torch.arange(rows)[None], 64)
+    _gemv_probe[(1,)](a, tiled, tiled_scales, out, K, ROWS=rows, BLOCK_SIZE_K=64, F16=f16)
     # The codes' values (scale 2^0) in float64, then the scale: 6 x 2^127 is not an fp32.
     codes = quant.dequantize_mxfp4(packed, torch.full_like(scales, 127), K).double()
     want = (codes * 2.0 ** (exponent - 127)) @ a.double()

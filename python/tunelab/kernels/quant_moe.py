@@ -320,26 +320,38 @@ _GEMV_ACT_SHIFT = tl.constexpr(18446744073709551616.0)  # 2^64
 
 
 @triton.jit
-def _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr):
-    """The one-token kernels' tile addresses: weight words [rows, 1, 4] (a
-    group's four 32-bit words, eight codes each) and E8M0 scales [rows, 1]."""
-    words = w_ptr.to(tl.pointer_type(tl.uint32))
-    # A row holds K_PAD / 2 bytes, K_PAD a multiple of 32: a multiple of 4 words (16 bytes).
-    stride_w = tl.multiple_of(stride_wr // 4, 4)
-    w_base = words + w_rows[:, None, None] * stride_w + tl.arange(0, 4)[None, None, :]
-    s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
+def _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, K_RED, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """The one-token kernels' tile addresses in tile-major weights (see
+    gemv_tile_major): weight words [rows, 1, 4] (a group's four 32-bit words,
+    eight codes each) and E8M0 scales [rows, 1] of K step 0. `w_rows` are
+    tile-major row numbers, tile w_rows // BLOCK_SIZE_N, row w_rows %
+    BLOCK_SIZE_N of it."""
+    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
+    k_steps = tl.cdiv(K_RED, BLOCK_SIZE_K)
+    row = (w_rows // BLOCK_SIZE_N) * k_steps * BLOCK_SIZE_N + w_rows % BLOCK_SIZE_N
+    # A row's share of a K step is BLOCK_SIZE_K / 2 bytes: whole 16-byte groups of four words.
+    w_base = w_ptr.to(tl.pointer_type(tl.uint32)) + row[:, None, None] * (GROUPS * 4) + tl.arange(0, 4)[None, None, :]
+    s_base = w_scale_ptr + row[:, None] * GROUPS
     return w_base, s_base
 
 
 @triton.jit
-def _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, GROUPS: tl.constexpr):
+def _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, g_end, K_RED, BLOCK_SIZE_N: tl.constexpr,
+                     GROUPS: tl.constexpr):
     """K step k's weight words [rows, GROUPS, 4], E8M0 scales [rows, GROUPS]
     (uint32) and activations [GROUPS, 4, 8] (fp32, one vector load a thread;
-    element [g, q, p] is reduction index 32g + 8q + p, code p of word q)."""
-    g = k * GROUPS + tl.arange(0, GROUPS)
-    g_ok = g < n_groups
-    w = tl.load(w_base + (g * 4)[None, :, None], mask=g_ok[None, :, None], other=0)
-    e = tl.load(s_base + g[None, :], mask=g_ok[None, :], other=0).to(tl.uint32)
+    element [g, q, p] is reduction index 32g + 8q + p, code p of word q). A
+    step's words and scales are contiguous for the whole tile (tile-major).
+    No weights or scales are read from scale group g_end on (past K, or past
+    the program's last step for a loop that loads a step ahead: their DRAM
+    traffic would be wasted); activations are, up to K (small, and thrown
+    away with the step)."""
+    g_in_step = tl.arange(0, GROUPS)
+    g = k * GROUPS + g_in_step
+    g_ok = g < g_end
+    w = tl.load(w_base + k * (BLOCK_SIZE_N * GROUPS * 4) + (g_in_step * 4)[None, :, None], mask=g_ok[None, :, None],
+                other=0)
+    e = tl.load(s_base + k * (BLOCK_SIZE_N * GROUPS) + g_in_step[None, :], mask=g_ok[None, :], other=0).to(tl.uint32)
     kk = g[:, None, None] * 32 + tl.arange(0, 4)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
     a8 = tl.load(a_ptr + a_row + kk, mask=kk < K_RED, other=0.0).to(tl.float32)
     return w, e, a8
@@ -359,8 +371,8 @@ def _by_code_position(a8, GROUPS: tl.constexpr):
 
 
 @triton.jit
-def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr, stride_wsr,
-                 BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N: tl.constexpr,
+                 BLOCK_SIZE_K: tl.constexpr):
     """fp32 [BLOCK_SIZE_N]: the activation row at offset `a_row` times MXFP4
     weight rows `w_rows` over K steps [k_begin, k_end), on CUDA cores: no
     MMA, so no 16-row tile of which one token uses one row.
@@ -375,13 +387,25 @@ def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end
     of two (2^(min(e, 128) - 65) x 2^(max(e, 128) - 128): each an fp32 for
     every E8M0 byte). A step's activations are one vector load a thread,
     split by code position (measured on an H200: loading each position
-    apart made GEMM 1 1.31x slower, results/bench/NVIDIA_H200/mxfp4_m1_gemv.md)."""
+    apart made GEMM 1 1.31x slower, results/bench/NVIDIA_H200/mxfp4_m1_gemv.md).
+
+    Each step's loads are issued one step ahead, before the previous step's
+    arithmetic, so a warp has them in flight while it computes. Measured on
+    an H200 at its best config (BN64 BK128 w4 SPLIT_K 4): the whole M=1 call
+    55.4 -> 47.6 us (same file). GEMV=2 does not do this: see its docstring."""
     GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
-    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr)
-    n_groups = tl.cdiv(K_RED, 32)
+    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, K_RED, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    # The last step's loads of the step after it load nothing.
+    g_end = tl.minimum(tl.cdiv(K_RED, 32), k_end * GROUPS)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
+    w_next, e_next, a8_next = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k_begin, g_end, K_RED, BLOCK_SIZE_N,
+                                               GROUPS)
     for k in range(k_begin, k_end):
-        w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, GROUPS)
+        # The next step's loads are issued before this step's arithmetic, so
+        # that a warp has them in flight while it computes.
+        w, e, a8 = w_next, e_next, a8_next
+        w_next, e_next, a8_next = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k + 1, g_end, K_RED, BLOCK_SIZE_N,
+                                                   GROUPS)
         a0, a1, a2, a3, a4, a5, a6, a7 = _by_code_position(a8 * _GEMV_ACT_SHIFT, GROUPS)
         part = _e2m1_bits(w) * a0[None, :, :]
         part += _e2m1_bits(w >> 4) * a1[None, :, :]
@@ -479,8 +503,8 @@ def _by_word_parity(x, GROUPS: tl.constexpr):
 
 
 @triton.jit
-def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr, stride_wsr,
-                     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N: tl.constexpr,
+                     BLOCK_SIZE_K: tl.constexpr):
     """_mx_gemv_acc in packed half precision (GEMV=2, see _GEMV_F16_WORDS):
     the same tile and scale groups. Its K loop compiles to 3.1 SASS
     instructions a weight against GEMV=1's 5.6 (sm_90, BLOCK_SIZE_N 128,
@@ -488,13 +512,19 @@ def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k
     says how they were counted). The result differs from GEMV=1's by f16
     rounding: of the sums (eight products a lane), and of activations far
     below their group's largest (bf16 and f16 values within about 2^16 of
-    it convert exactly)."""
+    it convert exactly).
+
+    Its loads are not issued a step ahead as _mx_gemv_acc's are: measured on
+    an H200 (results/bench/NVIDIA_H200/mxfp4_m1_gemv.md), that helped some
+    configs and hurt others (the registers it holds, 78 -> 96 at BN128 BK128
+    w4, leave room for five programs an SM, not six), and the fastest whole
+    call got no faster (44.0 us before, 44.9 with it)."""
     GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
-    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr)
+    w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, K_RED, BLOCK_SIZE_N, BLOCK_SIZE_K)
     n_groups = tl.cdiv(K_RED, 32)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
     for k in range(k_begin, k_end):
-        w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, GROUPS)
+        w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, BLOCK_SIZE_N, GROUPS)
         # Each group's largest exponent field, then its activations x 2^(141 - e) (exact).
         e_a = tl.max(tl.max(tl.abs(a8).to(tl.uint32, bitcast=True) >> 23, axis=2), axis=1)
         e_a = tl.maximum(e_a, _GEMV_F16_MIN_EXP)
@@ -530,7 +560,7 @@ def _q_acc(
     w_scale_ptr,  # this expert's weight scales: fp32 scalar / [ceil(rows / GROUP_N), ceil(K_RED / GROUP_K)], or E8M0 [rows, K_PAD / 32]
     a_rows,  # int64 [BLOCK_SIZE_M]
     a_mask,  # [BLOCK_SIZE_M]
-    w_rows,  # int64 [BLOCK_SIZE_N], in bounds
+    w_rows,  # int64 [BLOCK_SIZE_N], in bounds (GEMV: tile-major row numbers, see gemv_tile_major)
     K_RED,
     k_begin,  # the K steps of BLOCK_SIZE_K this program reduces: [k_begin, k_end) (_split_k_steps)
     k_end,
@@ -564,10 +594,10 @@ def _q_acc(
         row_offset = tl.sum(tl.where(a_mask, a_rows, 0), axis=0) * stride_am
         if GEMV == 2:
             acc_n = _mx_gemv_acc_f16(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end,
-                                     stride_wr, stride_wsr, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                                     BLOCK_SIZE_N, BLOCK_SIZE_K)
         else:
-            acc_n = _mx_gemv_acc(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, stride_wr,
-                                 stride_wsr, BLOCK_SIZE_N, BLOCK_SIZE_K)
+            acc_n = _mx_gemv_acc(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N,
+                                 BLOCK_SIZE_K)
         return acc_n[None, :]
     if SWAP_AB:
         acc_t = _q_acc_swapped(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, k_begin,
@@ -778,8 +808,8 @@ def _split_k_total(acc, part_ptr, count_ptr, rows, row_ok, cols, col_ok, stride_
 def moe_gemm1_q_kernel(
     a_ptr,  # [M, K]: x (MXFP4) or its fp8 quantisation
     a_scale_ptr,  # fp32 activation scales (fp8 formats; else any pointer)
-    w1_ptr,  # [E, 2N, K] fp8, or packed [E, 2N, K_PAD / 2] uint8
-    w1_scale_ptr,  # fp32 [E] / [E, ceil(2N / GROUP_N), ceil(K / GROUP_K)], or E8M0 [E, 2N, K_PAD / 32]
+    w1_ptr,  # [E, 2N, K] fp8, or packed [E, 2N, K_PAD / 2] uint8 (GEMV: tile-major, gemv_tile_major)
+    w1_scale_ptr,  # fp32 [E] / [E, ceil(2N / GROUP_N), ceil(K / GROUP_K)], or E8M0 [E, 2N, K_PAD / 32] (GEMV: as w1)
     b1_ptr,  # [E, 2N] (unused unless HAS_BIAS)
     inter_ptr,  # [M * topk, N], or [M * topk, 2N] with ACT_NONE
     part_ptr,  # fp32 [SPLIT_K, M * topk, 2N]: the splits' partial products (SPLIT_K > 1)
@@ -844,8 +874,10 @@ def moe_gemm1_q_kernel(
     rows = (slots // TOPK).to(tl.int64)
     offs_j, w_row, row_ok = _gemm1_rows(pid_n, N, INTERLEAVED, ACTIVATION, BLOCK_SIZE_N)
     k_begin, k_end = _split_k_steps(K, BLOCK_SIZE_K, SPLIT_K)
+    # GEMV reads tile-major weights (gemv_tile_major), whose tile pid_n holds w_row's rows in order.
+    acc_rows = (pid_n * BLOCK_SIZE_N + offs_j) if GEMV else w_row
     acc = _q_acc(a_ptr, a_scale_ptr, w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, rows,
-                 tok_mask, w_row.to(tl.int64), K, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
+                 tok_mask, acc_rows.to(tl.int64), K, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
                  WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
                  GEMV)
     if SPLIT_K > 1:
@@ -861,7 +893,7 @@ def moe_gemm1_q_kernel(
 def moe_gemm2_q_kernel(
     a_ptr,  # [M * topk, N]: the intermediate (MXFP4) or its fp8 quantisation
     a_scale_ptr,
-    w2_ptr,  # [E, K, N] fp8, or packed [E, K, N_PAD / 2] uint8
+    w2_ptr,  # [E, K, N] fp8, or packed [E, K, N_PAD / 2] uint8 (GEMV: tile-major, gemv_tile_major)
     w2_scale_ptr,
     b2_ptr,  # [E, K] (unused unless HAS_BIAS)
     out_ptr,  # [M * topk, K]
@@ -930,7 +962,8 @@ def moe_gemm2_q_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     k_begin, k_end = _split_k_steps(K_RED, BLOCK_SIZE_K, SPLIT_K)
     acc = _q_acc(a_ptr, a_scale_ptr, w2_ptr + expert * stride_we, w2_scale_ptr + expert * stride_wse, slots64,
-                 tok_mask, offs_n, K_RED, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
+                 tok_mask, offs_n_raw.to(tl.int64) if GEMV else offs_n, K_RED, k_begin, k_end, stride_am, stride_asm,
+                 stride_wr, stride_wsr,
                  WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
                  GEMV)
     if SPLIT_K > 1:
@@ -1113,13 +1146,55 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     )
 
 
+def gemm1_weight_rows(N: int, interleaved: bool, activation: int, bn: int):
+    """int64 [tiles, bn]: the w1 rows GEMM 1's column tile t reads, in order,
+    as the kernel's _gemm1_rows computes them (tail tiles wrap around)."""
+    tiles = cdiv(2 * N, bn)
+    j = torch.arange(bn, dtype=torch.int64)
+    pid = torch.arange(tiles, dtype=torch.int64)[:, None]
+    if activation == ACT_NONE:
+        return (pid * bn + j) % (2 * N)
+    act_col = (pid * (bn // 2) + j // 2) % N
+    is_up = j % 2
+    return 2 * act_col + is_up if interleaved else act_col + is_up * N
+
+
+def gemv_tile_major(w, scales, rows, bk: int):
+    """GEMV's weights: packed MXFP4 `w` [E, R, K_PAD / 2] and its E8M0
+    `scales` [E, R, K_PAD / 32] copied tile by tile. `rows` [tiles, bn] are
+    the weight rows each column tile reads (in order); the copies are
+    [E, tiles, K steps, bn, bk / 2] and [E, tiles, K steps, bn, bk / 32],
+    zero past K, so a K step's bytes and scales for a whole tile are
+    contiguous: a warp's load covers consecutive bytes rather than bn rows
+    K_PAD / 2 bytes apart. Measured on an H200 (bench/mxfp4_m1_loads.py,
+    results/bench/NVIDIA_H200/mxfp4_m1_gemv.md): GEMM 1's loads alone at
+    BN128 BK128, 17.6 us from row-major weights and 13.4 tile-major (read
+    flush). Built when a launch is bound, as a serving engine lays out its
+    weights when it loads them; the copy is not part of the timed call."""
+    rows = rows.to(w.device)
+    tiles, bn = rows.shape
+    out = []
+    for t, unit in ((w, bk // 2), (scales, bk // MX_GROUP)):
+        e, _, width = t.shape
+        steps = cdiv(width, unit)
+        padded = t.new_zeros(e, tiles * bn, steps * unit)
+        padded[:, :, :width] = t[:, rows.reshape(-1)]
+        out.append(padded.view(e, tiles, bn, steps, unit).transpose(2, 3).contiguous())
+    return out[0], out[1]
+
+
 def _a_fmt(dtype) -> str:
     return "bf16" if str(dtype) == "torch.bfloat16" else "fp16"
 
 
 def _weight_strides(plan: QuantMoEPlan, rows: int, cols: int):
     """(stride_we, stride_wr, stride_wse, stride_wsr) of a contiguous weight
-    [E, rows, cols] and its scales, as the kernels index them."""
+    [E, rows, cols] and its scales, as the kernels index them (GEMV: the
+    tile-major copies' expert strides; rows are found from the tile sizes)."""
+    if plan.gemv:
+        bn, bk = plan.config["BLOCK_SIZE_N"], plan.config["BLOCK_SIZE_K"]
+        rows_padded = cdiv(rows, bn) * bn * cdiv(cols, bk)
+        return rows_padded * bk // 2, 0, rows_padded * bk // MX_GROUP, 0
     if plan.wfmt == WFMT_MXFP4:
         pad = mx_padded(cols)
         return rows * pad // 2, pad // 2, rows * pad // MX_GROUP, pad // MX_GROUP
@@ -1234,6 +1309,13 @@ class QuantMoELaunch:
         dev = x.device
         i32 = torch.int32
         self.inputs = {k: v.contiguous() for k, v in inputs.items()}
+        if plan.gemv:
+            bn, bk = plan.config["BLOCK_SIZE_N"], plan.config["BLOCK_SIZE_K"]
+            rows1 = gemm1_weight_rows(plan.N, plan.interleaved, plan.activation, bn)
+            rows2 = torch.arange(cdiv(plan.K, bn) * bn, dtype=torch.int64).reshape(-1, bn) % plan.K
+            w1, s1 = gemv_tile_major(self.inputs["w1"], self.inputs["w1_scale"], rows1, bk)
+            w2, s2 = gemv_tile_major(self.inputs["w2"], self.inputs["w2_scale"], rows2, bk)
+            self.inputs.update(w1=w1, w1_scale=s1, w2=w2, w2_scale=s2)
         if self.inputs["topk_ids"].dtype != i32:
             self.inputs["topk_ids"] = self.inputs["topk_ids"].to(i32)
         if self.inputs["topk_weights"].dtype != torch.float32:
