@@ -124,7 +124,7 @@ GEMV_SPACE = {
     "GROUP_SIZE_M": [1],
     "num_warps": [4, 8],
     "num_stages": [1],
-    "SPLIT_K": [1, 2, 4],
+    "SPLIT_K": [1, 2, 4, 8],
     # Last, so that the two alternate tile by tile: a sweep cut short by its budget has tried both.
     "GEMV": [1, 2],
 }
