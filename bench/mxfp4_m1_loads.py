@@ -2,13 +2,14 @@
 """How fast the one-token MXFP4 GEMM 1 could be if it only loaded (a measurement, not a test).
 
 At gpt-oss-120b's M=1 shape (E=128, topk=4, K=2880, N=2880: GEMM 1 reads four
-experts' w1, 4 x 5760 rows of 1440 bytes plus 90 scale bytes a row, 34.2 MB)
+experts' w1, 4 x 5760 rows of 1440 bytes plus 90 scale bytes a row, 35.3 MB)
 it times, each alone with a cold L2, the L2 flushed by a write
 (`mxfp4_m1_profile.py`'s flush and timer) and by a read (the runner's):
 
-- `loads`: a kernel that makes exactly the loads `GEMV: 1` and `2` make, for
-  the same grid, tile and split (`quant_moe._gemv_tile_bases` and
-  `_gemv_step_loads`, one K step at a time or one step ahead as `GEMV: 1`
+- `loads`: a kernel that makes exactly the loads `GEMV: 1` and `2` made
+  from row-major weights (before commit 4e4207c), for the same grid, tile
+  and split (`row_major_bases` and `row_major_step_loads`, the module's
+  helpers of then; one K step at a time or one step ahead as `GEMV: 1`
   does), and folds them into one word a row with XOR instead of the
   arithmetic, so nothing is computed but nothing is left unloaded;
 - `loads, tile-major weights`: the same loads from a copy of the four
@@ -43,6 +44,29 @@ from tunelab.problems.moe import FusedMoE  # noqa: E402
 
 
 @triton.jit
+def row_major_bases(w_ptr, w_scale_ptr, w_rows, stride_wr, stride_wsr):
+    """The one-token kernels' tile addresses in row-major weights [rows, K_PAD / 2]
+    (quant_moe._gemv_tile_bases as it was before tile-major weights, commit
+    9b9c4d4): words [rows, 1, 4] and scales [rows, 1] of scale group 0."""
+    stride_w = tl.multiple_of(stride_wr // 4, 4)
+    w_base = w_ptr.to(tl.pointer_type(tl.uint32)) + w_rows[:, None, None] * stride_w + tl.arange(0, 4)[None, None, :]
+    return w_base, w_scale_ptr + w_rows[:, None] * stride_wsr
+
+
+@triton.jit
+def row_major_step_loads(a_ptr, w_base, s_base, k, g_end, K_RED, GROUPS: tl.constexpr):
+    """quant_moe._gemv_step_loads's loads from row-major weights: K step k's
+    words [rows, GROUPS, 4], scales [rows, GROUPS] and activations [GROUPS, 4, 8]."""
+    g = k * GROUPS + tl.arange(0, GROUPS)
+    g_ok = g < g_end
+    w = tl.load(w_base + (g * 4)[None, :, None], mask=g_ok[None, :, None], other=0)
+    e = tl.load(s_base + g[None, :], mask=g_ok[None, :], other=0).to(tl.uint32)
+    kk = g[:, None, None] * 32 + tl.arange(0, 4)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    a8 = tl.load(a_ptr + kk, mask=kk < K_RED, other=0.0).to(tl.float32)
+    return w, e, a8
+
+
+@triton.jit
 def gemv_loads_kernel(a_ptr, w_ptr, s_ptr, expert_ids_ptr, out_ptr, K, ROWS, stride_we, stride_wr, stride_wse,
                       stride_wsr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       AHEAD: tl.constexpr):
@@ -52,20 +76,20 @@ def gemv_loads_kernel(a_ptr, w_ptr, s_ptr, expert_ids_ptr, out_ptr, K, ROWS, str
     pid_n = tl.program_id(0) % num_pid_n
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     rows = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)).to(tl.int64)
-    w_base, s_base = quant_moe._gemv_tile_bases(w_ptr + expert * stride_we, s_ptr + expert * stride_wse, rows,
-                                                stride_wr, stride_wsr)
+    w_base, s_base = row_major_bases(w_ptr + expert * stride_we, s_ptr + expert * stride_wse, rows, stride_wr,
+                                     stride_wsr)
     k_begin, k_end = quant_moe._split_k_steps(K, BLOCK_SIZE_K, SPLIT_K)
     g_end = tl.minimum(tl.cdiv(K, 32), k_end * GROUPS)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS, 4), dtype=tl.uint32)
     act = tl.zeros((GROUPS, 4, 8), dtype=tl.uint32)
     if AHEAD:
-        w_next, e_next, a_next = quant_moe._gemv_step_loads(a_ptr, 0, w_base, s_base, k_begin, g_end, K, GROUPS)
+        w_next, e_next, a_next = row_major_step_loads(a_ptr, w_base, s_base, k_begin, g_end, K, GROUPS)
     for k in range(k_begin, k_end):
         if AHEAD:
             w, e, a8 = w_next, e_next, a_next
-            w_next, e_next, a_next = quant_moe._gemv_step_loads(a_ptr, 0, w_base, s_base, k + 1, g_end, K, GROUPS)
+            w_next, e_next, a_next = row_major_step_loads(a_ptr, w_base, s_base, k + 1, g_end, K, GROUPS)
         else:
-            w, e, a8 = quant_moe._gemv_step_loads(a_ptr, 0, w_base, s_base, k, g_end, K, GROUPS)
+            w, e, a8 = row_major_step_loads(a_ptr, w_base, s_base, k, g_end, K, GROUPS)
         acc ^= w ^ e[:, :, None]
         act ^= a8.to(tl.uint32, bitcast=True)
     folded = tl.xor_sum(tl.xor_sum(acc, axis=2), axis=1) ^ tl.xor_sum(tl.xor_sum(tl.xor_sum(act, 2), 1), 0)

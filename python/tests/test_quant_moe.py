@@ -165,18 +165,21 @@ def test_gemv_matches_reference(M, split_k, gemv, align, device):
     assert torch.equal(launch.out, first)
 
 
+@pytest.mark.parametrize("gemv,split_k", [(1, 1), (1, 2), (1, 8), pytest.param(2, 8, marks=GPU)])
 @pytest.mark.parametrize("activation", ["swiglu_oai", "silu"])
-def test_gemv_tile_major_weights_with_tail_tiles(activation, device):
+def test_gemv_tile_major_weights_with_tail_tiles(activation, gemv, split_k, device):
     """GEMV reads weights copied tile by tile (gemv_tile_major), each column
     tile's rows in the order the kernel computes them (gemm1_weight_rows for
     w1, wrapping around in a tail tile). N = 44 leaves GEMM 1 a tail tile
     (88 rows in tiles of 16) and K = 104 GEMM 2 one (104 rows), and K = 104
     is 3.25 scale groups: the copies' padding past K must read as zeros.
-    gpt-oss's SwiGLU takes gate and up interleaved, SiLU in two halves."""
+    gpt-oss's SwiGLU takes gate and up interleaved, SiLU in two halves. With
+    two K steps (BLOCK_SIZE_K 64), SPLIT_K 2 gives each split one and the last
+    split's load ahead nothing; SPLIT_K 8 leaves six splits empty."""
     p = FusedMoE(shape(MXFP4, M=2, E=4, topk=3, N=44, K=104, activation=activation))
     assert p.interleaved == (activation == "swiglu_oai")
     inputs = p.inputs(6, device)
-    launch = run("fused_moe", p, inputs, GEMV_CFG)
+    launch = run("fused_moe", p, inputs, dict(GEMV_CFG, GEMV=gemv, SPLIT_K=split_k))
     check(launch.out, p.reference(inputs), "mxfp4")
     rows = quant_moe.gemm1_weight_rows(44, p.interleaved, launch.plan.activation, 16)
     assert rows.shape == (6, 16) and set(rows.reshape(-1).tolist()) == set(range(88))

@@ -1310,11 +1310,16 @@ class QuantMoELaunch:
         i32 = torch.int32
         self.inputs = {k: v.contiguous() for k, v in inputs.items()}
         if plan.gemv:
+            # GEMV never takes vLLM's structure (make_quant_plan), so GEMM 1 applies plan.activation.
+            assert not plan.split_activation
             bn, bk = plan.config["BLOCK_SIZE_N"], plan.config["BLOCK_SIZE_K"]
             rows1 = gemm1_weight_rows(plan.N, plan.interleaved, plan.activation, bn)
             rows2 = torch.arange(cdiv(plan.K, bn) * bn, dtype=torch.int64).reshape(-1, bn) % plan.K
             w1, s1 = gemv_tile_major(self.inputs["w1"], self.inputs["w1_scale"], rows1, bk)
             w2, s2 = gemv_tile_major(self.inputs["w2"], self.inputs["w2_scale"], rows2, bk)
+            # The kernels index experts by these strides (_weight_strides), not by the tensors'.
+            assert (w1.stride(0), s1.stride(0)) == _weight_strides(plan, 2 * plan.N, plan.K)[::2]
+            assert (w2.stride(0), s2.stride(0)) == _weight_strides(plan, plan.K, plan.N)[::2]
             self.inputs.update(w1=w1, w1_scale=s1, w2=w2, w2_scale=s2)
         if self.inputs["topk_ids"].dtype != i32:
             self.inputs["topk_ids"] = self.inputs["topk_ids"].to(i32)
