@@ -113,7 +113,6 @@ def stream_kernel(w_ptr, s_ptr, expert_ids_ptr, out_ptr, W_WORDS, S_WORDS, strid
     tl.store(out_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), tl.xor_sum(w, 0) ^ tl.xor_sum(s, 0))
 
 
-
 @triton.jit
 def tiled_loads_kernel(a_ptr, w_ptr, s_ptr, out_ptr, K, ROWS, K_STEPS, BLOCK_SIZE_N: tl.constexpr,
                        BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr):
@@ -147,18 +146,15 @@ def tiled_loads_kernel(a_ptr, w_ptr, s_ptr, out_ptr, K, ROWS, K_STEPS, BLOCK_SIZ
 
 
 def tile_major(w, s, bn: int, bk: int):
-    """Weights [E', rows, K/2] and scales [E', rows, K/32] (uint8) laid out as
-    [E', row tiles, K steps, bn, bk/2] and [E', row tiles, K steps, bn, bk/32],
-    zero-padded to whole tiles and steps."""
-    e, rows, half = w.shape
-    tiles, steps = triton.cdiv(rows, bn), triton.cdiv(2 * half, bk)
-    wp = torch.zeros(e, tiles * bn, steps * bk // 2, dtype=torch.uint8, device=w.device)
-    wp[:, :rows, :half] = w
-    sp = torch.zeros(e, tiles * bn, steps * bk // 32, dtype=torch.uint8, device=s.device)
-    sp[:, :rows, :s.shape[2]] = s
-    wt = wp.reshape(e, tiles, bn, steps, bk // 2).permute(0, 1, 3, 2, 4).contiguous()
-    st = sp.reshape(e, tiles, bn, steps, bk // 32).permute(0, 1, 3, 2, 4).contiguous()
-    return wt, st, steps
+    """(weights, scales, K steps): weights [E', rows, K/2] and scales
+    [E', rows, K/32] (uint8) laid out as the one-token kernels read them,
+    [E', row tiles, K steps, bn, bk/2] and [.., bn, bk/32]
+    (quant_moe.gemv_tile_major, rows in order; a tail tile wraps around)."""
+    rows = w.shape[1]
+    order = torch.arange(triton.cdiv(rows, bn) * bn, dtype=torch.int64).reshape(-1, bn) % rows
+    wt, st = quant_moe.gemv_tile_major(w, s, order, bk)
+    return wt, st, wt.shape[2]
+
 
 class ReadFlush:
     """cold_median_us's flush, as a read: `add_` sums the buffer instead of

@@ -1176,10 +1176,15 @@ def gemv_tile_major(w, scales, rows, bk: int):
     out = []
     for t, unit in ((w, bk // 2), (scales, bk // MX_GROUP)):
         e, _, width = t.shape
-        steps = cdiv(width, unit)
-        padded = t.new_zeros(e, tiles * bn, steps * unit)
-        padded[:, :, :width] = t[:, rows.reshape(-1)]
-        out.append(padded.view(e, tiles, bn, steps, unit).transpose(2, 3).contiguous())
+        full, tail = divmod(width, unit)
+        gathered = t[:, rows.reshape(-1)].view(e, tiles, bn, width)
+        tiled = t.new_zeros(e, tiles, full + (tail > 0), bn, unit)
+        # Copied straight into place, through a [.., bn, steps, unit] view: one temporary, the gather.
+        into = tiled.transpose(2, 3)
+        into[:, :, :, :full] = gathered[..., :full * unit].unflatten(-1, (full, unit))
+        if tail:
+            into[:, :, :, full, :tail] = gathered[..., full * unit:]
+        out.append(tiled)
     return out[0], out[1]
 
 
