@@ -415,7 +415,7 @@ def test_bad_shapes_and_configs():
 # ---------------------------------------------------------------- the other methods
 
 PCFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "BLOCK_SIZE_N2": 32, "BLOCK_SIZE_K2": 16,
-        "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1, "PRELOAD_W2": 0}
+        "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
 # M=13, topk=2: 26 slots, not a multiple of BLOCK_SIZE_M=16. Every shape has fewer slots
 # than experts, so some experts get no token whatever the generator draws (CPU and CUDA differ).
 NEW_SHAPES = [dict(E=32), dict(M=1), dict(M=5, E=16, topk=3)]
@@ -499,24 +499,23 @@ def persistent_launch(p, inputs, config=PCFG, self_align_max=None, grid=None):
     return launch
 
 
-@pytest.mark.parametrize("split_k,preload", [(1, 0), (2, 0), (2, 1)])
+@pytest.mark.parametrize("split_k", [1, 2])
 @pytest.mark.parametrize("grid", [1, 2, 7, "more than tiles"])
 @pytest.mark.parametrize("self_align", [True, False])
-def test_persistent_alignment_and_grids(self_align, grid, split_k, preload, device):
+def test_persistent_alignment_and_grids(self_align, grid, split_k, device):
     """Both alignments (registers in every program; program 0 into memory), one
     program doing every tile, a few, more programs than tiles, GEMM 1 whole or
-    split in K, GEMM 2 items whole or one step each (PRELOAD_W2). Every call
-    leaves the workspace zero, and a second call gives the same bits."""
+    split in K. Every call leaves the workspace zero, and a second call gives
+    the same bits."""
     from tunelab.kernels.fused_moe import make_persistent_plan
 
     p = FusedMoE(shape(M=9, E=8, topk=2, activation="swiglu_oai"))
     inputs = p.inputs(13, device)
-    config = dict(PCFG, SPLIT_K=split_k, PRELOAD_W2=preload)
+    config = dict(PCFG, SPLIT_K=split_k)
     if not isinstance(grid, int):
         grid = make_persistent_plan(p, config).max_items() + 2
     launch = persistent_launch(p, inputs, config=config, self_align_max=None if self_align else 0, grid=grid)
     assert launch.plan.split_k == split_k
-    assert launch.plan.steps2 == (2 if preload else 1)  # N=32 in steps of 16
     assert (launch.plan.self_align > 0) == self_align
     assert launch.phases == ([-1] if not INTERPRETED else [1, 2] if self_align else [0, 1, 2])
     launch()
@@ -538,13 +537,7 @@ def test_persistent_alignment_and_grids(self_align, grid, split_k, preload, devi
     dict(BLOCK_SIZE_K=16, SPLIT_K=2),  # 3 K steps in slices of 2 and 1
     dict(BLOCK_SIZE_K=32, SPLIT_K=4),  # 2 K steps in 4 slices: two slices are empty
     dict(BLOCK_SIZE_K2=32, BLOCK_SIZE_N2=16),  # GEMM 2 in one (masked) step
-    # PRELOAD_W2: a GEMM 2 item a step (N=24: steps of 16 and a masked 8) ...
-    dict(PRELOAD_W2=1),  # ... a GEMM 1 tile's 16 columns a step
-    dict(PRELOAD_W2=1, BLOCK_SIZE_N=64),  # ... a tile's 32 columns over two steps, the second past N
-    dict(PRELOAD_W2=1, BLOCK_SIZE_N=16, SPLIT_K=2),  # ... two tiles of 8 a step, the last step one tile
-    dict(PRELOAD_W2=1, BLOCK_SIZE_K2=32),  # ... one step: the whole of N, masked
-], ids=["small-tiles", "large-tiles", "split-uneven", "split-empty-slices", "gemm2-one-step", "preload",
-        "preload-tile-spans-steps", "preload-steps-span-tiles", "preload-one-step"])
+], ids=["small-tiles", "large-tiles", "split-uneven", "split-empty-slices", "gemm2-one-step"])
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_persistent_tails(cfg, dtype, device):
     # K=48 and N=24 are multiples of no tile: masked K loops, partial tiles in both GEMMs.
@@ -610,16 +603,6 @@ def test_persistent_plan_and_defaults():
     assert split.split_k == 3 and split.max_items() == 4 * (23 * 3 + 45)
     assert split.ws_words == 32 + 2 * 4 + 45 + 4 * 23 and split.slices_elems() == 4 * 23 * 3 * 16 * 32
     assert make_persistent_plan(big, dict(persistent_default_config(64, 2880), SPLIT_K=3)).split_k == 1
-    # PRELOAD_W2: GEMM 2 items of one BLOCK_SIZE_K2 step (360 = 5 x 64 + 40: 6 steps), each with its own
-    # READY and DONE count and its own fp32 row; like SPLIT_K, at decode sizes only.
-    pre = make_persistent_plan(small, dict(decode, PRELOAD_W2=1))
-    assert pre.preload and pre.steps2 == 6 and pre.items2() == 4 * 6 * 45 and pre.max_items() == 4 * (23 + 6 * 45)
-    assert pre.ws_words == 32 + 2 * 4 * 6 + 45 and pre.part_elems() == 4 * 6 * 2880
-    assert make_persistent_plan(small, decode).part_elems() == 4 * 2880
-    big_pre = make_persistent_plan(big, dict(persistent_default_config(64, 2880), PRELOAD_W2=1))
-    assert not big_pre.preload and big_pre.steps2 == 1
-    with pytest.raises(ValueError, match="PRELOAD_W2"):
-        make_persistent_plan(small, dict(decode, PRELOAD_W2=2))
     with pytest.raises(ValueError, match="BLOCK_SIZE_N2"):
         make_persistent_plan(small, dict(decode, BLOCK_SIZE_N2=24))
     with pytest.raises(ValueError, match="PROGRAMS_PER_SM"):
@@ -647,9 +630,9 @@ def test_resident_programs_per_sm():
 
 
 @pytest.mark.skipif(INTERPRETED, reason="the in-kernel waits run on a GPU only")
-@pytest.mark.parametrize("split_k,preload", [(1, 0), (3, 0), (1, 1), (3, 1)])
+@pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("M", [1, 4, 16, 17, 64, 300])
-def test_persistent_on_the_gpu(M, split_k, preload, device):
+def test_persistent_on_the_gpu(M, split_k, device):
     """The synchronised single launch: gpt-oss-like proportions, sizes on both
     sides of the self-alignment limit, the default grid (every SM) and repeated
     calls (the workspace must come back to zero each time)."""
@@ -657,8 +640,7 @@ def test_persistent_on_the_gpu(M, split_k, preload, device):
     inputs = p.inputs(16, device)
     from tunelab.kernels.fused_moe import persistent_default_config
 
-    config = dict(persistent_default_config(M, p.N), SPLIT_K=split_k, PRELOAD_W2=preload)
-    launch = persistent_launch(p, inputs, config=config)
+    launch = persistent_launch(p, inputs, config=dict(persistent_default_config(M, p.N), SPLIT_K=split_k))
     assert launch.phases == [-1] and launch.grid >= 1
     ref = p.reference(inputs)
     for _ in range(3):
@@ -668,8 +650,7 @@ def test_persistent_on_the_gpu(M, split_k, preload, device):
         assert launch.workspace_clear() and not launch.timed_out()
 
 
-@pytest.mark.parametrize("preload", [0, 1])
-def test_persistent_trace(preload, device):
+def test_persistent_trace(device):
     """A traced launch (bench/moe_persistent_timeline.py) stamps every program and
     every item the routing made, in order, and computes the same output. Under
     the interpreter there is no clock: asking for a trace is refused."""
@@ -677,7 +658,7 @@ def test_persistent_trace(preload, device):
 
     p = FusedMoE(shape(M=3, E=16, topk=4, activation="swiglu_oai"))
     inputs = p.inputs(18, device)
-    plan = make_persistent_plan(p, dict(PCFG, SPLIT_K=2, PRELOAD_W2=preload))
+    plan = make_persistent_plan(p, dict(PCFG, SPLIT_K=2))
     if INTERPRETED:
         with pytest.raises(ValueError, match="needs a GPU"):
             PersistentMoELaunch(plan, inputs, trace=True)
@@ -699,21 +680,17 @@ def test_persistent_trace(preload, device):
     items1 = raw[first1:first1 + 3 * count1].view(count1, 3)
     items2 = raw[first2:first2 + 4 * count2].view(count2, 4)
     blocks = len({int(e) for e in inputs["topk_ids"].reshape(-1)})  # 3 tokens x 4 slots <= 16 rows: a block each
-    per_block2 = plan.steps2 * plan.n_tiles2
-    made1, made2 = blocks * plan.n_tiles1 * plan.split_k, blocks * per_block2
+    made1, made2 = blocks * plan.n_tiles1 * plan.split_k, blocks * plan.n_tiles2
     assert bool((items1[:made1] > 0).all()) and bool((items1[made1:] == 0).all())
     assert bool((items2[:made2] > 0).all()) and bool((items2[made2:] == 0).all())
     assert bool((items1[:made1].diff(dim=1) >= 0).all()) and bool((items2[:made2].diff(dim=1) >= 0).all())
-    # A GEMM 2 item's wait ends after the K loops of the GEMM 1 items it waits for
-    # are done: its block's, or with PRELOAD_W2 those writing its step's columns
-    # (HALF = 16 columns a tile, steps of BLOCK_SIZE_K2 = 16); 100 ns for the clock's steps.
-    assert plan.steps2 == (2 if preload else 1)
-    for j in range(made2):
-        m, step = j // per_block2, (j // plan.n_tiles2) % plan.steps2
-        tiles = range(step, step + 1) if preload else range(plan.n_tiles1)
-        loops_done = max(int(items1[(m * plan.n_tiles1 + t) * plan.split_k + s, 1])
-                         for t in tiles for s in range(plan.split_k))
-        assert int(items2[j, 1]) >= loops_done - 100
+    # A GEMM 2 item's wait ends after the K loops of its block's GEMM 1 items (whose
+    # counts it waits for) are done; 100 ns for the clock's steps.
+    per_block1 = plan.n_tiles1 * plan.split_k
+    for m in range(blocks):
+        loops_done = int(items1[m * per_block1:(m + 1) * per_block1, 1].max())
+        waits_over = items2[m * plan.n_tiles2:(m + 1) * plan.n_tiles2, 1]
+        assert int(waits_over.min()) >= loops_done - 100
     assert int(items2[:made2, 3].max()) <= int(end.max())
 
 

@@ -573,10 +573,9 @@ WS_ALIGNED = 0  # program 0 published the alignment (program 0 -> everyone)
 WS_EXITED = 1  # programs past their last wait; the last one clears WS_ALIGNED and itself
 WS_TIMED_OUT = 2  # sticky: some wait gave up after MAX_SPIN polls (the output is then wrong)
 WS_HEADER = 32  # 128 bytes: the counters below start on a line of their own
-# then READY[max_blocks * steps2]: GEMM 1 tiles done per block (and GEMM 2 step,
-# with PRELOAD_W2); DONE[max_blocks * steps2]: GEMM 2 items done per block (and
-# step); ARRIVED[M * n_tiles2]: GEMM 2 rows in per (token, column tile); with
-# SPLIT_K > 1, SPLITS[max_blocks * n_tiles1]: K slices in per GEMM 1 tile.
+# then READY[max_blocks]: GEMM 1 tiles done per block; DONE[max_blocks]: GEMM 2
+# tiles done per block; ARRIVED[M * n_tiles2]: GEMM 2 rows in per (token, column
+# tile); with SPLIT_K > 1, SPLITS[max_blocks * n_tiles1]: K slices in per GEMM 1 tile.
 # The same, as the kernel reads them (a @triton.jit function sees only constexpr globals).
 _WS_ALIGNED = tl.constexpr(WS_ALIGNED)
 _WS_EXITED = tl.constexpr(WS_EXITED)
@@ -682,9 +681,6 @@ def moe_persistent_kernel(
     BCHUNK: tl.constexpr,
     PHASE: tl.constexpr,  # -1: the whole call, synchronised in-kernel (GPU); 0, 1, 2: one phase (interpreter)
     PREFETCH_W2: tl.constexpr,  # 0, or the elements per 128-byte line: prefetch GEMM 2's w2 tiles into L2
-    PRELOAD_W2: tl.constexpr,  # 1: a GEMM 2 item is one BLOCK_SIZE_K2 step, its w2 tile loaded before it waits
-    STEPS2: tl.constexpr,  # GEMM 2 items per (block, column tile): cdiv(N, BLOCK_SIZE_K2) with PRELOAD_W2, else 1
-    ROWS2_PAD: tl.constexpr,  # TOPK * STEPS2 rounded up to a power of two
     MAX_SPIN: tl.constexpr,
     TRACE: tl.constexpr,  # 1: stamp %globaltimer at each step into trace_ptr (bench/moe_persistent_timeline.py)
 ):
@@ -703,11 +699,9 @@ def moe_persistent_kernel(
     SYNC: tl.constexpr = PHASE < 0
     n_tiles1 = tl.cdiv(2 * N, BLOCK_SIZE_N)
     n_tiles2 = tl.cdiv(K, BLOCK_SIZE_N2)
-    HALF: tl.constexpr = BLOCK_SIZE_N // 2  # intermediate columns a GEMM 1 tile writes
-    # READY and DONE count per (block, GEMM 2 step): one step per block unless PRELOAD_W2.
     ready_ptr = ws_ptr + _WS_HEADER
-    done_ptr = ready_ptr + max_blocks * STEPS2
-    arrived_ptr = done_ptr + max_blocks * STEPS2
+    done_ptr = ready_ptr + max_blocks
+    arrived_ptr = done_ptr + max_blocks
     splits_ptr = arrived_ptr + (numel // TOPK) * n_tiles2
     timed_out_ptr = ws_ptr + _WS_TIMED_OUT
     # Timeline (TRACE): per program [start, GEMM 1 begins, GEMM 1 ends, end, SM],
@@ -738,7 +732,7 @@ def moe_persistent_kernel(
         # .cg: from L2, never from a line this SM's L1 held before program 0 wrote it.
         num_blocks = tl.load(num_post_ptr, cache_modifier=".cg") // BLOCK_SIZE_M
     total1 = num_blocks * n_tiles1 * SPLIT_K
-    total2 = num_blocks * STEPS2 * n_tiles2
+    total2 = num_blocks * n_tiles2
     if SYNC:
         # Bring the workspace's lines into L2 now, one line a program: after a cold
         # L2 the counters' first atomics would each wait for DRAM, on the critical path.
@@ -757,21 +751,14 @@ def moe_persistent_kernel(
         # them all out, so the others start GEMM 1 at once; otherwise each
         # program asks for its own GEMM 2 tiles (a few idle programs would each
         # issue a large share of w2's lines, one 128-byte line an instruction).
-        # Prefetch item j: the whole w2 rows of block j // n_tiles2's column tile
-        # j % n_tiles2 (with STEPS2 == 1, GEMM 2 item j's weights).
-        n_prefetch = num_blocks * n_tiles2
         prefetch_first = first2
         prefetch_step = grid
-        if PRELOAD_W2:
-            # An item's own tile is loaded before its wait; only programs with
-            # no GEMM 1 item prefetch, for the programs that come from GEMM 1.
-            prefetch_first = n_prefetch
         if (total1 < grid) & ((grid - total1) * 4 >= grid):
             prefetch_step = grid - total1
             prefetch_first = pid - total1
             if pid < total1:
-                prefetch_first = n_prefetch
-        for j in range(prefetch_first, n_prefetch, prefetch_step):
+                prefetch_first = total2
+        for j in range(prefetch_first, total2, prefetch_step):
             m = j // n_tiles2
             if SELF_ALIGN:
                 _, expert = _block_slots(ids, pos, valid, numel, m, BLOCK_SIZE_M, SELF_ALIGN)
@@ -781,17 +768,6 @@ def moe_persistent_kernel(
             rows = tl.minimum(BLOCK_SIZE_N2, K - row0)
             # The tile's w2 rows are contiguous: rows * N elements.
             _prefetch_l2(w2_ptr + expert.to(tl.int64) * K * N + row0.to(tl.int64) * N, rows * N, PREFETCH_W2, 256)
-
-    if PRELOAD_W2 and (PHASE == -1 or PHASE == 2):
-        # This program's first GEMM 2 item's w2 tile, loaded now: it streams from
-        # HBM beside GEMM 1's w1 and waits in registers through GEMM 1's items.
-        m0 = first2 // (STEPS2 * n_tiles2)
-        if SELF_ALIGN:
-            _, expert0 = _block_slots(ids, pos, valid, numel, m0, BLOCK_SIZE_M, SELF_ALIGN)
-        else:
-            expert0 = tl.load(expert_ids_ptr + tl.minimum(m0, max_blocks - 1), cache_modifier=".cg")
-        w2_tile = _w2_step_tile(w2_ptr, expert0.to(tl.int64), first2, tl.where(first2 < total2, N, 0), N, K,
-                                STEPS2, BLOCK_SIZE_N2, BLOCK_SIZE_K2)
 
     # ---- GEMM 1 (+ bias, activation): item t is K slice t % SPLIT_K of tile
     # t // SPLIT_K, which is block tile // n_tiles1, w1 rows tile tile % n_tiles1.
@@ -846,18 +822,9 @@ def moe_persistent_kernel(
                                  ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
                     tl.atomic_xchg(splits_ptr + tile, 0, sem="relaxed", scope="gpu")
             if finished:
-                # Publish the tile: GEMM 2's tiles of block m wait for all n_tiles1 of them,
-                # or with PRELOAD_W2 for those writing their step's columns.
+                # Publish the tile: GEMM 2's tiles of block m wait for all n_tiles1 of them.
                 tl.debug_barrier()
-                if PRELOAD_W2:
-                    # A tile's columns lie in one step, or span whole steps (both are powers of two).
-                    # ceil(HALF / BLOCK_SIZE_K2): the steps this tile writes into.
-                    for s in tl.static_range((HALF + BLOCK_SIZE_K2 - 1) // BLOCK_SIZE_K2):
-                        step = (pid_n * HALF) // BLOCK_SIZE_K2 + s
-                        if step < STEPS2:
-                            tl.atomic_add(ready_ptr + m * STEPS2 + step, 1, sem="release", scope="gpu")
-                else:
-                    tl.atomic_add(ready_ptr + m, 1, sem="release", scope="gpu")
+                tl.atomic_add(ready_ptr + m, 1, sem="release", scope="gpu")
             _stamp(trace_items1 + 3 * t + 2, TRACE)
     _stamp(trace_ptr + pid * _TRACE_PER_PROGRAM + 2, TRACE)
 
@@ -865,9 +832,7 @@ def moe_persistent_kernel(
     if PHASE == -1 or PHASE == 2:
         for j in range(first2, total2, grid):
             _stamp(trace_items2 + 4 * j, TRACE)
-            # Item j: block m, GEMM 2 step `step` (always 0 unless PRELOAD_W2), column tile pid_n.
-            m = j // (STEPS2 * n_tiles2)
-            step = (j // n_tiles2) % STEPS2
+            m = j // n_tiles2
             pid_n = j % n_tiles2
             # The block's slots and expert depend on the alignment only, not on GEMM 1.
             if SELF_ALIGN:
@@ -881,67 +846,41 @@ def moe_persistent_kernel(
             offs_n_raw = pid_n * BLOCK_SIZE_N2 + tl.arange(0, BLOCK_SIZE_N2)
             offs_n = offs_n_raw % K
             col_mask = offs_n_raw < K
-            counter = m * STEPS2 + step
-            if PRELOAD_W2:
-                # The step's w2 tile does not depend on GEMM 1: the first item's was
-                # loaded before GEMM 1, a later item's is loaded before its wait. After
-                # the wait only the intermediate's BLOCK_SIZE_K2 columns are read, and
-                # it waits for the GEMM 1 tiles writing those columns only.
-                offs_k2 = step * BLOCK_SIZE_K2 + tl.arange(0, BLOCK_SIZE_K2)
-                k2_ok = offs_k2 < N
-                if j != first2:
-                    w2_tile = _w2_step_tile(w2_ptr, expert, j, N, N, K, STEPS2, BLOCK_SIZE_N2, BLOCK_SIZE_K2)
-                first_tile = (step * BLOCK_SIZE_K2) // HALF
-                tiles_waited = tl.minimum(((step + 1) * BLOCK_SIZE_K2 + HALF - 1) // HALF, n_tiles1) - first_tile
-            else:
-                tiles_waited = n_tiles1
             if SYNC:
                 # Every program took its GEMM 1 items before any GEMM 2 item, and every
                 # program is resident, so the tiles waited for are running or done.
-                _wait_at_least(ready_ptr + counter, tiles_waited, timed_out_ptr, MAX_SPIN)
+                _wait_at_least(ready_ptr + m, n_tiles1, timed_out_ptr, MAX_SPIN)
             _stamp(trace_items2 + 4 * j + 1, TRACE)
-            # Block bookkeeping: the last GEMM 2 item of (block m, step) past its wait
-            # clears its counters for the next launch. Relaxed: counting needs no
+            # Block bookkeeping: the last GEMM 2 tile of block m past its wait clears
+            # the block's counters for the next launch. Relaxed: counting needs no
             # ordering, and an acq_rel count (what it was, before the top-k count)
             # costs a fence on top of the round trip.
-            done = tl.atomic_add(done_ptr + counter, 1, sem="relaxed", scope="gpu")
-            if PRELOAD_W2:
-                # The intermediate was written by other programs of this launch: from L2 (.cg).
-                a = tl.load(inter_ptr + slots64[:, None] * N + offs_k2[None, :],
-                            mask=tok_mask[:, None] & k2_ok[None, :], other=0.0, cache_modifier=".cg")
-                acc = tl.dot(a, w2_tile, input_precision=PRECISION)
-                if HAS_BIAS:
-                    if step == 0:
-                        acc += tl.load(b2_ptr + expert * K + offs_n).to(tl.float32)[None, :]
-            else:
-                acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n,
-                                 tl.arange(0, BLOCK_SIZE_K2), N, N, K * N, N, K,
-                                 HAS_BIAS, EVEN_K2, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N2, BLOCK_SIZE_K2, ".cg")
+            done = tl.atomic_add(done_ptr + m, 1, sem="relaxed", scope="gpu")
+            # The intermediate was written by other programs of this launch: from L2 (.cg).
+            acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n,
+                             tl.arange(0, BLOCK_SIZE_K2), N, N, K * N, N, K,
+                             HAS_BIAS, EVEN_K2, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N2, BLOCK_SIZE_K2, ".cg")
             _stamp(trace_items2 + 4 * j + 2, TRACE)
             w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
             acc = acc * w[:, None]
-            # part row of (slot, step): slot * STEPS2 + step, so a token's rows are contiguous.
-            tl.store(part_ptr + (slots64 * STEPS2 + step)[:, None] * K + offs_n_raw[None, :], acc,
+            tl.store(part_ptr + slots64[:, None] * K + offs_n_raw[None, :], acc,
                      mask=tok_mask[:, None] & col_mask[None, :])
             tl.debug_barrier()  # every thread's rows are issued before the releases below
 
             # The top-k sum: the block's rows are distinct tokens (a token meets an
             # expert once). The program that brings a token's count for this column
-            # tile to TOPK * STEPS2 sums the token's rows, in slot and step order
-            # (the result does not depend on who came last), and clears the count.
+            # tile to TOPK sums the token's TOPK rows, in slot order (the result does
+            # not depend on who came last), and clears the count.
             tok = slots64 // TOPK
             arrived = tl.atomic_add(arrived_ptr + tok * n_tiles2 + pid_n, 1, mask=tok_mask,
                                     sem="acq_rel", scope="gpu")
-            last = tok_mask & (arrived == TOPK * STEPS2 - 1)
+            last = tok_mask & (arrived == TOPK - 1)
             tl.debug_barrier()  # the acquires above come before any thread's reads below
-            if PRELOAD_W2:
-                _token_sums(part_ptr, out_ptr, tok, last, offs_n_raw, col_mask, K, TOPK * STEPS2, ROWS2_PAD)
-            else:
-                _topk_sum(part_ptr, out_ptr, tok, last, offs_n_raw, col_mask, K, TOPK, BLOCK_SIZE_M, BLOCK_SIZE_N2)
+            _topk_sum(part_ptr, out_ptr, tok, last, offs_n_raw, col_mask, K, TOPK, BLOCK_SIZE_M, BLOCK_SIZE_N2)
             tl.store(arrived_ptr + tok * n_tiles2 + pid_n, 0, mask=last)
             if done == n_tiles2 - 1:
-                tl.atomic_xchg(ready_ptr + counter, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(done_ptr + counter, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(ready_ptr + m, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(done_ptr + m, 0, sem="relaxed", scope="gpu")
             _stamp(trace_items2 + 4 * j + 3, TRACE)
 
     if SYNC:
@@ -967,42 +906,6 @@ def _topk_sum(part_ptr, out_ptr, tok, rows_mask, offs_n, col_mask, K, TOPK: tl.c
         acc += tl.load(part_ptr + (tok * TOPK + j)[:, None] * K + offs_n[None, :], mask=mask, other=0.0,
                        cache_modifier=".cg")
     tl.store(out_ptr + tok[:, None] * K + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _w2_step_tile(w2_ptr, expert, j, k_limit, N: tl.constexpr, K, STEPS2: tl.constexpr,
-                  BLOCK_SIZE_N2: tl.constexpr, BLOCK_SIZE_K2: tl.constexpr):
-    """The [BLOCK_SIZE_K2, BLOCK_SIZE_N2] w2 tile of GEMM 2 item j (PRELOAD_W2):
-    expert rows of column tile j % n_tiles2, columns of step (j // n_tiles2) % STEPS2;
-    zeros from column k_limit on (N, or 0 to load nothing: a limit, not a boolean
-    mask, which Triton's interpreter does not broadcast)."""
-    n_tiles2 = tl.cdiv(K, BLOCK_SIZE_N2)
-    step = (j // n_tiles2) % STEPS2
-    offs_n = ((j % n_tiles2) * BLOCK_SIZE_N2 + tl.arange(0, BLOCK_SIZE_N2)) % K
-    offs_k2 = step * BLOCK_SIZE_K2 + tl.arange(0, BLOCK_SIZE_K2)
-    return tl.load(w2_ptr + expert * K * N + offs_n[None, :].to(tl.int64) * N + offs_k2[:, None],
-                   mask=offs_k2[:, None] < k_limit, other=0.0)
-
-
-@triton.jit
-def _token_sums(part_ptr, out_ptr, tok, rows_mask, offs_n, col_mask, K, ROWS: tl.constexpr, ROWS_PAD: tl.constexpr):
-    """out[t, offs_n] = the sum of part rows t * ROWS ... t * ROWS + ROWS - 1, for
-    each token t of the rows in rows_mask, one token at a time (PRELOAD_W2: a
-    token's rows are its top-k slots times GEMM 2's steps).
-
-    _topk_sum holds a [BLOCK_SIZE_M, BLOCK_SIZE_N] tile a row, all in flight at
-    once: with TOPK * STEPS2 rows that spills. Here a token's rows are one
-    [ROWS_PAD, BLOCK_SIZE_N] load, and a decode block has about one token to
-    sum. The sum's order is tl.sum's, fixed for a binary: the same bits
-    whoever arrives last. part rows come from other programs: from L2 (.cg)."""
-    offs_r = tl.arange(0, ROWS_PAD)
-    pending = rows_mask
-    while tl.max(pending.to(tl.int32), axis=0) > 0:
-        t = tl.max(tl.where(pending, tok, -1), axis=0)
-        rows = tl.load(part_ptr + (t * ROWS + offs_r)[:, None] * K + offs_n[None, :],
-                       mask=(offs_r < ROWS)[:, None] & col_mask[None, :], other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + t * K + offs_n, tl.sum(rows, axis=0).to(out_ptr.dtype.element_ty), mask=col_mask)
-        pending = pending & (tok != t)
 
 
 # ---------------------------------------------------------------------------
@@ -1290,7 +1193,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size_m:
 # Host side of the persistent MoE (moe_persistent_kernel).
 
 PERSISTENT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "BLOCK_SIZE_N2", "BLOCK_SIZE_K2",
-                          "SPLIT_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2", "PRELOAD_W2")
+                          "SPLIT_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2")
 # SPLIT_K applies while GEMM 1 has at most this many tiles (decode sizes, where
 # tiles are fewer than programs); above it every program has whole tiles to
 # take, and the slices' buffer would grow with M: SPLIT_K is then 1.
@@ -1334,7 +1237,7 @@ def persistent_default_config(M: int, N: int) -> dict:
     - above: larger tiles (not measured).
     """
     base = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "BLOCK_SIZE_N2": 64, "BLOCK_SIZE_K2": 64,
-            "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1, "PRELOAD_W2": 0}
+            "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
     if M <= 2:
         if N <= 360:
             return dict(base, BLOCK_SIZE_K=64, SPLIT_K=4)
@@ -1347,7 +1250,7 @@ def persistent_default_config(M: int, N: int) -> dict:
         return dict(base, BLOCK_SIZE_N=32, PROGRAMS_PER_SM=4)
     return {"BLOCK_SIZE_M": 64 if M <= 512 else 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
             "BLOCK_SIZE_N2": 128, "BLOCK_SIZE_K2": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3,
-            "PROGRAMS_PER_SM": 1, "PREFETCH_W2": 1, "PRELOAD_W2": 0}
+            "PROGRAMS_PER_SM": 1, "PREFETCH_W2": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1376,24 +1279,11 @@ class PersistentPlan:
     prefetch: int
     # K slices per GEMM 1 tile (config SPLIT_K, or 1 above SPLIT_K_MAX_TILES).
     split_k: int
-    # GEMM 2 items load their w2 tile before they wait (config PRELOAD_W2,
-    # applied where SPLIT_K is: its partial rows grow with M and N / BLOCK_SIZE_K2).
-    preload: bool
-    # GEMM 2 items per (block, column tile): cdiv(N, BLOCK_SIZE_K2) with preload, else 1.
-    steps2: int
     ws_words: int
-
-    def items2(self) -> int:
-        """GEMM 2 items at most."""
-        return self.max_blocks * self.steps2 * self.n_tiles2
 
     def max_items(self) -> int:
         """GEMM 1 and GEMM 2 items at most: no grid needs more programs."""
-        return self.max_blocks * self.n_tiles1 * self.split_k + self.items2()
-
-    def part_elems(self) -> int:
-        """fp32 elements of GEMM 2's weighted rows: one row per (slot, step)."""
-        return self.numel * self.steps2 * self.K
+        return self.max_blocks * (self.n_tiles1 * self.split_k + self.n_tiles2)
 
     def slices_elems(self) -> int:
         """fp32 elements of GEMM 1's K-slice buffer (1 when GEMM 1 is not split)."""
@@ -1419,9 +1309,8 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
         raise ValueError(f"PROGRAMS_PER_SM must be >= 1, got {c['PROGRAMS_PER_SM']}")
     if c["SPLIT_K"] < 1:
         raise ValueError(f"SPLIT_K must be >= 1, got {c['SPLIT_K']}")
-    for name in ("PREFETCH_W2", "PRELOAD_W2"):
-        if c[name] not in (0, 1):
-            raise ValueError(f"{name} must be 0 or 1, got {c[name]}")
+    if c["PREFETCH_W2"] not in (0, 1):
+        raise ValueError(f"PREFETCH_W2 must be 0 or 1, got {c['PREFETCH_W2']}")
     bm = c["BLOCK_SIZE_M"]
     numel = problem.M * problem.topk
     max_blocks, max_padded = align_sizes(numel, problem.E, bm)
@@ -1432,10 +1321,7 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
     prefetch = 128 // es if (c["PREFETCH_W2"] and w2_reachable <= PREFETCH_BUDGET_BYTES and not interpreting()) else 0
     n_tiles1 = triton.cdiv(2 * problem.N, c["BLOCK_SIZE_N"])
     n_tiles2 = triton.cdiv(problem.K, c["BLOCK_SIZE_N2"])
-    decode = max_blocks * n_tiles1 <= SPLIT_K_MAX_TILES
-    split_k = c["SPLIT_K"] if decode else 1
-    preload = bool(c["PRELOAD_W2"]) and decode
-    steps2 = triton.cdiv(problem.N, c["BLOCK_SIZE_K2"]) if preload else 1
+    split_k = c["SPLIT_K"] if max_blocks * n_tiles1 <= SPLIT_K_MAX_TILES else 1
     return PersistentPlan(
         M=problem.M,
         E=problem.E,
@@ -1456,10 +1342,7 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
         self_align=self_align,
         prefetch=prefetch,
         split_k=split_k,
-        preload=preload,
-        steps2=steps2,
-        ws_words=(WS_HEADER + 2 * max_blocks * steps2 + problem.M * n_tiles2
-                  + (max_blocks * n_tiles1 if split_k > 1 else 0)),
+        ws_words=WS_HEADER + 2 * max_blocks + problem.M * n_tiles2 + (max_blocks * n_tiles1 if split_k > 1 else 0),
     )
 
 
@@ -1481,7 +1364,6 @@ def _persistent_spec(plan: PersistentPlan, b: dict, phase: int):
         BLOCK_SIZE_N2=c["BLOCK_SIZE_N2"], BLOCK_SIZE_K2=c["BLOCK_SIZE_K2"], SPLIT_K=plan.split_k,
         SELF_ALIGN=plan.self_align, E_PAD=plan.align_meta["E_PAD"], CHUNK=plan.align_meta["CHUNK"],
         BCHUNK=plan.align_meta["BCHUNK"], PHASE=phase, PREFETCH_W2=plan.prefetch if phase < 0 else 0,
-        PRELOAD_W2=int(plan.preload), STEPS2=plan.steps2, ROWS2_PAD=_next_pow2(plan.topk * plan.steps2),
         MAX_SPIN=MAX_SPIN, TRACE=int("trace" in b), num_warps=c["num_warps"], num_stages=c["num_stages"],
     )
     return moe_persistent_kernel, args, kwargs
@@ -1492,7 +1374,7 @@ def trace_layout(plan: PersistentPlan, grid: int) -> dict:
     of the per-program records (TRACE_PER_PROGRAM words), the GEMM 1 item
     records (3 words) and the GEMM 2 item records (4 words), and the words in all."""
     items1 = plan.max_blocks * plan.n_tiles1 * plan.split_k
-    items2 = plan.items2()
+    items2 = plan.max_blocks * plan.n_tiles2
     first1 = grid * TRACE_PER_PROGRAM
     first2 = first1 + 3 * items1
     return {"programs": (0, grid), "items1": (first1, items1), "items2": (first2, items2),
@@ -1668,6 +1550,19 @@ class PersistentMoELaunch:
       registers before the wait (BLOCK_SIZE_K2 >= N), to stream them during
       GEMM 1: 17.7 µs graph at best at M=1 N=360, against 14.1 (its narrow
       tiles, padded to 512, cost more than the overlap saved).
+    - Tried and not kept (commit c48ce06, 2026-11-23, H100, M=1 N=360, the
+      in-kernel timeline: results/bench/NVIDIA_H100_80GB_HBM3/
+      persistent_timeline-preload*.md): GEMM 2 items of one BLOCK_SIZE_K2
+      step each (PRELOAD_W2), whose w2 tile is loaded before the wait and
+      which wait only for the GEMM 1 tiles writing their step; each step's
+      weighted rows summed with the top-k. GEMM 2's work after its wait fell
+      from 3.9 to 2.0 µs, but the call got slower: loaded just before the
+      wait, the tiles of programs coming from GEMM 1 took 3.6-3.9 µs to
+      arrive and the last item ended later (event pair 19.8 -> 22.1 µs at
+      best, 128 x 256 tiles); loaded at the program's start, the compiler
+      waits for the tile before GEMM 1 begins (median program 0.70 -> 2.86
+      µs; 25.2 µs). The 64 KB tiles that would give every program one item
+      do not fit in registers beside GEMM 1 at two programs an SM.
     """
 
     def __init__(self, plan: PersistentPlan, inputs: dict, direct: bool | None = None, grid: int | None = None,
@@ -1687,7 +1582,7 @@ class PersistentMoELaunch:
         self.num_post = torch.empty(1, dtype=i32, device=dev)
         self.cursor = torch.empty(plan.align_meta["E_PAD"] if aligned else 1, dtype=i32, device=dev)
         self.inter = torch.empty(plan.numel, plan.N, dtype=plan.dtype, device=dev)
-        self.part = torch.empty(plan.part_elems(), dtype=torch.float32, device=dev)
+        self.part = torch.empty(plan.numel, plan.K, dtype=torch.float32, device=dev)
         self.slices = torch.empty(plan.slices_elems(), dtype=torch.float32, device=dev)
         self.out = torch.empty(plan.M, plan.K, dtype=plan.dtype, device=dev)
         self.ws = torch.zeros(plan.ws_words, dtype=i32, device=dev)
