@@ -228,6 +228,81 @@ def test_a_triton_kernel_launched_natively_gives_pythons_bits(shared_worker, tmp
         nw.close()
 
 
+def _helpers(tmp_path):
+    """tunelab's helper kernels, compiled as a run compiles them."""
+    out = subprocess.run([str(_binary()), "native-compile", "--helpers", "--out", str(tmp_path)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["image"]
+
+
+def _compare_cases(dtype, ref_dtype, atol, rtol):
+    """(out, ref) on the GPU: random values near and across the tolerance's
+    edge, elements exactly at it, and the special values compare() treats
+    apart: NaN and infinities in either, zeros (a huge relative error),
+    negative zero, subnormals, an error too large for fp32."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    n = 100_003
+    ref = torch.randn(n, device="cuda", generator=g) * 4
+    allowed = atol + rtol * ref.abs()  # as compare() computes it (fp32)
+    scale = torch.rand(n, device="cuda", generator=g) * 2.0  # half within, half beyond
+    out = ref + torch.where(torch.rand(n, device="cuda", generator=g) < 0.5, 1.0, -1.0) * scale * allowed
+    out[:1000] = ref[:1000] + allowed[:1000]  # at the edge (after rounding: either side)
+    out[1000:1010] = float("nan")
+    out[1010:1015] = float("inf")
+    out[1015:1020] = -float("inf")
+    ref[1020:1025] = float("inf")
+    ref[1025:1030] = float("nan")
+    ref[1030:1040] = 0.0
+    ref[1040:1045] = -0.0
+    out[1040:1045] = 0.0
+    out[1045:1050] = 1e-6
+    ref[1045:1050] = 3e-8  # fp16 subnormals
+    out[1050], ref[1050] = 3e38, -3e38  # |out - ref| overflows fp32
+    return out.to(dtype).contiguous(), ref.to(ref_dtype).contiguous()
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("ref_fp32", [True, False])
+def test_the_native_compare_gives_pythons_figures(tmp_path, dtype, ref_fp32):
+    """tunelab_compare (the native worker's `compare`, which a native job's
+    check uses where the reference is shared) reproduces compare()'s verdict
+    and every figure, bit for bit, on adversarial values."""
+    from tunelab.compare import compare
+
+    nw = NativeWorker(helpers=_helpers(tmp_path))
+    try:
+        assert nw.hello["ok"], nw.hello
+        for atol, rtol, max_mismatch in [(1e-2, 1e-2, 0.0), (1e-3, 0.0, 0.5), (0.1, 0.05, 0.01)]:
+            out, ref = _compare_cases(dtype, torch.float32 if ref_fp32 else dtype, atol, rtol)
+            torch.cuda.synchronize()
+            shared = [native.describe_tensor(torch, k, v) for k, v in (("out", out), ("reference", ref))]
+            _import(nw, {"tensors": shared})
+            got = nw.request("compare", out=0, out_dtype=shared[0]["dtype"], reference=1,
+                             reference_dtype=shared[1]["dtype"], elements=out.numel(), atol=atol, rtol=rtol,
+                             max_mismatch=max_mismatch)
+            assert got.pop("ok") and got.pop("id"), got
+            want = compare(out, ref, atol=atol, rtol=rtol, max_mismatch=max_mismatch)
+            want.pop("mismatch")
+            assert got == want, (atol, rtol)
+            # The cases reach both verdicts' causes: NaN and infinite outputs, mismatches.
+            assert want["nan_count"] == 10 and want["inf_count"] == 10 and 0 < want["mismatch_frac"] < 1
+        # A passing check agrees too: the reference rounded to the output's type.
+        ref = _compare_cases(dtype, torch.float32, 0.0, 0.0)[1][2000:].contiguous()
+        out = ref.to(dtype)
+        torch.cuda.synchronize()
+        shared = [native.describe_tensor(torch, k, v) for k, v in (("out", out), ("reference", ref))]
+        _import(nw, {"tensors": shared})
+        got = nw.request("compare", out=0, out_dtype=shared[0]["dtype"], reference=1,
+                         reference_dtype="float32", elements=out.numel(), atol=1e-2, rtol=1e-2)
+        assert got.pop("ok") and got.pop("id"), got
+        want = compare(out, ref, atol=1e-2, rtol=1e-2, max_mismatch=0.0)
+        want.pop("mismatch")
+        assert got == want and want["passed"]
+    finally:
+        nw.close()
+
+
 # ---------------------------------------------------------------- the aot output, on a GPU
 
 

@@ -492,7 +492,7 @@ class Worker:
         # (key, inputs, expected output, bytes) of the last shape checked.
         self._shape_cache: Optional[tuple[tuple[str, str, int], Any, Any, float]] = None
         # The shape's tensors shared with a native worker: (key, output, reply).
-        self._shared: Optional[tuple[tuple[str, str, int], Any, dict]] = None
+        self._shared: Optional[tuple[tuple[str, str, int], Any, dict, Any]] = None
         self.stopping = False
         self._timer = None
         self._handlers = {
@@ -816,15 +816,26 @@ class Worker:
                 raise ValueError(f"the output {tuple(out.shape)} and the reference {tuple(expected.shape)} differ in shape")
             tensors = [(k, v) for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.is_cuda]
             tensors.append(("out", out))
+            # The reference too, where the native worker can compare with it
+            # (tunelab_compare: contiguous, float32/16 or bfloat16): the runner
+            # then asks it instead of this worker's `compare`.
+            reference = None
+            comparable = (torch.float32, torch.float16, torch.bfloat16)
+            if (expected.is_cuda and out.is_contiguous() and out.dtype in comparable
+                    and expected.dtype in comparable):
+                reference = expected.contiguous()
+                tensors.append(("reference", reference))
             described = [native.describe_tensor(torch, k, v) for k, v in tensors]
             reply = {
                 "tensors": described,
-                "out": len(described) - 1,
+                "out": len(tensors) - 1 - (reference is not None),
+                "reference": len(tensors) - 1 if reference is not None else None,
                 "poison": native.poison_pattern(torch, out.dtype).hex(),
                 "elements": out.numel(),
                 "uuid": str(torch.cuda.get_device_properties(self.device).uuid),
             }
-        self._shared = (key, out, reply)
+        # The reference copy (when expected was not contiguous) lives as long as the share.
+        self._shared = (key, out, reply, reference)
         return reply
 
     def _shared_for(self, request: dict):
@@ -844,7 +855,7 @@ class Worker:
         atol = _number_field(tolerance, "atol")
         rtol = _number_field(tolerance, "rtol")
         max_mismatch = _number_field(tolerance, "max_mismatch", default=0.0)
-        _, out, _ = self._shared_for(request)
+        _, out, _, _ = self._shared_for(request)
         assert self._shape_cache is not None  # _shared_for built the shape
         expected = self._shape_cache[2]
         with stage("problem"):
@@ -860,7 +871,7 @@ class Worker:
         self._require_lane("digest")
         import hashlib
 
-        _, out, _ = self._shared_for(request)
+        _, out, _, _ = self._shared_for(request)
         self._synchronize()
         data = out.contiguous().view(self.torch.uint8).cpu().numpy().tobytes()
         return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -873,7 +884,8 @@ class Worker:
         cache_dir = request.get("cache_dir")
         if not isinstance(cache_dir, str) or not cache_dir:
             raise bad_request("recipe needs 'cache_dir', where the cubin goes")
-        _, out, shared = self._shared_for({"problem": job.problem, "shape": job.shape, "seed": request.get("seed", 0)})
+        share_key = {"problem": job.problem, "shape": job.shape, "seed": request.get("seed", 0)}
+        _, out, shared, _ = self._shared_for(share_key)
         problem, method = self._problem_and_method(job)
         assert self._shape_cache is not None  # _shared_for built the shape
         inputs = self._shape_cache[1]

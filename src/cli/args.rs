@@ -285,14 +285,19 @@ Exit codes: 0 written, 2 no journal or nothing to profile, 3 some jobs could not
     /// print the image's path and kernel symbol as JSON (docs/native-backend.md).
     #[command(
         hide = true,
-        after_help = "Example:\n  tunelab native-compile experiments/kernels/gemm_mma.cu --kernel 'gemm_mma<128, 128, 32, 2, 2, 3, 0>' --out /tmp/k --arch sm_90"
+        after_help = "Example:\n  tunelab native-compile experiments/kernels/gemm_mma.cu --kernel 'gemm_mma<128, 128, 32, 2, 2, 3, 0>' --out /tmp/k --arch sm_90\n  tunelab native-compile --helpers --out /tmp/k"
     )]
     NativeCompile {
         /// The source file.
-        source: PathBuf,
+        #[arg(required_unless_present = "helpers")]
+        source: Option<PathBuf>,
         /// The kernel, with its template arguments: `gemm_mma<128, 128, 32, 2, 2, 3, 0>`.
-        #[arg(long)]
-        kernel: String,
+        #[arg(long, required_unless_present = "helpers")]
+        kernel: Option<String>,
+        /// Compile tunelab's own helper kernels (the spin, the L2 flush, the
+        /// comparison) as a run compiles them for its native workers.
+        #[arg(long, conflicts_with_all = ["source", "kernel"])]
+        helpers: bool,
         /// Where the image goes.
         #[arg(long, value_name = "DIR")]
         out: PathBuf,

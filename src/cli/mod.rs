@@ -179,9 +179,17 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::NativeCompile {
             source,
             kernel,
+            helpers,
             out,
             arch,
-        } => native::native_compile(&source, &kernel, &out, arch.as_deref(), &settings),
+        } => {
+            let what = match (helpers, source, kernel) {
+                (true, _, _) => native::Compile::Helpers,
+                (false, Some(source), Some(kernel)) => native::Compile::Source { source, kernel },
+                _ => unreachable!("clap requires a source and a kernel without --helpers"),
+            };
+            native::native_compile(what, &out, arch.as_deref(), &settings)
+        }
     }
 }
 

@@ -313,6 +313,17 @@ impl Gpu for Cuda {
         self.synchronize()
     }
 
+    fn download(&self, ptr: Ptr, bytes: &mut [u8]) -> Result<(), GpuError> {
+        // SAFETY: the caller names device memory of at least `bytes.len()` bytes.
+        unsafe {
+            ok(
+                "cuMemcpyDtoHAsync",
+                sys::cuMemcpyDtoHAsync_v2(bytes.as_mut_ptr().cast(), ptr, bytes.len(), self.stream),
+            )?;
+        }
+        self.synchronize()
+    }
+
     fn ipc_open(&mut self, handle: &[u8]) -> Result<Ptr, GpuError> {
         let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
         if handle.len() != h.reserved.len() {

@@ -90,6 +90,8 @@ pub trait Gpu {
     fn fill(&self, ptr: Ptr, pattern: &[u8], elements: usize) -> Result<(), GpuError>;
     /// Copies host bytes to the device, synchronously.
     fn upload(&self, ptr: Ptr, bytes: &[u8]) -> Result<(), GpuError>;
+    /// Copies device bytes to the host after the stream's work so far, synchronously.
+    fn download(&self, ptr: Ptr, bytes: &mut [u8]) -> Result<(), GpuError>;
     /// Maps another process's allocation by its IPC handle.
     fn ipc_open(&mut self, handle: &[u8]) -> Result<Ptr, GpuError>;
     fn ipc_close(&mut self, ptr: Ptr);

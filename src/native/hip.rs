@@ -277,6 +277,22 @@ impl Gpu for Hip {
         self.synchronize()
     }
 
+    fn download(&self, ptr: Ptr, bytes: &mut [u8]) -> Result<(), GpuError> {
+        // SAFETY: the caller names device memory of at least `bytes.len()` bytes.
+        unsafe {
+            ok(
+                "hipMemcpyDtoHAsync",
+                hipMemcpyDtoHAsync(
+                    bytes.as_mut_ptr() as *mut c_void,
+                    ptr as hipDeviceptr_t,
+                    bytes.len(),
+                    self.stream,
+                ),
+            )?;
+        }
+        self.synchronize()
+    }
+
     fn ipc_open(&mut self, handle: &[u8]) -> Result<Ptr, GpuError> {
         let mut h: hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
         if handle.len() != h.reserved.len() {

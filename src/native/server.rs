@@ -116,6 +116,34 @@ struct CheckRequest {
     shared: u64,
     args: Vec<Arg>,
     poison: Option<Poison>,
+    /// Compare the output with the reference after the launch (see `compare`).
+    compare: Option<CompareRequest>,
+}
+
+/// `compare`: an output tensor against a reference, both imported, under
+/// compare()'s tolerance rule (python/tunelab/compare.py).
+#[derive(Debug, Deserialize)]
+struct CompareRequest {
+    out: usize,
+    /// torch's name for the element type: float32, float16 or bfloat16.
+    out_dtype: String,
+    reference: usize,
+    reference_dtype: String,
+    elements: u64,
+    atol: f64,
+    rtol: f64,
+    #[serde(default)]
+    max_mismatch: f64,
+}
+
+/// tunelab_compare's code for an element type, and its size in bytes.
+fn element_kind(dtype: &str) -> Option<(i32, u64)> {
+    match dtype {
+        "float32" => Some((0, 4)),
+        "float16" => Some((1, 2)),
+        "bfloat16" => Some((2, 2)),
+        _ => None,
+    }
 }
 
 /// A job ready to launch again and again.
@@ -152,6 +180,7 @@ impl Prepared {
 struct Helpers {
     spin: u64,
     flush_read: u64,
+    compare: u64,
 }
 
 /// The worker's state on its GPU.
@@ -168,6 +197,8 @@ struct Server {
     ends: Vec<u64>,
     flush: Option<(Ptr, u64)>,
     sink: Option<Ptr>,
+    /// tunelab_compare's six counters, allocated on first use.
+    compare_result: Option<Ptr>,
     /// Host time to queue one sample, refined after each batch; sizes the spin.
     enqueue_us: f64,
     clock: Option<super::nvml::SmClock>,
@@ -291,6 +322,36 @@ fn claim_stdout() -> std::io::Result<std::fs::File> {
     }
 }
 
+/// compare()'s answer from tunelab_compare's counters: NaN outputs,
+/// infinite outputs, elements within tolerance, finite pairs, the largest
+/// absolute error's fp32 bits and the largest relative error's fp64 bits.
+fn compare_figures(words: [u64; 6], elements: u64, max_mismatch: f64) -> Json {
+    let [nan, inf, within, finite, abs_bits, rel_bits] = words;
+    let (max_abs, max_rel) = if finite > 0 {
+        (
+            f32::from_bits(abs_bits as u32) as f64,
+            f64::from_bits(rel_bits),
+        )
+    } else {
+        (0.0, 0.0)
+    };
+    let mismatch = elements.saturating_sub(within);
+    let frac = if elements > 0 {
+        mismatch as f64 / elements as f64
+    } else {
+        0.0
+    };
+    json!({
+        "passed": nan + inf == 0 && frac <= max_mismatch,
+        "max_abs_err": max_abs,
+        "max_rel_err": max_rel,
+        "mismatch_frac": frac,
+        "nan_count": nan,
+        "inf_count": inf,
+        "elements": elements,
+    })
+}
+
 fn field<'a, T: Deserialize<'a>>(request: &'a Json, key: &str) -> Result<T, Failure> {
     let v = request
         .get(key)
@@ -362,6 +423,7 @@ impl Server {
             ends: Vec::new(),
             flush: None,
             sink: None,
+            compare_result: None,
             enqueue_us: 50.0,
             clock: None,
         }
@@ -374,6 +436,11 @@ impl Server {
             "check" => self.check(r),
             "warmup" => self.warmup(r),
             "sample" => self.sample(r),
+            "compare" => {
+                let req: CompareRequest = serde_json::from_value(r.clone())
+                    .map_err(|e| Failure::bad(format!("compare: {e}")))?;
+                self.compare(&req)
+            }
             "launch_cost" => self.launch_cost(r),
             "release" => {
                 self.release();
@@ -392,6 +459,7 @@ impl Server {
             self.helpers = Some(Helpers {
                 spin: self.gpu.function(module, "tunelab_spin")?,
                 flush_read: self.gpu.function(module, "tunelab_flush_read")?,
+                compare: self.gpu.function(module, "tunelab_compare")?,
             });
         }
         let f = self.gpu.facts();
@@ -560,7 +628,12 @@ impl Server {
         self.gpu.synchronize()?;
         let us = started.elapsed().as_secs_f64() * 1e6;
         self.prepared = Some(prepared);
+        let compared = match &req.compare {
+            Some(c) => self.compare(c)?,
+            None => Json::Null,
+        };
         Ok(json!({
+            "compared": compared,
             "launch_us": us,
             "kernel": {
                 "name": req.symbol,
@@ -570,6 +643,84 @@ impl Server {
                 "threads": threads,
             },
         }))
+    }
+
+    /// The tolerance check of python/tunelab/compare.py, on the GPU
+    /// (tunelab_compare), with the same figures: an element mismatches when
+    /// |out - ref| > atol + rtol * |ref| in fp32 (NaN always does); it passes
+    /// with no NaN or infinite output and at most `max_mismatch` of the
+    /// elements mismatching; the error maxima are over pairs finite on both
+    /// sides (0 where there are none), the relative one in fp64.
+    fn compare(&mut self, c: &CompareRequest) -> Reply {
+        let function = self.helpers.as_ref().map(|h| h.compare).ok_or_else(|| {
+            Failure::bad("compare needs tunelab's helper kernels (hello's `helpers`)")
+        })?;
+        let tensor = |i: usize, dtype: &str, what: &str| -> Result<(Ptr, i32), Failure> {
+            let (kind, size) = element_kind(dtype).ok_or_else(|| {
+                Failure::bad(format!(
+                    "compare: {what} is {dtype}; float32, float16 or bfloat16 only"
+                ))
+            })?;
+            let (ptr, bytes) = *self.tensors.get(i).ok_or_else(|| {
+                Failure::bad(format!(
+                    "compare: tensor {i} was not imported ({} are)",
+                    self.tensors.len()
+                ))
+            })?;
+            if c.elements.saturating_mul(size) > bytes {
+                return Err(Failure::bad(format!(
+                    "compare: {} {dtype} elements do not fit the {what}'s {bytes} bytes",
+                    c.elements
+                )));
+            }
+            Ok((ptr, kind))
+        };
+        let (mut out, mut out_kind) = tensor(c.out, &c.out_dtype, "output")?;
+        let (mut reference, mut reference_kind) =
+            tensor(c.reference, &c.reference_dtype, "reference")?;
+        let result = match self.compare_result {
+            Some(p) => p,
+            None => {
+                let p = self.gpu.alloc(48)?;
+                self.compare_result = Some(p);
+                p
+            }
+        };
+        self.gpu.fill(result, &[0, 0, 0, 0], 12)?;
+        // torch computes with the tolerances as fp32 scalars.
+        let (mut n, mut atol, mut rtol, mut result_ptr) =
+            (c.elements, c.atol as f32, c.rtol as f32, result);
+        let mut params = [
+            (&mut out as *mut u64).cast::<c_void>(),
+            (&mut out_kind as *mut i32).cast::<c_void>(),
+            (&mut reference as *mut u64).cast::<c_void>(),
+            (&mut reference_kind as *mut i32).cast::<c_void>(),
+            (&mut n as *mut u64).cast::<c_void>(),
+            (&mut atol as *mut f32).cast::<c_void>(),
+            (&mut rtol as *mut f32).cast::<c_void>(),
+            (&mut result_ptr as *mut u64).cast::<c_void>(),
+        ];
+        let blocks = c.elements.div_ceil(256).clamp(1, 4096) as u32;
+        // SAFETY: tunelab_compare(const void*, int, const void*, int, unsigned long long,
+        // float, float, unsigned long long*), each parameter pointing at a value of its size.
+        unsafe {
+            self.gpu.launch(
+                function,
+                [blocks, 1, 1],
+                [256, 1, 1],
+                0,
+                params.as_mut_ptr(),
+            )?
+        };
+        let mut raw = [0u8; 48];
+        self.gpu.download(result, &mut raw)?;
+        let word =
+            |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        Ok(compare_figures(
+            [word(0), word(1), word(2), word(3), word(4), word(5)],
+            c.elements,
+            c.max_mismatch,
+        ))
     }
 
     fn poison(&mut self, ptr: Ptr, pattern: &[u8], elements: u64) -> Result<(), Failure> {
@@ -896,5 +1047,45 @@ impl Server {
         self.release();
         self.unmap();
         let _ = self.gpu.synchronize();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_figures_follow_python_compare() {
+        // 1000 elements, 990 within tolerance, no NaN or infinity: passes at 1 %, not at 0.5 %.
+        let abs = 0.25f32.to_bits() as u64;
+        let rel = 3.5f64.to_bits();
+        let fig = compare_figures([0, 0, 990, 1000, abs, rel], 1000, 0.01);
+        assert_eq!(fig["passed"], true);
+        assert_eq!(fig["mismatch_frac"], 0.01);
+        assert_eq!(fig["max_abs_err"], 0.25);
+        assert_eq!(fig["max_rel_err"], 3.5);
+        assert_eq!(
+            compare_figures([0, 0, 990, 1000, abs, rel], 1000, 0.005)["passed"],
+            false
+        );
+        // A NaN output fails whatever the mismatch allowance.
+        let fig = compare_figures([1, 0, 999, 999, abs, rel], 1000, 1.0);
+        assert_eq!(fig["passed"], false);
+        assert_eq!(fig["nan_count"], 1);
+        // No pair finite on both sides: the maxima are 0, as compare() reports them.
+        let fig = compare_figures([0, 4, 0, 0, u64::MAX, u64::MAX], 4, 1.0);
+        assert_eq!(fig["max_abs_err"], 0.0);
+        assert_eq!(fig["max_rel_err"], 0.0);
+        assert_eq!(fig["passed"], false);
+        // No elements: nothing mismatches.
+        assert_eq!(compare_figures([0; 6], 0, 0.0)["mismatch_frac"], 0.0);
+    }
+
+    #[test]
+    fn compare_knows_three_element_types() {
+        assert_eq!(element_kind("float32"), Some((0, 4)));
+        assert_eq!(element_kind("float16"), Some((1, 2)));
+        assert_eq!(element_kind("bfloat16"), Some((2, 2)));
+        assert_eq!(element_kind("float8_e4m3fn"), None);
     }
 }

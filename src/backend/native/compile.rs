@@ -19,6 +19,9 @@ use crate::native::rtc::{Flavor, Rtc};
 use crate::plan::Job;
 use crate::store::FailureClass;
 
+/// tunelab's own kernels (spin, L2 flush, comparison), compiled for the lane's GPU.
+const HELPERS: &str = include_str!("../../native/helpers.cu");
+
 /// A compiled kernel on disk.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Artifact {
@@ -265,12 +268,31 @@ impl NativeCompiler {
         Ok(artifact)
     }
 
-    /// Compiles a fixed source (tunelab's own helper kernels) for this GPU.
+    /// Compiles one source file as it is (`tunelab native-compile`) for this GPU.
     pub fn compile_source(
         &self,
         file_name: &str,
         source: &str,
         kernel: &str,
+    ) -> Result<Artifact, JobFailure> {
+        self.compile_fixed(file_name, source, kernel, false)
+    }
+
+    /// tunelab's own kernels (src/native/helpers.cu: the spin, the L2
+    /// flush, the comparison), as every run compiles them for its native
+    /// workers. Without multiply-add contraction: tunelab_compare must round
+    /// `atol + rtol * |ref|` twice, as torch does, to reproduce Python's
+    /// verdict bit for bit.
+    pub fn compile_helpers(&self) -> Result<Artifact, JobFailure> {
+        self.compile_fixed("tunelab_helpers.cu", HELPERS, "tunelab_spin", true)
+    }
+
+    fn compile_fixed(
+        &self,
+        file_name: &str,
+        source: &str,
+        kernel: &str,
+        exact_fp: bool,
     ) -> Result<Artifact, JobFailure> {
         let rtc = self
             .rtc()
@@ -279,6 +301,12 @@ impl NativeCompiler {
         let mut options = vec![self.arch_option().map_err(problem)?];
         if self.flavor == Flavor::Nvrtc {
             options.push("-std=c++17".into());
+        }
+        if exact_fp {
+            options.push(match self.flavor {
+                Flavor::Nvrtc => "--fmad=false".into(),
+                Flavor::Hiprtc => "-ffp-contract=off".into(),
+            });
         }
         let mut key = blake3::Hasher::new();
         for part in [rtc.describe().as_str(), file_name, source, kernel] {

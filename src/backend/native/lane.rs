@@ -25,9 +25,6 @@ use crate::manifest::{KernelArg, LaunchPath, Method, ScalarType, ToleranceFor};
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass, KernelResources};
 
-/// tunelab's helper kernels (spin, L2 flush), compiled for the lane's GPU.
-const HELPERS: &str = include_str!("../../native/helpers.cu");
-
 /// What every lane's native side shares.
 pub struct NativeSetup {
     pub problem: String,
@@ -86,7 +83,7 @@ impl NativeSetup {
         self.helpers
             .get_or_init(|| {
                 self.compiler
-                    .compile_source("tunelab_helpers.cu", HELPERS, "tunelab_spin")
+                    .compile_helpers()
                     .map(|a| a.image)
                     .map_err(|f| f.message)
             })
@@ -97,6 +94,9 @@ impl NativeSetup {
 #[derive(Debug, Clone, Deserialize)]
 struct SharedTensor {
     name: String,
+    /// torch's name for the element type (float32, bfloat16, ...).
+    #[serde(default)]
+    dtype: String,
     handle: String,
     offset: u64,
     bytes: u64,
@@ -106,6 +106,10 @@ struct SharedTensor {
 struct ShareReply {
     tensors: Vec<SharedTensor>,
     out: usize,
+    /// The reference's tensor, where the native worker can compare with it
+    /// (float32/16 or bfloat16, contiguous); else the Python worker compares.
+    #[serde(default)]
+    reference: Option<usize>,
     poison: String,
     elements: u64,
     uuid: String,
@@ -297,6 +301,20 @@ impl LaneBackend {
         let mut body = launch.body(&job.id);
         body["poison"] =
             json!({"tensor": reply.out, "pattern": reply.poison, "elements": reply.elements});
+        // The native worker compares in the same call where it can (the
+        // reference is shared), sparing the Python worker's round trip.
+        if let Some(reference) = reply.reference {
+            body["compare"] = json!({
+                "out": reply.out,
+                "out_dtype": reply.tensors[reply.out].dtype,
+                "reference": reference,
+                "reference_dtype": reply.tensors[reference].dtype,
+                "elements": reply.elements,
+                "atol": tol.atol,
+                "rtol": tol.rtol,
+                "max_mismatch": tol.max_mismatch,
+            });
+        }
         let checked = n.process.call("check", body)?;
         self.native_kernels = if recipe_kernels.is_empty() {
             kernel_of(&checked).into_iter().collect()
@@ -304,7 +322,27 @@ impl LaneBackend {
             recipe_kernels
         };
         self.native_prepared = true;
-        let compared = self.python.request(
+        let compared = match checked.get("compared") {
+            Some(c) if !c.is_null() => c.clone(),
+            _ => self.python_compare(job, seed, tol)?,
+        };
+        let r: CheckReply = serde_json::from_value(compared).map_err(|e| {
+            JobFailure::new(
+                FailureClass::Crash,
+                format!("protocol error: the answer to `compare` does not fit ({e})"),
+            )
+        })?;
+        Ok(r.into())
+    }
+
+    /// The Python worker's comparison of the shared output with the reference.
+    fn python_compare(
+        &mut self,
+        job: &Job,
+        seed: u64,
+        tol: ToleranceFor,
+    ) -> Result<Json, JobFailure> {
+        self.python.request(
             "compare",
             json!({
                 "problem": self.python.problem(),
@@ -312,14 +350,7 @@ impl LaneBackend {
                 "seed": seed,
                 "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "max_mismatch": tol.max_mismatch},
             }),
-        )?;
-        let r: CheckReply = serde_json::from_value(compared).map_err(|e| {
-            JobFailure::new(
-                FailureClass::Crash,
-                format!("protocol error: the worker's answer to `compare` does not fit ({e})"),
-            )
-        })?;
-        Ok(r.into())
+        )
     }
 
     /// Makes the shape's tensors shared with, and mapped by, the native
@@ -720,6 +751,7 @@ mod tests {
         let job = baseline.unwrap();
         let tensor = |name: &str| SharedTensor {
             name: name.into(),
+            dtype: "float16".into(),
             handle: String::new(),
             offset: 0,
             bytes: 0,
@@ -727,6 +759,7 @@ mod tests {
         let shared = ShareReply {
             tensors: vec![tensor("a"), tensor("b"), tensor("out")],
             out: 2,
+            reference: None,
             poison: "c07f".into(),
             elements: 1024 * 1024,
             uuid: String::new(),
