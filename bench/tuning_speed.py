@@ -992,8 +992,9 @@ def render_markdown(f):
         add(f"- native launches: `tunelab run` of the same manifest with `--set {override}` "
             "(an override on the command line; no derived manifest): Triton compiles in the Python compile pool as "
             "before, the runner's native worker (Rust, cudarc) loads each cubin and launches and times it; the "
-            "lane's Python worker builds inputs and reference, shares them over CUDA IPC, answers `recipe` and "
-            "compares each job's output. The script checked in each such run's trace that the native worker "
+            "lane's Python worker builds inputs and reference, shares them over CUDA IPC and answers `recipe`; "
+            "the native worker compares each job's output with the shared reference (a `compare` call to the "
+            "Python worker where the reference cannot be shared). The script checked in each such run's trace that the native worker "
             "checked every job (none fell back to Python's launch).")
     add("- wall after start-up: tunelab's wall time from its lane worker's first answer (torch imported, CUDA "
         "up) to the end of the run, from the trace; the same starting point as autotune's figure. For autotune "
