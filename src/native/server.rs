@@ -38,6 +38,11 @@ const MAX_SAMPLES: u64 = 1_000_000;
 const MAX_GRAPH_CALLS: u64 = 10_000;
 /// Loaded images kept before the oldest are unloaded.
 const MAX_MODULES: usize = 256;
+/// tunelab_compare's block: its shared-memory reduction is sized for
+/// TUNELAB_COMPARE_THREADS (src/native/helpers.cu), which this must equal.
+const COMPARE_THREADS: u32 = 256;
+/// tunelab_compare's blocks at most: a grid-stride loop covers the rest.
+const COMPARE_MAX_BLOCKS: u64 = 4096;
 
 /// A failure with its protocol class.
 #[derive(Debug)]
@@ -700,14 +705,17 @@ impl Server {
             (&mut rtol as *mut f32).cast::<c_void>(),
             (&mut result_ptr as *mut u64).cast::<c_void>(),
         ];
-        let blocks = c.elements.div_ceil(256).clamp(1, 4096) as u32;
+        let blocks = c
+            .elements
+            .div_ceil(COMPARE_THREADS as u64)
+            .clamp(1, COMPARE_MAX_BLOCKS) as u32;
         // SAFETY: tunelab_compare(const void*, int, const void*, int, unsigned long long,
         // float, float, unsigned long long*), each parameter pointing at a value of its size.
         unsafe {
             self.gpu.launch(
                 function,
                 [blocks, 1, 1],
-                [256, 1, 1],
+                [COMPARE_THREADS, 1, 1],
                 0,
                 params.as_mut_ptr(),
             )?
@@ -1079,6 +1087,13 @@ mod tests {
         assert_eq!(fig["passed"], false);
         // No elements: nothing mismatches.
         assert_eq!(compare_figures([0; 6], 0, 0.0)["mismatch_frac"], 0.0);
+    }
+
+    #[test]
+    fn compare_threads_match_the_kernel() {
+        let source = include_str!("helpers.cu");
+        let define = format!("#define TUNELAB_COMPARE_THREADS {COMPARE_THREADS}\n");
+        assert!(source.contains(&define), "helpers.cu must say {define:?}");
     }
 
     #[test]
