@@ -156,28 +156,49 @@ def test_the_cuda_gemm_launched_natively_matches_the_reference(shared_worker, tm
     shape = {"M": M, "N": N, "K": K, "dtype": dtype}
     shared = shared_worker.request("share", problem="gemm", shape=shape, seed=0)
     assert shared["ok"], shared
-    nw = NativeWorker()
+    nw = NativeWorker(helpers=_helpers(tmp_path))
     try:
         assert nw.hello["ok"], nw.hello
         assert nw.hello["uuid"].removeprefix("GPU-") == shared["uuid"].removeprefix("GPU-")
         _import(nw, shared)
         names = [t["name"] for t in shared["tensors"]]
+        ref = shared["reference"]
+        then = {"warmup": {"min_launches": 2, "min_ms": 0.0},
+                "sample": {"count": 5, "flush_bytes": 1 << 20, "timing": "cold"}}
+
+        def compare_with(tol):
+            return {"out": shared["out"], "out_dtype": shared["tensors"][shared["out"]]["dtype"],
+                    "reference": ref, "reference_dtype": shared["tensors"][ref]["dtype"],
+                    "elements": shared["elements"], **tol}
+
         for config in [(128, 128, 32, 2, 2, 3), (64, 64, 64, 2, 4, 2), (64, 128, 32, 2, 2, 4)]:
             art = _compile_gemm(tmp_path, config, dtype)
             BM, BN, BK, WM, WN, ST = config
             smem = ST * (BM * (BK + 8) + BK * (BN + 8)) * 2
-            checked = nw.request(
-                "check", job_id=str(config), image=art["image"], symbol=art["symbol"],
+            launch = dict(
+                job_id=str(config), image=art["image"], symbol=art["symbol"],
                 grid=[-(-N // BN), -(-M // BM)], block=[32 * WM * WN], shared=smem,
                 args=[{"tensor": names.index("a")}, {"tensor": names.index("b")}, {"tensor": shared["out"]},
                       {"i32": M}, {"i32": N}, {"i32": K}],
                 poison={"tensor": shared["out"], "pattern": shared["poison"], "elements": shared["elements"]},
             )
+            checked = nw.request("check", **launch)
             assert checked["ok"], checked
             compared = shared_worker.request("compare", problem="gemm", shape=shape, seed=0, tolerance=TOLERANCE)
             assert compared["ok"] and compared["passed"], (config, compared)
             sampled = nw.request("sample", job_id=str(config), count=8, flush_bytes=1 << 20, timing="cold")
             assert sampled["ok"] and len(sampled["us"]) == 8 and min(sampled["us"]) > 0, sampled
+            # A check that compares goes on to the warm-up and a first batch where it passes ...
+            folded = nw.request("check", **launch, compare=compare_with(TOLERANCE), then=then)
+            assert folded["ok"] and folded["compared"]["passed"], folded
+            assert folded["then"]["ok"] and len(folded["then"]["sample"]["us"]) == 5, folded["then"]
+            assert folded["then"]["warmup"]["launches"] >= 2 and folded["then"]["wall_ms"] > 0
+            # ... and nowhere else: failing, or with the Python worker to judge.
+            exact = {"atol": 0.0, "rtol": 0.0, "max_mismatch": 0.0}
+            failed = nw.request("check", **launch, compare=compare_with(exact), then=then)
+            assert failed["ok"] and not failed["compared"]["passed"] and failed["then"] is None, failed
+            unjudged = nw.request("check", **launch, then=then)
+            assert unjudged["ok"] and unjudged["then"] is None, unjudged
     finally:
         nw.close()
 

@@ -330,6 +330,40 @@ def test_wrong_output_fails_the_check_and_is_not_prepared(shared_worker):
     assert_failed(worker.request("sample", job_id=job["job_id"], count=1), "bad_request")
 
 
+THEN = {"warmup": {"min_launches": 2, "min_ms": 0.0}, "sample": {"count": 3, "flush_bytes": 0, "timing": "cold"}}
+
+
+def test_a_passing_check_goes_on_to_the_warmup_and_first_batch_in_the_same_call(shared_worker):
+    worker = shared_worker
+    job = gemm_job()
+    checked = worker.request("check", job=job, seed=0, tolerance=TOLERANCE, then=THEN)
+    assert checked["ok"] and checked["passed"], checked
+    then = checked["then"]
+    assert then["ok"], then
+    assert then["warmup"]["launches"] >= 2
+    assert len(then["sample"]["us"]) == 3 and all(t > 0 for t in then["sample"]["us"])
+    assert then["sample"]["timer"] == ("cuda_event" if MODE == "gpu" else "wall")
+    assert then["wall_ms"] > 0
+    # The job stays prepared for more batches.
+    assert len(worker.request("sample", job_id=job["job_id"], count=2)["us"]) == 2
+
+
+def test_a_failing_check_does_not_go_on(shared_worker):
+    checked = shared_worker.request("check", job=axpy_job("axpy-wrong-then", "off_by_one"), seed=0,
+                                    tolerance=TOLERANCE, then=THEN)
+    assert checked["ok"] and not checked["passed"] and "then" not in checked, checked
+
+
+def test_a_then_that_fails_keeps_the_checks_verdict(shared_worker):
+    bad_sample = {**THEN, "sample": {"count": 0}}
+    checked = shared_worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE, then=bad_sample)
+    assert checked["ok"] and checked["passed"], checked
+    assert checked["then"]["ok"] is False and checked["then"]["class"] == "bad_request"
+    assert "count" in checked["then"]["message"]
+    assert_failed(shared_worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE, then={"warmup": 1}),
+                  "bad_request")
+
+
 def test_nan_output_is_counted(shared_worker):
     checked = shared_worker.request("check", job=axpy_job("axpy-nan", "nan"), seed=0,
                                     tolerance={**TOLERANCE, "max_mismatch": 1.0})

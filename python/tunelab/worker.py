@@ -740,7 +740,27 @@ class Worker:
         # What the compiler made of the job's kernels, loaded on the GPU: the
         # driver's registers and spills, Triton's shared memory.
         kernels = [jit.resources(k, load=True) for k in ctx.kernels.values()]
-        return {**result, "flops": flops, "bytes": nbytes, "kernels": kernels}
+        reply = {**result, "flops": flops, "bytes": nbytes, "kernels": kernels}
+        then = request.get("then")
+        if then is not None and result["passed"]:
+            reply["then"] = self._then(job.job_id, then)
+        return reply
+
+    def _then(self, job_id: str, then) -> dict:
+        """What a passing check's request asks to follow in the same call: the
+        warm-up and the first batch, as `warmup` and `sample` take them. Their
+        failure is reported here, so the check's verdict still stands."""
+        if not isinstance(then, dict) or not isinstance(then.get("warmup"), dict) \
+                or not isinstance(then.get("sample"), dict):
+            raise bad_request("check: 'then' must be {\"warmup\": {...}, \"sample\": {...}}")
+        try:
+            warmed = self.warmup({**then["warmup"], "job_id": job_id})
+            started = time.perf_counter()
+            sampled = self.sample({**then["sample"], "job_id": job_id})
+            wall_ms = (time.perf_counter() - started) * 1e3
+        except WorkerError as err:
+            return {"ok": False, "class": err.failure_class, "message": err.message}
+        return {"ok": True, "warmup": warmed, "sample": sampled, "wall_ms": wall_ms}
 
     def warmup(self, request: dict) -> dict:
         self._require_lane("warmup")

@@ -51,6 +51,35 @@ pub struct SampleBatch {
     pub sm_clock_mhz: Option<f64>,
 }
 
+/// What a lane asks to follow a passing check in the same round trip
+/// (`Backend::check_then_sample`): the warm-up and the first batch, as the
+/// separate `warmup` and `sample` calls would take them.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstBatch {
+    pub warmup_launches: u32,
+    pub warmup_ms: f64,
+    pub count: u32,
+    pub mode: SampleMode,
+}
+
+/// A batch and the wall time its taking cost, in milliseconds (the worker's
+/// own when the batch came with a check: the round trip was the check's).
+#[derive(Debug, Clone)]
+pub struct TimedBatch {
+    pub batch: SampleBatch,
+    pub wall_ms: f64,
+}
+
+/// A check's answer and, when one was asked for, the first batch.
+#[derive(Debug)]
+pub struct Checked {
+    pub check: CheckResult,
+    /// `None`: the check failed, or this backend did not go on (the lane warms
+    /// up and samples itself). `Some(Err)`: the warm-up or the batch failed
+    /// after a passing check; the check stands.
+    pub first: Option<Result<TimedBatch, JobFailure>>,
+}
+
 /// The L2 flush before every sample of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flush {
@@ -113,6 +142,22 @@ pub trait Backend {
     /// backend cannot tell or nothing was compiled.
     fn take_kernels(&mut self) -> Vec<KernelResources> {
         Vec::new()
+    }
+    /// `check`, then, when it passes, the warm-up and `first`'s batch, in
+    /// one round trip where the backend can: the worker knows the verdict,
+    /// so it goes on without waiting to be asked. The default checks only.
+    fn check_then_sample(
+        &mut self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        tol: ToleranceFor,
+        seed: u64,
+        first: FirstBatch,
+    ) -> Result<Checked, JobFailure> {
+        let _ = first;
+        let check = self.check(job, kernel, kind, tol, seed)?;
+        Ok(Checked { check, first: None })
     }
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure>;
     fn sample(

@@ -8,7 +8,9 @@ use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
 use super::worker::{CallError, Worker, WorkerSpec};
-use super::{Backend, JobFailure, SampleBatch, SampleMode, ShapeFacts};
+use super::{
+    Backend, Checked, FirstBatch, JobFailure, SampleBatch, SampleMode, ShapeFacts, TimedBatch,
+};
 use indexmap::IndexMap;
 
 use crate::manifest::{ConfigType, MethodKind, ToleranceFor};
@@ -174,6 +176,47 @@ pub(crate) fn sample_request(job_id: &str, count: u32, mode: SampleMode) -> serd
     })
 }
 
+/// The `then` of a `check` request (both workers take it): what to do
+/// after a passing check, in the same call.
+pub(crate) fn then_request(first: &FirstBatch) -> Json {
+    let mut sample = sample_request("", first.count, first.mode);
+    if let Some(fields) = sample.as_object_mut() {
+        fields.remove("job_id");
+    }
+    json!({
+        "warmup": {"min_launches": first.warmup_launches, "min_ms": first.warmup_ms},
+        "sample": sample,
+    })
+}
+
+/// A `check` answer's `then`: the first batch, its failure, or `None` where
+/// the worker did not go on (the check failed, or it left the rest to calls
+/// of their own).
+pub(crate) fn then_reply(reply: &Json, count: u32) -> Option<Result<TimedBatch, JobFailure>> {
+    let then = reply.get("then").filter(|t| !t.is_null())?;
+    if then.get("ok").and_then(Json::as_bool) != Some(true) {
+        return Some(Err(failure_of(then)));
+    }
+    #[derive(Deserialize)]
+    struct Then {
+        sample: SampleReply,
+        wall_ms: f64,
+    }
+    let then: Then = match serde_json::from_value(then.clone()) {
+        Ok(t) => t,
+        Err(e) => {
+            return Some(Err(JobFailure::new(
+                FailureClass::Crash,
+                format!("protocol error: the `then` of the answer to `check` does not fit ({e})"),
+            )))
+        }
+    };
+    Some(then.sample.into_batch(count).map(|batch| TimedBatch {
+        batch,
+        wall_ms: then.wall_ms,
+    }))
+}
+
 pub struct PythonBackend {
     spec: WorkerSpec,
     worker: Option<Worker>,
@@ -278,13 +321,33 @@ impl PythonBackend {
             return Ok(response);
         }
         let failure = failure_of(&response);
+        self.after_failure(&failure);
+        Err(failure)
+    }
+
+    /// What a failed request leaves: after a launch error the CUDA context
+    /// may be poisoned, so this worker is never reused.
+    fn after_failure(&mut self, failure: &JobFailure) {
         if failure.class == FailureClass::LaunchError {
-            // The CUDA context may be poisoned: never reuse this worker.
             if let Some(mut w) = self.worker.take() {
                 w.kill();
             }
         }
-        Err(failure)
+    }
+
+    fn check_body(
+        &self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        tol: ToleranceFor,
+        seed: u64,
+    ) -> Json {
+        json!({
+            "job": self.job_json(job, kernel, kind),
+            "seed": seed,
+            "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "max_mismatch": tol.max_mismatch},
+        })
     }
 
     /// How many worker processes this backend has started: a restart frees
@@ -364,6 +427,11 @@ impl PythonBackend {
         timeout: Duration,
     ) -> Result<T, JobFailure> {
         let reply = self.call(op, body, timeout)?;
+        self.parse(op, reply)
+    }
+
+    /// A reply read as `T`; one that does not fit discards the worker.
+    fn parse<T: DeserializeOwned>(&mut self, op: &str, reply: Json) -> Result<T, JobFailure> {
         serde_json::from_value(reply).map_err(|e| {
             // A worker that answers out of protocol is not trusted with the next job.
             if let Some(mut w) = self.worker.take() {
@@ -436,15 +504,36 @@ impl Backend for PythonBackend {
         tol: ToleranceFor,
         seed: u64,
     ) -> Result<CheckResult, JobFailure> {
-        let body = json!({
-            "job": self.job_json(job, kernel, kind),
-            "seed": seed,
-            "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "max_mismatch": tol.max_mismatch},
-        });
+        let body = self.check_body(job, kernel, kind, tol, seed);
         self.kernels.clear();
         let mut r: CheckReply = self.call_for("check", body, self.timeout)?;
         self.kernels = std::mem::take(&mut r.kernels);
         Ok(r.into())
+    }
+
+    fn check_then_sample(
+        &mut self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        tol: ToleranceFor,
+        seed: u64,
+        first: FirstBatch,
+    ) -> Result<Checked, JobFailure> {
+        let mut body = self.check_body(job, kernel, kind, tol, seed);
+        body["then"] = then_request(&first);
+        self.kernels.clear();
+        let reply = self.call("check", body, self.timeout)?;
+        let batch = then_reply(&reply, first.count);
+        let mut r: CheckReply = self.parse("check", reply)?;
+        self.kernels = std::mem::take(&mut r.kernels);
+        if let Some(Err(f)) = &batch {
+            self.after_failure(f);
+        }
+        Ok(Checked {
+            check: r.into(),
+            first: batch,
+        })
     }
 
     fn take_kernels(&mut self) -> Vec<KernelResources> {

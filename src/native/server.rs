@@ -123,6 +123,17 @@ struct CheckRequest {
     poison: Option<Poison>,
     /// Compare the output with the reference after the launch (see `compare`).
     compare: Option<CompareRequest>,
+    /// After a comparison that passes, the warm-up and the first batch in the
+    /// same call: `{"warmup": {...}, "sample": {...}}`, the bodies of those
+    /// requests without `job_id`. Ignored without `compare` (the verdict is
+    /// then the Python worker's).
+    then: Option<Then>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Then {
+    warmup: serde_json::Map<String, Json>,
+    sample: serde_json::Map<String, Json>,
 }
 
 /// `compare`: an output tensor against a reference, both imported, under
@@ -608,7 +619,7 @@ impl Server {
         }
         let params: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
         let mut prepared = Prepared {
-            job_id: req.job_id,
+            job_id: req.job_id.clone(),
             function,
             grid,
             block,
@@ -637,8 +648,14 @@ impl Server {
             Some(c) => self.compare(c)?,
             None => Json::Null,
         };
+        let passed = compared.get("passed").and_then(Json::as_bool) == Some(true);
+        let then = match &req.then {
+            Some(then) if passed => self.then(&req.job_id, then),
+            _ => Json::Null,
+        };
         Ok(json!({
             "compared": compared,
+            "then": then,
             "launch_us": us,
             "kernel": {
                 "name": req.symbol,
@@ -648,6 +665,23 @@ impl Server {
                 "threads": threads,
             },
         }))
+    }
+
+    /// A passing check's `then`: the warm-up and the first batch, or why they
+    /// failed (the check's verdict stands either way).
+    fn then(&mut self, job_id: &str, then: &Then) -> Json {
+        let with_id = |fields: &serde_json::Map<String, Json>| {
+            let mut r = Json::Object(fields.clone());
+            r["job_id"] = json!(job_id);
+            r
+        };
+        let result = self.warmup(&with_id(&then.warmup)).and_then(|warmed| {
+            let started = Instant::now();
+            let sampled = self.sample(&with_id(&then.sample))?;
+            let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+            Ok(json!({"ok": true, "warmup": warmed, "sample": sampled, "wall_ms": wall_ms}))
+        });
+        result.unwrap_or_else(|f| json!({"ok": false, "class": f.class, "message": f.message}))
     }
 
     /// The tolerance check of python/tunelab/compare.py, on the GPU

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use indexmap::IndexMap;
 
-use crate::backend::{Backend, JobFailure, SampleMode};
+use crate::backend::{Backend, Checked, FirstBatch, JobFailure, SampleBatch, SampleMode};
 use crate::manifest::{shape_dtype, MethodKind, Shape, Tolerance};
 use crate::measure::{self, Decision, Protocol, Sampling, Stats, Timing};
 use crate::plan::{Job, RunMode};
@@ -463,9 +463,9 @@ impl Lane<'_, '_> {
             let (mut m, _) = self.take(i);
             let result = self
                 .wait_for_compile(&mut m)
-                .and_then(|_| self.prepare(&mut m));
+                .and_then(|_| self.prepare(&mut m, false));
             match result {
-                Ok(()) => self.finish(&m, JobStatus::Checked, None, None),
+                Ok(_) => self.finish(&m, JobStatus::Checked, None, None),
                 Err(f) => self.finish(&m, JobStatus::Failed, Some(f), None),
             }
         }
@@ -506,19 +506,26 @@ impl Lane<'_, '_> {
     }
 
     /// Check (fresh inputs, poisoned output, compare) and, unless only
-    /// checking, warm up.
-    fn prepare(&mut self, m: &mut Measured) -> Result<(), JobFailure> {
-        prepare(self.ctx, self.backend, &self.kernel, self.kind, m)
+    /// checking, warm up and take the first batch; returns whether it was
+    /// taken (the backend may leave it to a call of its own).
+    fn prepare(&mut self, m: &mut Measured, with_first: bool) -> Result<bool, JobFailure> {
+        let first = with_first.then_some((self.ctx.sampling, self.ctx.protocol.batch));
+        prepare(self.ctx, self.backend, &self.kernel, self.kind, m, first)
     }
 
     fn take_batch(&mut self, m: &mut Measured) -> Result<(), JobFailure> {
         take_batch(self.ctx, self.backend, m)
     }
 
-    /// Batches until the stopping rule says enough; returns whether a cap stopped it.
-    fn sample_adaptive(&mut self, m: &mut Measured) -> Result<bool, JobFailure> {
+    /// Batches until the stopping rule says enough, the first already taken
+    /// when `have_first`; returns whether a cap stopped it.
+    fn sample_adaptive(&mut self, m: &mut Measured, have_first: bool) -> Result<bool, JobFailure> {
+        let mut take = !have_first;
         loop {
-            self.take_batch(m)?;
+            if take {
+                self.take_batch(m)?;
+            }
+            take = true;
             match m.sampling.decide(&self.ctx.protocol) {
                 Decision::Continue => {}
                 Decision::Converged => return Ok(false),
@@ -537,8 +544,8 @@ impl Trials for Lane<'_, '_> {
             if fresh {
                 self.wait_for_compile(&mut m)?;
             }
-            self.prepare(&mut m)?;
-            self.sample_adaptive(&mut m)
+            let have_first = self.prepare(&mut m, true)?;
+            self.sample_adaptive(&mut m, have_first)
         })();
         match result {
             Ok(capped) => {
@@ -561,8 +568,8 @@ impl Trials for Lane<'_, '_> {
             if fresh {
                 self.wait_for_compile(&mut m)?;
             }
-            self.prepare(&mut m)?;
-            for _ in 0..batches {
+            let have_first = self.prepare(&mut m, batches > 0)?;
+            for _ in usize::from(have_first)..batches {
                 self.take_batch(&mut m)?;
             }
             Ok(())
@@ -604,21 +611,40 @@ impl Trials for Lane<'_, '_> {
     }
 }
 
-/// Check (fresh inputs, poisoned output, compare) and, unless only checking, warm up.
+/// Check (fresh inputs, poisoned output, compare) and, unless only
+/// checking, warm up and take `first` batch (`count` samples, timed as
+/// `mode` says) where one is asked for: the backend does all three in one
+/// round trip where it can. Returns whether that batch was taken.
 fn prepare(
     ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     kernel: &str,
     kind: MethodKind,
     m: &mut Measured,
-) -> Result<(), JobFailure> {
+    first: Option<(SampleMode, u32)>,
+) -> Result<bool, JobFailure> {
     let tol = ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
-    let check = backend.check(&m.job, kernel, kind.as_str(), tol, ctx.protocol.seed);
+    let timed = ctx.run_mode != RunMode::Check;
+    let checked = match first.filter(|_| timed) {
+        Some((mode, count)) => {
+            let first = FirstBatch {
+                warmup_launches: ctx.protocol.warmup_launches,
+                warmup_ms: ctx.protocol.warmup_ms,
+                count,
+                mode,
+            };
+            backend.check_then_sample(&m.job, kernel, kind.as_str(), tol, ctx.protocol.seed, first)
+        }
+        None => backend
+            .check(&m.job, kernel, kind.as_str(), tol, ctx.protocol.seed)
+            .map(|check| Checked { check, first: None }),
+    };
     let kernels = backend.take_kernels();
     if !kernels.is_empty() {
         m.kernels = kernels;
     }
-    let check = check?;
+    let checked = checked?;
+    let check = checked.check;
     let passed = check.passed;
     let bad_values = check.nan_count + check.inf_count;
     let frac = check.mismatch_frac;
@@ -641,14 +667,20 @@ fn prepare(
             )
         });
     }
-    if ctx.run_mode != RunMode::Check {
-        backend.warmup(
-            &m.job.id,
-            ctx.protocol.warmup_launches,
-            ctx.protocol.warmup_ms,
-        )?;
+    if !timed {
+        return Ok(false);
     }
-    Ok(())
+    if let Some(taken) = checked.first {
+        let taken = taken?;
+        add_batch(m, taken.batch, taken.wall_ms);
+        return Ok(true);
+    }
+    backend.warmup(
+        &m.job.id,
+        ctx.protocol.warmup_launches,
+        ctx.protocol.warmup_ms,
+    )?;
+    Ok(false)
 }
 
 fn take_batch(
@@ -668,13 +700,18 @@ fn take_batch_as(
 ) -> Result<(), JobFailure> {
     let start = Instant::now();
     let batch = backend.sample(&m.job.id, count, mode)?;
-    m.sampling.wall_ms += start.elapsed().as_secs_f64() * 1e3;
+    add_batch(m, batch, start.elapsed().as_secs_f64() * 1e3);
+    Ok(())
+}
+
+/// A batch into the job's samples; `wall_ms`: what taking it cost.
+fn add_batch(m: &mut Measured, batch: SampleBatch, wall_ms: f64) {
+    m.sampling.wall_ms += wall_ms;
     m.sampling.samples_us.extend(batch.us);
     m.sampling.timer = Some(batch.timer);
     if let Some(c) = batch.sm_clock_mhz {
         m.sampling.clocks_mhz.push(c);
     }
-    Ok(())
 }
 
 /// The best few configs of a group, re-timed interleaved in shuffled order so
@@ -729,8 +766,14 @@ fn retime(
         for &i in &order {
             let m = &mut alive[i];
             let before = std::mem::take(&mut m.sampling);
-            let ok = prepare(ctx, backend, kernel, kind, m)
-                .and_then(|_| take_batch_as(backend, m, mode, count));
+            let ok =
+                prepare(ctx, backend, kernel, kind, m, Some((mode, count))).and_then(|taken| {
+                    if taken {
+                        Ok(())
+                    } else {
+                        take_batch_as(backend, m, mode, count)
+                    }
+                });
             let got = std::mem::replace(&mut m.sampling, before);
             if ok.is_ok() {
                 let acc = samples.entry(m.job.id.clone()).or_default();
@@ -1251,5 +1294,181 @@ mod tests {
             "ptxas said no"
         );
         assert_eq!(get("job5").compile_s, Some(0.1));
+    }
+
+    /// The fake, counting its calls; with `fold`, folding the warm-up and
+    /// the first batch into its check as the workers do (`then_fails` fails
+    /// that batch).
+    struct Folding {
+        inner: Fake,
+        fold: bool,
+        then_fails: bool,
+        calls: HashMap<&'static str, usize>,
+    }
+
+    impl Backend for Folding {
+        fn describe(
+            &mut self,
+            shape: &serde_json::Value,
+            seed: u64,
+        ) -> Result<crate::backend::ShapeFacts, JobFailure> {
+            self.inner.describe(shape, seed)
+        }
+        fn compile(&mut self, job: &Job, k: &str, kind: &str) -> Result<f64, JobFailure> {
+            self.inner.compile(job, k, kind)
+        }
+        fn check(
+            &mut self,
+            job: &Job,
+            k: &str,
+            kind: &str,
+            tol: ToleranceFor,
+            seed: u64,
+        ) -> Result<CheckResult, JobFailure> {
+            *self.calls.entry("check").or_default() += 1;
+            self.inner.check(job, k, kind, tol, seed)
+        }
+        fn check_then_sample(
+            &mut self,
+            job: &Job,
+            k: &str,
+            kind: &str,
+            tol: ToleranceFor,
+            seed: u64,
+            first: FirstBatch,
+        ) -> Result<Checked, JobFailure> {
+            if !self.fold {
+                let check = self.check(job, k, kind, tol, seed)?;
+                return Ok(Checked { check, first: None });
+            }
+            *self.calls.entry("check_then_sample").or_default() += 1;
+            let check = self.inner.check(job, k, kind, tol, seed)?;
+            let batch = if self.then_fails {
+                Err(JobFailure::new(
+                    FailureClass::LaunchError,
+                    "faulted while timing",
+                ))
+            } else {
+                self.inner.sample(&job.id, first.count, first.mode)
+            };
+            Ok(Checked {
+                check,
+                first: Some(batch.map(|batch| crate::backend::TimedBatch {
+                    batch,
+                    wall_ms: 1.0,
+                })),
+            })
+        }
+        fn take_kernels(&mut self) -> Vec<crate::store::KernelResources> {
+            self.inner.take_kernels()
+        }
+        fn warmup(&mut self, id: &str, n: u32, ms: f64) -> Result<(), JobFailure> {
+            *self.calls.entry("warmup").or_default() += 1;
+            self.inner.warmup(id, n, ms)
+        }
+        fn sample(
+            &mut self,
+            id: &str,
+            count: u32,
+            mode: SampleMode,
+        ) -> Result<SampleBatch, JobFailure> {
+            *self.calls.entry("sample").or_default() += 1;
+            self.inner.sample(id, count, mode)
+        }
+    }
+
+    fn run_folding(
+        strategy: Box<dyn Strategy>,
+        fold: bool,
+        then_fails: bool,
+    ) -> (
+        Vec<JobRecord>,
+        Vec<FinalRecord>,
+        HashMap<&'static str, usize>,
+    ) {
+        let strategies = Strategies::single(strategy);
+        let prior = HashMap::new();
+        let ctx = context(&strategies, &prior, None, 2);
+        let mut backend = Folding {
+            inner: Fake {
+                prepared: None,
+                unavailable: IndexMap::new(),
+            },
+            fold,
+            then_fails,
+            calls: HashMap::new(),
+        };
+        let (mut jobs, mut finals) = (Vec::new(), Vec::new());
+        run_group(&ctx, &mut backend, group(), &mut |e| match e {
+            Event::Job(r) => jobs.push(*r),
+            Event::Final(f) => finals.push(f),
+            Event::Retired(_) => unreachable!(),
+        });
+        (jobs, finals, backend.calls)
+    }
+
+    #[test]
+    fn a_check_that_takes_the_first_batch_spares_the_calls_and_not_the_samples() {
+        for strategy in [
+            || -> Box<dyn Strategy> { Box::new(Grid) },
+            || -> Box<dyn Strategy> {
+                Box::new(Halving {
+                    eta: 3,
+                    keep_at_least: 3,
+                })
+            },
+        ] {
+            let (plain, plain_finals, plain_calls) = run_folding(strategy(), false, false);
+            let (folded, folded_finals, calls) = run_folding(strategy(), true, false);
+            // The same records, sample for sample.
+            let samples = |jobs: &[JobRecord]| -> Vec<(String, JobStatus, Option<u64>)> {
+                jobs.iter()
+                    .map(|j| (j.job_id.clone(), j.status, j.stats.as_ref().map(|s| s.n)))
+                    .collect()
+            };
+            assert_eq!(samples(&plain), samples(&folded));
+            let finals = |f: &[FinalRecord]| -> Vec<(String, u64)> {
+                f.iter().map(|f| (f.job_id.clone(), f.stats.n)).collect()
+            };
+            assert_eq!(finals(&plain_finals), finals(&folded_finals));
+            // Every check went on by itself: no warm-up call and no plain
+            // check; each passing check (one warm-up each, unfolded) spared
+            // a batch's call.
+            let count = |c: &HashMap<&str, usize>, k: &str| c.get(k).copied().unwrap_or(0);
+            assert_eq!(count(&calls, "warmup"), 0, "{calls:?}");
+            assert_eq!(count(&calls, "check"), 0, "{calls:?}");
+            assert_eq!(
+                count(&calls, "check_then_sample"),
+                count(&plain_calls, "check"),
+                "{calls:?} {plain_calls:?}"
+            );
+            let passing = count(&plain_calls, "warmup");
+            assert!(passing >= 9, "{plain_calls:?}");
+            assert_eq!(
+                count(&calls, "sample") + passing,
+                count(&plain_calls, "sample"),
+                "{calls:?} {plain_calls:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_first_batch_that_fails_fails_the_job_and_keeps_its_check() {
+        let (jobs, finals, _) = run_folding(Box::new(Grid), true, true);
+        assert!(finals.is_empty());
+        for j in &jobs {
+            assert_eq!(j.status, JobStatus::Failed, "{}", j.job_id);
+            if j.config["B"] == 9 {
+                assert_eq!(
+                    j.failure.as_ref().unwrap().class,
+                    FailureClass::CompileError
+                );
+                assert!(j.check.is_none());
+            } else {
+                assert_eq!(j.failure.as_ref().unwrap().class, FailureClass::LaunchError);
+                assert!(j.check.as_ref().is_some_and(|c| c.passed), "{}", j.job_id);
+                assert!(j.stats.is_none());
+            }
+        }
     }
 }

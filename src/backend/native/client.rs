@@ -179,11 +179,16 @@ impl NativeProcess {
             return Ok(response);
         }
         let failure = failure_of(&response);
+        self.after_failure(&failure);
+        Err(failure)
+    }
+
+    /// What a failed request leaves: a fault leaves the context unusable,
+    /// so the worker is discarded.
+    pub fn after_failure(&mut self, failure: &JobFailure) {
         if failure.class == FailureClass::LaunchError {
-            // A fault leaves the context unusable.
             self.discard();
         }
-        Err(failure)
     }
 
     fn discard(&mut self) {

@@ -19,8 +19,10 @@ use serde_json::{json, Value as Json};
 
 use super::client::NativeProcess;
 use super::compile::{context, eval, NativeCompiler};
-use crate::backend::python::{sample_request, CheckReply, SampleReply};
-use crate::backend::{Backend, JobFailure, PythonBackend, SampleBatch, SampleMode, ShapeFacts};
+use crate::backend::python::{sample_request, then_reply, then_request, CheckReply, SampleReply};
+use crate::backend::{
+    Backend, Checked, FirstBatch, JobFailure, PythonBackend, SampleBatch, SampleMode, ShapeFacts,
+};
 use crate::manifest::{KernelArg, LaunchPath, Method, ScalarType, ToleranceFor};
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass, KernelResources};
@@ -245,13 +247,16 @@ impl LaneBackend {
         Some(method)
     }
 
+    /// A native job's check; with `first`, the native worker goes on to the
+    /// warm-up and the first batch in the same call where it compares itself.
     fn check_native(
         &mut self,
         method: &Method,
         job: &Job,
         tol: ToleranceFor,
         seed: u64,
-    ) -> Result<CheckResult, JobFailure> {
+        first: Option<FirstBatch>,
+    ) -> Result<Checked, JobFailure> {
         if let Some(why) = self.native_reason() {
             return Err(JobFailure::new(FailureClass::Unavailable, why));
         }
@@ -314,8 +319,15 @@ impl LaneBackend {
                 "rtol": tol.rtol,
                 "max_mismatch": tol.max_mismatch,
             });
+            if let Some(first) = &first {
+                body["then"] = then_request(first);
+            }
         }
         let checked = n.process.call("check", body)?;
+        let batch = first.and_then(|f| then_reply(&checked, f.count));
+        if let Some(Err(f)) = &batch {
+            n.process.after_failure(f);
+        }
         self.native_kernels = if recipe_kernels.is_empty() {
             kernel_of(&checked).into_iter().collect()
         } else {
@@ -332,7 +344,10 @@ impl LaneBackend {
                 format!("protocol error: the answer to `compare` does not fit ({e})"),
             )
         })?;
-        Ok(r.into())
+        Ok(Checked {
+            check: r.into(),
+            first: batch,
+        })
     }
 
     /// The Python worker's comparison of the shared output with the reference.
@@ -625,8 +640,27 @@ impl Backend for LaneBackend {
         self.native_prepared = false;
         self.native_kernels.clear();
         match self.native_method(job) {
-            Some(m) => self.check_native(&m, job, tol, seed),
+            Some(m) => self.check_native(&m, job, tol, seed, None).map(|c| c.check),
             None => self.python.check(job, kernel, kind, tol, seed),
+        }
+    }
+
+    fn check_then_sample(
+        &mut self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        tol: ToleranceFor,
+        seed: u64,
+        first: FirstBatch,
+    ) -> Result<Checked, JobFailure> {
+        self.native_prepared = false;
+        self.native_kernels.clear();
+        match self.native_method(job) {
+            Some(m) => self.check_native(&m, job, tol, seed, Some(first)),
+            None => self
+                .python
+                .check_then_sample(job, kernel, kind, tol, seed, first),
         }
     }
 
