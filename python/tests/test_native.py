@@ -88,6 +88,15 @@ def test_sharing_needs_a_gpu(shared_worker):
     assert "need a GPU" in reply["message"]
     reply = shared_worker.request("compare", problem="gemm", shape=shape, seed=0, tolerance=TOLERANCE)
     assert reply["ok"] is False and reply["class"] == "bad_request", reply
+    # `recipes` answers each job's failure in its place, and refuses no jobs.
+    job = {"job_id": "j", "problem": "gemm", "shape": shape,
+           "method": {"name": "triton", "kind": "triton", "kernel": "matmul"}, "config": {}}
+    reply = shared_worker.request("recipes", jobs=[job, job], seed=0, cache_dir="/tmp")
+    assert reply["ok"], reply
+    assert [(r["ok"], r["class"]) for r in reply["recipes"]] == [(False, "bad_request")] * 2, reply
+    assert "send 'share' first" in reply["recipes"][0]["message"]
+    reply = shared_worker.request("recipes", jobs=[], seed=0, cache_dir="/tmp")
+    assert reply["ok"] is False and reply["class"] == "bad_request", reply
 
 
 # ---------------------------------------------------------------- on a GPU, with the native worker
@@ -218,6 +227,16 @@ def test_a_triton_kernel_launched_natively_gives_pythons_bits(shared_worker, tmp
     }
     recipe = shared_worker.request("recipe", job=job, seed=0, cache_dir=str(tmp_path))
     assert recipe["ok"], recipe
+    # `recipes` answers each job as `recipe` does, and a job's failure as its own.
+    other = {**job, "job_id": "native-triton-2", "config": {**job["config"], "BLOCK_SIZE_N": 128}}
+    broken = {**job, "job_id": "no-method", "method": {**job["method"], "name": "nothing"}}
+    batch = shared_worker.request("recipes", jobs=[job, broken, other], seed=0, cache_dir=str(tmp_path))
+    assert batch["ok"], batch
+    first, failed, second = batch["recipes"]
+    strip = ("id", "ok", "met", "worker_us")
+    assert {k: v for k, v in first.items() if k != "ok"} == {k: v for k, v in recipe.items() if k not in strip}
+    assert failed["ok"] is False and failed["class"] == "bad_request", failed
+    assert second["ok"] and second["grid"] != first["grid"], second
     nw = NativeWorker()
     try:
         _import(nw, shared)

@@ -509,6 +509,7 @@ class Worker:
             "share": self.share,
             "compare": self.compare,
             "recipe": self.recipe,
+            "recipes": self.recipes,
             "digest": self.digest,
         }
 
@@ -935,6 +936,22 @@ class Worker:
             return recipe
         except native.NotNative as exc:
             raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} cannot be launched natively: {exc}") from exc
+
+    def recipes(self, request: dict) -> dict:
+        """`recipe` for several jobs of the shared shape in one call: one
+        answer per job, in order, each a recipe with `"ok": true` or the
+        job's own failure (`"ok": false`, `class`, `message`)."""
+        self._require_lane("recipes")
+        jobs = request.get("jobs")
+        if not isinstance(jobs, list) or not jobs:
+            raise bad_request("recipes needs 'jobs', a non-empty list of jobs")
+        answers = []
+        for job in jobs:
+            try:
+                answers.append({"ok": True, **self.recipe({**request, "job": job})})
+            except WorkerError as err:
+                answers.append({"ok": False, "class": err.failure_class, "message": err.message})
+        return {"recipes": answers}
 
     def shutdown(self, request: dict) -> dict:
         self._drop_prepared()

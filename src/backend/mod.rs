@@ -159,6 +159,13 @@ pub trait Backend {
         let check = self.check(job, kernel, kind, tol, seed)?;
         Ok(Checked { check, first: None })
     }
+    /// Before `job`'s check: a backend that prepares jobs in batches (the
+    /// native lane's Triton recipes) may take the jobs likely to follow it,
+    /// `ahead(n)`: up to `n` of the group's jobs not yet started whose
+    /// compile is done, in the group's order. The default takes none.
+    fn look_ahead(&mut self, job: &Job, ahead: &mut dyn FnMut(usize) -> Vec<Job>) {
+        let _ = (job, ahead);
+    }
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure>;
     fn sample(
         &mut self,

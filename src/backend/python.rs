@@ -327,7 +327,7 @@ impl PythonBackend {
 
     /// What a failed request leaves: after a launch error the CUDA context
     /// may be poisoned, so this worker is never reused.
-    fn after_failure(&mut self, failure: &JobFailure) {
+    pub(crate) fn after_failure(&mut self, failure: &JobFailure) {
         if failure.class == FailureClass::LaunchError {
             if let Some(mut w) = self.worker.take() {
                 w.kill();

@@ -265,6 +265,15 @@ impl CompileBoard {
         self.changed.notify_all();
     }
 
+    /// The first `n` of `jobs` that the pool has compiled without error.
+    pub fn compiled<'j>(&self, jobs: impl Iterator<Item = &'j Job>, n: usize) -> Vec<Job> {
+        let inner = self.inner.lock().expect("compile board");
+        jobs.filter(|j| matches!(inner.states.get(&j.id), Some(State::Done(Ok(_)))))
+            .take(n)
+            .cloned()
+            .collect()
+    }
+
     /// For the lane: the compile result if the pool compiled it (waiting while
     /// it is being compiled), or `None` after claiming a job the pool had not reached.
     pub fn wait(&self, job_id: &str) -> Option<Result<f64, JobFailure>> {

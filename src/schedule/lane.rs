@@ -513,6 +513,32 @@ impl Lane<'_, '_> {
         prepare(self.ctx, self.backend, &self.kernel, self.kind, m, first)
     }
 
+    /// Lets the backend see the jobs after candidate `i` (in the group's
+    /// order, wrapping round) that the compile pool has compiled.
+    fn look_ahead(&mut self, job: &Job, i: usize) {
+        let Lane {
+            backend,
+            slots,
+            ctx,
+            ..
+        } = self;
+        let mut ahead = |n: usize| -> Vec<Job> {
+            // Without a pool the lane compiles each job itself, at its turn.
+            let Some(board) = ctx.compile else {
+                return Vec::new();
+            };
+            let waiting = slots[i + 1..]
+                .iter()
+                .chain(&slots[..i])
+                .filter_map(|s| match s {
+                    Slot::Waiting(j) => Some(j),
+                    _ => None,
+                });
+            board.compiled(waiting, n)
+        };
+        backend.look_ahead(job, &mut ahead);
+    }
+
     fn take_batch(&mut self, m: &mut Measured) -> Result<(), JobFailure> {
         take_batch(self.ctx, self.backend, m)
     }
@@ -544,6 +570,7 @@ impl Trials for Lane<'_, '_> {
             if fresh {
                 self.wait_for_compile(&mut m)?;
             }
+            self.look_ahead(&m.job, i);
             let have_first = self.prepare(&mut m, true)?;
             self.sample_adaptive(&mut m, have_first)
         })();
@@ -568,6 +595,7 @@ impl Trials for Lane<'_, '_> {
             if fresh {
                 self.wait_for_compile(&mut m)?;
             }
+            self.look_ahead(&m.job, i);
             let have_first = self.prepare(&mut m, batches > 0)?;
             for _ in usize::from(have_first)..batches {
                 self.take_batch(&mut m)?;
@@ -1304,6 +1332,8 @@ mod tests {
         fold: bool,
         then_fails: bool,
         calls: HashMap<&'static str, usize>,
+        /// Each check's job and the three jobs `look_ahead` saw after it.
+        looked_ahead: Vec<(String, Vec<String>)>,
     }
 
     impl Backend for Folding {
@@ -1362,6 +1392,10 @@ mod tests {
         fn take_kernels(&mut self) -> Vec<crate::store::KernelResources> {
             self.inner.take_kernels()
         }
+        fn look_ahead(&mut self, job: &Job, ahead: &mut dyn FnMut(usize) -> Vec<Job>) {
+            let seen = ahead(3).into_iter().map(|j| j.id).collect();
+            self.looked_ahead.push((job.id.clone(), seen));
+        }
         fn warmup(&mut self, id: &str, n: u32, ms: f64) -> Result<(), JobFailure> {
             *self.calls.entry("warmup").or_default() += 1;
             self.inner.warmup(id, n, ms)
@@ -1377,18 +1411,22 @@ mod tests {
         }
     }
 
+    type Folded = (
+        Vec<JobRecord>,
+        Vec<FinalRecord>,
+        HashMap<&'static str, usize>,
+        Vec<(String, Vec<String>)>,
+    );
+
     fn run_folding(
         strategy: Box<dyn Strategy>,
         fold: bool,
         then_fails: bool,
-    ) -> (
-        Vec<JobRecord>,
-        Vec<FinalRecord>,
-        HashMap<&'static str, usize>,
-    ) {
+        compile: Option<&CompileBoard>,
+    ) -> Folded {
         let strategies = Strategies::single(strategy);
         let prior = HashMap::new();
-        let ctx = context(&strategies, &prior, None, 2);
+        let ctx = context(&strategies, &prior, compile, 2);
         let mut backend = Folding {
             inner: Fake {
                 prepared: None,
@@ -1397,6 +1435,7 @@ mod tests {
             fold,
             then_fails,
             calls: HashMap::new(),
+            looked_ahead: Vec::new(),
         };
         let (mut jobs, mut finals) = (Vec::new(), Vec::new());
         run_group(&ctx, &mut backend, group(), &mut |e| match e {
@@ -1404,7 +1443,7 @@ mod tests {
             Event::Final(f) => finals.push(f),
             Event::Retired(_) => unreachable!(),
         });
-        (jobs, finals, backend.calls)
+        (jobs, finals, backend.calls, backend.looked_ahead)
     }
 
     #[test]
@@ -1418,8 +1457,8 @@ mod tests {
                 })
             },
         ] {
-            let (plain, plain_finals, plain_calls) = run_folding(strategy(), false, false);
-            let (folded, folded_finals, calls) = run_folding(strategy(), true, false);
+            let (plain, plain_finals, plain_calls, _) = run_folding(strategy(), false, false, None);
+            let (folded, folded_finals, calls, _) = run_folding(strategy(), true, false, None);
             // The same records, sample for sample.
             let samples = |jobs: &[JobRecord]| -> Vec<(String, JobStatus, Option<u64>)> {
                 jobs.iter()
@@ -1454,7 +1493,7 @@ mod tests {
 
     #[test]
     fn a_first_batch_that_fails_fails_the_job_and_keeps_its_check() {
-        let (jobs, finals, _) = run_folding(Box::new(Grid), true, true);
+        let (jobs, finals, _, _) = run_folding(Box::new(Grid), true, true, None);
         assert!(finals.is_empty());
         for j in &jobs {
             assert_eq!(j.status, JobStatus::Failed, "{}", j.job_id);
@@ -1470,5 +1509,37 @@ mod tests {
                 assert!(j.stats.is_none());
             }
         }
+    }
+
+    #[test]
+    fn a_backend_looks_ahead_at_the_jobs_the_pool_compiled() {
+        let board = CompileBoard::default();
+        for job in group().jobs {
+            board.push(job, "k", "triton");
+        }
+        board.close();
+        while let Some((job, _, _)) = board.next() {
+            let result = match job.id.as_str() {
+                "job3" => Err(JobFailure::new(FailureClass::Crash, "worker died")),
+                "job4" => Err(JobFailure::new(FailureClass::CompileError, "ptxas said no")),
+                _ => Ok(0.1),
+            };
+            board.finish(&job.id, result);
+        }
+        let (_, _, _, looked) = run_folding(Box::new(Grid), true, false, Some(&board));
+        let after = |id: &str| -> Vec<&str> {
+            let (_, seen) = looked.iter().find(|(j, _)| j == id).expect(id);
+            seen.iter().map(String::as_str).collect()
+        };
+        // Jobs not started, in the group's order, that compiled without error.
+        assert_eq!(after("job0"), ["job1", "job2", "job5"]);
+        assert_eq!(after("job2"), ["job5", "job6", "job7"]);
+        assert_eq!(after("job8"), ["job9"]);
+        assert!(after("job9").is_empty());
+        // The compile error fails before its check: it looks at nothing.
+        assert!(looked.iter().all(|(j, _)| j != "job4"));
+        // Without a pool the lane compiles each job at its turn: nothing ahead.
+        let (_, _, _, looked) = run_folding(Box::new(Grid), true, false, None);
+        assert!(looked.iter().all(|(_, seen)| seen.is_empty()));
     }
 }

@@ -125,10 +125,19 @@ struct Shared {
     reply: ShareReply,
 }
 
+/// Triton recipes asked for in one Python call at most: the job about to be
+/// checked and the next compiled jobs of its group.
+const RECIPE_BATCH: usize = 16;
+
 struct NativeLane {
     setup: Arc<NativeSetup>,
     process: NativeProcess,
     shared: Option<Shared>,
+    /// Triton recipes of the shared shape by job id, kept for the finalists'
+    /// checks (cleared when the shape is shared again).
+    recipes: HashMap<String, Json>,
+    /// The jobs likely to follow the next check, whose recipes come with its own.
+    ahead: Vec<Job>,
     /// Why this lane's native worker cannot run (it failed to start).
     broken: Option<String>,
 }
@@ -183,6 +192,8 @@ impl LaneBackend {
                 setup,
                 process,
                 shared: None,
+                recipes: HashMap::new(),
+                ahead: Vec::new(),
                 broken: None,
             }),
             native_prepared: false,
@@ -290,12 +301,7 @@ impl LaneBackend {
                 .setup
                 .cache_dir
                 .clone();
-            let body = json!({
-                "job": self.python.job_json(job, &method.kernel, method.kind.as_str()),
-                "seed": seed,
-                "cache_dir": cache,
-            });
-            let recipe = self.python.request("recipe", body)?;
+            let recipe = self.recipe(method, job, seed, cache)?;
             if let Some(k) = recipe.get("kernels") {
                 recipe_kernels = serde_json::from_value(k.clone()).unwrap_or_default();
             }
@@ -348,6 +354,100 @@ impl LaneBackend {
             check: r.into(),
             first: batch,
         })
+    }
+
+    /// A Triton job's recipe: kept from an earlier batch, or asked for with
+    /// the recipes of the jobs ahead of it (`look_ahead`) in one call.
+    fn recipe(
+        &mut self,
+        method: &Method,
+        job: &Job,
+        seed: u64,
+        cache: PathBuf,
+    ) -> Result<Json, JobFailure> {
+        let n = self.native.as_mut().expect("a native lane");
+        if let Some(r) = n.recipes.get(&job.id) {
+            return Ok(r.clone());
+        }
+        let ahead = std::mem::take(&mut n.ahead);
+        let batch: Vec<&Job> = std::iter::once(job)
+            .chain(ahead.iter().filter(|j| {
+                j.method == job.method && j.id != job.id && !n.recipes.contains_key(&j.id)
+            }))
+            .take(RECIPE_BATCH)
+            .collect();
+        let jobs: Vec<Json> = batch
+            .iter()
+            .map(|j| {
+                self.python
+                    .job_json(j, &method.kernel, method.kind.as_str())
+            })
+            .collect();
+        let body = json!({"jobs": jobs, "seed": seed, "cache_dir": cache});
+        let reply = match self.python.request("recipes", body) {
+            Ok(r) => r,
+            // A worker that predates `recipes` (or a batch that went wrong as
+            // a whole): this job's recipe alone, as before.
+            Err(f) if !matches!(f.class, FailureClass::Crash | FailureClass::Timeout) => {
+                let body = json!({
+                    "job": self.python.job_json(job, &method.kernel, method.kind.as_str()),
+                    "seed": seed,
+                    "cache_dir": cache,
+                });
+                return self.python.request("recipe", body);
+            }
+            Err(f) => return Err(f),
+        };
+        let answers = reply
+            .get("recipes")
+            .and_then(Json::as_array)
+            .filter(|a| a.len() == batch.len())
+            .ok_or_else(|| {
+                JobFailure::new(
+                    FailureClass::Crash,
+                    format!(
+                        "protocol error: the answer to `recipes` does not hold {} recipes",
+                        batch.len()
+                    ),
+                )
+            })?;
+        let fault = batch.iter().zip(answers).find_map(|(j, a)| {
+            let failed = a.get("ok").and_then(Json::as_bool) != Some(true);
+            let f = crate::backend::python::failure_of(a);
+            (failed && f.class == FailureClass::LaunchError).then_some((j.id.clone(), f))
+        });
+        if let Some((at, fault)) = fault {
+            // A fault may have poisoned the worker's CUDA context: it is not
+            // used again, and the tensors it shared go with it.
+            self.python.after_failure(&fault);
+            return Err(if at == job.id {
+                fault
+            } else {
+                JobFailure::new(
+                    FailureClass::Crash,
+                    format!(
+                        "the Python worker faulted on job {at}'s recipe, asked for with this job's ({}); it is restarted",
+                        fault.message
+                    ),
+                )
+            });
+        }
+        let n = self.native.as_mut().expect("a native lane");
+        let mut own = None;
+        for (j, answer) in batch.iter().zip(answers) {
+            if j.id == job.id {
+                own = Some(answer.clone());
+            } else if answer.get("ok").and_then(Json::as_bool) == Some(true) {
+                // Another job's failure is asked for again at its own check.
+                n.recipes.insert(j.id.clone(), answer.clone());
+            }
+        }
+        let own = own.expect("the job leads its batch");
+        if own.get("ok").and_then(Json::as_bool) != Some(true) {
+            return Err(crate::backend::python::failure_of(&own));
+        }
+        n.recipes.insert(job.id.clone(), own.clone());
+        Ok(own)
     }
 
     /// The Python worker's comparison of the shared output with the reference.
@@ -416,6 +516,8 @@ impl LaneBackend {
             .map(|t| json!({"handle": t.handle, "offset": t.offset, "bytes": t.bytes}))
             .collect();
         n.process.call("import", json!({"tensors": tensors}))?;
+        // Recipes name the shared tensors by index: another sharing, new recipes.
+        n.recipes.clear();
         n.shared = Some(Shared {
             key,
             python_generation: py_gen,
@@ -661,6 +763,21 @@ impl Backend for LaneBackend {
             None => self
                 .python
                 .check_then_sample(job, kernel, kind, tol, seed, first),
+        }
+    }
+
+    fn look_ahead(&mut self, job: &Job, ahead: &mut dyn FnMut(usize) -> Vec<Job>) {
+        let triton_native = self
+            .native
+            .as_ref()
+            .and_then(|n| n.setup.methods.get(&job.method))
+            .is_some_and(|m| !m.kind.is_native());
+        let Some(n) = self.native.as_mut() else {
+            return;
+        };
+        n.ahead.clear();
+        if triton_native && n.broken.is_none() && !n.recipes.contains_key(&job.id) {
+            n.ahead = ahead(RECIPE_BATCH - 1);
         }
     }
 
