@@ -229,7 +229,7 @@ def test_a_triton_kernel_launched_natively_gives_pythons_bits(shared_worker, tmp
     assert recipe["ok"], recipe
     # `recipes` answers each job as `recipe` does, and a job's failure as its own.
     other = {**job, "job_id": "native-triton-2", "config": {**job["config"], "BLOCK_SIZE_N": 128}}
-    broken = {**job, "job_id": "no-method", "method": {**job["method"], "name": "nothing"}}
+    broken = {**job, "job_id": "no-method", "method": {**job["method"], "kernel": "nothing"}}
     batch = shared_worker.request("recipes", jobs=[job, broken, other], seed=0, cache_dir=str(tmp_path))
     assert batch["ok"], batch
     first, failed, second = batch["recipes"]

@@ -479,7 +479,7 @@ impl Workers {
                         n.methods
                             .iter()
                             .filter(|(_, m)| m.kind.is_native())
-                            .map(|(k, m)| (k.clone(), m.clone()))
+                            .map(|(k, m)| (k.clone(), crate::manifest::Method::clone(m)))
                             .collect(),
                     ),
                     threads: opts.compile_workers,

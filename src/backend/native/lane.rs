@@ -30,8 +30,9 @@ use crate::store::{CheckResult, FailureClass, KernelResources};
 /// What every lane's native side shares.
 pub struct NativeSetup {
     pub problem: String,
-    /// The methods launched natively, by name.
-    pub methods: HashMap<String, Method>,
+    /// The methods launched natively, by name (shared: a lane looks one up
+    /// at every check).
+    pub methods: HashMap<String, Arc<Method>>,
     pub compiler: Arc<NativeCompiler>,
     device: Json,
     /// Why no native launch can run in this run; `None` when they can.
@@ -52,10 +53,10 @@ impl NativeSetup {
         cache_dir: PathBuf,
         unavailable: Option<String>,
     ) -> NativeSetup {
-        let methods: HashMap<String, Method> = methods
+        let methods: HashMap<String, Arc<Method>> = methods
             .iter()
             .filter(|m| m.launch == LaunchPath::Native)
-            .map(|m| (m.name.clone(), m.clone()))
+            .map(|m| (m.name.clone(), Arc::new(m.clone())))
             .collect();
         // Without the runtime compiler neither kind: it compiles the helper kernels too.
         let unavailable = unavailable.or_else(|| {
@@ -125,6 +126,27 @@ struct Shared {
     reply: ShareReply,
 }
 
+/// A Triton job's recipe, as read from the Python worker's answer.
+struct TritonRecipe {
+    launch: Launch,
+    /// What Triton compiled (stages included), as a Python check reports it.
+    kernels: Vec<KernelResources>,
+}
+
+impl TritonRecipe {
+    fn read(mut answer: Json) -> Result<TritonRecipe, JobFailure> {
+        let kernels = answer
+            .get_mut("kernels")
+            .map(Json::take)
+            .and_then(|k| serde_json::from_value(k).ok())
+            .unwrap_or_default();
+        Ok(TritonRecipe {
+            launch: Launch::from_recipe(answer)?,
+            kernels,
+        })
+    }
+}
+
 /// Triton recipes asked for in one Python call at most: the job about to be
 /// checked and the next compiled jobs of its group.
 const RECIPE_BATCH: usize = 16;
@@ -133,9 +155,9 @@ struct NativeLane {
     setup: Arc<NativeSetup>,
     process: NativeProcess,
     shared: Option<Shared>,
-    /// Triton recipes of the shared shape by job id, kept for the finalists'
-    /// checks (cleared when the shape is shared again).
-    recipes: HashMap<String, Json>,
+    /// Triton recipes of the shared shape by job id, read once and kept for
+    /// the finalists' checks (cleared when the shape is shared again).
+    recipes: HashMap<String, Arc<TritonRecipe>>,
     /// The jobs likely to follow the next check, whose recipes come with its own.
     ahead: Vec<Job>,
     /// Why this lane's native worker cannot run (it failed to start).
@@ -242,7 +264,7 @@ impl LaneBackend {
     }
 
     /// The native method a job runs as, when it is launched natively here.
-    fn native_method(&mut self, job: &Job) -> Option<Method> {
+    fn native_method(&mut self, job: &Job) -> Option<Arc<Method>> {
         let method = self
             .native
             .as_ref()?
@@ -273,7 +295,7 @@ impl LaneBackend {
         }
         // A Triton recipe says what Triton compiled (stages included).
         let mut recipe_kernels: Vec<KernelResources> = Vec::new();
-        let launch = if method.kind.is_native() {
+        let mut body = if method.kind.is_native() {
             let n = self.native.as_ref().expect("a native lane");
             let artifact = n.setup.compiler.compile(method, job)?;
             self.share(job, seed)?;
@@ -292,6 +314,7 @@ impl LaneBackend {
                 &self.native.as_ref().expect("native").setup.device,
             )?
             .with_image(artifact.image, artifact.symbol)
+            .body(&job.id)
         } else {
             self.share(job, seed)?;
             let cache = self
@@ -302,14 +325,11 @@ impl LaneBackend {
                 .cache_dir
                 .clone();
             let recipe = self.recipe(method, job, seed, cache)?;
-            if let Some(k) = recipe.get("kernels") {
-                recipe_kernels = serde_json::from_value(k.clone()).unwrap_or_default();
-            }
-            Launch::from_recipe(&recipe)?
+            recipe_kernels = recipe.kernels.clone();
+            recipe.launch.body(&job.id)
         };
         let n = self.native.as_mut().expect("a native lane");
         let reply = &n.shared.as_ref().expect("shared").reply;
-        let mut body = launch.body(&job.id);
         body["poison"] =
             json!({"tensor": reply.out, "pattern": reply.poison, "elements": reply.elements});
         // The native worker compares in the same call where it can (the
@@ -364,7 +384,7 @@ impl LaneBackend {
         job: &Job,
         seed: u64,
         cache: PathBuf,
-    ) -> Result<Json, JobFailure> {
+    ) -> Result<Arc<TritonRecipe>, JobFailure> {
         let n = self.native.as_mut().expect("a native lane");
         if let Some(r) = n.recipes.get(&job.id) {
             return Ok(r.clone());
@@ -394,13 +414,19 @@ impl LaneBackend {
                     "seed": seed,
                     "cache_dir": cache,
                 });
-                return self.python.request("recipe", body);
+                let answer = self.python.request("recipe", body)?;
+                return TritonRecipe::read(answer).map(Arc::new);
             }
             Err(f) => return Err(f),
         };
+        let mut reply = reply;
         let answers = reply
-            .get("recipes")
-            .and_then(Json::as_array)
+            .get_mut("recipes")
+            .map(Json::take)
+            .and_then(|a| match a {
+                Json::Array(a) => Some(a),
+                _ => None,
+            })
             .filter(|a| a.len() == batch.len())
             .ok_or_else(|| {
                 JobFailure::new(
@@ -411,7 +437,7 @@ impl LaneBackend {
                     ),
                 )
             })?;
-        let fault = batch.iter().zip(answers).find_map(|(j, a)| {
+        let fault = batch.iter().zip(&answers).find_map(|(j, a)| {
             let failed = a.get("ok").and_then(Json::as_bool) != Some(true);
             let f = crate::backend::python::failure_of(a);
             (failed && f.class == FailureClass::LaunchError).then_some((j.id.clone(), f))
@@ -435,17 +461,22 @@ impl LaneBackend {
         let n = self.native.as_mut().expect("a native lane");
         let mut own = None;
         for (j, answer) in batch.iter().zip(answers) {
+            let ok = answer.get("ok").and_then(Json::as_bool) == Some(true);
             if j.id == job.id {
-                own = Some(answer.clone());
-            } else if answer.get("ok").and_then(Json::as_bool) == Some(true) {
-                // Another job's failure is asked for again at its own check.
-                n.recipes.insert(j.id.clone(), answer.clone());
+                own = Some(if ok {
+                    TritonRecipe::read(answer).map(Arc::new)
+                } else {
+                    Err(crate::backend::python::failure_of(&answer))
+                });
+            } else if ok {
+                // Another job's failure (or unreadable recipe) is asked for
+                // again at its own check.
+                if let Ok(r) = TritonRecipe::read(answer) {
+                    n.recipes.insert(j.id.clone(), Arc::new(r));
+                }
             }
         }
-        let own = own.expect("the job leads its batch");
-        if own.get("ok").and_then(Json::as_bool) != Some(true) {
-            return Err(crate::backend::python::failure_of(&own));
-        }
+        let own = own.expect("the job leads its batch")?;
         n.recipes.insert(job.id.clone(), own.clone());
         Ok(own)
     }
@@ -560,7 +591,7 @@ impl Launch {
     }
 
     /// A Triton job's recipe (the Python worker's `recipe` answer).
-    fn from_recipe(r: &Json) -> Result<Launch, JobFailure> {
+    fn from_recipe(r: Json) -> Result<Launch, JobFailure> {
         #[derive(Deserialize)]
         struct Recipe {
             image: PathBuf,
@@ -570,7 +601,7 @@ impl Launch {
             shared: u64,
             args: Vec<serde_json::Map<String, Json>>,
         }
-        let r: Recipe = serde_json::from_value(r.clone()).map_err(|e| {
+        let r: Recipe = serde_json::from_value(r).map_err(|e| {
             JobFailure::new(
                 FailureClass::Crash,
                 format!("protocol error: the worker's answer to `recipe` does not fit ({e})"),
@@ -581,18 +612,20 @@ impl Launch {
         ];
         let args = r
             .args
-            .iter()
-            .map(|a| {
+            .into_iter()
+            .map(|mut a| {
                 // The recipe names and types each argument; the worker takes the value alone.
-                a.iter()
-                    .find(|(k, _)| KINDS.contains(&k.as_str()))
-                    .map(|(k, v)| json!({ k.clone(): v.clone() }))
-                    .ok_or_else(|| {
-                        JobFailure::new(
-                            FailureClass::Crash,
-                            format!("protocol error: recipe argument {a:?}"),
-                        )
-                    })
+                let kind = a.keys().find(|k| KINDS.contains(&k.as_str())).cloned();
+                match kind {
+                    Some(k) => {
+                        let v = a.remove(&k).expect("a key just found");
+                        Ok(json!({ k: v }))
+                    }
+                    None => Err(JobFailure::new(
+                        FailureClass::Crash,
+                        format!("protocol error: recipe argument {a:?}"),
+                    )),
+                }
             })
             .collect::<Result<_, _>>()?;
         Ok(Launch {
@@ -954,7 +987,7 @@ mod tests {
                 {"scratch": 0, "name": "global_scratch", "type": "*i8"},
             ],
         });
-        let l = Launch::from_recipe(&recipe).unwrap();
+        let l = Launch::from_recipe(recipe).unwrap();
         assert_eq!(
             l.args,
             vec![
@@ -968,6 +1001,6 @@ mod tests {
             ("matmul_kernel", 32768, vec![12, 1, 1])
         );
         let bad = json!({"image": "x", "symbol": "k", "grid": [1], "block": [1], "shared": 0, "args": [{"name": "x"}]});
-        assert!(Launch::from_recipe(&bad).is_err());
+        assert!(Launch::from_recipe(bad).is_err());
     }
 }
