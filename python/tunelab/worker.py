@@ -945,12 +945,22 @@ class Worker:
         jobs = request.get("jobs")
         if not isinstance(jobs, list) or not jobs:
             raise bad_request("recipes needs 'jobs', a non-empty list of jobs")
-        answers = []
+        answers: list = []
         for job in jobs:
             try:
                 answers.append({"ok": True, **self.recipe({**request, "job": job})})
             except WorkerError as err:
                 answers.append({"ok": False, "class": err.failure_class, "message": err.message})
+            except Exception as exc:  # noqa: BLE001 - one job's bug is that job's answer, as `_handle` does
+                print("tunelab worker: internal error in recipes:", file=sys.stderr)
+                traceback.print_exception(exc, file=sys.stderr)
+                message = "internal worker error: " + summarize(exc)
+                answers.append({"ok": False, "class": PROBLEM_ERROR, "message": message})
+            if answers[-1].get("class") == LAUNCH_ERROR:
+                break  # the CUDA context may be poisoned: nothing after it is trusted
+        # Jobs not reached after a fault: unanswered, asked for again at their own checks.
+        unreached = {"ok": False, "class": LAUNCH_ERROR, "message": "not prepared: an earlier job of the batch faulted"}
+        answers += [unreached] * (len(jobs) - len(answers))
         return {"recipes": answers}
 
     def shutdown(self, request: dict) -> dict:

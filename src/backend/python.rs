@@ -326,9 +326,13 @@ impl PythonBackend {
     }
 
     /// What a failed request leaves: after a launch error the CUDA context
-    /// may be poisoned, so this worker is never reused.
+    /// may be poisoned, and a worker that answered out of protocol (a crash
+    /// the runner found in its answer) is not trusted: neither is reused.
     pub(crate) fn after_failure(&mut self, failure: &JobFailure) {
-        if failure.class == FailureClass::LaunchError {
+        if matches!(
+            failure.class,
+            FailureClass::LaunchError | FailureClass::Crash
+        ) {
             if let Some(mut w) = self.worker.take() {
                 w.kill();
             }

@@ -1460,9 +1460,13 @@ mod tests {
             let (plain, plain_finals, plain_calls, _) = run_folding(strategy(), false, false, None);
             let (folded, folded_finals, calls, _) = run_folding(strategy(), true, false, None);
             // The same records, sample for sample.
-            let samples = |jobs: &[JobRecord]| -> Vec<(String, JobStatus, Option<u64>)> {
+            type Taken = (String, JobStatus, Option<(u64, f64, f64)>);
+            let samples = |jobs: &[JobRecord]| -> Vec<Taken> {
                 jobs.iter()
-                    .map(|j| (j.job_id.clone(), j.status, j.stats.as_ref().map(|s| s.n)))
+                    .map(|j| {
+                        let s = j.stats.as_ref().map(|s| (s.n, s.median_us, s.mean_us));
+                        (j.job_id.clone(), j.status, s)
+                    })
                     .collect()
             };
             assert_eq!(samples(&plain), samples(&folded));

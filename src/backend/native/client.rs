@@ -184,9 +184,13 @@ impl NativeProcess {
     }
 
     /// What a failed request leaves: a fault leaves the context unusable,
-    /// so the worker is discarded.
+    /// and an answer out of protocol (a crash the runner found in it) the
+    /// worker untrusted: either way it is discarded.
     pub fn after_failure(&mut self, failure: &JobFailure) {
-        if failure.class == FailureClass::LaunchError {
+        if matches!(
+            failure.class,
+            FailureClass::LaunchError | FailureClass::Crash
+        ) {
             self.discard();
         }
     }

@@ -158,8 +158,9 @@ struct NativeLane {
     /// Triton recipes of the shared shape by job id, read once and kept for
     /// the finalists' checks (cleared when the shape is shared again).
     recipes: HashMap<String, Arc<TritonRecipe>>,
-    /// The jobs likely to follow the next check, whose recipes come with its own.
-    ahead: Vec<Job>,
+    /// The jobs likely to follow a check (the job's id, then the jobs), whose
+    /// recipes come with its own.
+    ahead: Option<(String, Vec<Job>)>,
     /// Why this lane's native worker cannot run (it failed to start).
     broken: Option<String>,
 }
@@ -215,7 +216,7 @@ impl LaneBackend {
                 process,
                 shared: None,
                 recipes: HashMap::new(),
-                ahead: Vec::new(),
+                ahead: None,
                 broken: None,
             }),
             native_prepared: false,
@@ -389,7 +390,12 @@ impl LaneBackend {
         if let Some(r) = n.recipes.get(&job.id) {
             return Ok(r.clone());
         }
-        let ahead = std::mem::take(&mut n.ahead);
+        // Offered for this job only: a check that stopped before its recipe
+        // leaves its list to no one.
+        let ahead = match n.ahead.take() {
+            Some((for_job, jobs)) if for_job == job.id => jobs,
+            _ => Vec::new(),
+        };
         let batch: Vec<&Job> = std::iter::once(job)
             .chain(ahead.iter().filter(|j| {
                 j.method == job.method && j.id != job.id && !n.recipes.contains_key(&j.id)
@@ -409,13 +415,7 @@ impl LaneBackend {
             // A worker that predates `recipes` (or a batch that went wrong as
             // a whole): this job's recipe alone, as before.
             Err(f) if !matches!(f.class, FailureClass::Crash | FailureClass::Timeout) => {
-                let body = json!({
-                    "job": self.python.job_json(job, &method.kernel, method.kind.as_str()),
-                    "seed": seed,
-                    "cache_dir": cache,
-                });
-                let answer = self.python.request("recipe", body)?;
-                return TritonRecipe::read(answer).map(Arc::new);
+                return self.recipe_alone(method, job, seed, cache);
             }
             Err(f) => return Err(f),
         };
@@ -427,16 +427,19 @@ impl LaneBackend {
                 Json::Array(a) => Some(a),
                 _ => None,
             })
-            .filter(|a| a.len() == batch.len())
-            .ok_or_else(|| {
-                JobFailure::new(
-                    FailureClass::Crash,
-                    format!(
-                        "protocol error: the answer to `recipes` does not hold {} recipes",
-                        batch.len()
-                    ),
-                )
-            })?;
+            .filter(|a| a.len() == batch.len());
+        let Some(answers) = answers else {
+            // A worker that answers out of protocol is not trusted with the next job.
+            let f = JobFailure::new(
+                FailureClass::Crash,
+                format!(
+                    "protocol error: the answer to `recipes` does not hold {} recipes",
+                    batch.len()
+                ),
+            );
+            self.python.after_failure(&f);
+            return Err(f);
+        };
         let fault = batch.iter().zip(&answers).find_map(|(j, a)| {
             let failed = a.get("ok").and_then(Json::as_bool) != Some(true);
             let f = crate::backend::python::failure_of(a);
@@ -446,17 +449,14 @@ impl LaneBackend {
             // A fault may have poisoned the worker's CUDA context: it is not
             // used again, and the tensors it shared go with it.
             self.python.after_failure(&fault);
-            return Err(if at == job.id {
-                fault
-            } else {
-                JobFailure::new(
-                    FailureClass::Crash,
-                    format!(
-                        "the Python worker faulted on job {at}'s recipe, asked for with this job's ({}); it is restarted",
-                        fault.message
-                    ),
-                )
-            });
+            if at == job.id {
+                return Err(fault);
+            }
+            // Another job's fault is that job's, at its own check: this one
+            // is shared again (with a new worker) and asked for alone.
+            self.native.as_mut().expect("a native lane").shared = None;
+            self.share(job, seed)?;
+            return self.recipe_alone(method, job, seed, cache);
         }
         let n = self.native.as_mut().expect("a native lane");
         let mut own = None;
@@ -479,6 +479,26 @@ impl LaneBackend {
         let own = own.expect("the job leads its batch")?;
         n.recipes.insert(job.id.clone(), own.clone());
         Ok(own)
+    }
+
+    /// One job's recipe in a call of its own (`recipe`), kept.
+    fn recipe_alone(
+        &mut self,
+        method: &Method,
+        job: &Job,
+        seed: u64,
+        cache: PathBuf,
+    ) -> Result<Arc<TritonRecipe>, JobFailure> {
+        let body = json!({
+            "job": self.python.job_json(job, &method.kernel, method.kind.as_str()),
+            "seed": seed,
+            "cache_dir": cache,
+        });
+        let answer = self.python.request("recipe", body)?;
+        let recipe = Arc::new(TritonRecipe::read(answer)?);
+        let n = self.native.as_mut().expect("a native lane");
+        n.recipes.insert(job.id.clone(), recipe.clone());
+        Ok(recipe)
     }
 
     /// The Python worker's comparison of the shared output with the reference.
@@ -808,9 +828,9 @@ impl Backend for LaneBackend {
         let Some(n) = self.native.as_mut() else {
             return;
         };
-        n.ahead.clear();
+        n.ahead = None;
         if triton_native && n.broken.is_none() && !n.recipes.contains_key(&job.id) {
-            n.ahead = ahead(RECIPE_BATCH - 1);
+            n.ahead = Some((job.id.clone(), ahead(RECIPE_BATCH - 1)));
         }
     }
 
