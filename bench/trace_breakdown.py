@@ -27,8 +27,9 @@ methods natively (`kind: cuda`, Triton's `launch: native`), `nativeN`: the
 native worker's calls (`hello`, `import`, `check`, `warmup`, `sample`,
 `shutdown`; `launch_cost` is bench/native_launch.py's, not a run's), its
 `start-up` (process, GPU, `hello`) and the one-off `helper kernels` compile
-(NVRTC, in the runner) before it. Both run on the lane's thread, inside the
-first native group: they are counted as start-up, not as runner overhead.
+(NVRTC, in the runner) before it. Both run while the lane's Python worker
+starts (before commit 2026-11-23 they ran on the lane's thread inside the
+first native group); either way they are start-up, not runner overhead.
 A native job's calls are `recipe` (Triton methods) and `compare` on the
 Python worker, `check`, `warmup` and `sample` on the native worker; `share`
 and `import` once per shape. A job is counted once, by its `check` on
@@ -202,6 +203,7 @@ def breakdown(path):
                 "track": native_track,
                 "ready_s": max(_end(e) for e in nat_start if e["name"] == "start-up") / 1e6
                 if any(e["name"] == "start-up" for e in nat_start) else None,
+                "startup_s": _union_us((e["ts"], _end(e)) for e in nat_start) / 1e6,
                 "startup_in_groups_s": native_startup_us / 1e6,
                 "calls": _ops(nat_calls),
                 # Jobs whose check the native worker ran: launched natively.
@@ -260,8 +262,9 @@ def render(b):
         nat = lane.get("native")
         if nat:
             lines.append(f"  native worker ({nat['track']}): {nat['jobs']} of {lane['jobs']} jobs checked there; "
-                         f"start-up {nat['startup_in_groups_s'] * 1e3:.0f} ms inside the groups (helper kernels, "
-                         f"process, GPU, hello; not runner overhead), ready at {nat['ready_s'] or 0:.2f} s; "
+                         f"start-up {nat.get('startup_s', 0) * 1e3:.0f} ms (helper kernels, process, GPU, hello), "
+                         f"{nat['startup_in_groups_s'] * 1e3:.0f} ms of it inside the groups (not runner overhead), "
+                         f"ready at {nat['ready_s'] or 0:.2f} s; "
                          f"calls: {_render_ops(nat['calls'])}")
         lines.append(f"  waiting for compiles {lane['wait_for_compile_s']:.2f} s; in calls {lane['in_calls_s']:.2f} s; "
                      f"runner between calls {lane['runner_between_calls_s'] * 1e3:.1f} ms "

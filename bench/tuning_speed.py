@@ -1056,7 +1056,7 @@ def add_breakdown(add, contenders):
             "per shape; `describe` once per group. Runner overhead per job there: lane time inside groups in no "
             "call of either worker, no wait for a compile, and not the native worker's start-up (tunelab's "
             "helper kernels compiled with NVRTC, the process started, its GPU opened, `hello`: once per run, "
-            "inside the first group, reported on its own line); plus round trip minus worker time of every "
+            "while the lane's Python worker starts, reported on its own line); plus round trip minus worker time of every "
             "call of both workers but `hello` and `shutdown`; divided by the lane's jobs (each counted once, by "
             "its `check`); plus the journal append's mean.")
     add("")

@@ -525,7 +525,7 @@ impl Workers {
                     number,
                     device,
                     worker: std::thread::spawn(move || {
-                        let hello = backend.python.hello();
+                        let hello = backend.start();
                         (backend, hello)
                     }),
                 }

@@ -19,7 +19,9 @@ use serde_json::{json, Value as Json};
 
 use super::client::NativeProcess;
 use super::compile::{context, eval, NativeCompiler};
-use crate::backend::python::{sample_request, then_reply, then_request, CheckReply, SampleReply};
+use crate::backend::python::{
+    sample_request, then_reply, then_request, CheckReply, Hello, SampleReply,
+};
 use crate::backend::{
     Backend, Checked, FirstBatch, JobFailure, PythonBackend, SampleBatch, SampleMode, ShapeFacts,
 };
@@ -165,6 +167,39 @@ struct NativeLane {
     broken: Option<String>,
 }
 
+impl NativeLane {
+    /// Starts the native worker unless it runs, cannot run in this run, or
+    /// would not start before (then `broken` says why).
+    fn start(&mut self) {
+        if self.setup.unavailable.is_some()
+            || self.broken.is_some()
+            || self.process.hello().is_some()
+        {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let helpers = self.setup.helpers();
+        // Once per run (the first lane compiles, the others wait for it):
+        // traced so that it is not taken for per-job overhead.
+        crate::trace::span(
+            &self.process.track(),
+            "helper kernels",
+            started,
+            json!({"ok": helpers.is_ok()}),
+        );
+        match helpers {
+            Ok(h) => self.process.set_helpers(h),
+            Err(why) => {
+                self.broken = Some(format!("tunelab's helper kernels do not compile: {why}"));
+                return;
+            }
+        }
+        if let Err(f) = self.process.start() {
+            self.broken = Some(f.message.lines().next().unwrap_or("").to_string());
+        }
+    }
+}
+
 /// A lane's backend: Python for everything, native launches beside it.
 pub struct LaneBackend {
     pub python: PythonBackend,
@@ -231,37 +266,30 @@ impl LaneBackend {
         self.python.shutdown();
     }
 
+    /// Starts the lane's workers together: the Python worker's `hello` on
+    /// this thread and, on a thread of its own meanwhile, the native worker
+    /// (helper kernels, process, GPU, `hello`), so that neither start waits
+    /// for the other. The Python worker imports torch for seconds; the native
+    /// worker took 0.15-0.35 s on an H200 and used to start inside the first
+    /// native group, after the Python worker was up. A native worker that
+    /// cannot start is recorded as this lane's reason and reported at the
+    /// jobs that need it, as before.
+    pub fn start(&mut self) -> Result<Hello, JobFailure> {
+        let LaneBackend { python, native, .. } = self;
+        std::thread::scope(|scope| {
+            if let Some(n) = native.as_mut() {
+                scope.spawn(|| n.start());
+            }
+            python.hello()
+        })
+    }
+
     /// Why native launches cannot run on this lane, if they cannot: the
     /// run's reason, or this lane's worker that would not start.
     fn native_reason(&mut self) -> Option<String> {
         let n = self.native.as_mut()?;
-        if let Some(why) = &n.setup.unavailable {
-            return Some(why.clone());
-        }
-        if n.broken.is_none() && n.process.hello().is_none() {
-            let started = std::time::Instant::now();
-            let helpers = n.setup.helpers();
-            // Once per run (the first lane compiles, the others wait for it), inside
-            // the first native group: traced so it is not taken for per-job overhead.
-            crate::trace::span(
-                &n.process.track(),
-                "helper kernels",
-                started,
-                json!({"ok": helpers.is_ok()}),
-            );
-            match helpers {
-                Ok(h) => n.process.set_helpers(h),
-                Err(why) => {
-                    n.broken = Some(format!("tunelab's helper kernels do not compile: {why}"))
-                }
-            }
-            if n.broken.is_none() {
-                if let Err(f) = n.process.start() {
-                    n.broken = Some(f.message.lines().next().unwrap_or("").to_string());
-                }
-            }
-        }
-        n.broken.clone()
+        n.start();
+        n.setup.unavailable.clone().or_else(|| n.broken.clone())
     }
 
     /// The native method a job runs as, when it is launched natively here.
