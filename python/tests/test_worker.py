@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from conftest import MODE
+from conftest import MODE, RESPONSE_TIMEOUT_S
 from tunelab import PROTOCOL_VERSION
 from tunelab.compare import compare
 from tunelab.worker import classify, summarize
@@ -156,6 +156,27 @@ def test_summarize_is_short():
 
 
 # ---------------------------------------------------------------- end to end
+
+
+def test_mode_gpu_is_for_a_lane_without_the_interpreter(spawn_worker):
+    # A compile worker, or a lane told to interpret: refused at the command line.
+    for args, env in ((["--role", "compile", "--mode", "gpu"], {}), (["--mode", "gpu"], {"TRITON_INTERPRET": "1"})):
+        w = spawn_worker(*args, env_overrides=env)
+        assert w.at_eof(), w.stderr_text()
+        assert w.proc.wait(timeout=RESPONSE_TIMEOUT_S) == 2
+        assert "--mode gpu is for a lane on a GPU" in w.stderr_text()
+
+
+def test_mode_gpu_says_hello_on_a_gpu_and_stops_without_one(spawn_worker):
+    w = spawn_worker("--mode", "gpu", env_overrides={"TRITON_INTERPRET": None})
+    if MODE == "gpu":
+        hello = w.request("hello")
+        assert hello["ok"] and hello["mode"] == "gpu", hello
+        return
+    # The runner found a GPU that this torch cannot see: a clear stop, not the interpreter.
+    assert w.at_eof(), w.stderr_text()
+    assert w.proc.wait(timeout=RESPONSE_TIMEOUT_S) == 1
+    assert "--mode gpu, and torch sees no GPU here" in w.stderr_text()
 
 
 def test_probe_reports_methods_and_their_declared_types(spawn_worker):

@@ -24,6 +24,7 @@ import os
 import platform
 import select
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Optional
@@ -1164,12 +1165,22 @@ def _truthy(value) -> bool:
     return str(value).strip().lower() in ("1", "true", "on", "yes")
 
 
-def choose_mode() -> str:
+def choose_mode(require_gpu: bool = False) -> str:
     """GPU when torch sees one and the interpreter was not asked for.
 
     Must run before anything imports triton: Triton reads TRITON_INTERPRET
     when a kernel is decorated, so the variable is set here for the CPU case.
+    With `require_gpu` (`--mode gpu`: the runner found this lane's GPU), a
+    worker whose torch sees none stops with why, rather than interpreting.
     """
+    if require_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("tunelab worker: --mode gpu, and torch sees no GPU here "
+                     f"(torch {torch.__version__}, CUDA {torch.version.cuda}, "
+                     f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        return "gpu"
     if _truthy(os.environ.get("TRITON_INTERPRET", "0")):
         return "interpreter"
     import torch
@@ -1322,6 +1333,28 @@ def _crowded() -> bool:
 _LOADAVG: tuple[int | None, int] | None = None  # (/proc/loadavg's descriptor, CPUs online), opened once
 
 
+def _warm_triton_key() -> None:
+    """Has Triton hash its own sources on a thread, while this one imports torch.
+
+    The first kernel a process looks up in Triton's cache makes Triton hash
+    its compiler's sources and libtriton (0.35 s of a lane's first `recipes`
+    call on an H200 host, 2026-11-23), after the seconds of `import torch`.
+    Reading and hashing release the GIL, so a thread pays it meanwhile. Only
+    under `--mode gpu`: importing Triton before `choose_mode` could fall back
+    to the interpreter would leave Triton's own jit functions compiled ones.
+    """
+
+    def warm():
+        try:
+            from triton.runtime.cache import triton_key
+
+            triton_key()  # kept by functools.lru_cache for the first lookup
+        except Exception:
+            pass  # only an optimisation: the first lookup computes it as before
+
+    threading.Thread(target=warm, name="warm-triton-key", daemon=True).start()
+
+
 def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m tunelab.worker", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1334,9 +1367,18 @@ def _parse_args(argv):
         "--target",
         help="compile role only: compile for this GPU (cuda:90:32, hip:gfx942:64) without touching one",
     )
+    parser.add_argument(
+        "--mode",
+        choices=("auto", "gpu"),
+        default="auto",
+        help="auto: a GPU when torch sees one, else Triton's interpreter (default); gpu: the runner found "
+        "this lane's GPU, so stop if torch sees none",
+    )
     args = parser.parse_args(argv)
     if args.target is not None and args.role != "compile":
         parser.error("--target is for --role compile; a lane compiles for the GPU it owns")
+    if args.mode == "gpu" and (args.role != "lane" or _truthy(os.environ.get("TRITON_INTERPRET", "0"))):
+        parser.error("--mode gpu is for a lane on a GPU, without TRITON_INTERPRET")
     return args
 
 
@@ -1370,6 +1412,9 @@ def main(argv=None) -> int:
         mode = "gpu"  # never asks torch for a GPU: none is visible to this process
         compile_for(target)
         use_stand_ins()
+    elif args.mode == "gpu":
+        _warm_triton_key()
+        mode = choose_mode(require_gpu=True)
     else:
         mode = choose_mode()
     worker = Worker(role=args.role, mode=mode, target=target)

@@ -90,6 +90,11 @@ impl Worker {
         if let Some(target) = &spec.target {
             cmd.args(["--target", target]);
         }
+        if spec.role == "lane" && !spec.interpret {
+            // This run found the lane's GPU: the worker stops if its torch
+            // sees none, and so can start Triton's work before torch is up.
+            cmd.args(["--mode", "gpu"]);
+        }
         cmd.env("PYTHONPATH", python_path);
         if spec.interpret {
             cmd.env("TRITON_INTERPRET", "1");
