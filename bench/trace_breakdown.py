@@ -165,8 +165,9 @@ def breakdown(path):
         groups = [e for e in jobs_track if e["name"] == "group"]
         waits = [e for e in jobs_track if e["name"] == "wait for compile"]
         # Inside groups only, so the probe's hello before the first group is not counted. The
-        # lane's thread makes every call, wait and native start-up in turn; a union all the same,
-        # as the native start-up span holds the native worker's hello.
+        # lane's thread makes every call and wait in turn; the native start-up runs beside the
+        # Python worker's (or, in older traces and runs without native jobs planned, inside a
+        # group); a union all the same, as the native start-up span holds the native worker's hello.
         in_calls_us = _union_us(_inside(calls, groups))
         native_startup_us = _union_us(_inside(nat_start, groups))
         covered_us = _union_us(_inside(calls + nat_start + waits, groups))

@@ -169,7 +169,7 @@ def test_mode_gpu_is_for_a_lane_without_the_interpreter(spawn_worker):
 
 def test_mode_gpu_says_hello_on_a_gpu_and_stops_without_one(spawn_worker):
     w = spawn_worker("--mode", "gpu", env_overrides={"TRITON_INTERPRET": None})
-    if MODE == "gpu":
+    if torch.cuda.is_available():  # not MODE: interpreter tests may run on a GPU host
         hello = w.request("hello")
         assert hello["ok"] and hello["mode"] == "gpu", hello
         return

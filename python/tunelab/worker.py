@@ -1177,9 +1177,13 @@ def choose_mode(require_gpu: bool = False) -> str:
         import torch
 
         if not torch.cuda.is_available():
-            sys.exit("tunelab worker: --mode gpu, and torch sees no GPU here "
-                     f"(torch {torch.__version__}, CUDA {torch.version.cuda}, "
-                     f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+            facts = [f"torch {torch.__version__}", f"CUDA {torch.version.cuda}", f"HIP {torch.version.hip}"]
+            for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+                if var in os.environ:
+                    facts.append(f"{var}={os.environ[var]!r}")
+            sys.exit(f"tunelab worker: --mode gpu, and torch sees no GPU here ({', '.join(facts)}); "
+                     "tunelab found one: is this Python's torch built for it? "
+                     "`tunelab run --interpret` runs on the CPU instead")
         return "gpu"
     if _truthy(os.environ.get("TRITON_INTERPRET", "0")):
         return "interpreter"
@@ -1333,8 +1337,8 @@ def _crowded() -> bool:
 _LOADAVG: tuple[int | None, int] | None = None  # (/proc/loadavg's descriptor, CPUs online), opened once
 
 
-def _warm_triton_key() -> None:
-    """Has Triton hash its own sources on a thread, while this one imports torch.
+def _warm_triton_key() -> threading.Thread:
+    """Has Triton hash its own sources on a thread (returned, started), while this one imports torch.
 
     The first kernel a process looks up in Triton's cache makes Triton hash
     its compiler's sources and libtriton (0.35 s of a lane's first `recipes`
@@ -1352,7 +1356,9 @@ def _warm_triton_key() -> None:
         except Exception:
             pass  # only an optimisation: the first lookup computes it as before
 
-    threading.Thread(target=warm, name="warm-triton-key", daemon=True).start()
+    thread = threading.Thread(target=warm, name="warm-triton-key", daemon=True)
+    thread.start()
+    return thread
 
 
 def _parse_args(argv):
@@ -1413,8 +1419,11 @@ def main(argv=None) -> int:
         compile_for(target)
         use_stand_ins()
     elif args.mode == "gpu":
-        _warm_triton_key()
+        warming = _warm_triton_key()
         mode = choose_mode(require_gpu=True)
+        # Done by now (torch takes longer); joined so that nothing imports
+        # Triton while the thread may still be importing its packages.
+        warming.join()
     else:
         mode = choose_mode()
     worker = Worker(role=args.role, mode=mode, target=target)

@@ -215,7 +215,14 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     };
 
     let timeout = Duration::from_secs_f64(protocol.timeout_s);
-    let workers = Workers::start(&opts, &dir, timeout);
+    // A native worker starts with the lane when this run has native jobs to
+    // run; otherwise (a filter, a shard or a resume left none) only if a job
+    // turns out to need one.
+    let native_planned = counted.groups.iter().any(|g| {
+        exp.method(&g.method)
+            .is_some_and(|m| m.launch == LaunchPath::Native)
+    });
+    let workers = Workers::start(&opts, &dir, timeout, native_planned);
     let tolerance = match (opts.mode, &exp.interpreter) {
         (Mode::Interpreter, Some(i)) => {
             i.tolerance.clone().unwrap_or_else(|| exp.tolerance.clone())
@@ -429,7 +436,12 @@ impl Workers {
     /// Starts the compile pool first (its workers import Triton while the
     /// lanes' workers import torch), and every lane's worker; none is
     /// waited for here.
-    fn start(opts: &RunOptions<'_>, dir: &Path, timeout: Duration) -> Workers {
+    fn start(
+        opts: &RunOptions<'_>,
+        dir: &Path,
+        timeout: Duration,
+        native_planned: bool,
+    ) -> Workers {
         let exp = opts.exp;
         let devices: Vec<Option<String>> = if opts.mode == Mode::Interpreter || opts.gpus.is_empty()
         {
@@ -525,7 +537,7 @@ impl Workers {
                     number,
                     device,
                     worker: std::thread::spawn(move || {
-                        let hello = backend.start();
+                        let hello = backend.start(native_planned);
                         (backend, hello)
                     }),
                 }

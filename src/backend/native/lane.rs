@@ -266,18 +266,19 @@ impl LaneBackend {
         self.python.shutdown();
     }
 
-    /// Starts the lane's workers together: the Python worker's `hello` on
-    /// this thread and, on a thread of its own meanwhile, the native worker
-    /// (helper kernels, process, GPU, `hello`), so that neither start waits
-    /// for the other. The Python worker imports torch for seconds; the native
-    /// worker took 0.15-0.35 s on an H200 and used to start inside the first
-    /// native group, after the Python worker was up. A native worker that
-    /// cannot start is recorded as this lane's reason and reported at the
-    /// jobs that need it, as before.
-    pub fn start(&mut self) -> Result<Hello, JobFailure> {
+    /// Starts the lane's workers: the Python worker's `hello` on this thread
+    /// and, with `native_too` (the run has native jobs to run), the native
+    /// worker meanwhile on a thread of its own (helper kernels, process, GPU,
+    /// `hello`), so that neither start waits for the other. The Python worker
+    /// imports torch for seconds; the native worker took 0.15-0.55 s on an
+    /// H200 and used to start inside the first native group, after the Python
+    /// worker was up. Without `native_too` it starts at the first job that
+    /// needs it, as before. A native worker that cannot start is this lane's
+    /// reason, reported at the jobs that need it.
+    pub fn start(&mut self, native_too: bool) -> Result<Hello, JobFailure> {
         let LaneBackend { python, native, .. } = self;
         std::thread::scope(|scope| {
-            if let Some(n) = native.as_mut() {
+            if let Some(n) = native.as_mut().filter(|_| native_too) {
                 scope.spawn(|| n.start());
             }
             python.hello()
