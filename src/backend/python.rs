@@ -191,18 +191,21 @@ pub(crate) fn then_request(first: &FirstBatch) -> Json {
 
 /// A `check` answer's `then`: the first batch, its failure, or `None` where
 /// the worker did not go on (the check failed, or it left the rest to calls
-/// of their own).
-pub(crate) fn then_reply(reply: &Json, count: u32) -> Option<Result<TimedBatch, JobFailure>> {
-    let then = reply.get("then").filter(|t| !t.is_null())?;
+/// of their own). It is taken out of `reply`, whose rest is read after.
+pub(crate) fn then_reply(reply: &mut Json, count: u32) -> Option<Result<TimedBatch, JobFailure>> {
+    let then = reply
+        .get_mut("then")
+        .map(Json::take)
+        .filter(|t| !t.is_null())?;
     if then.get("ok").and_then(Json::as_bool) != Some(true) {
-        return Some(Err(failure_of(then)));
+        return Some(Err(failure_of(&then)));
     }
     #[derive(Deserialize)]
     struct Then {
         sample: SampleReply,
         wall_ms: f64,
     }
-    let then: Then = match serde_json::from_value(then.clone()) {
+    let then: Then = match serde_json::from_value(then) {
         Ok(t) => t,
         Err(e) => {
             return Some(Err(JobFailure::new(
@@ -527,8 +530,8 @@ impl Backend for PythonBackend {
         let mut body = self.check_body(job, kernel, kind, tol, seed);
         body["then"] = then_request(&first);
         self.kernels.clear();
-        let reply = self.call("check", body, self.timeout)?;
-        let batch = then_reply(&reply, first.count);
+        let mut reply = self.call("check", body, self.timeout)?;
+        let batch = then_reply(&mut reply, first.count);
         let mut r: CheckReply = self.parse("check", reply)?;
         self.kernels = std::mem::take(&mut r.kernels);
         if let Some(Err(f)) = &batch {

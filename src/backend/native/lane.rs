@@ -310,6 +310,31 @@ impl LaneBackend {
         Some(method)
     }
 
+    /// A job's check on the worker its method runs on, going on to `first`'s
+    /// batch where given; the prepared job is that worker's from here on.
+    fn check_on_either(
+        &mut self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        tol: ToleranceFor,
+        seed: u64,
+        first: Option<FirstBatch>,
+    ) -> Result<Checked, JobFailure> {
+        self.native_prepared = false;
+        self.native_kernels.clear();
+        match (self.native_method(job), first) {
+            (Some(m), first) => self.check_native(&m, job, tol, seed, first),
+            (None, Some(first)) => self
+                .python
+                .check_then_sample(job, kernel, kind, tol, seed, first),
+            (None, None) => self
+                .python
+                .check(job, kernel, kind, tol, seed)
+                .map(|check| Checked { check, first: None }),
+        }
+    }
+
     /// A native job's check; with `first`, the native worker goes on to the
     /// warm-up and the first batch in the same call where it compares itself.
     fn check_native(
@@ -379,8 +404,8 @@ impl LaneBackend {
                 body["then"] = then_request(first);
             }
         }
-        let checked = n.process.call("check", body)?;
-        let batch = first.and_then(|f| then_reply(&checked, f.count));
+        let mut checked = n.process.call("check", body)?;
+        let batch = first.and_then(|f| then_reply(&mut checked, f.count));
         if let Some(Err(f)) = &batch {
             n.process.after_failure(f);
         }
@@ -390,8 +415,8 @@ impl LaneBackend {
             recipe_kernels
         };
         self.native_prepared = true;
-        let compared = match checked.get("compared") {
-            Some(c) if !c.is_null() => c.clone(),
+        let compared = match checked.get_mut("compared").map(Json::take) {
+            Some(c) if !c.is_null() => c,
             _ => self.python_compare(job, seed, tol)?,
         };
         let r: CheckReply = serde_json::from_value(compared).map_err(|e| {
@@ -821,12 +846,8 @@ impl Backend for LaneBackend {
         tol: ToleranceFor,
         seed: u64,
     ) -> Result<CheckResult, JobFailure> {
-        self.native_prepared = false;
-        self.native_kernels.clear();
-        match self.native_method(job) {
-            Some(m) => self.check_native(&m, job, tol, seed, None).map(|c| c.check),
-            None => self.python.check(job, kernel, kind, tol, seed),
-        }
+        self.check_on_either(job, kernel, kind, tol, seed, None)
+            .map(|c| c.check)
     }
 
     fn check_then_sample(
@@ -838,14 +859,7 @@ impl Backend for LaneBackend {
         seed: u64,
         first: FirstBatch,
     ) -> Result<Checked, JobFailure> {
-        self.native_prepared = false;
-        self.native_kernels.clear();
-        match self.native_method(job) {
-            Some(m) => self.check_native(&m, job, tol, seed, Some(first)),
-            None => self
-                .python
-                .check_then_sample(job, kernel, kind, tol, seed, first),
-        }
+        self.check_on_either(job, kernel, kind, tol, seed, Some(first))
     }
 
     fn look_ahead(&mut self, job: &Job, ahead: &mut dyn FnMut(usize) -> Vec<Job>) {
