@@ -104,21 +104,24 @@ fn only_results_dir(base: &Path) -> PathBuf {
 #[test]
 fn two_interpreter_lanes_run_the_plan_once_between_them() {
     let Some(py) = python() else { return };
-    let (_one, want) = reference(&py, "experiments/quickstart.yaml");
+    let manifest = "tests/fixtures/runs/two_lanes.yaml";
+    let (_one, want) = reference(&py, manifest);
     let results = tempfile::tempdir().unwrap();
-    let out = ok(tunelab(
-        &py,
-        results.path(),
-        &["run", "experiments/quickstart.yaml", "--lanes", "2"],
-    )
-    .output()
-    .unwrap());
+    // Each worker's first call waits there for the other's: without that, on
+    // a loaded machine one lane can finish the plan before the other is up.
+    let meet = tempfile::tempdir().unwrap();
+    let out = ok(
+        tunelab(&py, results.path(), &["run", manifest, "--lanes", "2"])
+            .env("TUNELAB_TEST_MEET_DIR", meet.path())
+            .output()
+            .unwrap(),
+    );
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("interpreter, 2 lanes"),
         "{}",
         show(&out)
     );
-    let dir = results.path().join("quickstart/cpu-interpreter");
+    let dir = results.path().join("two-lanes/cpu-interpreter");
     assert_eq!(ids(&dir), want, "the same jobs as one lane");
     let lanes: HashSet<u64> = records(&dir).into_iter().map(|(_, l)| l).collect();
     assert_eq!(lanes, HashSet::from([0, 1]), "both lanes took groups");
