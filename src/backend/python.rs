@@ -56,7 +56,15 @@ pub struct ProbedMethod {
 
 /// The failure a worker's `ok: false` answer reports (its class and message).
 pub fn failure_of(response: &Json) -> JobFailure {
-    let class = match response.get("class").and_then(Json::as_str).unwrap_or("") {
+    failure_from(
+        response.get("class").and_then(Json::as_str),
+        response.get("message").and_then(Json::as_str),
+    )
+}
+
+/// The failure a worker's answer names by its `class` and `message`.
+pub fn failure_from(class: Option<&str>, message: Option<&str>) -> JobFailure {
+    let class = match class.unwrap_or("") {
         "compile_error" => FailureClass::CompileError,
         "out_of_resources" => FailureClass::OutOfResources,
         "launch_error" => FailureClass::LaunchError,
@@ -64,12 +72,7 @@ pub fn failure_of(response: &Json) -> JobFailure {
         "nan" => FailureClass::Nan,
         _ => FailureClass::ProblemError,
     };
-    let message = response
-        .get("message")
-        .and_then(Json::as_str)
-        .unwrap_or("no message")
-        .to_string();
-    JobFailure::new(class, message)
+    JobFailure::new(class, message.unwrap_or("no message").to_string())
 }
 
 /// A kernel whose IR a worker wrote (`keep_ir`): its resources and files.
@@ -197,27 +200,43 @@ pub(crate) fn then_reply(reply: &mut Json, count: u32) -> Option<Result<TimedBat
         .get_mut("then")
         .map(Json::take)
         .filter(|t| !t.is_null())?;
-    if then.get("ok").and_then(Json::as_bool) != Some(true) {
-        return Some(Err(failure_of(&then)));
-    }
-    #[derive(Deserialize)]
-    struct Then {
-        sample: SampleReply,
-        wall_ms: f64,
-    }
-    let then: Then = match serde_json::from_value(then) {
-        Ok(t) => t,
-        Err(e) => {
-            return Some(Err(JobFailure::new(
-                FailureClass::Crash,
-                format!("protocol error: the `then` of the answer to `check` does not fit ({e})"),
-            )))
+    Some(match serde_json::from_value::<ThenAnswer>(then) {
+        Ok(then) => then.into_batch(count),
+        Err(e) => Err(JobFailure::new(
+            FailureClass::Crash,
+            format!("protocol error: the `then` of the answer to `check` does not fit ({e})"),
+        )),
+    })
+}
+
+/// A `check` answer's `then`, as both workers send it: the warm-up and the
+/// first batch, or why they failed.
+#[derive(Deserialize)]
+pub(crate) struct ThenAnswer {
+    #[serde(default)]
+    ok: bool,
+    sample: Option<SampleReply>,
+    wall_ms: Option<f64>,
+    class: Option<String>,
+    message: Option<String>,
+}
+
+impl ThenAnswer {
+    /// The batch, if it went well and holds the `count` samples asked for.
+    pub(crate) fn into_batch(self, count: u32) -> Result<TimedBatch, JobFailure> {
+        if !self.ok {
+            return Err(failure_from(self.class.as_deref(), self.message.as_deref()));
         }
-    };
-    Some(then.sample.into_batch(count).map(|batch| TimedBatch {
-        batch,
-        wall_ms: then.wall_ms,
-    }))
+        match (self.sample, self.wall_ms) {
+            (Some(sample), Some(wall_ms)) => sample
+                .into_batch(count)
+                .map(|batch| TimedBatch { batch, wall_ms }),
+            _ => Err(JobFailure::new(
+                FailureClass::Crash,
+                "protocol error: the `then` of the answer to `check` has no `sample` or `wall_ms`",
+            )),
+        }
+    }
 }
 
 pub struct PythonBackend {

@@ -11,9 +11,99 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::{json, Value as Json};
 
 use super::lines::{self, LineReader, ReadError, Wait};
+
+/// An answer as a call reads it: the fields every answer carries (its
+/// request's id, `ok`, and the worker's own time and how it met the
+/// request, where it says), whatever else it holds.
+pub trait Answer: DeserializeOwned {
+    fn id(&self) -> Option<u64>;
+    fn ok(&self) -> bool;
+    fn worker_us(&self) -> Option<f64>;
+    fn worker_met(&self) -> Option<&str>;
+    /// A failed answer's failure class and message.
+    fn class(&self) -> Option<&str>;
+    fn message(&self) -> Option<&str>;
+}
+
+impl Answer for Json {
+    fn id(&self) -> Option<u64> {
+        self.get("id").and_then(Json::as_u64)
+    }
+    fn ok(&self) -> bool {
+        self.get("ok").and_then(Json::as_bool) == Some(true)
+    }
+    fn worker_us(&self) -> Option<f64> {
+        self.get("worker_us").and_then(Json::as_f64)
+    }
+    fn worker_met(&self) -> Option<&str> {
+        self.get("met").and_then(Json::as_str)
+    }
+    fn class(&self) -> Option<&str> {
+        self.get("class").and_then(Json::as_str)
+    }
+    fn message(&self) -> Option<&str> {
+        self.get("message").and_then(Json::as_str)
+    }
+}
+
+/// The fields every answer carries, for a typed answer to take in whole:
+/// `answer_envelope! { pub struct X { own fields } }` declares `X` with them
+/// and implements [`Answer`] for it.
+#[macro_export]
+macro_rules! answer_envelope {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($(#[$fmeta:meta])* $fvis:vis $field:ident : $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[derive(serde::Deserialize)]
+        $vis struct $name {
+            id: Option<u64>,
+            #[serde(default)]
+            ok: bool,
+            worker_us: Option<f64>,
+            met: Option<String>,
+            class: Option<String>,
+            message: Option<String>,
+            $($(#[$fmeta])* $fvis $field: $ty,)*
+        }
+
+        impl $crate::backend::worker::Answer for $name {
+            fn id(&self) -> Option<u64> {
+                self.id
+            }
+            fn ok(&self) -> bool {
+                self.ok
+            }
+            fn worker_us(&self) -> Option<f64> {
+                self.worker_us
+            }
+            fn worker_met(&self) -> Option<&str> {
+                self.met.as_deref()
+            }
+            fn class(&self) -> Option<&str> {
+                self.class.as_deref()
+            }
+            fn message(&self) -> Option<&str> {
+                self.message.as_deref()
+            }
+        }
+    };
+}
+
+/// One request's line: `id` and `op` first, then the body's own fields
+/// (an object's), spliced in as serialised rather than inserted into it.
+fn request_line(id: u64, op: &str, body: &impl Serialize) -> String {
+    let fields = serde_json::to_string(body).expect("request serialises");
+    let op = serde_json::to_string(op).expect("a string serialises");
+    let rest = fields
+        .strip_prefix('{')
+        .expect("a request body is a JSON object");
+    let sep = if rest.starts_with('}') { "" } else { "," };
+    format!("{{\"id\":{id},\"op\":{op}{sep}{rest}\n")
+}
 
 /// How to start a worker.
 #[derive(Debug, Clone)]
@@ -173,52 +263,62 @@ impl Worker {
     /// Sends one request and waits for its response, at most `timeout`.
     /// Traced as one span: the round trip, with the worker's own time in it.
     pub fn call(&mut self, op: &str, body: Json, timeout: Duration) -> Result<Json, CallError> {
-        let started = Instant::now();
         // Only a traced run pays for naming the job.
         let job = crate::trace::enabled()
             .then(|| {
                 body.get("job_id")
                     .or_else(|| body.get("job").and_then(|j| j.get("job_id")))
-                    .cloned()
+                    .and_then(Json::as_str)
+                    .map(str::to_string)
             })
             .flatten();
-        let result = self.round_trip(op, body, timeout);
+        self.call_as(op, &body, job.as_deref(), timeout)
+    }
+
+    /// [`Worker::call`] with the request and its answer typed: `body` is
+    /// serialised as it is and the answer read straight into `A`, with no
+    /// JSON tree in between (the native worker's calls, which come once or
+    /// twice a job). `job` names the job in the trace.
+    pub fn call_as<A: Answer>(
+        &mut self,
+        op: &str,
+        body: &impl Serialize,
+        job: Option<&str>,
+        timeout: Duration,
+    ) -> Result<A, CallError> {
+        let started = Instant::now();
+        let result = self.round_trip::<A>(op, body, timeout);
         if crate::trace::enabled() {
-            let worker_us = result
-                .as_ref()
-                .ok()
-                .and_then(|r| r.get("worker_us").cloned());
-            // How the worker met the request (workers that say).
-            let worker_met = result.as_ref().ok().and_then(|r| r.get("met").cloned());
-            let outcome = match &result {
-                Ok(r) if r.get("ok").and_then(Json::as_bool) == Some(true) => "ok",
-                Ok(_) => "failed",
-                Err(_) => "lost",
+            let answer = result.as_ref().ok();
+            let outcome = match answer {
+                Some(a) if a.ok() => "ok",
+                Some(_) => "failed",
+                None => "lost",
             };
             crate::trace::span(
                 &self.name,
                 op,
                 started,
-                json!({"job": job, "worker_us": worker_us, "outcome": outcome,
-                       "met": result.is_ok().then(|| self.lines.met().as_str()),
-                       "worker_met": worker_met}),
+                json!({"job": job, "worker_us": answer.and_then(Answer::worker_us),
+                       "outcome": outcome,
+                       "met": answer.is_some().then(|| self.lines.met().as_str()),
+                       // How the worker met the request (workers that say).
+                       "worker_met": answer.and_then(Answer::worker_met)}),
             );
         }
         result
     }
 
-    fn round_trip(
+    fn round_trip<A: Answer>(
         &mut self,
         op: &str,
-        mut body: Json,
+        body: &impl Serialize,
         timeout: Duration,
-    ) -> Result<Json, CallError> {
+    ) -> Result<A, CallError> {
         let started = Instant::now();
         let id = self.next_id;
         self.next_id += 1;
-        body["id"] = json!(id);
-        body["op"] = json!(op);
-        let line = serde_json::to_string(&body).expect("request serialises") + "\n";
+        let line = request_line(id, op, body);
         if self
             .stdin
             .write_all(line.as_bytes())
@@ -235,15 +335,14 @@ impl Worker {
         );
         match self.lines.next_line(wait) {
             Ok(Some(text)) => {
-                let response: Json = serde_json::from_str(&text)
-                    .map_err(|e| CallError::Protocol(format!("not JSON ({e}): {text}")))?;
+                let response: A = serde_json::from_str(&text).map_err(|e| {
+                    CallError::Protocol(format!("not an answer to `{op}` ({e}): {text}"))
+                })?;
                 // We kill a worker on timeout, so a late answer to an earlier
                 // request cannot arrive: any other id is a protocol error.
-                match response.get("id").and_then(Json::as_u64) {
+                match response.id() {
                     Some(got) if got == id => {
-                        let worker_us = response.get("worker_us").and_then(Json::as_f64);
-                        let ok = response.get("ok").and_then(Json::as_bool) == Some(true);
-                        if let (true, Some(us)) = (ok, worker_us) {
+                        if let (true, Some(us)) = (response.ok(), response.worker_us()) {
                             if us.is_finite() && us >= 0.0 && us < timeout.as_secs_f64() * 1e6 {
                                 let us = Duration::from_secs_f64(us / 1e6);
                                 match self.expected.get_mut(op) {
@@ -351,4 +450,25 @@ pub fn tail(path: &Path, n: usize) -> Vec<String> {
         .iter()
         .map(|l| l.to_string())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_line_leads_with_its_id_and_op() {
+        let line = request_line(7, "check", &json!({"job_id": "j", "args": [{"i32": 1}]}));
+        assert_eq!(
+            line,
+            "{\"id\":7,\"op\":\"check\",\"job_id\":\"j\",\"args\":[{\"i32\":1}]}\n"
+        );
+        assert_eq!(
+            request_line(8, "shutdown", &json!({})),
+            "{\"id\":8,\"op\":\"shutdown\"}\n"
+        );
+        let back: Json =
+            serde_json::from_str(&request_line(9, "sample", &json!({"count": 3}))).unwrap();
+        assert_eq!(back, json!({"id": 9, "op": "sample", "count": 3}));
+    }
 }

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
-use crate::backend::python::failure_of;
-use crate::backend::worker::{CallError, Worker};
+use crate::backend::python::{failure_from, failure_of};
+use crate::backend::worker::{Answer, CallError, Worker};
 use crate::backend::JobFailure;
 use crate::native::server::PROTOCOL;
 use crate::store::FailureClass;
@@ -160,8 +160,26 @@ impl NativeProcess {
     /// One call; a worker that fails to answer, or reports a fault, is
     /// discarded so the next call starts a fresh one.
     pub fn call(&mut self, op: &str, body: Json) -> Result<Json, JobFailure> {
+        let job = crate::trace::enabled()
+            .then(|| {
+                body.get("job_id")
+                    .and_then(Json::as_str)
+                    .map(str::to_string)
+            })
+            .flatten();
+        self.call_as(op, &body, job.as_deref())
+    }
+
+    /// [`NativeProcess::call`] with the request and answer typed (see
+    /// [`Worker::call_as`]): the calls a job makes.
+    pub fn call_as<A: Answer>(
+        &mut self,
+        op: &str,
+        body: &impl Serialize,
+        job: Option<&str>,
+    ) -> Result<A, JobFailure> {
         let timeout = self.timeout;
-        let result = self.worker()?.call(op, body, timeout);
+        let result = self.worker()?.call_as::<A>(op, body, job, timeout);
         let response = match result {
             Ok(r) => r,
             Err(e) => {
@@ -175,10 +193,10 @@ impl NativeProcess {
                 });
             }
         };
-        if response.get("ok").and_then(Json::as_bool) == Some(true) {
+        if response.ok() {
             return Ok(response);
         }
-        let failure = failure_of(&response);
+        let failure = failure_from(response.class(), response.message());
         self.after_failure(&failure);
         Err(failure)
     }

@@ -14,13 +14,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
 use super::client::NativeProcess;
 use super::compile::{context, eval, NativeCompiler};
 use crate::backend::python::{
-    sample_request, then_reply, then_request, CheckReply, Hello, SampleReply,
+    sample_request, then_request, CheckReply, Hello, SampleReply, ThenAnswer,
 };
 use crate::backend::{
     Backend, Checked, FirstBatch, JobFailure, PythonBackend, SampleBatch, SampleMode, ShapeFacts,
@@ -214,17 +214,86 @@ pub struct LaneBackend {
 /// local memory as the driver reports them for the loaded function (spills
 /// counted as Triton counts them, local bytes / 4), shared memory per block
 /// (static and dynamic), warps from the block size; stages do not apply (0).
-fn kernel_of(reply: &Json) -> Option<KernelResources> {
-    let k = reply.get("kernel")?;
-    let u = |key: &str| k.get(key).and_then(Json::as_u64);
-    Some(KernelResources {
-        name: k.get("name")?.as_str()?.to_string(),
-        n_regs: u("n_regs").map(|v| v as u32),
-        n_spills: u("local_bytes").map(|v| (v / 4) as u32),
-        shared: u("shared").unwrap_or(0),
-        num_warps: u("threads").map_or(0, |t| t.div_ceil(32) as u32),
-        num_stages: 0,
-    })
+/// What a native check says of the kernel it launched.
+#[derive(Deserialize)]
+struct NativeKernel {
+    name: String,
+    n_regs: Option<u64>,
+    local_bytes: Option<u64>,
+    #[serde(default)]
+    shared: u64,
+    threads: Option<u64>,
+}
+
+impl From<NativeKernel> for KernelResources {
+    fn from(k: NativeKernel) -> KernelResources {
+        KernelResources {
+            name: k.name,
+            n_regs: k.n_regs.map(|v| v as u32),
+            n_spills: k.local_bytes.map(|v| (v / 4) as u32),
+            shared: k.shared,
+            num_warps: k.threads.map_or(0, |t| t.div_ceil(32) as u32),
+            num_stages: 0,
+        }
+    }
+}
+
+crate::answer_envelope! {
+    /// The native worker's answer to `check`, read as it comes: the
+    /// comparison where it made one (`null`: the Python worker compares),
+    /// the first batch where asked for, and the kernel.
+    struct CheckAnswer {
+        compared: Option<CheckReply>,
+        then: Option<ThenAnswer>,
+        kernel: Option<NativeKernel>,
+    }
+}
+
+crate::answer_envelope! {
+    /// The native worker's answer to `sample`.
+    struct SampleAnswer {
+        us: Option<Vec<f64>>,
+        timer: Option<crate::measure::Timer>,
+        sm_clock_mhz: Option<f64>,
+    }
+}
+
+/// The native worker's `check` request, serialised as it stands (one a job).
+#[derive(Serialize)]
+struct CheckRequest<'a> {
+    job_id: &'a str,
+    image: &'a std::path::Path,
+    symbol: &'a str,
+    grid: &'a [u64],
+    block: &'a [u64],
+    shared: u64,
+    args: &'a [Json],
+    poison: Poison<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    compare: Option<CompareRequest<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    then: Option<Json>,
+}
+
+/// The pattern the output is filled with before the check's launch.
+#[derive(Serialize)]
+struct Poison<'a> {
+    tensor: usize,
+    pattern: &'a str,
+    elements: u64,
+}
+
+/// The comparison the native worker makes with the shared reference.
+#[derive(Serialize)]
+struct CompareRequest<'a> {
+    out: usize,
+    out_dtype: &'a str,
+    reference: usize,
+    reference_dtype: &'a str,
+    elements: u64,
+    atol: f64,
+    rtol: f64,
+    max_mismatch: f64,
 }
 
 impl LaneBackend {
@@ -350,26 +419,17 @@ impl LaneBackend {
         }
         // A Triton recipe says what Triton compiled (stages included).
         let mut recipe_kernels: Vec<KernelResources> = Vec::new();
-        let mut body = if method.kind.is_native() {
+        let resolved: Launch;
+        let recipe: Arc<TritonRecipe>;
+        let launch: &Launch = if method.kind.is_native() {
             let n = self.native.as_ref().expect("a native lane");
             let artifact = n.setup.compiler.compile(method, job)?;
             self.share(job, seed)?;
-            let shared = &self
-                .native
-                .as_ref()
-                .expect("a native lane")
-                .shared
-                .as_ref()
-                .expect("shared")
-                .reply;
-            resolve(
-                method,
-                job,
-                shared,
-                &self.native.as_ref().expect("native").setup.device,
-            )?
-            .with_image(artifact.image, artifact.symbol)
-            .body(&job.id)
+            let n = self.native.as_ref().expect("a native lane");
+            let shared = &n.shared.as_ref().expect("shared").reply;
+            resolved = resolve(method, job, shared, &n.setup.device)?
+                .with_image(artifact.image, artifact.symbol);
+            &resolved
         } else {
             self.share(job, seed)?;
             let cache = self
@@ -379,52 +439,73 @@ impl LaneBackend {
                 .setup
                 .cache_dir
                 .clone();
-            let recipe = self.recipe(method, job, seed, cache)?;
+            recipe = self.recipe(method, job, seed, cache)?;
             recipe_kernels = recipe.kernels.clone();
-            recipe.launch.body(&job.id)
+            &recipe.launch
         };
         let n = self.native.as_mut().expect("a native lane");
-        let reply = &n.shared.as_ref().expect("shared").reply;
-        body["poison"] =
-            json!({"tensor": reply.out, "pattern": reply.poison, "elements": reply.elements});
+        let shared = &n.shared.as_ref().expect("shared").reply;
         // The native worker compares in the same call where it can (the
         // reference is shared), sparing the Python worker's round trip.
-        if let Some(reference) = reply.reference {
-            body["compare"] = json!({
-                "out": reply.out,
-                "out_dtype": reply.tensors[reply.out].dtype,
-                "reference": reference,
-                "reference_dtype": reply.tensors[reference].dtype,
-                "elements": reply.elements,
-                "atol": tol.atol,
-                "rtol": tol.rtol,
-                "max_mismatch": tol.max_mismatch,
-            });
-            if let Some(first) = &first {
-                body["then"] = then_request(first);
-            }
-        }
-        let mut checked = n.process.call("check", body)?;
-        let batch = first.and_then(|f| then_reply(&mut checked, f.count));
+        let compare = shared.reference.map(|reference| CompareRequest {
+            out: shared.out,
+            out_dtype: &shared.tensors[shared.out].dtype,
+            reference,
+            reference_dtype: &shared.tensors[reference].dtype,
+            elements: shared.elements,
+            atol: tol.atol,
+            rtol: tol.rtol,
+            max_mismatch: tol.max_mismatch,
+        });
+        let then = match (&compare, &first) {
+            (Some(_), Some(first)) => Some(then_request(first)),
+            _ => None,
+        };
+        let request = CheckRequest {
+            job_id: &job.id,
+            image: &launch.image,
+            symbol: &launch.symbol,
+            grid: &launch.grid,
+            block: &launch.block,
+            shared: launch.shared,
+            args: &launch.args,
+            poison: Poison {
+                tensor: shared.out,
+                pattern: &shared.poison,
+                elements: shared.elements,
+            },
+            compare,
+            then,
+        };
+        let checked: CheckAnswer = n.process.call_as("check", &request, Some(&job.id))?;
+        let batch = first
+            .zip(checked.then)
+            .map(|(f, then)| then.into_batch(f.count));
         if let Some(Err(f)) = &batch {
             n.process.after_failure(f);
         }
         self.native_kernels = if recipe_kernels.is_empty() {
-            kernel_of(&checked).into_iter().collect()
+            checked
+                .kernel
+                .map(KernelResources::from)
+                .into_iter()
+                .collect()
         } else {
             recipe_kernels
         };
         self.native_prepared = true;
-        let compared = match checked.get_mut("compared").map(Json::take) {
-            Some(c) if !c.is_null() => c,
-            _ => self.python_compare(job, seed, tol)?,
+        let r: CheckReply = match checked.compared {
+            Some(c) => c,
+            None => {
+                let compared = self.python_compare(job, seed, tol)?;
+                serde_json::from_value(compared).map_err(|e| {
+                    JobFailure::new(
+                        FailureClass::Crash,
+                        format!("protocol error: the answer to `compare` does not fit ({e})"),
+                    )
+                })?
+            }
         };
-        let r: CheckReply = serde_json::from_value(compared).map_err(|e| {
-            JobFailure::new(
-                FailureClass::Crash,
-                format!("protocol error: the answer to `compare` does not fit ({e})"),
-            )
-        })?;
         Ok(Checked {
             check: r.into(),
             first: batch,
@@ -650,18 +731,6 @@ impl Launch {
         self.image = image;
         self.symbol = symbol;
         self
-    }
-
-    fn body(&self, job_id: &str) -> Json {
-        json!({
-            "job_id": job_id,
-            "image": self.image,
-            "symbol": self.symbol,
-            "grid": self.grid,
-            "block": self.block,
-            "shared": self.shared,
-            "args": self.args,
-        })
     }
 
     /// A Triton job's recipe (the Python worker's `recipe` answer).
@@ -907,18 +976,21 @@ impl Backend for LaneBackend {
             return self.python.sample(job_id, count, mode);
         }
         let n = self.native.as_mut().expect("a native lane");
-        let reply = n
-            .process
-            .call("sample", sample_request(job_id, count, mode))?;
-        let r: SampleReply = serde_json::from_value(reply).map_err(|e| {
-            JobFailure::new(
+        let answer: SampleAnswer =
+            n.process
+                .call_as("sample", &sample_request(job_id, count, mode), Some(job_id))?;
+        match (answer.us, answer.timer) {
+            (Some(us), Some(timer)) => SampleReply {
+                us,
+                timer,
+                sm_clock_mhz: answer.sm_clock_mhz,
+            }
+            .into_batch(count),
+            _ => Err(JobFailure::new(
                 FailureClass::Crash,
-                format!(
-                    "protocol error: the native worker's answer to `sample` does not fit ({e})"
-                ),
-            )
-        })?;
-        r.into_batch(count)
+                "protocol error: the native worker's answer to `sample` has no `us` or `timer`",
+            )),
+        }
     }
 }
 
@@ -928,17 +1000,112 @@ mod tests {
 
     #[test]
     fn a_native_check_reports_the_kernels_resources() {
-        let reply = json!({"launch_us": 12.0, "kernel": {
+        let answer: CheckAnswer = serde_json::from_value(json!({"id": 3, "ok": true,
+            "compared": null, "then": null, "launch_us": 12.0, "kernel": {
             "name": "gemm_mma<128, 64>", "n_regs": 168, "local_bytes": 24,
-            "shared": 49152, "threads": 200}});
-        let k = kernel_of(&reply).expect("a kernel");
+            "shared": 49152, "threads": 200}, "met": "ready", "worker_us": 40.5}))
+        .unwrap();
+        let k = KernelResources::from(answer.kernel.expect("a kernel"));
         assert_eq!(k.name, "gemm_mma<128, 64>");
         assert_eq!(k.n_regs, Some(168));
         assert_eq!(k.n_spills, Some(6));
         assert_eq!(k.shared, 49152);
         assert_eq!(k.num_warps, 7);
         assert_eq!(k.num_stages, 0);
-        assert!(kernel_of(&json!({"launch_us": 1.0})).is_none());
+        assert!(answer.compared.is_none() && answer.then.is_none());
+        let bare: CheckAnswer = serde_json::from_value(json!({"id": 1, "ok": true})).unwrap();
+        assert!(bare.kernel.is_none());
+    }
+
+    #[test]
+    fn a_native_check_answer_reads_its_comparison_and_first_batch() {
+        use crate::backend::worker::Answer;
+        let line = r#"{"id":7,"ok":true,"compared":{"passed":true,"max_abs_err":0.5,
+            "max_rel_err":null,"mismatch_frac":0.0,"nan_count":0,"inf_count":0,"elements":64},
+            "then":{"ok":true,"warmup":{"launches":3},"sample":{"us":[2.0,3.0],
+            "timer":"cuda_event","sm_clock_mhz":1980.0},"wall_ms":1.5},
+            "launch_us":9.0,"met":"spinning","worker_us":120.0}"#;
+        let answer: CheckAnswer = serde_json::from_str(line).unwrap();
+        assert_eq!(answer.id(), Some(7));
+        assert!(answer.ok());
+        assert_eq!(answer.worker_us(), Some(120.0));
+        assert_eq!(answer.worker_met(), Some("spinning"));
+        let check: CheckResult = answer.compared.expect("compared").into();
+        assert!(check.passed);
+        assert_eq!(check.max_abs_err, Some(0.5));
+        assert_eq!(check.max_rel_err, None);
+        assert_eq!(check.elements, 64);
+        let first = answer.then.expect("then").into_batch(2).expect("a batch");
+        assert_eq!(first.batch.us, vec![2.0, 3.0]);
+        assert_eq!(first.batch.sm_clock_mhz, Some(1980.0));
+        assert_eq!(first.wall_ms, 1.5);
+
+        // Fewer samples than asked for is the worker's protocol error.
+        let answer: CheckAnswer = serde_json::from_str(line).unwrap();
+        let short = answer.then.expect("then").into_batch(3).unwrap_err();
+        assert_eq!(short.class, FailureClass::Crash);
+
+        // A failed warm-up or batch is its failure; the check stands.
+        let answer: CheckAnswer = serde_json::from_value(json!({"id": 8, "ok": true,
+            "compared": {"passed": true, "max_abs_err": 0.0, "max_rel_err": 0.0,
+                "mismatch_frac": 0.0, "nan_count": 0, "inf_count": 0, "elements": 4},
+            "then": {"ok": false, "class": "launch_error", "message": "illegal address"}}))
+        .unwrap();
+        let failed = answer.then.expect("then").into_batch(2).unwrap_err();
+        assert_eq!(failed.class, FailureClass::LaunchError);
+        assert_eq!(failed.message, "illegal address");
+    }
+
+    #[test]
+    fn a_failed_native_answer_names_its_failure() {
+        use crate::backend::worker::Answer;
+        let answer: SampleAnswer = serde_json::from_value(json!({"id": 9, "ok": false,
+            "class": "launch_error", "message": "unspecified launch failure", "worker_us": 5.0}))
+        .unwrap();
+        assert!(!answer.ok());
+        let f = crate::backend::python::failure_from(answer.class(), answer.message());
+        assert_eq!(f.class, FailureClass::LaunchError);
+        assert_eq!(f.message, "unspecified launch failure");
+        assert!(answer.us.is_none() && answer.timer.is_none());
+        // An answer with no `ok` is not a success.
+        let bare: SampleAnswer = serde_json::from_value(json!({"id": 9})).unwrap();
+        assert!(!bare.ok());
+    }
+
+    #[test]
+    fn the_check_request_is_what_the_worker_reads() {
+        let launch = Launch {
+            image: PathBuf::from("/cache/k.cubin"),
+            symbol: "k".into(),
+            grid: vec![4, 1, 1],
+            block: vec![128, 1, 1],
+            shared: 1024,
+            args: vec![json!({"tensor": 0}), json!({"i32": 64})],
+        };
+        let request = CheckRequest {
+            job_id: "j1",
+            image: &launch.image,
+            symbol: &launch.symbol,
+            grid: &launch.grid,
+            block: &launch.block,
+            shared: launch.shared,
+            args: &launch.args,
+            poison: Poison {
+                tensor: 2,
+                pattern: "c07f",
+                elements: 16,
+            },
+            compare: None,
+            then: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&request).unwrap(),
+            json!({"job_id": "j1", "image": "/cache/k.cubin", "symbol": "k",
+                   "grid": [4, 1, 1], "block": [128, 1, 1], "shared": 1024,
+                   "args": [{"tensor": 0}, {"i32": 64}],
+                   "poison": {"tensor": 2, "pattern": "c07f", "elements": 16}}),
+            "no compare or then where there is none"
+        );
     }
 
     #[test]
