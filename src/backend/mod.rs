@@ -12,7 +12,7 @@ pub use python::{Probe, PythonBackend};
 pub use worker::{CallError, Worker, WorkerSpec};
 
 use crate::manifest::ToleranceFor;
-use crate::measure::{L2Flush, Timer, Timing};
+use crate::measure::{L2Flush, StopRule, Timer, Timing};
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass, KernelResources};
 
@@ -60,6 +60,11 @@ pub struct FirstBatch {
     pub warmup_ms: f64,
     pub count: u32,
     pub mode: SampleMode,
+    /// For a full measurement: the stopping rule under which a worker may go
+    /// on taking batches of `count` after the first, in the same call (the
+    /// native worker does; it runs the runner's own rule). A worker that does
+    /// not answers one batch, and the lane takes the rest.
+    pub until: Option<StopRule>,
 }
 
 /// A batch and the wall time its taking cost, in milliseconds (the worker's
@@ -70,14 +75,15 @@ pub struct TimedBatch {
     pub wall_ms: f64,
 }
 
-/// A check's answer and, when one was asked for, the first batch.
+/// A check's answer and, when one was asked for, the first batches.
 #[derive(Debug)]
 pub struct Checked {
     pub check: CheckResult,
     /// `None`: the check failed, or this backend did not go on (the lane warms
-    /// up and samples itself). `Some(Err)`: the warm-up or the batch failed
-    /// after a passing check; the check stands.
-    pub first: Option<Result<TimedBatch, JobFailure>>,
+    /// up and samples itself). `Some(Ok)`: the first batch, and those taken
+    /// after it under `FirstBatch::until`, in order. `Some(Err)`: the warm-up
+    /// or a batch failed after a passing check; the check stands.
+    pub first: Option<Result<Vec<TimedBatch>, JobFailure>>,
 }
 
 /// The L2 flush before every sample of a batch.

@@ -186,22 +186,29 @@ pub(crate) fn then_request(first: &FirstBatch) -> Json {
     if let Some(fields) = sample.as_object_mut() {
         fields.remove("job_id");
     }
-    json!({
+    let mut then = json!({
         "warmup": {"min_launches": first.warmup_launches, "min_ms": first.warmup_ms},
         "sample": sample,
-    })
+    });
+    if let Some(until) = &first.until {
+        then["until"] = json!(until);
+    }
+    then
 }
 
-/// A `check` answer's `then`: the first batch, its failure, or `None` where
-/// the worker did not go on (the check failed, or it left the rest to calls
-/// of their own). It is taken out of `reply`, whose rest is read after.
-pub(crate) fn then_reply(reply: &mut Json, count: u32) -> Option<Result<TimedBatch, JobFailure>> {
+/// A `check` answer's `then`: the first batches, their failure, or `None`
+/// where the worker did not go on (the check failed, or it left the rest to
+/// calls of their own). It is taken out of `reply`, whose rest is read after.
+pub(crate) fn then_reply(
+    reply: &mut Json,
+    count: u32,
+) -> Option<Result<Vec<TimedBatch>, JobFailure>> {
     let then = reply
         .get_mut("then")
         .map(Json::take)
         .filter(|t| !t.is_null())?;
     Some(match serde_json::from_value::<ThenAnswer>(then) {
-        Ok(then) => then.into_batch(count),
+        Ok(then) => then.into_batches(count),
         Err(e) => Err(JobFailure::new(
             FailureClass::Crash,
             format!("protocol error: the `then` of the answer to `check` does not fit ({e})"),
@@ -210,32 +217,52 @@ pub(crate) fn then_reply(reply: &mut Json, count: u32) -> Option<Result<TimedBat
 }
 
 /// A `check` answer's `then`, as both workers send it: the warm-up and the
-/// first batch, or why they failed.
+/// first batch (and, from a worker that went on under `until`, the batches
+/// after it in `more`), or why they failed.
 #[derive(Deserialize)]
 pub(crate) struct ThenAnswer {
     #[serde(default)]
     ok: bool,
     sample: Option<SampleReply>,
     wall_ms: Option<f64>,
+    #[serde(default)]
+    more: Vec<MoreBatch>,
     class: Option<String>,
     message: Option<String>,
 }
 
+/// A batch a worker took after the first under `until`.
+#[derive(Deserialize)]
+pub(crate) struct MoreBatch {
+    sample: SampleReply,
+    wall_ms: f64,
+}
+
 impl ThenAnswer {
-    /// The batch, if it went well and holds the `count` samples asked for.
-    pub(crate) fn into_batch(self, count: u32) -> Result<TimedBatch, JobFailure> {
+    /// The batches in order, if they went well and each holds the `count`
+    /// samples asked for.
+    pub(crate) fn into_batches(self, count: u32) -> Result<Vec<TimedBatch>, JobFailure> {
         if !self.ok {
             return Err(failure_from(self.class.as_deref(), self.message.as_deref()));
         }
-        match (self.sample, self.wall_ms) {
-            (Some(sample), Some(wall_ms)) => sample
-                .into_batch(count)
-                .map(|batch| TimedBatch { batch, wall_ms }),
-            _ => Err(JobFailure::new(
+        let (Some(first), Some(wall_ms)) = (self.sample, self.wall_ms) else {
+            return Err(JobFailure::new(
                 FailureClass::Crash,
                 "protocol error: the `then` of the answer to `check` has no `sample` or `wall_ms`",
-            )),
-        }
+            ));
+        };
+        std::iter::once(MoreBatch {
+            sample: first,
+            wall_ms,
+        })
+        .chain(self.more)
+        .map(|b| {
+            b.sample.into_batch(count).map(|batch| TimedBatch {
+                batch,
+                wall_ms: b.wall_ms,
+            })
+        })
+        .collect()
     }
 }
 

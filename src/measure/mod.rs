@@ -1,6 +1,8 @@
 //! Measurement: the resolved protocol every job is timed under, the
 //! statistics of its samples and the rule that says when it has enough.
-//! One implementation for every backend; workers only return samples.
+//! One implementation for every backend: the Python worker only returns
+//! samples, and the native worker, which goes on sampling within a call,
+//! runs this same rule (`StopRule`, `Sampling::decide_by`).
 
 mod protocol;
 mod stats;
@@ -8,5 +10,5 @@ mod stats;
 pub use protocol::{L2Flush, Protocol, Timing};
 pub use stats::{
     geomean, median_ci, quantile, sorted, summarize, tied, verdict, Decision, Flag, Sampling,
-    Stats, Timer, Verdict,
+    Stats, StopRule, Timer, Verdict,
 };

@@ -96,6 +96,17 @@ impl L2Flush {
 }
 
 impl Protocol {
+    /// When a job has enough samples.
+    pub fn stop_rule(&self) -> super::StopRule {
+        super::StopRule {
+            min_samples: self.min_samples,
+            max_samples: self.max_samples,
+            target_ci: self.target_ci,
+            max_gpu_ms: self.max_gpu_ms,
+            max_wall_ms: self.max_wall_ms,
+        }
+    }
+
     /// The flush buffer's size on a device with `l2_bytes` of L2; 0 when off.
     pub fn flush_bytes_for(&self, l2_bytes: u64) -> u64 {
         match self.flush {

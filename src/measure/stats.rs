@@ -98,6 +98,19 @@ impl Timer {
 /// and overhead (about 1.3 us for an event pair on Hopper).
 const TIMER_LIMIT_US: f64 = 5.0;
 
+/// The part of a protocol that says when a job has enough samples: what a
+/// native worker that takes a job's batches itself (a `check`'s
+/// `then.until`) is given, so that it stops where the runner would.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopRule {
+    pub min_samples: u32,
+    pub max_samples: u32,
+    pub target_ci: f64,
+    pub max_gpu_ms: f64,
+    pub max_wall_ms: f64,
+}
+
 /// What the sampling loop knows about one job so far.
 #[derive(Debug, Clone, Default)]
 pub struct Sampling {
@@ -123,20 +136,25 @@ impl Sampling {
         self.samples_us.iter().sum::<f64>() / 1e3
     }
 
+    /// The stopping rule of protocol `p` (see [`StopRule`]).
+    pub fn decide(&self, p: &Protocol) -> Decision {
+        self.decide_by(&p.stop_rule())
+    }
+
     /// The stopping rule: at least `min_samples`, then stop when the 95 % CI
     /// of the median is within `target_ci` of it; cap samples, GPU time and
     /// wall time.
-    pub fn decide(&self, p: &Protocol) -> Decision {
+    pub fn decide_by(&self, rule: &StopRule) -> Decision {
         let n = self.samples_us.len();
-        if n >= p.min_samples as usize {
+        if n >= rule.min_samples as usize {
             let (median, lo, hi) = median_ci(&sorted(&self.samples_us));
-            if median > 0.0 && (hi - lo) / 2.0 <= p.target_ci * median {
+            if median > 0.0 && (hi - lo) / 2.0 <= rule.target_ci * median {
                 return Decision::Converged;
             }
         }
-        if n >= p.max_samples as usize
-            || self.gpu_ms() >= p.max_gpu_ms
-            || self.wall_ms >= p.max_wall_ms
+        if n >= rule.max_samples as usize
+            || self.gpu_ms() >= rule.max_gpu_ms
+            || self.wall_ms >= rule.max_wall_ms
         {
             return Decision::Capped;
         }

@@ -24,6 +24,7 @@ use serde_json::{json, Value as Json};
 
 use super::gpu::{ErrorClass, Gpu, GpuError, Ptr};
 use crate::backend::lines::{self, LineReader, Wait};
+use crate::measure::{Decision, Sampling, StopRule};
 
 /// The native worker protocol this build speaks.
 pub const PROTOCOL: u32 = 1;
@@ -134,6 +135,9 @@ struct CheckRequest {
 struct Then {
     warmup: serde_json::Map<String, Json>,
     sample: serde_json::Map<String, Json>,
+    /// Go on taking batches like the first until this rule, the runner's
+    /// own, says enough; the batches after the first come back in `more`.
+    until: Option<StopRule>,
 }
 
 /// `compare`: an output tensor against a reference, both imported, under
@@ -388,6 +392,15 @@ fn int_field(request: &Json, key: &str, default: u64, min: u64, max: u64) -> Res
         )));
     }
     Ok(v)
+}
+
+/// A `sample` answer's samples and the batch's wall time into `so_far`.
+fn add_batch(so_far: &mut Sampling, sampled: &Json, wall_ms: f64) {
+    let us = sampled.get("us").and_then(Json::as_array);
+    so_far
+        .samples_us
+        .extend(us.into_iter().flatten().filter_map(Json::as_f64));
+    so_far.wall_ms += wall_ms;
 }
 
 fn hex(s: &str) -> Result<Vec<u8>, Failure> {
@@ -676,10 +689,29 @@ impl Server {
             r
         };
         let result = self.warmup(&with_id(&then.warmup)).and_then(|warmed| {
-            let started = Instant::now();
-            let sampled = self.sample(&with_id(&then.sample))?;
-            let wall_ms = started.elapsed().as_secs_f64() * 1e3;
-            Ok(json!({"ok": true, "warmup": warmed, "sample": sampled, "wall_ms": wall_ms}))
+            let sample = with_id(&then.sample);
+            let mut batch = || -> Result<(Json, f64), Failure> {
+                let started = Instant::now();
+                let sampled = self.sample(&sample)?;
+                Ok((sampled, started.elapsed().as_secs_f64() * 1e3))
+            };
+            let (sampled, wall_ms) = batch()?;
+            let mut more = Vec::new();
+            if let Some(rule) = &then.until {
+                // The runner's own rule on what the runner will hold: the
+                // samples and each batch's wall time, as this answer gives them.
+                let mut so_far = Sampling::default();
+                add_batch(&mut so_far, &sampled, wall_ms);
+                while so_far.decide_by(rule) == Decision::Continue {
+                    let (sampled, wall_ms) = batch()?;
+                    add_batch(&mut so_far, &sampled, wall_ms);
+                    more.push(json!({"sample": sampled, "wall_ms": wall_ms}));
+                }
+            }
+            Ok(
+                json!({"ok": true, "warmup": warmed, "sample": sampled, "wall_ms": wall_ms,
+                      "more": more}),
+            )
         });
         result.unwrap_or_else(|f| json!({"ok": false, "class": f.class, "message": f.message}))
     }

@@ -15,7 +15,7 @@ use indexmap::IndexMap;
 
 use crate::backend::{Backend, Checked, FirstBatch, JobFailure, SampleBatch, SampleMode};
 use crate::manifest::{shape_dtype, MethodKind, Shape, Tolerance};
-use crate::measure::{self, Decision, Protocol, Sampling, Stats, Timing};
+use crate::measure::{self, Decision, Protocol, Sampling, Stats, StopRule, Timing};
 use crate::plan::{Job, RunMode};
 use crate::search::{Candidate, Grid, PriorObservation, Strategies, Strategy, Trials};
 use crate::store::{FailureClass, FinalRecord, JobRecord, JobStatus};
@@ -463,7 +463,7 @@ impl Lane<'_, '_> {
             let (mut m, _) = self.take(i);
             let result = self
                 .wait_for_compile(&mut m)
-                .and_then(|_| self.prepare(&mut m, false));
+                .and_then(|_| self.prepare(&mut m, FirstBatches::None));
             match result {
                 Ok(_) => self.finish(&m, JobStatus::Checked, None, None),
                 Err(f) => self.finish(&m, JobStatus::Failed, Some(f), None),
@@ -506,11 +506,25 @@ impl Lane<'_, '_> {
     }
 
     /// Check (fresh inputs, poisoned output, compare) and, unless only
-    /// checking, warm up and take the first batch; returns whether it was
-    /// taken (the backend may leave it to a call of its own).
-    fn prepare(&mut self, m: &mut Measured, with_first: bool) -> Result<bool, JobFailure> {
+    /// checking, warm up and take the first batch (for a full measurement,
+    /// `until` the stopping rule, where the backend can); returns whether it
+    /// was taken (the backend may leave it to a call of its own).
+    fn prepare(&mut self, m: &mut Measured, first: FirstBatches) -> Result<bool, JobFailure> {
+        let (with_first, until) = match first {
+            FirstBatches::None => (false, None),
+            FirstBatches::One => (true, None),
+            FirstBatches::UntilStopped => (true, Some(self.ctx.protocol.stop_rule())),
+        };
         let first = with_first.then_some((self.ctx.sampling, self.ctx.protocol.batch));
-        prepare(self.ctx, self.backend, &self.kernel, self.kind, m, first)
+        prepare(
+            self.ctx,
+            self.backend,
+            &self.kernel,
+            self.kind,
+            m,
+            first,
+            until,
+        )
     }
 
     /// Lets the backend see the jobs after candidate `i` (in the group's
@@ -571,7 +585,7 @@ impl Trials for Lane<'_, '_> {
                 self.wait_for_compile(&mut m)?;
             }
             self.look_ahead(&m.job, i);
-            let have_first = self.prepare(&mut m, true)?;
+            let have_first = self.prepare(&mut m, FirstBatches::UntilStopped)?;
             self.sample_adaptive(&mut m, have_first)
         })();
         match result {
@@ -596,7 +610,12 @@ impl Trials for Lane<'_, '_> {
                 self.wait_for_compile(&mut m)?;
             }
             self.look_ahead(&m.job, i);
-            let have_first = self.prepare(&mut m, batches > 0)?;
+            let first = if batches > 0 {
+                FirstBatches::One
+            } else {
+                FirstBatches::None
+            };
+            let have_first = self.prepare(&mut m, first)?;
             for _ in usize::from(have_first)..batches {
                 self.take_batch(&mut m)?;
             }
@@ -639,10 +658,23 @@ impl Trials for Lane<'_, '_> {
     }
 }
 
+/// The batches a job's check goes on to in the same call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstBatches {
+    /// None: only the check (and the warm-up, separately).
+    None,
+    /// The first batch (screening takes a set number of batches).
+    One,
+    /// The first batch and, where the backend can, more until the protocol's
+    /// stopping rule says enough (a full measurement).
+    UntilStopped,
+}
+
 /// Check (fresh inputs, poisoned output, compare) and, unless only
 /// checking, warm up and take `first` batch (`count` samples, timed as
-/// `mode` says) where one is asked for: the backend does all three in one
-/// round trip where it can. Returns whether that batch was taken.
+/// `mode` says) where one is asked for, and more `until` the stopping rule
+/// where given and the backend can: the backend does it all in one round
+/// trip where it can. Returns whether the first batch was taken.
 fn prepare(
     ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
@@ -650,6 +682,7 @@ fn prepare(
     kind: MethodKind,
     m: &mut Measured,
     first: Option<(SampleMode, u32)>,
+    until: Option<StopRule>,
 ) -> Result<bool, JobFailure> {
     let tol = ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
     let timed = ctx.run_mode != RunMode::Check;
@@ -660,6 +693,7 @@ fn prepare(
                 warmup_ms: ctx.protocol.warmup_ms,
                 count,
                 mode,
+                until,
             };
             backend.check_then_sample(&m.job, kernel, kind.as_str(), tol, ctx.protocol.seed, first)
         }
@@ -699,8 +733,9 @@ fn prepare(
         return Ok(false);
     }
     if let Some(taken) = checked.first {
-        let taken = taken?;
-        add_batch(m, taken.batch, taken.wall_ms);
+        for t in taken? {
+            add_batch(m, t.batch, t.wall_ms);
+        }
         return Ok(true);
     }
     backend.warmup(
@@ -794,14 +829,15 @@ fn retime(
         for &i in &order {
             let m = &mut alive[i];
             let before = std::mem::take(&mut m.sampling);
-            let ok =
-                prepare(ctx, backend, kernel, kind, m, Some((mode, count))).and_then(|taken| {
+            let ok = prepare(ctx, backend, kernel, kind, m, Some((mode, count)), None).and_then(
+                |taken| {
                     if taken {
                         Ok(())
                     } else {
                         take_batch_as(backend, m, mode, count)
                     }
-                });
+                },
+            );
             let got = std::mem::replace(&mut m.sampling, before);
             if ok.is_ok() {
                 let acc = samples.entry(m.job.id.clone()).or_default();
@@ -1331,6 +1367,9 @@ mod tests {
         inner: Fake,
         fold: bool,
         then_fails: bool,
+        /// Goes on taking batches under `until` in the same call, as the
+        /// native worker does.
+        goes_on: bool,
         calls: HashMap<&'static str, usize>,
         /// Each check's job and the three jobs `look_ahead` saw after it.
         looked_ahead: Vec<(String, Vec<String>)>,
@@ -1373,20 +1412,38 @@ mod tests {
             }
             *self.calls.entry("check_then_sample").or_default() += 1;
             let check = self.inner.check(job, k, kind, tol, seed)?;
-            let batch = if self.then_fails {
+            let mut take = || {
+                self.inner
+                    .sample(&job.id, first.count, first.mode)
+                    .map(|batch| crate::backend::TimedBatch {
+                        batch,
+                        wall_ms: 1.0,
+                    })
+            };
+            let batches = if self.then_fails {
                 Err(JobFailure::new(
                     FailureClass::LaunchError,
                     "faulted while timing",
                 ))
             } else {
-                self.inner.sample(&job.id, first.count, first.mode)
+                (|| {
+                    let mut taken = vec![take()?];
+                    // As the native worker goes on: the rule on what it took.
+                    if let (true, Some(rule)) = (self.goes_on, first.until) {
+                        let mut so_far = Sampling::default();
+                        so_far.samples_us.extend(&taken[0].batch.us);
+                        while so_far.decide_by(&rule) == Decision::Continue {
+                            let t = take()?;
+                            so_far.samples_us.extend(&t.batch.us);
+                            taken.push(t);
+                        }
+                    }
+                    Ok(taken)
+                })()
             };
             Ok(Checked {
                 check,
-                first: Some(batch.map(|batch| crate::backend::TimedBatch {
-                    batch,
-                    wall_ms: 1.0,
-                })),
+                first: Some(batches),
             })
         }
         fn take_kernels(&mut self) -> Vec<crate::store::KernelResources> {
@@ -1424,9 +1481,24 @@ mod tests {
         then_fails: bool,
         compile: Option<&CompileBoard>,
     ) -> Folded {
+        run_folding_on(strategy, fold, false, then_fails, compile, None)
+    }
+
+    /// `batch`: samples a batch, where not the default protocol's.
+    fn run_folding_on(
+        strategy: Box<dyn Strategy>,
+        fold: bool,
+        goes_on: bool,
+        then_fails: bool,
+        compile: Option<&CompileBoard>,
+        batch: Option<u32>,
+    ) -> Folded {
         let strategies = Strategies::single(strategy);
         let prior = HashMap::new();
-        let ctx = context(&strategies, &prior, compile, 2);
+        let mut ctx = context(&strategies, &prior, compile, 2);
+        if let Some(b) = batch {
+            ctx.protocol.batch = b;
+        }
         let mut backend = Folding {
             inner: Fake {
                 prepared: None,
@@ -1434,6 +1506,7 @@ mod tests {
             },
             fold,
             then_fails,
+            goes_on,
             calls: HashMap::new(),
             looked_ahead: Vec::new(),
         };
@@ -1493,6 +1566,59 @@ mod tests {
                 "{calls:?} {plain_calls:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_check_that_goes_on_until_the_rule_spares_every_sample_call_of_a_measurement() {
+        type Taken = (String, JobStatus, Option<(u64, f64, f64, bool)>);
+        let samples = |jobs: &[JobRecord]| -> Vec<Taken> {
+            jobs.iter()
+                .map(|j| {
+                    let s = j.stats.as_ref().map(|s| {
+                        (
+                            s.n,
+                            s.median_us,
+                            s.mean_us,
+                            s.flags.contains(&measure::Flag::CapHit),
+                        )
+                    });
+                    (j.job_id.clone(), j.status, s)
+                })
+                .collect()
+        };
+        let count = |c: &HashMap<&str, usize>, k: &str| c.get(k).copied().unwrap_or(0);
+        // Batches of 8 against the protocol's 20 samples at least: a job
+        // takes three batches.
+        let run = |strategy: Box<dyn Strategy>, goes_on: bool| {
+            run_folding_on(strategy, true, goes_on, false, None, Some(8))
+        };
+        // Grid: every job a full measurement, so no `sample` call at all
+        // (the finalists' re-timing takes its one batch with the check).
+        let (plain, plain_finals, plain_calls, _) = run(Box::new(Grid), false);
+        let (on, on_finals, calls, _) = run(Box::new(Grid), true);
+        assert_eq!(
+            samples(&plain),
+            samples(&on),
+            "the same samples, decided alike"
+        );
+        assert_eq!(plain_finals.len(), on_finals.len());
+        assert!(count(&plain_calls, "sample") > 0, "{plain_calls:?}");
+        assert_eq!(count(&calls, "sample"), 0, "{calls:?}");
+        // Halving: the survivors' full measurements go on; screening takes
+        // its set number of batches, as before.
+        let halving = || -> Box<dyn Strategy> {
+            Box::new(Halving {
+                eta: 3,
+                keep_at_least: 3,
+            })
+        };
+        let (plain, _, plain_calls, _) = run(halving(), false);
+        let (on, _, calls, _) = run(halving(), true);
+        assert_eq!(samples(&plain), samples(&on));
+        assert!(
+            count(&calls, "sample") < count(&plain_calls, "sample"),
+            "{calls:?} {plain_calls:?}"
+        );
     }
 
     #[test]

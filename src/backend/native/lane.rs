@@ -480,7 +480,7 @@ impl LaneBackend {
         let checked: CheckAnswer = n.process.call_as("check", &request, Some(&job.id))?;
         let batch = first
             .zip(checked.then)
-            .map(|(f, then)| then.into_batch(f.count));
+            .map(|(f, then)| then.into_batches(f.count));
         if let Some(Err(f)) = &batch {
             n.process.after_failure(f);
         }
@@ -1035,14 +1035,15 @@ mod tests {
         assert_eq!(check.max_abs_err, Some(0.5));
         assert_eq!(check.max_rel_err, None);
         assert_eq!(check.elements, 64);
-        let first = answer.then.expect("then").into_batch(2).expect("a batch");
-        assert_eq!(first.batch.us, vec![2.0, 3.0]);
-        assert_eq!(first.batch.sm_clock_mhz, Some(1980.0));
-        assert_eq!(first.wall_ms, 1.5);
+        let first = answer.then.expect("then").into_batches(2).expect("a batch");
+        assert_eq!(first.len(), 1, "no `more`: the first batch alone");
+        assert_eq!(first[0].batch.us, vec![2.0, 3.0]);
+        assert_eq!(first[0].batch.sm_clock_mhz, Some(1980.0));
+        assert_eq!(first[0].wall_ms, 1.5);
 
         // Fewer samples than asked for is the worker's protocol error.
         let answer: CheckAnswer = serde_json::from_str(line).unwrap();
-        let short = answer.then.expect("then").into_batch(3).unwrap_err();
+        let short = answer.then.expect("then").into_batches(3).unwrap_err();
         assert_eq!(short.class, FailureClass::Crash);
 
         // A failed warm-up or batch is its failure; the check stands.
@@ -1051,9 +1052,41 @@ mod tests {
                 "mismatch_frac": 0.0, "nan_count": 0, "inf_count": 0, "elements": 4},
             "then": {"ok": false, "class": "launch_error", "message": "illegal address"}}))
         .unwrap();
-        let failed = answer.then.expect("then").into_batch(2).unwrap_err();
+        let failed = answer.then.expect("then").into_batches(2).unwrap_err();
         assert_eq!(failed.class, FailureClass::LaunchError);
         assert_eq!(failed.message, "illegal address");
+    }
+
+    #[test]
+    fn batches_taken_until_the_rule_come_back_in_order() {
+        let then: ThenAnswer = serde_json::from_value(json!({"ok": true,
+            "warmup": {"launches": 3}, "sample": {"us": [1.0, 2.0], "timer": "cuda_event"},
+            "wall_ms": 0.5, "more": [
+                {"sample": {"us": [3.0, 4.0], "timer": "cuda_event", "sm_clock_mhz": 1500.0},
+                 "wall_ms": 0.6},
+                {"sample": {"us": [5.0, 6.0], "timer": "cuda_event", "sm_clock_mhz": 1900.0},
+                 "wall_ms": 0.7}]}))
+        .unwrap();
+        let batches = then.into_batches(2).unwrap();
+        let us: Vec<f64> = batches.iter().flat_map(|b| b.batch.us.clone()).collect();
+        assert_eq!(us, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let clocks: Vec<Option<f64>> = batches.iter().map(|b| b.batch.sm_clock_mhz).collect();
+        assert_eq!(
+            clocks,
+            vec![None, Some(1500.0), Some(1900.0)],
+            "each batch its clock"
+        );
+        let walls: Vec<f64> = batches.iter().map(|b| b.wall_ms).collect();
+        assert_eq!(walls, vec![0.5, 0.6, 0.7]);
+        // A later batch short of samples is a protocol error, as a first one is.
+        let short: ThenAnswer = serde_json::from_value(json!({"ok": true,
+            "sample": {"us": [1.0, 2.0], "timer": "cuda_event"}, "wall_ms": 0.5,
+            "more": [{"sample": {"us": [3.0], "timer": "cuda_event"}, "wall_ms": 0.6}]}))
+        .unwrap();
+        assert_eq!(
+            short.into_batches(2).unwrap_err().class,
+            FailureClass::Crash
+        );
     }
 
     #[test]
