@@ -454,3 +454,9 @@ fn a_native_method_needs_a_grid() {
         "{stderr}"
     );
 }
+
+bad_input!(
+    protocol_cap_not_positive,
+    "protocol_cap.yaml",
+    "protocol_cap.yaml:11:16"
+);

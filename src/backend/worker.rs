@@ -101,6 +101,11 @@ fn request_line(id: u64, op: &str, body: &impl Serialize) -> String {
     let rest = fields
         .strip_prefix('{')
         .expect("a request body is a JSON object");
+    debug_assert!(
+        serde_json::from_str::<serde_json::Map<String, Json>>(&fields)
+            .is_ok_and(|m| !m.contains_key("id") && !m.contains_key("op")),
+        "a request body names no id or op of its own: {fields}"
+    );
     let sep = if rest.starts_with('}') { "" } else { "," };
     format!("{{\"id\":{id},\"op\":{op}{sep}{rest}\n")
 }

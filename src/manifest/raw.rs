@@ -267,10 +267,10 @@ pub struct RawProtocol {
     pub target_ci: Spanned<f64>,
     /// Cap on summed kernel time per job.
     #[serde(default = "d_max_gpu_ms")]
-    pub max_gpu_ms: f64,
+    pub max_gpu_ms: Spanned<f64>,
     /// Cap on wall time spent sampling one job.
     #[serde(default = "d_max_wall_ms")]
-    pub max_wall_ms: f64,
+    pub max_wall_ms: Spanned<f64>,
     /// Best configs per shape re-timed interleaved at the end.
     #[serde(default = "d_finalists")]
     pub finalists: u32,
@@ -445,11 +445,11 @@ fn d_max_samples() -> u32 {
 fn d_target_ci() -> Spanned<f64> {
     unspanned(0.005)
 }
-fn d_max_gpu_ms() -> f64 {
-    100.0
+fn d_max_gpu_ms() -> Spanned<f64> {
+    unspanned(100.0)
 }
-fn d_max_wall_ms() -> f64 {
-    1500.0
+fn d_max_wall_ms() -> Spanned<f64> {
+    unspanned(1500.0)
 }
 fn d_finalists() -> u32 {
     5

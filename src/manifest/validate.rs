@@ -1066,6 +1066,18 @@ fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic
         )
         .help("0.005 means within 0.5 %"));
     }
+    for (cap, name) in [
+        (&p.max_gpu_ms, "max_gpu_ms"),
+        (&p.max_wall_ms, "max_wall_ms"),
+    ] {
+        if cap.is_nan() || cap.value <= 0.0 {
+            return Err(Diagnostic::at(
+                at(cap.span),
+                format!("`{name}` must be positive; found {}", cap.value),
+            )
+            .help(".inf for no cap"));
+        }
+    }
     if p.timeout_s.is_nan() || p.timeout_s.value <= 0.0 {
         return Err(Diagnostic::at(
             at(p.timeout_s.span),
@@ -1095,8 +1107,8 @@ fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic
         min_samples: p.min_samples.value,
         max_samples: p.max_samples,
         target_ci: p.target_ci.value,
-        max_gpu_ms: p.max_gpu_ms,
-        max_wall_ms: p.max_wall_ms,
+        max_gpu_ms: p.max_gpu_ms.value,
+        max_wall_ms: p.max_wall_ms.value,
         finalists: p.finalists,
         timeout_s: p.timeout_s.value,
         seed: p.seed,

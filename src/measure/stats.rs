@@ -107,8 +107,29 @@ pub struct StopRule {
     pub min_samples: u32,
     pub max_samples: u32,
     pub target_ci: f64,
+    /// A cap; `.inf` in a manifest (no cap) travels as `null`, which JSON has
+    /// where it has no infinity.
+    #[serde(with = "cap")]
     pub max_gpu_ms: f64,
+    #[serde(with = "cap")]
     pub max_wall_ms: f64,
+}
+
+/// A cap as JSON carries it: a number, or `null` for none (infinity).
+mod cap {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(cap: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if cap.is_finite() {
+            s.serialize_f64(*cap)
+        } else {
+            s.serialize_none()
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
+    }
 }
 
 /// What the sampling loop knows about one job so far.
@@ -383,6 +404,22 @@ mod tests {
         let (m2, lo2, hi2) = median_ci(&sorted(&noisy));
         assert!(lo1 <= m1 && m1 <= hi1 && lo2 <= m2 && m2 <= hi2);
         assert!(hi2 - lo2 <= hi1 - lo1);
+    }
+
+    #[test]
+    fn a_stop_rule_with_no_cap_travels_as_null_and_comes_back_infinite() {
+        let rule = StopRule {
+            min_samples: 20,
+            max_samples: 2000,
+            target_ci: 0.005,
+            max_gpu_ms: f64::INFINITY,
+            max_wall_ms: 1500.0,
+        };
+        let text = serde_json::to_string(&rule).unwrap();
+        assert!(text.contains(r#""max_gpu_ms":null"#), "{text}");
+        let back: StopRule = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, rule);
+        assert!(serde_json::from_str::<StopRule>(r#"{"min_samples":1}"#).is_err());
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! does: an event pair around each launch, one host synchronisation per
 //! batch, a spin kernel holding the GPU while the batch is queued, L2 evicted
 //! before each cold sample, CUDA graphs for graph timing. It returns raw
-//! samples; the runner decides how many to take.
+//! samples; how many is the runner's stopping rule, which a check's `then`
+//! may hand it (`until`) to run itself, so a job's batches need no round
+//! trip each.
 //!
 //! A kernel that faults poisons this process's context: the runner kills the
 //! worker after any `launch_error`, as it does a Python worker, and starts a
@@ -126,8 +128,9 @@ struct CheckRequest {
     compare: Option<CompareRequest>,
     /// After a comparison that passes, the warm-up and the first batch in the
     /// same call: `{"warmup": {...}, "sample": {...}}`, the bodies of those
-    /// requests without `job_id`. Ignored without `compare` (the verdict is
-    /// then the Python worker's).
+    /// requests without `job_id`, and with `until` the batches after it
+    /// until the runner's stopping rule says enough. Ignored without
+    /// `compare` (the verdict is then the Python worker's).
     then: Option<Then>,
 }
 
@@ -397,9 +400,13 @@ fn int_field(request: &Json, key: &str, default: u64, min: u64, max: u64) -> Res
 /// A `sample` answer's samples and the batch's wall time into `so_far`.
 fn add_batch(so_far: &mut Sampling, sampled: &Json, wall_ms: f64) {
     let us = sampled.get("us").and_then(Json::as_array);
-    so_far
-        .samples_us
-        .extend(us.into_iter().flatten().filter_map(Json::as_f64));
+    // A sample that is not a number (a NaN is written as null) still counts
+    // towards `max_samples`, which bounds the loop.
+    so_far.samples_us.extend(
+        us.into_iter()
+            .flatten()
+            .map(|v| v.as_f64().unwrap_or(f64::NAN)),
+    );
     so_far.wall_ms += wall_ms;
 }
 
@@ -680,8 +687,9 @@ impl Server {
         }))
     }
 
-    /// A passing check's `then`: the warm-up and the first batch, or why they
-    /// failed (the check's verdict stands either way).
+    /// A passing check's `then`: the warm-up and the first batch (and under
+    /// `until` the later ones, in `more`), or why they failed (the check's
+    /// verdict stands either way).
     fn then(&mut self, job_id: &str, then: &Then) -> Json {
         let with_id = |fields: &serde_json::Map<String, Json>| {
             let mut r = Json::Object(fields.clone());

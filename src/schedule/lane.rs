@@ -513,7 +513,12 @@ impl Lane<'_, '_> {
         let (with_first, until) = match first {
             FirstBatches::None => (false, None),
             FirstBatches::One => (true, None),
-            FirstBatches::UntilStopped => (true, Some(self.ctx.protocol.stop_rule())),
+            // With no wall cap a worker's sampling would have no time bound
+            // the call's timeout could be stretched by: the lane drives it.
+            FirstBatches::UntilStopped => (
+                true,
+                Some(self.ctx.protocol.stop_rule()).filter(|r| r.max_wall_ms.is_finite()),
+            ),
         };
         let first = with_first.then_some((self.ctx.sampling, self.ctx.protocol.batch));
         prepare(
@@ -1432,9 +1437,11 @@ mod tests {
                     if let (true, Some(rule)) = (self.goes_on, first.until) {
                         let mut so_far = Sampling::default();
                         so_far.samples_us.extend(&taken[0].batch.us);
+                        so_far.wall_ms += taken[0].wall_ms;
                         while so_far.decide_by(&rule) == Decision::Continue {
                             let t = take()?;
                             so_far.samples_us.extend(&t.batch.us);
+                            so_far.wall_ms += t.wall_ms;
                             taken.push(t);
                         }
                     }

@@ -178,7 +178,19 @@ impl NativeProcess {
         body: &impl Serialize,
         job: Option<&str>,
     ) -> Result<A, JobFailure> {
-        let timeout = self.timeout;
+        self.call_as_longer(op, body, job, Duration::ZERO)
+    }
+
+    /// [`NativeProcess::call_as`] for a call that may take `longer` than the
+    /// protocol's timeout for one call (a check that goes on sampling).
+    pub fn call_as_longer<A: Answer>(
+        &mut self,
+        op: &str,
+        body: &impl Serialize,
+        job: Option<&str>,
+        longer: Duration,
+    ) -> Result<A, JobFailure> {
+        let timeout = self.timeout + longer;
         let result = self.worker()?.call_as::<A>(op, body, job, timeout);
         let response = match result {
             Ok(r) => r,

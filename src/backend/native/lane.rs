@@ -24,6 +24,7 @@ use crate::backend::python::{
 };
 use crate::backend::{
     Backend, Checked, FirstBatch, JobFailure, PythonBackend, SampleBatch, SampleMode, ShapeFacts,
+    TimedBatch,
 };
 use crate::manifest::{KernelArg, LaunchPath, Method, ScalarType, ToleranceFor};
 use crate::plan::Job;
@@ -244,9 +245,28 @@ crate::answer_envelope! {
     /// the first batch where asked for, and the kernel.
     struct CheckAnswer {
         compared: Option<CheckReply>,
-        then: Option<ThenAnswer>,
+        /// Read after the rest (`then_of`): a `then` that does not fit is a
+        /// failure of the batches, and the check's verdict stands.
+        then: Option<Box<serde_json::value::RawValue>>,
         kernel: Option<NativeKernel>,
     }
+}
+
+/// A native check answer's `then` (kept as its text, read here): the first
+/// batches, their failure, or `None` where the worker did not go on.
+fn then_of(
+    then: Option<Box<serde_json::value::RawValue>>,
+    count: u32,
+) -> Option<Result<Vec<TimedBatch>, JobFailure>> {
+    // A `null` then arrives as `None` (serde reads null into an Option).
+    let then = then?;
+    Some(match serde_json::from_str::<ThenAnswer>(then.get()) {
+        Ok(then) => then.into_batches(count),
+        Err(e) => Err(JobFailure::new(
+            FailureClass::Crash,
+            format!("protocol error: the `then` of the answer to `check` does not fit ({e})"),
+        )),
+    })
 }
 
 crate::answer_envelope! {
@@ -477,10 +497,20 @@ impl LaneBackend {
             compare,
             then,
         };
-        let checked: CheckAnswer = n.process.call_as("check", &request, Some(&job.id))?;
-        let batch = first
-            .zip(checked.then)
-            .map(|(f, then)| then.into_batches(f.count));
+        // A call that samples until the rule may take up to the wall cap
+        // beyond what the check itself may.
+        let longer = match &first {
+            Some(FirstBatch {
+                until: Some(rule), ..
+            }) if rule.max_wall_ms.is_finite() => {
+                std::time::Duration::from_secs_f64(rule.max_wall_ms / 1e3)
+            }
+            _ => std::time::Duration::ZERO,
+        };
+        let checked: CheckAnswer =
+            n.process
+                .call_as_longer("check", &request, Some(&job.id), longer)?;
+        let batch = first.and_then(|f| then_of(checked.then, f.count));
         if let Some(Err(f)) = &batch {
             n.process.after_failure(f);
         }
@@ -1035,7 +1065,7 @@ mod tests {
         assert_eq!(check.max_abs_err, Some(0.5));
         assert_eq!(check.max_rel_err, None);
         assert_eq!(check.elements, 64);
-        let first = answer.then.expect("then").into_batches(2).expect("a batch");
+        let first = then_of(answer.then, 2).expect("then").expect("a batch");
         assert_eq!(first.len(), 1, "no `more`: the first batch alone");
         assert_eq!(first[0].batch.us, vec![2.0, 3.0]);
         assert_eq!(first[0].batch.sm_clock_mhz, Some(1980.0));
@@ -1043,7 +1073,7 @@ mod tests {
 
         // Fewer samples than asked for is the worker's protocol error.
         let answer: CheckAnswer = serde_json::from_str(line).unwrap();
-        let short = answer.then.expect("then").into_batches(3).unwrap_err();
+        let short = then_of(answer.then, 3).expect("then").unwrap_err();
         assert_eq!(short.class, FailureClass::Crash);
 
         // A failed warm-up or batch is its failure; the check stands.
@@ -1052,9 +1082,28 @@ mod tests {
                 "mismatch_frac": 0.0, "nan_count": 0, "inf_count": 0, "elements": 4},
             "then": {"ok": false, "class": "launch_error", "message": "illegal address"}}))
         .unwrap();
-        let failed = answer.then.expect("then").into_batches(2).unwrap_err();
+        let failed = then_of(answer.then, 2).expect("then").unwrap_err();
         assert_eq!(failed.class, FailureClass::LaunchError);
         assert_eq!(failed.message, "illegal address");
+
+        // A `then` that does not fit fails the batches; the answer, and with
+        // it the check's verdict, is still read.
+        let answer: CheckAnswer = serde_json::from_value(json!({"id": 9, "ok": true,
+            "compared": {"passed": true, "max_abs_err": 0.0, "max_rel_err": 0.0,
+                "mismatch_frac": 0.0, "nan_count": 0, "inf_count": 0, "elements": 4},
+            "then": {"ok": true, "sample": "not a batch", "wall_ms": 1.0}}))
+        .unwrap();
+        assert!(answer.compared.is_some());
+        let unfit = then_of(answer.then, 2).expect("then").unwrap_err();
+        assert_eq!(unfit.class, FailureClass::Crash);
+        // No `then` (null, or absent), no batches.
+        for no_then in [
+            json!({"id": 1, "ok": true, "then": null}),
+            json!({"id": 1, "ok": true}),
+        ] {
+            let answer: CheckAnswer = serde_json::from_value(no_then).unwrap();
+            assert!(then_of(answer.then, 2).is_none());
+        }
     }
 
     #[test]
