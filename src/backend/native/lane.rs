@@ -481,22 +481,12 @@ impl LaneBackend {
             (Some(_), Some(first)) => Some(then_request(first)),
             _ => None,
         };
-        let request = CheckRequest {
-            job_id: &job.id,
-            image: &launch.image,
-            symbol: &launch.symbol,
-            grid: &launch.grid,
-            block: &launch.block,
-            shared: launch.shared,
-            args: &launch.args,
-            poison: Poison {
-                tensor: shared.out,
-                pattern: &shared.poison,
-                elements: shared.elements,
-            },
-            compare,
-            then,
+        let poison = Poison {
+            tensor: shared.out,
+            pattern: &shared.poison,
+            elements: shared.elements,
         };
+        let request = launch.check_request(&job.id, poison, compare, then);
         // A call that samples until the rule may take up to the wall cap
         // beyond what the check itself may.
         let longer = match &first {
@@ -757,6 +747,28 @@ pub struct Launch {
 }
 
 impl Launch {
+    /// The native worker's `check` of this launch for `job_id`.
+    fn check_request<'a>(
+        &'a self,
+        job_id: &'a str,
+        poison: Poison<'a>,
+        compare: Option<CompareRequest<'a>>,
+        then: Option<Json>,
+    ) -> CheckRequest<'a> {
+        CheckRequest {
+            job_id,
+            image: &self.image,
+            symbol: &self.symbol,
+            grid: &self.grid,
+            block: &self.block,
+            shared: self.shared,
+            args: &self.args,
+            poison,
+            compare,
+            then,
+        }
+    }
+
     fn with_image(mut self, image: PathBuf, symbol: String) -> Launch {
         self.image = image;
         self.symbol = symbol;
@@ -1164,22 +1176,12 @@ mod tests {
             shared: 1024,
             args: vec![json!({"tensor": 0}), json!({"i32": 64})],
         };
-        let request = CheckRequest {
-            job_id: "j1",
-            image: &launch.image,
-            symbol: &launch.symbol,
-            grid: &launch.grid,
-            block: &launch.block,
-            shared: launch.shared,
-            args: &launch.args,
-            poison: Poison {
-                tensor: 2,
-                pattern: "c07f",
-                elements: 16,
-            },
-            compare: None,
-            then: None,
+        let poison = Poison {
+            tensor: 2,
+            pattern: "c07f",
+            elements: 16,
         };
+        let request = launch.check_request("j1", poison, None, None);
         assert_eq!(
             serde_json::to_value(&request).unwrap(),
             json!({"job_id": "j1", "image": "/cache/k.cubin", "symbol": "k",
