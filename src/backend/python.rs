@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::worker::{CallError, Worker, WorkerSpec};
+use super::worker::{Answer, CallError, Worker, WorkerSpec};
 use super::{
     Backend, Checked, FirstBatch, JobFailure, SampleBatch, SampleMode, ShapeFacts, TimedBatch,
 };
@@ -56,10 +56,7 @@ pub struct ProbedMethod {
 
 /// The failure a worker's `ok: false` answer reports (its class and message).
 pub fn failure_of(response: &Json) -> JobFailure {
-    failure_from(
-        response.get("class").and_then(Json::as_str),
-        response.get("message").and_then(Json::as_str),
-    )
+    failure_from(response.class(), response.message())
 }
 
 /// The failure a worker's answer names by its `class` and `message`.
@@ -207,13 +204,7 @@ pub(crate) fn then_reply(
         .get_mut("then")
         .map(Json::take)
         .filter(|t| !t.is_null())?;
-    Some(match serde_json::from_value::<ThenAnswer>(then) {
-        Ok(then) => then.into_batches(count),
-        Err(e) => Err(JobFailure::new(
-            FailureClass::Crash,
-            format!("protocol error: the `then` of the answer to `check` does not fit ({e})"),
-        )),
-    })
+    Some(ThenAnswer::read(serde_json::from_value(then), count))
 }
 
 /// A `check` answer's `then`, as both workers send it: the warm-up and the
@@ -239,6 +230,21 @@ pub(crate) struct MoreBatch {
 }
 
 impl ThenAnswer {
+    /// A `then` as parsed, from either worker's answer: its batches, or the
+    /// failure that it does not fit.
+    pub(crate) fn read(
+        parsed: serde_json::Result<ThenAnswer>,
+        count: u32,
+    ) -> Result<Vec<TimedBatch>, JobFailure> {
+        match parsed {
+            Ok(then) => then.into_batches(count),
+            Err(e) => Err(JobFailure::new(
+                FailureClass::Crash,
+                format!("protocol error: the `then` of the answer to `check` does not fit ({e})"),
+            )),
+        }
+    }
+
     /// The batches in order, if they went well and each holds the `count`
     /// samples asked for.
     pub(crate) fn into_batches(self, count: u32) -> Result<Vec<TimedBatch>, JobFailure> {

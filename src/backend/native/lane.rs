@@ -212,10 +212,8 @@ pub struct LaneBackend {
 }
 
 /// The kernel a native worker's `check` answer describes: registers and
-/// local memory as the driver reports them for the loaded function (spills
-/// counted as Triton counts them, local bytes / 4), shared memory per block
-/// (static and dynamic), warps from the block size; stages do not apply (0).
-/// What a native check says of the kernel it launched.
+/// local memory as the driver reports them for the loaded function, shared
+/// memory per block (static and dynamic), and the block's threads.
 #[derive(Deserialize)]
 struct NativeKernel {
     name: String,
@@ -227,6 +225,8 @@ struct NativeKernel {
 }
 
 impl From<NativeKernel> for KernelResources {
+    /// Spills counted as Triton counts them (local bytes / 4), warps from the
+    /// block size; stages do not apply (0).
     fn from(k: NativeKernel) -> KernelResources {
         KernelResources {
             name: k.name,
@@ -260,13 +260,7 @@ fn then_of(
 ) -> Option<Result<Vec<TimedBatch>, JobFailure>> {
     // A `null` then arrives as `None` (serde reads null into an Option).
     let then = then?;
-    Some(match serde_json::from_str::<ThenAnswer>(then.get()) {
-        Ok(then) => then.into_batches(count),
-        Err(e) => Err(JobFailure::new(
-            FailureClass::Crash,
-            format!("protocol error: the `then` of the answer to `check` does not fit ({e})"),
-        )),
-    })
+    Some(ThenAnswer::read(serde_json::from_str(then.get()), count))
 }
 
 crate::answer_envelope! {
