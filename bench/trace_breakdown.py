@@ -35,6 +35,15 @@ Python worker, `check`, `warmup` and `sample` on the native worker; `share`
 and `import` once per shape. A job is counted once, by its `check` on
 either worker.
 
+Where the native worker compares itself, the lane sends the next job's
+`check` before it reads the last one's answer (commit 2026-11-23, later): such
+a call's span (`sent_ahead`) starts when the answer before it was read, as the
+worker starts it the moment it answers. Its round trip minus its worker time
+is then the worker's own wait between the two jobs (the pipe's hand-offs
+cancel), and the lane's recording of one job falls inside the next one's
+span: the overhead per job is what the GPU waited for the runner, and lane
+work done while it measured is not counted.
+
 Used by bench/tuning_speed.py; standalone for any run.
 """
 
@@ -212,6 +221,8 @@ def breakdown(path):
                 "protocol_us_per_call": statistics.mean(nat_protocol) if nat_protocol else None,
                 "calls_per_job": len(nat_protocol) / jobs if jobs else None,
                 "requests_met": _met(nat_calls, "worker_met"),
+                # Checks sent before the answer ahead of them was read (a span since then).
+                "checks_sent_ahead": sum(1 for e in nat_calls if e["name"] == "check" and e["args"].get("sent_ahead")),
             },
         }
 
@@ -267,6 +278,9 @@ def render(b):
                          f"{nat['startup_in_groups_s'] * 1e3:.0f} ms of it inside the groups (not runner overhead), "
                          f"ready at {nat['ready_s'] or 0:.2f} s; "
                          f"calls: {_render_ops(nat['calls'])}")
+            if nat.get("checks_sent_ahead"):
+                lines.append(f"  checks sent ahead (before the answer ahead of them was read): "
+                             f"{nat['checks_sent_ahead']} of {nat['calls'].get('check', {}).get('calls', 0)}")
         lines.append(f"  waiting for compiles {lane['wait_for_compile_s']:.2f} s; in calls {lane['in_calls_s']:.2f} s; "
                      f"runner between calls {lane['runner_between_calls_s'] * 1e3:.1f} ms "
                      f"({lane['runner_ms_per_job'] or 0:.3f} ms/job); protocol "

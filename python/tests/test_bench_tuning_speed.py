@@ -157,6 +157,31 @@ def test_a_python_lane_is_unchanged_by_the_native_accounting(tb, tmp_path):
     assert tb.overhead_per_job_ms(b) == pytest.approx(0.150 + 0.065)
 
 
+def test_checks_sent_ahead_count_what_the_worker_waited_not_what_the_lane_did(tb, tmp_path):
+    t = Trace()
+    t.span("lane0", "start-up", 0, 5000, pid=1)
+    t.call("lane0", "hello", 100, 4800, 200)
+    t.span("native0", "start-up", 200, 300, pid=2)
+    t.call("native0", "hello", 210, 280, 250)
+    t.span("lane0 jobs", "group", 6000, 1350, jobs=3)
+    t.call("lane0", "describe", 6010, 100, 90)  # 10
+    t.call("lane0", "recipes", 6120, 100, 80)  # 20
+    # Job A's check waited for (the first), B's and C's sent while the one before ran: each span starts
+    # when the answer before it was read, and the lane recorded A and B inside B's and C's spans.
+    t.call("native0", "check", 6230, 400, 390, job="A")  # 10
+    t.span("native0", "check", 6630, 350, job="B", worker_us=345, outcome="ok", sent_ahead=True)  # 5
+    t.span("native0", "check", 6980, 350, job="C", worker_us=347, outcome="ok", sent_ahead=True)  # 3
+    t.call("native0", "shutdown", 7400, 10, 1)
+    b = tb.breakdown(t.write(tmp_path / "trace.json"))
+    lane = b["lanes"]["lane0"]
+    assert lane["jobs"] == 3 and lane["native"]["checks_sent_ahead"] == 2
+    # 1350 - 100 - 100 - 1100 = 50 µs between calls (the start of the group, before describe, and
+    # its end); protocol 10 + 20 + 10 + 5 + 3 = 48 µs.
+    assert lane["runner_ms_per_job"] == pytest.approx(0.050 / 3)
+    assert tb.overhead_per_job_ms(b) == pytest.approx((0.050 + 0.048) / 3)
+    assert "checks sent ahead (before the answer ahead of them was read): 2 of 3" in tb.render(b)
+
+
 def test_native_overhead_adds_the_journal_and_names_its_parts(ts, tb, tmp_path):
     out = ts.overhead_from_trace(tb.breakdown(native_lane_trace().write(tmp_path / "trace.json")))
     journal_ms = 0.4  # mean of the 500 and 300 µs appends

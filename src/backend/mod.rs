@@ -86,6 +86,36 @@ pub struct Checked {
     pub first: Option<Result<Vec<TimedBatch>, JobFailure>>,
 }
 
+/// What became of a measurement a lane asked a backend to send ahead
+/// ([`Backend::send_measurement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SentAhead {
+    /// Under way: its answer comes from [`Backend::receive_measurement`],
+    /// in the order the measurements were sent.
+    Sent,
+    /// Not while others are under way: sending it needs calls of their own
+    /// first (the Python worker's recipes, which touch the GPU, or sharing
+    /// the shape). Send it again when nothing is under way.
+    WhenIdle,
+    /// This backend does not send this job ahead: measure it the usual way.
+    Declined,
+}
+
+/// The answer to a measurement sent ahead.
+#[derive(Debug)]
+pub enum Received {
+    /// The check's answer and its batches, as `check_then_sample` gives
+    /// them, and the kernels it launched.
+    Answer {
+        checked: Result<Checked, JobFailure>,
+        kernels: Vec<KernelResources>,
+    },
+    /// The request went with its worker, which an earlier answer's failure
+    /// discarded: it never ran (or its answer is not trusted), and the job
+    /// is to be measured again.
+    Lost,
+}
+
 /// The L2 flush before every sample of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flush {
@@ -171,6 +201,29 @@ pub trait Backend {
     /// compile is done, in the group's order. The default takes none.
     fn look_ahead(&mut self, job: &Job, ahead: &mut dyn FnMut(usize) -> Vec<Job>) {
         let _ = (job, ahead);
+    }
+    /// A full measurement (`check_then_sample` with `first.until` set)
+    /// sent without waiting for its answer, where the backend can: the
+    /// lane sends the next job while the worker still measures the last,
+    /// so that the GPU goes from one job to the next without waiting for
+    /// the lane to record. A job's own failure before anything was sent
+    /// (a compile error, its recipe) is `Err`. The default declines.
+    fn send_measurement(
+        &mut self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        tol: ToleranceFor,
+        seed: u64,
+        first: FirstBatch,
+    ) -> Result<SentAhead, JobFailure> {
+        let _ = (job, kernel, kind, tol, seed, first);
+        Ok(SentAhead::Declined)
+    }
+    /// The answer to the oldest measurement sent ahead and not yet received.
+    /// Only called after a `send_measurement` that answered `Sent`.
+    fn receive_measurement(&mut self) -> Received {
+        unreachable!("a backend that sends nothing ahead has nothing to receive")
     }
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure>;
     fn sample(

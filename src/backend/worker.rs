@@ -155,6 +155,22 @@ impl std::fmt::Display for CallError {
     }
 }
 
+/// A request written to a worker whose answer is still to be read
+/// ([`Worker::send`], [`Worker::receive_as`]).
+#[derive(Debug)]
+pub struct Sent {
+    id: u64,
+    op: String,
+    at: Instant,
+}
+
+impl Sent {
+    /// The request's op.
+    pub fn op(&self) -> &str {
+        &self.op
+    }
+}
+
 pub struct Worker {
     child: Child,
     stdin: ChildStdin,
@@ -165,6 +181,9 @@ pub struct Worker {
     /// next call of the op is waited for around when it should end.
     expected: HashMap<String, Duration>,
     next_id: u64,
+    /// When the last answer was read: a request sent before it could not
+    /// start before it.
+    last_answer: Option<Instant>,
     log: PathBuf,
     /// The trace track: the log's file stem ("lane0", "compile3").
     name: String,
@@ -251,6 +270,7 @@ impl Worker {
             spin: lines::spin_from_env(lines::LANE_SPIN),
             expected: HashMap::new(),
             next_id: 1,
+            last_answer: None,
             log: log.to_path_buf(),
             name,
         })
@@ -320,7 +340,16 @@ impl Worker {
         body: &impl Serialize,
         timeout: Duration,
     ) -> Result<A, CallError> {
-        let started = Instant::now();
+        let sent = self.send(op, body)?;
+        self.receive(&sent, timeout)
+    }
+
+    /// Writes one request and returns at once: its answer is read by
+    /// [`Worker::receive_as`], in the order the requests were sent. A lane
+    /// sends the next job's request before it reads the last one's answer,
+    /// so that the worker goes from one to the next without waiting.
+    pub fn send(&mut self, op: &str, body: &impl Serialize) -> Result<Sent, CallError> {
+        let at = Instant::now();
         let id = self.next_id;
         self.next_id += 1;
         let line = request_line(id, op, body);
@@ -332,19 +361,70 @@ impl Worker {
         {
             return Err(self.crashed());
         }
+        Ok(Sent {
+            id,
+            op: op.to_string(),
+            at,
+        })
+    }
+
+    /// The answer to a request [`Worker::send`] wrote, at most `timeout`
+    /// after the worker could start on it (when it was sent, or when the
+    /// answer before it was read, whichever is later). Traced as a span from
+    /// that moment, so that a request sent ahead is not counted twice.
+    pub fn receive_as<A: Answer>(
+        &mut self,
+        sent: &Sent,
+        job: Option<&str>,
+        timeout: Duration,
+    ) -> Result<A, CallError> {
+        let from = self.could_start(sent);
+        let result = self.receive::<A>(sent, timeout);
+        if crate::trace::enabled() {
+            let answer = result.as_ref().ok();
+            let outcome = match answer {
+                Some(a) if a.ok() => "ok",
+                Some(_) => "failed",
+                None => "lost",
+            };
+            crate::trace::span(
+                &self.name,
+                &sent.op,
+                from,
+                json!({"job": job, "worker_us": answer.and_then(Answer::worker_us),
+                       "outcome": outcome, "sent_ahead": sent.at < from,
+                       "met": answer.is_some().then(|| self.lines.met().as_str()),
+                       "worker_met": answer.and_then(Answer::worker_met)}),
+            );
+        }
+        result
+    }
+
+    /// When the worker could start on `sent`: a request that was sent while
+    /// an earlier one was under way waits for that one's answer.
+    fn could_start(&self, sent: &Sent) -> Instant {
+        self.last_answer.map_or(sent.at, |read| read.max(sent.at))
+    }
+
+    fn receive<A: Answer>(&mut self, sent: &Sent, timeout: Duration) -> Result<A, CallError> {
+        let (id, op) = (sent.id, sent.op.as_str());
+        let started = self.could_start(sent);
         let wait = Wait::around(
             started,
             self.expected.get(op).copied(),
             self.spin,
-            Instant::now() + timeout,
+            started + timeout,
         );
-        match self.lines.next_line(wait) {
+        let read = self.lines.next_line(wait);
+        self.last_answer = Some(Instant::now());
+        match read {
             Ok(Some(text)) => {
                 let response: A = serde_json::from_str(&text).map_err(|e| {
                     CallError::Protocol(format!("not an answer to `{op}` ({e}): {text}"))
                 })?;
                 // We kill a worker on timeout, so a late answer to an earlier
-                // request cannot arrive: any other id is a protocol error.
+                // request cannot arrive, and answers come in the order their
+                // requests were sent: any other id is a protocol error.
                 match response.id() {
                     Some(got) if got == id => {
                         if let (true, Some(us)) = (response.ok(), response.worker_us()) {
@@ -475,5 +555,43 @@ mod tests {
         let back: Json =
             serde_json::from_str(&request_line(9, "sample", &json!({"count": 3}))).unwrap();
         assert_eq!(back, json!({"id": 9, "op": "sample", "count": 3}));
+    }
+
+    /// A worker that answers each request line after `sleep` seconds, in
+    /// order, with the request's id and op.
+    fn echo_worker(sleep: f64, dir: &Path) -> Worker {
+        let script = format!(
+            "import json, sys, time\nfor line in sys.stdin:\n    r = json.loads(line)\n    time.sleep({sleep})\n    print(json.dumps({{'id': r['id'], 'ok': True, 'op': r['op'], 'worker_us': {sleep} * 1e6}}), flush=True)\n"
+        );
+        let mut cmd = Command::new("python3");
+        cmd.args(["-c", &script]);
+        Worker::start(cmd, &dir.join("echo.log"), "echo".into()).expect("python3 starts")
+    }
+
+    #[test]
+    fn requests_sent_ahead_are_answered_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = echo_worker(0.02, dir.path());
+        let timeout = Duration::from_secs(10);
+        let first = w.send("check", &json!({"job_id": "a"})).unwrap();
+        let second = w.send("check", &json!({"job_id": "b"})).unwrap();
+        assert_eq!(second.op(), "check");
+        // The second could not start before the first was answered.
+        assert_eq!(w.could_start(&second), second.at);
+        let a: Json = w.receive_as(&first, Some("a"), timeout).unwrap();
+        assert!(w.could_start(&second) > second.at);
+        let b: Json = w.receive_as(&second, Some("b"), timeout).unwrap();
+        assert_eq!(
+            (a["id"].as_u64(), b["id"].as_u64()),
+            (Some(first.id), Some(second.id))
+        );
+        // An answer read for the wrong request is a protocol error.
+        let third = w.send("check", &json!({})).unwrap();
+        let fourth = w.send("check", &json!({})).unwrap();
+        match w.receive_as::<Json>(&fourth, None, timeout) {
+            Err(CallError::Protocol(m)) => assert!(m.contains("another request"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let _ = third;
     }
 }

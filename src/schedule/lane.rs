@@ -7,13 +7,15 @@
 //! strategy asks for checks, screening batches and full measurements.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use indexmap::IndexMap;
 
-use crate::backend::{Backend, Checked, FirstBatch, JobFailure, SampleBatch, SampleMode};
+use crate::backend::{
+    Backend, Checked, FirstBatch, JobFailure, Received, SampleBatch, SampleMode, SentAhead,
+};
 use crate::manifest::{shape_dtype, MethodKind, Shape, Tolerance};
 use crate::measure::{self, Decision, Protocol, Sampling, Stats, StopRule, Timing};
 use crate::plan::{Job, RunMode};
@@ -45,6 +47,11 @@ pub struct LaneContext<'a> {
 /// Consecutive crash or launch_error failures after which a lane checks its
 /// own health (docs/scaling.md).
 pub const RETIRE_AFTER: usize = 3;
+
+/// Full measurements a lane keeps sent ahead to a backend that can take
+/// them (`Backend::send_measurement`): the one the worker runs and the next,
+/// waiting in its pipe, so the worker starts it the moment it answers.
+const UNDER_WAY: usize = 2;
 
 /// A job and what runs it: enough to run its check again.
 #[derive(Debug, Clone)]
@@ -562,6 +569,101 @@ impl Lane<'_, '_> {
         take_batch(self.ctx, self.backend, m)
     }
 
+    /// A candidate's full measurement, waited for: checked (its compile
+    /// done), batches until the stopping rule, recorded.
+    fn measure_now(&mut self, mut m: Measured) -> Option<f64> {
+        let result = (|| {
+            let have_first = self.prepare(&mut m, FirstBatches::UntilStopped)?;
+            self.sample_adaptive(&mut m, have_first)
+        })();
+        self.conclude(m, result)
+    }
+
+    /// A full measurement's record: ok with its statistics (`capped`: a cap
+    /// stopped it), or its failure. Returns the median of one that passed.
+    fn conclude(&mut self, m: Measured, result: Result<bool, JobFailure>) -> Option<f64> {
+        match result {
+            Ok(capped) => {
+                let stats = m.sampling.stats(capped);
+                let median = stats.median_us;
+                self.finish(&m, JobStatus::Ok, None, Some(stats));
+                self.measured.push(m);
+                Some(median)
+            }
+            Err(f) => {
+                self.finish(&m, JobStatus::Failed, Some(f), None);
+                None
+            }
+        }
+    }
+
+    /// A candidate's full measurement sent ahead, where the backend can (a
+    /// full measurement in one call needs a wall cap, as `prepare` says).
+    fn send_ahead(&mut self, m: &Measured) -> Result<SentAhead, JobFailure> {
+        let ctx = self.ctx;
+        let rule = ctx.protocol.stop_rule();
+        if ctx.run_mode == RunMode::Check || !rule.max_wall_ms.is_finite() {
+            return Ok(SentAhead::Declined);
+        }
+        let first = first_batch(ctx, ctx.sampling, ctx.protocol.batch, Some(rule));
+        let tol = ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
+        self.backend.send_measurement(
+            &m.job,
+            &self.kernel,
+            self.kind.as_str(),
+            tol,
+            ctx.protocol.seed,
+            first,
+        )
+    }
+
+    /// The answer to the oldest measurement under way, recorded. After a
+    /// failure the rest are received first (the worker may be gone with
+    /// them, and the failure's record may run a health check, which must
+    /// find nothing under way).
+    fn receive_one(&mut self, under_way: &mut VecDeque<(usize, Measured)>, again: &mut Vec<usize>) {
+        let Some((i, mut m)) = under_way.pop_front() else {
+            return;
+        };
+        let (checked, kernels) = match self.backend.receive_measurement() {
+            Received::Lost => {
+                self.slots[i] = Slot::Waiting(m.job);
+                again.push(i);
+                return;
+            }
+            Received::Answer { checked, kernels } => (checked, kernels),
+        };
+        let tol = self.ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
+        let read = read_check(&mut m, checked, kernels, tol, true);
+        if read.is_err() {
+            self.receive_all(under_way, again);
+        }
+        match read {
+            // The worker ran the lane's own stopping rule: its decision
+            // stands, even where a sample one unit in the last place off
+            // would have the lane take one batch more (the next job is
+            // already under way, so none can be asked for).
+            Ok(true) => {
+                let capped = m.sampling.decide(&self.ctx.protocol) == Decision::Capped;
+                self.conclude(m, Ok(capped));
+            }
+            // It passed and took no batches: measured again, waited for.
+            Ok(false) => {
+                self.slots[i] = Slot::Waiting(m.job);
+                again.push(i);
+            }
+            Err(f) => {
+                self.conclude(m, Err(f));
+            }
+        }
+    }
+
+    fn receive_all(&mut self, under_way: &mut VecDeque<(usize, Measured)>, again: &mut Vec<usize>) {
+        while !under_way.is_empty() {
+            self.receive_one(under_way, again);
+        }
+    }
+
     /// Batches until the stopping rule says enough, the first already taken
     /// when `have_first`; returns whether a cap stopped it.
     fn sample_adaptive(&mut self, m: &mut Measured, have_first: bool) -> Result<bool, JobFailure> {
@@ -585,26 +687,61 @@ impl Trials for Lane<'_, '_> {
         let (mut m, fresh) = self.take(i);
         // A full measurement starts from fresh samples, whatever screening took.
         m.sampling = Sampling::default();
-        let result = (|| {
+        if fresh {
+            if let Err(f) = self.wait_for_compile(&mut m) {
+                self.finish(&m, JobStatus::Failed, Some(f), None);
+                return None;
+            }
+        }
+        self.look_ahead(&m.job, i);
+        self.measure_now(m)
+    }
+
+    fn measure_each(&mut self, order: &[usize]) {
+        let mut under_way: VecDeque<(usize, Measured)> = VecDeque::new();
+        // Candidates whose request went with a discarded worker: measured
+        // again after the rest, one at a time.
+        let mut again: Vec<usize> = Vec::new();
+        for &i in order {
+            if self.ctx.stopping() || self.ctx.retired() {
+                break;
+            }
+            let (mut m, fresh) = self.take(i);
+            m.sampling = Sampling::default();
             if fresh {
-                self.wait_for_compile(&mut m)?;
+                if let Err(f) = self.wait_for_compile(&mut m) {
+                    self.finish(&m, JobStatus::Failed, Some(f), None);
+                    continue;
+                }
             }
             self.look_ahead(&m.job, i);
-            let have_first = self.prepare(&mut m, FirstBatches::UntilStopped)?;
-            self.sample_adaptive(&mut m, have_first)
-        })();
-        match result {
-            Ok(capped) => {
-                let stats = m.sampling.stats(capped);
-                let median = stats.median_us;
-                self.finish(&m, JobStatus::Ok, None, Some(stats));
-                self.measured.push(m);
-                Some(median)
+            let sent = loop {
+                match self.send_ahead(&m) {
+                    Ok(SentAhead::WhenIdle) if !under_way.is_empty() => {
+                        self.receive_all(&mut under_way, &mut again);
+                    }
+                    other => break other,
+                }
+            };
+            match sent {
+                Ok(SentAhead::Sent) => under_way.push_back((i, m)),
+                Ok(SentAhead::Declined | SentAhead::WhenIdle) => {
+                    self.receive_all(&mut under_way, &mut again);
+                    self.measure_now(m);
+                }
+                Err(f) => self.finish(&m, JobStatus::Failed, Some(f), None),
             }
-            Err(f) => {
-                self.finish(&m, JobStatus::Failed, Some(f), None);
-                None
+            while under_way.len() >= UNDER_WAY {
+                self.receive_one(&mut under_way, &mut again);
             }
+        }
+        self.receive_all(&mut under_way, &mut again);
+        for i in again {
+            if self.ctx.stopping() || self.ctx.retired() {
+                // Left waiting: the resumed run, or another lane, measures it.
+                return;
+            }
+            self.measure(i);
         }
     }
 
@@ -693,13 +830,7 @@ fn prepare(
     let timed = ctx.run_mode != RunMode::Check;
     let checked = match first.filter(|_| timed) {
         Some((mode, count)) => {
-            let first = FirstBatch {
-                warmup_launches: ctx.protocol.warmup_launches,
-                warmup_ms: ctx.protocol.warmup_ms,
-                count,
-                mode,
-                until,
-            };
+            let first = first_batch(ctx, mode, count, until);
             backend.check_then_sample(&m.job, kernel, kind.as_str(), tol, ctx.protocol.seed, first)
         }
         None => backend
@@ -707,6 +838,45 @@ fn prepare(
             .map(|check| Checked { check, first: None }),
     };
     let kernels = backend.take_kernels();
+    if read_check(m, checked, kernels, tol, timed)? {
+        return Ok(true);
+    }
+    if timed {
+        backend.warmup(
+            &m.job.id,
+            ctx.protocol.warmup_launches,
+            ctx.protocol.warmup_ms,
+        )?;
+    }
+    Ok(false)
+}
+
+/// The warm-up and first batch a check goes on to, as the protocol says.
+fn first_batch(
+    ctx: &LaneContext<'_>,
+    mode: SampleMode,
+    count: u32,
+    until: Option<StopRule>,
+) -> FirstBatch {
+    FirstBatch {
+        warmup_launches: ctx.protocol.warmup_launches,
+        warmup_ms: ctx.protocol.warmup_ms,
+        count,
+        mode,
+        until,
+    }
+}
+
+/// A check's answer into the job: the kernels it launched, its comparison
+/// (a failed one is the job's failure) and, when `timed`, the batches that
+/// came with it. Returns whether batches came.
+fn read_check(
+    m: &mut Measured,
+    checked: Result<Checked, JobFailure>,
+    kernels: Vec<crate::store::KernelResources>,
+    tol: crate::manifest::ToleranceFor,
+    timed: bool,
+) -> Result<bool, JobFailure> {
     if !kernels.is_empty() {
         m.kernels = kernels;
     }
@@ -737,18 +907,13 @@ fn prepare(
     if !timed {
         return Ok(false);
     }
-    if let Some(taken) = checked.first {
-        for t in taken? {
-            add_batch(m, t.batch, t.wall_ms);
-        }
-        return Ok(true);
+    let Some(taken) = checked.first else {
+        return Ok(false);
+    };
+    for t in taken? {
+        add_batch(m, t.batch, t.wall_ms);
     }
-    backend.warmup(
-        &m.job.id,
-        ctx.protocol.warmup_launches,
-        ctx.protocol.warmup_ms,
-    )?;
-    Ok(false)
+    Ok(true)
 }
 
 fn take_batch(
@@ -1378,7 +1543,24 @@ mod tests {
         calls: HashMap<&'static str, usize>,
         /// Each check's job and the three jobs `look_ahead` saw after it.
         looked_ahead: Vec<(String, Vec<String>)>,
+        /// Takes measurements sent ahead, as the native lane does.
+        pipelines: bool,
+        /// The job whose first check kills the worker, with what was sent after it.
+        dies_once: Option<String>,
+        /// Sent and not yet received.
+        under_way: VecDeque<SentToFake>,
+        /// "send jobN" and "receive jobN", in order.
+        log: Vec<String>,
     }
+
+    /// A measurement sent to `Folding`: the job, its answer, its kernels,
+    /// and whether it went with a worker that died.
+    type SentToFake = (
+        String,
+        Result<Checked, JobFailure>,
+        Vec<crate::store::KernelResources>,
+        bool,
+    );
 
     impl Backend for Folding {
         fn describe(
@@ -1456,6 +1638,52 @@ mod tests {
         fn take_kernels(&mut self) -> Vec<crate::store::KernelResources> {
             self.inner.take_kernels()
         }
+        fn send_measurement(
+            &mut self,
+            job: &Job,
+            k: &str,
+            kind: &str,
+            tol: ToleranceFor,
+            seed: u64,
+            first: FirstBatch,
+        ) -> Result<SentAhead, JobFailure> {
+            if !self.pipelines {
+                return Ok(SentAhead::Declined);
+            }
+            assert!(
+                first.until.is_some(),
+                "only full measurements are sent ahead"
+            );
+            self.log.push(format!("send {}", job.id));
+            let answer = if self.dies_once.as_deref() == Some(job.id.as_str()) {
+                self.dies_once = None;
+                Err(JobFailure::new(FailureClass::Crash, "worker died"))
+            } else {
+                self.check_then_sample(job, k, kind, tol, seed, first)
+            };
+            // What the check launched (none where the worker died first).
+            let kernels = match &answer {
+                Err(_) => Vec::new(),
+                Ok(_) => self.inner.take_kernels(),
+            };
+            self.under_way
+                .push_back((job.id.clone(), answer, kernels, false));
+            Ok(SentAhead::Sent)
+        }
+        fn receive_measurement(&mut self) -> Received {
+            let (id, checked, kernels, lost) = self.under_way.pop_front().expect("sent");
+            self.log.push(format!("receive {id}"));
+            if lost {
+                return Received::Lost;
+            }
+            if matches!(&checked, Err(f) if f.class == FailureClass::Crash) {
+                // The worker is gone, and what was sent to it after this job.
+                for u in &mut self.under_way {
+                    u.3 = true;
+                }
+            }
+            Received::Answer { checked, kernels }
+        }
         fn look_ahead(&mut self, job: &Job, ahead: &mut dyn FnMut(usize) -> Vec<Job>) {
             let seen = ahead(3).into_iter().map(|j| j.id).collect();
             self.looked_ahead.push((job.id.clone(), seen));
@@ -1516,6 +1744,10 @@ mod tests {
             goes_on,
             calls: HashMap::new(),
             looked_ahead: Vec::new(),
+            pipelines: false,
+            dies_once: None,
+            under_way: VecDeque::new(),
+            log: Vec::new(),
         };
         let (mut jobs, mut finals) = (Vec::new(), Vec::new());
         run_group(&ctx, &mut backend, group(), &mut |e| match e {
@@ -1678,5 +1910,123 @@ mod tests {
         // Without a pool the lane compiles each job at its turn: nothing ahead.
         let (_, _, _, looked) = run_folding(Box::new(Grid), true, false, None);
         assert!(looked.iter().all(|(_, seen)| seen.is_empty()));
+    }
+
+    /// The group measured by a folding backend that goes on until the rule
+    /// (batches of 8), sending measurements ahead where `pipelines`; returns
+    /// the records, the finalists' records and the backend's log.
+    fn run_pipelined(
+        strategy: Box<dyn Strategy>,
+        pipelines: bool,
+        dies_once: Option<&str>,
+    ) -> (Vec<JobRecord>, Vec<FinalRecord>, Vec<String>) {
+        let strategies = Strategies::single(strategy);
+        let prior = HashMap::new();
+        let mut ctx = context(&strategies, &prior, None, 2);
+        ctx.protocol.batch = 8;
+        let mut backend = Folding {
+            inner: Fake {
+                prepared: None,
+                unavailable: IndexMap::new(),
+            },
+            fold: true,
+            then_fails: false,
+            goes_on: true,
+            calls: HashMap::new(),
+            looked_ahead: Vec::new(),
+            pipelines,
+            dies_once: dies_once.map(str::to_string),
+            under_way: VecDeque::new(),
+            log: Vec::new(),
+        };
+        let (mut jobs, mut finals) = (Vec::new(), Vec::new());
+        run_group(&ctx, &mut backend, group(), &mut |e| match e {
+            Event::Job(r) => jobs.push(*r),
+            Event::Final(f) => finals.push(f),
+            Event::Retired(_) => unreachable!(),
+        });
+        assert!(backend.under_way.is_empty(), "everything sent was received");
+        (jobs, finals, backend.log)
+    }
+
+    type Outcome = (JobStatus, Option<(u64, f64, f64, bool)>, usize);
+
+    /// Each job's status, samples and kernels, by job.
+    fn outcomes(jobs: &[JobRecord]) -> std::collections::BTreeMap<String, Outcome> {
+        jobs.iter()
+            .map(|j| {
+                let s = j.stats.as_ref().map(|s| {
+                    (
+                        s.n,
+                        s.median_us,
+                        s.mean_us,
+                        s.flags.contains(&measure::Flag::CapHit),
+                    )
+                });
+                (j.job_id.clone(), (j.status, s, j.kernels.len()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_lane_sends_the_next_measurement_before_it_records_the_last() {
+        for strategy in [
+            || -> Box<dyn Strategy> { Box::new(Grid) },
+            || -> Box<dyn Strategy> {
+                Box::new(Halving {
+                    eta: 3,
+                    keep_at_least: 3,
+                })
+            },
+        ] {
+            let (plain, plain_finals, plain_log) = run_pipelined(strategy(), false, None);
+            let (ahead, ahead_finals, log) = run_pipelined(strategy(), true, None);
+            assert!(plain_log.is_empty());
+            assert_eq!(outcomes(&plain), outcomes(&ahead), "the same records");
+            assert_eq!(plain.len(), ahead.len(), "each job recorded once");
+            let final_samples = |f: &[FinalRecord]| -> Vec<(String, u64)> {
+                f.iter().map(|f| (f.job_id.clone(), f.stats.n)).collect()
+            };
+            assert_eq!(final_samples(&plain_finals), final_samples(&ahead_finals));
+            // Each job's request went out before the one before it was
+            // received, and never more than two were under way.
+            let mut under_way = 0usize;
+            let mut most = 0;
+            for entry in &log {
+                if entry.starts_with("send") {
+                    under_way += 1;
+                } else {
+                    under_way -= 1;
+                }
+                most = most.max(under_way);
+            }
+            assert_eq!(most, UNDER_WAY, "{log:?}");
+            let sends = log.iter().filter(|e| e.starts_with("send")).count();
+            assert!(sends >= 3, "{log:?}");
+        }
+    }
+
+    #[test]
+    fn a_measurement_lost_with_its_worker_is_measured_again() {
+        let (plain, _, _) = run_pipelined(Box::new(Grid), false, None);
+        // job3's check kills the worker while job4's request waits for it.
+        let (ahead, _, log) = run_pipelined(Box::new(Grid), true, Some("job3"));
+        let send4 = log.iter().position(|e| e == "send job4").unwrap();
+        let receive3 = log.iter().position(|e| e == "receive job3").unwrap();
+        assert!(send4 < receive3, "{log:?}");
+        assert_eq!(ahead.len(), 10, "each job recorded once");
+        let job3 = ahead.iter().find(|j| j.job_id == "job3").unwrap();
+        assert_eq!(job3.status, JobStatus::Failed);
+        assert_eq!(job3.failure.as_ref().unwrap().class, FailureClass::Crash);
+        // job4 went with the worker: measured again, last, waited for, with
+        // the samples it would have had.
+        assert_eq!(ahead.last().unwrap().job_id, "job4");
+        let mut want = outcomes(&plain);
+        want.remove("job3");
+        let mut got = outcomes(&ahead);
+        got.remove("job3");
+        assert_eq!(want, got);
+        // The jobs after job4 were sent ahead again, to the new worker.
+        assert!(log.iter().any(|e| e == "send job6"), "{log:?}");
     }
 }

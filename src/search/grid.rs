@@ -15,12 +15,8 @@ impl Strategy for Grid {
 /// Measure every candidate fully, in order: grid's search, and random's on
 /// the sample the planner drew.
 pub(super) fn measure_all(candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
-    for i in 0..candidates.len() {
-        if trials.interrupted() {
-            return;
-        }
-        trials.measure(i);
-    }
+    let order: Vec<usize> = (0..candidates.len()).collect();
+    trials.measure_each(&order);
 }
 
 #[cfg(test)]

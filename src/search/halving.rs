@@ -62,12 +62,8 @@ impl Strategy for Halving {
             }
             alive = next;
         }
-        for (i, _) in alive {
-            if trials.interrupted() {
-                return;
-            }
-            trials.measure(i);
-        }
+        let finalists: Vec<usize> = alive.into_iter().map(|(i, _)| i).collect();
+        trials.measure_each(&finalists);
     }
 }
 

@@ -164,6 +164,18 @@ pub trait Trials {
     /// fresh samples (screening samples are dropped). Its record is written
     /// (ok or failed); returns the median in µs when it passed.
     fn measure(&mut self, i: usize) -> Option<f64>;
+    /// `measure` of each of `order`, in that order, until interrupted. A
+    /// lane may have the next candidates under way while it records one,
+    /// so a strategy hands it every candidate it will measure regardless
+    /// of the results.
+    fn measure_each(&mut self, order: &[usize]) {
+        for &i in order {
+            if self.interrupted() {
+                return;
+            }
+            self.measure(i);
+        }
+    }
     /// Check, warm up and take `batches` more sample batches of `i`, for
     /// screening. Returns its median so far; on failure its record is
     /// written and None is returned.

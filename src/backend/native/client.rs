@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
 use crate::backend::python::{failure_from, failure_of};
-use crate::backend::worker::{Answer, CallError, Worker};
+use crate::backend::worker::{Answer, CallError, Sent, Worker};
 use crate::backend::JobFailure;
 use crate::native::server::PROTOCOL;
 use crate::store::FailureClass;
@@ -40,6 +40,13 @@ pub struct NativeHello {
     pub device: String,
     pub uuid: String,
     pub driver: String,
+}
+
+/// A request sent ahead to a native worker, and which of its processes got it.
+#[derive(Debug)]
+pub struct SentAhead {
+    sent: Sent,
+    generation: u64,
 }
 
 pub struct NativeProcess {
@@ -192,6 +199,16 @@ impl NativeProcess {
     ) -> Result<A, JobFailure> {
         let timeout = self.timeout + longer;
         let result = self.worker()?.call_as::<A>(op, body, job, timeout);
+        self.answered(op, result)
+    }
+
+    /// A call's answer as the job's result: a worker that did not answer is
+    /// discarded, and a failed answer leaves what `after_failure` says.
+    fn answered<A: Answer>(
+        &mut self,
+        op: &str,
+        result: Result<A, CallError>,
+    ) -> Result<A, JobFailure> {
         let response = match result {
             Ok(r) => r,
             Err(e) => {
@@ -211,6 +228,44 @@ impl NativeProcess {
         let failure = failure_from(response.class(), response.message());
         self.after_failure(&failure);
         Err(failure)
+    }
+
+    /// Writes a request whose answer [`NativeProcess::receive_as_longer`]
+    /// reads later, starting the worker if it is not running: a lane sends
+    /// the next job's check while the worker still runs the last one.
+    pub fn send(&mut self, op: &str, body: &impl Serialize) -> Result<SentAhead, JobFailure> {
+        match self.worker()?.send(op, body) {
+            Ok(sent) => Ok(SentAhead {
+                sent,
+                generation: self.generation,
+            }),
+            Err(e) => {
+                self.discard();
+                Err(JobFailure::new(
+                    FailureClass::Crash,
+                    format!("native worker: {e}"),
+                ))
+            }
+        }
+    }
+
+    /// The answer to `sent`, read as [`NativeProcess::call_as_longer`] reads
+    /// one, or `None` when the process it was sent to is gone (discarded
+    /// after an earlier answer's failure): the request never ran, or its
+    /// answer cannot be trusted, and the job is to be sent again.
+    pub fn receive_as_longer<A: Answer>(
+        &mut self,
+        sent: &SentAhead,
+        job: Option<&str>,
+        longer: Duration,
+    ) -> Option<Result<A, JobFailure>> {
+        if sent.generation != self.generation {
+            return None;
+        }
+        let timeout = self.timeout + longer;
+        let worker = self.worker.as_mut()?;
+        let result = worker.receive_as::<A>(&sent.sent, job, timeout);
+        Some(self.answered(sent.sent.op(), result))
     }
 
     /// What a failed request leaves: a fault leaves the context unusable,

@@ -9,22 +9,31 @@
 //! compares it with the reference under the same tolerance rule as every
 //! method. Warm-up and samples then go to the native worker, in the same
 //! protocol the Python worker answers, so the lane's measurement is unchanged.
+//!
+//! Where the native worker compares itself (the reference is shared) a job's
+//! whole measurement is one `check` call, and the lane sends the next job's
+//! before it reads the last one's answer (`Backend::send_measurement`): the
+//! worker goes from one job to the next without waiting while the lane
+//! records. Nothing else is asked of either worker while checks are under
+//! way: a job that needs the Python worker first (its recipe, sharing a
+//! shape) waits until they are answered, so no other process touches the
+//! GPU while the native worker times.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
-use super::client::NativeProcess;
+use super::client::{NativeProcess, SentAhead as SentRequest};
 use super::compile::{context, eval, NativeCompiler};
 use crate::backend::python::{
     sample_request, then_request, CheckReply, Hello, SampleReply, ThenAnswer,
 };
 use crate::backend::{
-    Backend, Checked, FirstBatch, JobFailure, PythonBackend, SampleBatch, SampleMode, ShapeFacts,
-    TimedBatch,
+    Backend, Checked, FirstBatch, JobFailure, PythonBackend, Received, SampleBatch, SampleMode,
+    SentAhead, ShapeFacts, TimedBatch,
 };
 use crate::manifest::{KernelArg, LaunchPath, Method, ScalarType, ToleranceFor};
 use crate::plan::Job;
@@ -166,6 +175,96 @@ struct NativeLane {
     ahead: Option<(String, Vec<Job>)>,
     /// Why this lane's native worker cannot run (it failed to start).
     broken: Option<String>,
+    /// Checks sent ahead whose answers are still to be read, oldest first.
+    under_way: VecDeque<UnderWay>,
+}
+
+/// A check sent ahead (`Backend::send_measurement`), as its answer is read.
+struct UnderWay {
+    sent: SentRequest,
+    job_id: String,
+    first: FirstBatch,
+    /// What Triton compiled, from the job's recipe (empty for a native method).
+    kernels: Vec<KernelResources>,
+}
+
+/// A native job's launch, as `ready_launch` made it.
+enum ReadyLaunch {
+    Resolved(Launch),
+    Recipe(Arc<TritonRecipe>),
+}
+
+impl ReadyLaunch {
+    fn launch(&self) -> &Launch {
+        match self {
+            ReadyLaunch::Resolved(l) => l,
+            ReadyLaunch::Recipe(r) => &r.launch,
+        }
+    }
+
+    /// What Triton compiled, from a recipe (stages included); empty for a
+    /// native method, whose kernel the worker describes in its answer.
+    fn kernels(&self) -> Vec<KernelResources> {
+        match self {
+            ReadyLaunch::Resolved(_) => Vec::new(),
+            ReadyLaunch::Recipe(r) => r.kernels.clone(),
+        }
+    }
+}
+
+/// Which shape and inputs a sharing is of.
+fn share_key(job: &Job, seed: u64) -> String {
+    format!(
+        "{}\u{1}{}",
+        serde_json::to_string(&job.shape).expect("shape"),
+        seed
+    )
+}
+
+/// How much longer than one call's timeout a check may take: a check that
+/// samples until the rule, up to the rule's wall cap.
+fn sampling_time(first: Option<&FirstBatch>) -> std::time::Duration {
+    match first {
+        Some(FirstBatch {
+            until: Some(rule), ..
+        }) if rule.max_wall_ms.is_finite() => {
+            std::time::Duration::from_secs_f64(rule.max_wall_ms / 1e3)
+        }
+        _ => std::time::Duration::ZERO,
+    }
+}
+
+/// The native worker's `check` of `launch` for `job_id` over the shared
+/// tensors: the output poisoned first, compared with the shared reference
+/// in the same call where there is one (sparing the Python worker's round
+/// trip) and, with `first`, going on to the batches.
+fn native_check_request<'a>(
+    shared: &'a ShareReply,
+    launch: &'a Launch,
+    job_id: &'a str,
+    tol: ToleranceFor,
+    first: Option<&FirstBatch>,
+) -> CheckRequest<'a> {
+    let compare = shared.reference.map(|reference| CompareRequest {
+        out: shared.out,
+        out_dtype: &shared.tensors[shared.out].dtype,
+        reference,
+        reference_dtype: &shared.tensors[reference].dtype,
+        elements: shared.elements,
+        atol: tol.atol,
+        rtol: tol.rtol,
+        max_mismatch: tol.max_mismatch,
+    });
+    let then = match (&compare, first) {
+        (Some(_), Some(first)) => Some(then_request(first)),
+        _ => None,
+    };
+    let poison = Poison {
+        tensor: shared.out,
+        pattern: &shared.poison,
+        elements: shared.elements,
+    };
+    launch.check_request(job_id, poison, compare, then)
 }
 
 impl NativeLane {
@@ -336,6 +435,7 @@ impl LaneBackend {
                 recipes: HashMap::new(),
                 ahead: None,
                 broken: None,
+                under_way: VecDeque::new(),
             }),
             native_prepared: false,
             native_kernels: Vec::new(),
@@ -428,87 +528,28 @@ impl LaneBackend {
         seed: u64,
         first: Option<FirstBatch>,
     ) -> Result<Checked, JobFailure> {
+        debug_assert!(
+            !self
+                .native
+                .as_ref()
+                .is_some_and(|n| !n.under_way.is_empty()),
+            "a call waited for while checks are under way would read their answers"
+        );
         if let Some(why) = self.native_reason() {
             return Err(JobFailure::new(FailureClass::Unavailable, why));
         }
-        // A Triton recipe says what Triton compiled (stages included).
-        let mut recipe_kernels: Vec<KernelResources> = Vec::new();
-        let resolved: Launch;
-        let recipe: Arc<TritonRecipe>;
-        let launch: &Launch = if method.kind.is_native() {
-            let n = self.native.as_ref().expect("a native lane");
-            let artifact = n.setup.compiler.compile(method, job)?;
-            self.share(job, seed)?;
-            let n = self.native.as_ref().expect("a native lane");
-            let shared = &n.shared.as_ref().expect("shared").reply;
-            resolved = resolve(method, job, shared, &n.setup.device)?
-                .with_image(artifact.image, artifact.symbol);
-            &resolved
-        } else {
-            self.share(job, seed)?;
-            let cache = self
-                .native
-                .as_ref()
-                .expect("a native lane")
-                .setup
-                .cache_dir
-                .clone();
-            recipe = self.recipe(method, job, seed, cache)?;
-            recipe_kernels = recipe.kernels.clone();
-            &recipe.launch
-        };
+        let ready = self.ready_launch(method, job, seed)?;
         let n = self.native.as_mut().expect("a native lane");
         let shared = &n.shared.as_ref().expect("shared").reply;
-        // The native worker compares in the same call where it can (the
-        // reference is shared), sparing the Python worker's round trip.
-        let compare = shared.reference.map(|reference| CompareRequest {
-            out: shared.out,
-            out_dtype: &shared.tensors[shared.out].dtype,
-            reference,
-            reference_dtype: &shared.tensors[reference].dtype,
-            elements: shared.elements,
-            atol: tol.atol,
-            rtol: tol.rtol,
-            max_mismatch: tol.max_mismatch,
-        });
-        let then = match (&compare, &first) {
-            (Some(_), Some(first)) => Some(then_request(first)),
-            _ => None,
-        };
-        let poison = Poison {
-            tensor: shared.out,
-            pattern: &shared.poison,
-            elements: shared.elements,
-        };
-        let request = launch.check_request(&job.id, poison, compare, then);
-        // A call that samples until the rule may take up to the wall cap
-        // beyond what the check itself may.
-        let longer = match &first {
-            Some(FirstBatch {
-                until: Some(rule), ..
-            }) if rule.max_wall_ms.is_finite() => {
-                std::time::Duration::from_secs_f64(rule.max_wall_ms / 1e3)
-            }
-            _ => std::time::Duration::ZERO,
-        };
-        let checked: CheckAnswer =
-            n.process
-                .call_as_longer("check", &request, Some(&job.id), longer)?;
-        let batch = first.and_then(|f| then_of(checked.then, f.count));
-        if let Some(Err(f)) = &batch {
-            n.process.after_failure(f);
-        }
-        self.native_kernels = if recipe_kernels.is_empty() {
-            checked
-                .kernel
-                .map(KernelResources::from)
-                .into_iter()
-                .collect()
-        } else {
-            recipe_kernels
-        };
-        self.native_prepared = true;
-        let r: CheckReply = match checked.compared {
+        let request = native_check_request(shared, ready.launch(), &job.id, tol, first.as_ref());
+        let checked: CheckAnswer = n.process.call_as_longer(
+            "check",
+            &request,
+            Some(&job.id),
+            sampling_time(first.as_ref()),
+        )?;
+        let (compared, batch) = self.read_answer(checked, first.as_ref(), ready.kernels());
+        let r: CheckReply = match compared {
             Some(c) => c,
             None => {
                 let compared = self.python_compare(job, seed, tol)?;
@@ -524,6 +565,171 @@ impl LaneBackend {
             check: r.into(),
             first: batch,
         })
+    }
+
+    /// A native check's answer, read: its comparison (`None`: the Python
+    /// worker is to compare) and its batches (a failure of theirs leaves the
+    /// worker as any failure does); the kernels it launched are kept for
+    /// `take_kernels` (a Triton recipe's, which say what Triton compiled, or
+    /// what the native worker loaded).
+    fn read_answer(
+        &mut self,
+        answer: CheckAnswer,
+        first: Option<&FirstBatch>,
+        recipe_kernels: Vec<KernelResources>,
+    ) -> (
+        Option<CheckReply>,
+        Option<Result<Vec<TimedBatch>, JobFailure>>,
+    ) {
+        let n = self.native.as_mut().expect("a native lane");
+        let batch = first.and_then(|f| then_of(answer.then, f.count));
+        if let Some(Err(f)) = &batch {
+            n.process.after_failure(f);
+        }
+        self.native_kernels = if recipe_kernels.is_empty() {
+            answer
+                .kernel
+                .map(KernelResources::from)
+                .into_iter()
+                .collect()
+        } else {
+            recipe_kernels
+        };
+        self.native_prepared = true;
+        (answer.compared, batch)
+    }
+
+    /// A native job's launch, ready to send: compiled and resolved from its
+    /// method's expressions (CUDA C++, HIP), or a Triton job's recipe; the
+    /// shape's tensors shared with the native worker either way.
+    fn ready_launch(
+        &mut self,
+        method: &Method,
+        job: &Job,
+        seed: u64,
+    ) -> Result<ReadyLaunch, JobFailure> {
+        if method.kind.is_native() {
+            let n = self.native.as_ref().expect("a native lane");
+            let artifact = n.setup.compiler.compile(method, job)?;
+            self.share(job, seed)?;
+            let n = self.native.as_ref().expect("a native lane");
+            let shared = &n.shared.as_ref().expect("shared").reply;
+            let launch = resolve(method, job, shared, &n.setup.device)?
+                .with_image(artifact.image, artifact.symbol);
+            return Ok(ReadyLaunch::Resolved(launch));
+        }
+        self.share(job, seed)?;
+        let cache = self
+            .native
+            .as_ref()
+            .expect("a native lane")
+            .setup
+            .cache_dir
+            .clone();
+        Ok(ReadyLaunch::Recipe(self.recipe(method, job, seed, cache)?))
+    }
+
+    /// Whether `ready_launch` would make no call to either worker: the
+    /// shape is shared with the running native worker and, for a Triton
+    /// job, its recipe was read.
+    fn ready_without_calls(&self, method: &Method, job: &Job, seed: u64) -> bool {
+        let Some(n) = self.native.as_ref() else {
+            return false;
+        };
+        let shared = n.shared.as_ref().is_some_and(|s| {
+            s.key == share_key(job, seed)
+                && s.python_generation == self.python.generation()
+                && s.native_generation == n.process.generation()
+        });
+        shared && (method.kind.is_native() || n.recipes.contains_key(&job.id))
+    }
+
+    /// `Backend::send_measurement` for a native job whose reference is
+    /// shared (the native worker compares, and the Python worker has nothing
+    /// to do with its output): the request written, its answer read later.
+    fn send_native(
+        &mut self,
+        job: &Job,
+        tol: ToleranceFor,
+        seed: u64,
+        first: FirstBatch,
+    ) -> Result<SentAhead, JobFailure> {
+        let Some(method) = self.native_method(job) else {
+            return Ok(SentAhead::Declined);
+        };
+        if first.until.is_none() || self.native_reason().is_some() {
+            return Ok(SentAhead::Declined);
+        }
+        let busy = !self
+            .native
+            .as_ref()
+            .expect("a native lane")
+            .under_way
+            .is_empty();
+        if busy && !self.ready_without_calls(&method, job, seed) {
+            return Ok(SentAhead::WhenIdle);
+        }
+        let ready = self.ready_launch(&method, job, seed)?;
+        let n = self.native.as_mut().expect("a native lane");
+        let shared = &n.shared.as_ref().expect("shared").reply;
+        if shared.reference.is_none() {
+            // The Python worker compares, reading the output the next job
+            // would overwrite: this job is measured the usual way.
+            return Ok(SentAhead::Declined);
+        }
+        let request = native_check_request(shared, ready.launch(), &job.id, tol, Some(&first));
+        let sent = n.process.send("check", &request)?;
+        n.under_way.push_back(UnderWay {
+            sent,
+            job_id: job.id.clone(),
+            first,
+            kernels: ready.kernels(),
+        });
+        Ok(SentAhead::Sent)
+    }
+
+    /// `Backend::receive_measurement`: the oldest check under way.
+    fn receive_native(&mut self) -> Received {
+        let n = self.native.as_mut().expect("a native lane");
+        let u = n
+            .under_way
+            .pop_front()
+            .expect("a measurement under way to receive");
+        let answer = n.process.receive_as_longer::<CheckAnswer>(
+            &u.sent,
+            Some(&u.job_id),
+            sampling_time(Some(&u.first)),
+        );
+        let answer = match answer {
+            None => return Received::Lost,
+            Some(Err(f)) => {
+                return Received::Answer {
+                    checked: Err(f),
+                    kernels: Vec::new(),
+                }
+            }
+            Some(Ok(a)) => a,
+        };
+        let (compared, batch) = self.read_answer(answer, Some(&u.first), u.kernels);
+        let kernels = std::mem::take(&mut self.native_kernels);
+        let checked = match compared {
+            Some(c) => Ok(Checked {
+                check: c.into(),
+                first: batch,
+            }),
+            None => {
+                // It was sent with a comparison to make: an answer without
+                // one is out of protocol, and the worker is not trusted.
+                let f = JobFailure::new(
+                    FailureClass::Crash,
+                    "protocol error: the native worker's check answer has no comparison",
+                );
+                let n = self.native.as_mut().expect("a native lane");
+                n.process.after_failure(&f);
+                Err(f)
+            }
+        };
+        Received::Answer { checked, kernels }
     }
 
     /// A Triton job's recipe: kept from an earlier batch, or asked for with
@@ -671,11 +877,7 @@ impl LaneBackend {
     /// Makes the shape's tensors shared with, and mapped by, the native
     /// worker (again after either worker restarted).
     fn share(&mut self, job: &Job, seed: u64) -> Result<(), JobFailure> {
-        let key = format!(
-            "{}\u{1}{}",
-            serde_json::to_string(&job.shape).expect("shape"),
-            seed
-        );
+        let key = share_key(job, seed);
         let py_gen = self.python.generation();
         let n = self.native.as_mut().expect("a native lane");
         let current = n.shared.as_ref().is_some_and(|s| {
@@ -965,6 +1167,24 @@ impl Backend for LaneBackend {
         first: FirstBatch,
     ) -> Result<Checked, JobFailure> {
         self.check_on_either(job, kernel, kind, tol, seed, Some(first))
+    }
+
+    fn send_measurement(
+        &mut self,
+        job: &Job,
+        _kernel: &str,
+        _kind: &str,
+        tol: ToleranceFor,
+        seed: u64,
+        first: FirstBatch,
+    ) -> Result<SentAhead, JobFailure> {
+        self.native_prepared = false;
+        self.native_kernels.clear();
+        self.send_native(job, tol, seed, first)
+    }
+
+    fn receive_measurement(&mut self) -> Received {
+        self.receive_native()
     }
 
     fn look_ahead(&mut self, job: &Job, ahead: &mut dyn FnMut(usize) -> Vec<Job>) {
