@@ -12,7 +12,8 @@ compile pool), the journal's appends and the planner. From those this reports:
   for a compile, and time between calls;
 - runner overhead per job: lane time inside groups that is not a worker call
   (scheduling, statistics, building records), plus the protocol's own cost
-  (round trip minus worker time) of every call but `hello` and `shutdown`,
+  (round trip minus worker time; for a check sent ahead, the native worker's
+  own wait before it) of every call but `hello` and `shutdown`,
   divided by the lane's jobs; journal appends happen on another thread and
   are reported separately. A call's worker time (`worker_us`) runs from the
   worker reading the request to its reply being text, so the protocol is the
@@ -37,12 +38,15 @@ either worker.
 
 Where the native worker compares itself, the lane sends the next job's
 `check` before it reads the last one's answer (commit 2026-11-23, later): such
-a call's span (`sent_ahead`) starts when the answer before it was read, as the
-worker starts it the moment it answers. Its round trip minus its worker time
-is then the worker's own wait between the two jobs (the pipe's hand-offs
-cancel), and the lane's recording of one job falls inside the next one's
-span: the overhead per job is what the GPU waited for the runner, and lane
-work done while it measured is not counted.
+a call's span (`sent_ahead`) starts when the answer before it was read, and
+the lane's recording of one job falls inside the next one's span. The worker
+goes on to such a request from its last answer without waiting for the lane,
+so its protocol cost is the worker's own wait between the two (`idle_us` in
+its answer, since 2026-11-23), not the round trip minus the worker's time,
+which also counts the lane's reading the answer late (asleep when it came)
+though the worker was already on the next job then. Both are reported. The
+overhead per job is then what the GPU waited for the runner; lane work done
+while the worker measured is not counted.
 
 Used by bench/tuning_speed.py; standalone for any run.
 """
@@ -112,6 +116,10 @@ def _inside(spans, groups):
     return out
 
 
+def _median(values):
+    return statistics.median(values) if values else None
+
+
 def _ops(calls):
     by_op = defaultdict(lambda: {"calls": 0, "ms": 0.0})
     for e in calls:
@@ -120,10 +128,23 @@ def _ops(calls):
     return dict(by_op)
 
 
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _protocol_us(calls):
-    """Round trip minus the worker's own time, per call that has both (not hello, shutdown)."""
-    return [e["dur"] - e["args"]["worker_us"] for e in calls
-            if e["name"] not in NOT_PROTOCOL and isinstance(e["args"].get("worker_us"), (int, float))]
+    """What each call (not hello, shutdown) cost beyond the worker's own time: its round trip minus the
+    worker's time; for a check sent ahead whose worker says how long it waited before it (`idle_us`),
+    that wait. Such a request was queued in the worker's pipe: the worker went on to it from its last
+    answer, and the lane read that answer when it got to it, off the GPU's path."""
+    out = []
+    for e in calls:
+        a = e["args"]
+        if e["name"] in NOT_PROTOCOL or not _number(a.get("worker_us")):
+            continue
+        out.append(a["worker_idle_us"] if a.get("sent_ahead") and _number(a.get("worker_idle_us"))
+                   else e["dur"] - a["worker_us"])
+    return out
 
 
 def _met(calls, key="met"):
@@ -223,6 +244,16 @@ def breakdown(path):
                 "requests_met": _met(nat_calls, "worker_met"),
                 # Checks sent before the answer ahead of them was read (a span since then).
                 "checks_sent_ahead": sum(1 for e in nat_calls if e["name"] == "check" and e["args"].get("sent_ahead")),
+                # The native worker's own wait between its previous answer and such a check (its
+                # `idle_us`, from runners since 2026-11-23): what the GPU waited for, as the worker saw it.
+                "sent_ahead_idle_us": _median([e["args"]["worker_idle_us"] for e in nat_calls
+                                               if e["name"] == "check" and e["args"].get("sent_ahead")
+                                               and _number(e["args"].get("worker_idle_us"))]),
+                # The same checks' round trip minus worker time, which also counts the lane's reading
+                # the answer late (asleep when it came), shown beside it.
+                "sent_ahead_round_trip_us": _median([e["dur"] - e["args"]["worker_us"] for e in nat_calls
+                                                     if e["name"] == "check" and e["args"].get("sent_ahead")
+                                                     and _number(e["args"].get("worker_us"))]),
             },
         }
 
@@ -279,8 +310,13 @@ def render(b):
                          f"ready at {nat['ready_s'] or 0:.2f} s; "
                          f"calls: {_render_ops(nat['calls'])}")
             if nat.get("checks_sent_ahead"):
+                idle = nat.get("sent_ahead_idle_us")
                 lines.append(f"  checks sent ahead (before the answer ahead of them was read): "
-                             f"{nat['checks_sent_ahead']} of {nat['calls'].get('check', {}).get('calls', 0)}")
+                             f"{nat['checks_sent_ahead']} of {nat['calls'].get('check', {}).get('calls', 0)}"
+                             + (f"; the native worker waited {idle:.0f} us (median) between its answer and each "
+                                f"(counted as its protocol; round trip minus worker time "
+                                f"{nat['sent_ahead_round_trip_us'] or 0:.0f} us)"
+                                if idle is not None else ""))
         lines.append(f"  waiting for compiles {lane['wait_for_compile_s']:.2f} s; in calls {lane['in_calls_s']:.2f} s; "
                      f"runner between calls {lane['runner_between_calls_s'] * 1e3:.1f} ms "
                      f"({lane['runner_ms_per_job'] or 0:.3f} ms/job); protocol "

@@ -633,10 +633,12 @@ def overhead_from_trace(b):
     trace_breakdown counts, per job of the lane: lane time inside groups that is
     in no worker call (Python's or the native worker's), no wait for a compile and
     no native worker start-up; plus round trip minus worker time of every call but
-    hello and shutdown, on both workers: `lane_overhead_ms_per_job`, what the
-    native goal counts. The journal's append (fsync) runs on the writer thread,
-    off the lane's path; `overhead_ms_per_job` adds its mean (the goal "under
-    1 ms" counts it), and `overhead_parts_ms` names each part.
+    hello and shutdown, on both workers (for a check sent ahead, the native
+    worker's own wait before it, as the request was queued in its pipe):
+    `lane_overhead_ms_per_job`, what the native goal counts. The journal's
+    append (fsync) runs on the writer thread, off the lane's path;
+    `overhead_ms_per_job` adds its mean (the goal "under 1 ms" counts it), and
+    `overhead_parts_ms` names each part.
     """
     lane_ms = trace_breakdown.overhead_per_job_ms(b)
     out = {"breakdown": b, "breakdown_text": trace_breakdown.render(b),
@@ -935,12 +937,13 @@ def goal_status(rows):
             out.append({"goal": f"{GOALS[3]} ({name})", "met": overhead < 1.0,
                         "measured": f"{overhead:.3f} ms per job"})
     for name in ("native-grid", "native-halving"):
-        # The lane's path: between calls + protocol of both workers' calls, as trace_breakdown reports it.
+        # Between calls + protocol of both workers' calls, as trace_breakdown reports it: what the workers
+        # (and so the GPU) waited for the runner.
         # The journal append runs on the writer thread; it is shown, not counted.
         row = rows.get(name) or {}
         overhead = row.get("lane_overhead_ms_per_job")
         if overhead is not None:
-            out.append({"goal": f"{GOALS[5]} ({name}; between calls + protocol, on the lane's path)",
+            out.append({"goal": f"{GOALS[5]} ({name}; between calls + protocol: what the workers waited for the runner)",
                         "met": overhead <= 0.2,
                         "measured": f"{overhead:.3f} ms per job ({overhead_parts_text(row.get('overhead_parts_ms'))})"})
     return out

@@ -223,6 +223,13 @@ fn the_native_worker_answers_each_request_with_its_time_last() {
         );
         assert!(r["worker_us"].as_f64().is_some_and(|us| us >= 0.0), "{r}");
     }
+    // How long it waited since its last answer, from its second on: the
+    // session writes each part 30 ms after the last.
+    assert!(replies[0].get("idle_us").is_none(), "{:?}", replies[0]);
+    for r in &replies[1..] {
+        let idle = r["idle_us"].as_f64().unwrap_or_else(|| panic!("{r}"));
+        assert!((20e3..10e6).contains(&idle), "{r}");
+    }
 }
 
 #[test]

@@ -169,17 +169,29 @@ def test_checks_sent_ahead_count_what_the_worker_waited_not_what_the_lane_did(tb
     # Job A's check waited for (the first), B's and C's sent while the one before ran: each span starts
     # when the answer before it was read, and the lane recorded A and B inside B's and C's spans.
     t.call("native0", "check", 6230, 400, 390, job="A")  # 10
-    t.span("native0", "check", 6630, 350, job="B", worker_us=345, outcome="ok", sent_ahead=True)  # 5
-    t.span("native0", "check", 6980, 350, job="C", worker_us=347, outcome="ok", sent_ahead=True)  # 3
+    # Their protocol is the worker's own wait before each (idle_us), not round trip minus worker time
+    # (5 and 3: the lane read A's and B's answers a little late).
+    t.span("native0", "check", 6630, 350, job="B", worker_us=345, outcome="ok", sent_ahead=True,
+           worker_idle_us=4)  # 4
+    t.span("native0", "check", 6980, 350, job="C", worker_us=347, outcome="ok", sent_ahead=True,
+           worker_idle_us=2)  # 2
     t.call("native0", "shutdown", 7400, 10, 1)
     b = tb.breakdown(t.write(tmp_path / "trace.json"))
     lane = b["lanes"]["lane0"]
     assert lane["jobs"] == 3 and lane["native"]["checks_sent_ahead"] == 2
     # 1350 - 100 - 100 - 1100 = 50 µs between calls (the start of the group, before describe, and
-    # its end); protocol 10 + 20 + 10 + 5 + 3 = 48 µs.
+    # its end); protocol 10 + 20 + 10 + 4 + 2 = 46 µs.
     assert lane["runner_ms_per_job"] == pytest.approx(0.050 / 3)
+    assert tb.overhead_per_job_ms(b) == pytest.approx((0.050 + 0.046) / 3)
+    assert lane["native"]["sent_ahead_idle_us"] == 3 and lane["native"]["sent_ahead_round_trip_us"] == 4
+    assert ("checks sent ahead (before the answer ahead of them was read): 2 of 3; the native worker "
+            "waited 3 us (median) between its answer and each (counted as its protocol; round trip minus "
+            "worker time 4 us)") in tb.render(b)
+    # A runner whose native worker does not say how long it waited: round trip minus worker time.
+    for e in t.events:
+        e.get("args", {}).pop("worker_idle_us", None)
+    b = tb.breakdown(t.write(tmp_path / "older.json"))
     assert tb.overhead_per_job_ms(b) == pytest.approx((0.050 + 0.048) / 3)
-    assert "checks sent ahead (before the answer ahead of them was read): 2 of 3" in tb.render(b)
 
 
 def test_native_overhead_adds_the_journal_and_names_its_parts(ts, tb, tmp_path):
@@ -309,8 +321,9 @@ def test_the_markdown_shows_native_contenders_and_their_goals(ts, tb, tmp_path):
     # 8.0x the tuning call and 10.0x the whole process: both at least 8x, with the same winner.
     assert f"- met: {ts.GOALS[4]} (native-grid, 4.0 s; against autotune's tuning call, 32.0 s): 8.0x" in md
     assert f"- met: {ts.GOALS[4]} (native-grid, 4.0 s; against autotune's whole process, 40.0 s): 10.0x" in md
-    # 0.190 ms on the lane's path (the 0.4 ms journal append is shown, not counted): met.
-    assert f"- met: {ts.GOALS[5]} (native-grid; between calls + protocol, on the lane's path): 0.190 ms" in md
+    # 0.190 ms waited for the runner (the 0.4 ms journal append is shown, not counted): met.
+    assert (f"- met: {ts.GOALS[5]} (native-grid; between calls + protocol: what the workers waited for the "
+            "runner): 0.190 ms") in md
     assert "**tunelab grid, native launches**" in md and "native worker (native0)" in md
     json.dumps(facts)  # the JSON file is this dict
 

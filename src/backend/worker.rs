@@ -25,6 +25,9 @@ pub trait Answer: DeserializeOwned {
     fn ok(&self) -> bool;
     fn worker_us(&self) -> Option<f64>;
     fn worker_met(&self) -> Option<&str>;
+    /// The worker's wait between its previous answer and this request
+    /// (workers that say: the native worker's `idle_us`).
+    fn worker_idle_us(&self) -> Option<f64>;
     /// A failed answer's failure class and message.
     fn class(&self) -> Option<&str>;
     fn message(&self) -> Option<&str>;
@@ -42,6 +45,9 @@ impl Answer for Json {
     }
     fn worker_met(&self) -> Option<&str> {
         self.get("met").and_then(Json::as_str)
+    }
+    fn worker_idle_us(&self) -> Option<f64> {
+        self.get("idle_us").and_then(Json::as_f64)
     }
     fn class(&self) -> Option<&str> {
         self.get("class").and_then(Json::as_str)
@@ -64,6 +70,7 @@ macro_rules! answer_envelope {
             #[serde(default)]
             ok: bool,
             worker_us: Option<f64>,
+            idle_us: Option<f64>,
             met: Option<String>,
             class: Option<String>,
             message: Option<String>,
@@ -82,6 +89,9 @@ macro_rules! answer_envelope {
             }
             fn worker_met(&self) -> Option<&str> {
                 self.met.as_deref()
+            }
+            fn worker_idle_us(&self) -> Option<f64> {
+                self.idle_us
             }
             fn class(&self) -> Option<&str> {
                 self.class.as_deref()
@@ -328,7 +338,8 @@ impl Worker {
                        "outcome": outcome,
                        "met": answer.is_some().then(|| self.lines.met().as_str()),
                        // How the worker met the request (workers that say).
-                       "worker_met": answer.and_then(Answer::worker_met)}),
+                       "worker_met": answer.and_then(Answer::worker_met),
+                       "worker_idle_us": answer.and_then(Answer::worker_idle_us)}),
             );
         }
         result
@@ -394,7 +405,8 @@ impl Worker {
                 json!({"job": job, "worker_us": answer.and_then(Answer::worker_us),
                        "outcome": outcome, "sent_ahead": sent.at < from,
                        "met": answer.is_some().then(|| self.lines.met().as_str()),
-                       "worker_met": answer.and_then(Answer::worker_met)}),
+                       "worker_met": answer.and_then(Answer::worker_met),
+                       "worker_idle_us": answer.and_then(Answer::worker_idle_us)}),
             );
         }
         result

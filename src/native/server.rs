@@ -261,11 +261,15 @@ pub fn main(backend: &str) -> i32 {
     let spin = lines::spin_from_env(lines::WORKER_SPIN);
     let forever = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
     let mut stopping = false;
+    // When the last answer was written: the wait from there to the next
+    // request's line is reported with that request's answer (`idle_us`).
+    let mut answered: Option<Instant> = None;
     while let Ok(Some(line)) = requests.next_line(Wait::spin_then_sleep(spin, forever)) {
         if line.trim().is_empty() {
             continue;
         }
         let started = Instant::now();
+        let idle_us = answered.map(|a| started.duration_since(a).as_secs_f64() * 1e6);
         let (id, response) = match serde_json::from_str::<Json>(&line) {
             Ok(request) => {
                 let id = request.get("id").cloned().unwrap_or(Json::Null);
@@ -306,6 +310,9 @@ pub fn main(backend: &str) -> i32 {
         // the worker's work, not the pipe's.
         let mut text = serde_json::to_string(&body).expect("response serialises");
         text.pop(); // the object's closing brace
+        if let Some(idle) = idle_us {
+            text.push_str(&format!(",\"idle_us\":{idle:.1}"));
+        }
         let met = requests.met().as_str();
         let us = started.elapsed().as_secs_f64() * 1e6;
         text.push_str(&format!(",\"met\":\"{met}\",\"worker_us\":{us:.1}}}\n"));
@@ -316,6 +323,7 @@ pub fn main(backend: &str) -> i32 {
         {
             return 1;
         }
+        answered = Some(Instant::now());
         if stopping {
             break;
         }
