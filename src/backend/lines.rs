@@ -199,6 +199,10 @@ impl<R: Read + AsRawFd> LineReader<R> {
         self.met = Met::Ready;
         let mut spin_until = wait.spin_until;
         let mut next_look = wait.wake;
+        // A deadline that passed while the reader was busy elsewhere (a lane
+        // that sent a request ahead and then waited for a compile) is not
+        // the peer's lateness: the pipe gets one look before it times out.
+        let mut looked_at_deadline = false;
         loop {
             if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = self.buf.drain(..=end).collect();
@@ -207,11 +211,13 @@ impl<R: Read + AsRawFd> LineReader<R> {
                 ));
             }
             let now = Instant::now();
-            if now >= wait.deadline {
+            let at_deadline = now >= wait.deadline;
+            if at_deadline && looked_at_deadline {
                 return Err(ReadError::Timeout);
             }
-            let spinning = now >= wait.wake && now < spin_until;
-            if spinning && now >= next_look {
+            looked_at_deadline |= at_deadline;
+            let spinning = at_deadline || (now >= wait.wake && now < spin_until);
+            if spinning && !at_deadline && now >= next_look {
                 next_look = now + CROWD_LOOK;
                 if crowded() {
                     spin_until = now;
@@ -323,6 +329,27 @@ mod tests {
         // A long one: at most LANE_SPIN_MAX wide.
         let w = Wait::around(t, Some(ms(1000)), ms(2), t + ms(5000));
         assert_eq!(w.spin_until - w.wake, LANE_SPIN_MAX);
+    }
+
+    #[test]
+    fn a_line_waiting_in_the_pipe_is_read_though_its_deadline_passed() {
+        let (mut tx, rx) = UnixStream::pair().unwrap();
+        let mut lines = LineReader::new(rx);
+        tx.write_all(b"done\n").unwrap();
+        let past = Instant::now() - ms(10);
+        let wait = Wait {
+            wake: past,
+            spin_until: past,
+            deadline: past,
+        };
+        assert_eq!(
+            lines.next_line(wait).ok().flatten().as_deref(),
+            Some("done")
+        );
+        // Nothing there: a timeout after that one look, at once.
+        let t = Instant::now();
+        assert!(matches!(lines.next_line(wait), Err(ReadError::Timeout)));
+        assert!(t.elapsed() < ms(1000));
     }
 
     #[test]

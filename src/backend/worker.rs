@@ -194,6 +194,8 @@ pub struct Worker {
     /// When the last answer was read: a request sent before it could not
     /// start before it.
     last_answer: Option<Instant>,
+    /// Requests sent whose answers have not been read.
+    pending: usize,
     log: PathBuf,
     /// The trace track: the log's file stem ("lane0", "compile3").
     name: String,
@@ -281,6 +283,7 @@ impl Worker {
             expected: HashMap::new(),
             next_id: 1,
             last_answer: None,
+            pending: 0,
             log: log.to_path_buf(),
             name,
         })
@@ -288,6 +291,11 @@ impl Worker {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Requests sent whose answers have not been read.
+    pub fn pending(&self) -> usize {
+        self.pending
     }
 
     /// Its trace track ("lane0", "native0").
@@ -372,6 +380,7 @@ impl Worker {
         {
             return Err(self.crashed());
         }
+        self.pending += 1;
         Ok(Sent {
             id,
             op: op.to_string(),
@@ -429,6 +438,7 @@ impl Worker {
         );
         let read = self.lines.next_line(wait);
         self.last_answer = Some(Instant::now());
+        self.pending = self.pending.saturating_sub(1);
         match read {
             Ok(Some(text)) => {
                 let response: A = serde_json::from_str(&text).map_err(|e| {
@@ -588,10 +598,13 @@ mod tests {
         let first = w.send("check", &json!({"job_id": "a"})).unwrap();
         let second = w.send("check", &json!({"job_id": "b"})).unwrap();
         assert_eq!(second.op(), "check");
-        // The second could not start before the first was answered.
+        assert_eq!(w.pending(), 2);
+        // Before the first answer is read, the second counts from when it
+        // was sent; after, from that answer: it could not start before.
         assert_eq!(w.could_start(&second), second.at);
         let a: Json = w.receive_as(&first, Some("a"), timeout).unwrap();
         assert!(w.could_start(&second) > second.at);
+        assert_eq!(w.pending(), 1);
         let b: Json = w.receive_as(&second, Some("b"), timeout).unwrap();
         assert_eq!(
             (a["id"].as_u64(), b["id"].as_u64()),

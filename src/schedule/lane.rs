@@ -48,6 +48,10 @@ pub struct LaneContext<'a> {
 /// own health (docs/scaling.md).
 pub const RETIRE_AFTER: usize = 3;
 
+/// An answer to a measurement sent ahead, read into the job: whether batches
+/// came, or its failure; `None` where the request was lost with its worker.
+type AnswerRead = Option<Result<bool, JobFailure>>;
+
 /// Full measurements a lane keeps sent ahead to a backend that can take
 /// them (`Backend::send_measurement`): the one the worker runs and the next,
 /// waiting in its pipe, so the worker starts it the moment it answers.
@@ -618,42 +622,73 @@ impl Lane<'_, '_> {
     }
 
     /// The answer to the oldest measurement under way, recorded. After a
-    /// failure the rest are received first (the worker may be gone with
-    /// them, and the failure's record may run a health check, which must
-    /// find nothing under way).
+    /// failure the answers still under way are taken first (the worker may
+    /// be gone with them, and the failure's record may run a health check,
+    /// which must find nothing under way), and recorded after it, in order.
     fn receive_one(&mut self, under_way: &mut VecDeque<(usize, Measured)>, again: &mut Vec<usize>) {
         let Some((i, mut m)) = under_way.pop_front() else {
             return;
         };
-        let (checked, kernels) = match self.backend.receive_measurement() {
-            Received::Lost => {
-                self.slots[i] = Slot::Waiting(m.job);
-                again.push(i);
-                return;
-            }
-            Received::Answer { checked, kernels } => (checked, kernels),
+        let read = self.read_received(&mut m);
+        let rest: Vec<(usize, Measured, AnswerRead)> = if matches!(read, Some(Err(_))) {
+            under_way
+                .drain(..)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|(j, mut mj)| {
+                    let r = self.read_received(&mut mj);
+                    (j, mj, r)
+                })
+                .collect()
+        } else {
+            Vec::new()
         };
-        let tol = self.ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
-        let read = read_check(&mut m, checked, kernels, tol, true);
-        if read.is_err() {
-            self.receive_all(under_way, again);
+        self.record_received(i, m, read, again);
+        for (j, mj, r) in rest {
+            self.record_received(j, mj, r, again);
         }
+    }
+
+    /// The next answer, read into `m`: whether batches came, the job's
+    /// failure, or `None` where the request was lost with its worker.
+    fn read_received(&mut self, m: &mut Measured) -> AnswerRead {
+        match self.backend.receive_measurement() {
+            Received::Lost => None,
+            Received::Answer { checked, kernels } => {
+                let tol = self.ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
+                Some(read_check(m, checked, kernels, tol, true))
+            }
+        }
+    }
+
+    /// A measurement sent ahead, as its answer was read: recorded, or left
+    /// to be measured again, waited for (lost with its worker, or passed
+    /// with no batches).
+    fn record_received(&mut self, i: usize, m: Measured, read: AnswerRead, again: &mut Vec<usize>) {
         match read {
             // The worker ran the lane's own stopping rule: its decision
             // stands, even where a sample one unit in the last place off
             // would have the lane take one batch more (the next job is
-            // already under way, so none can be asked for).
-            Ok(true) => {
-                let capped = m.sampling.decide(&self.ctx.protocol) == Decision::Capped;
-                self.conclude(m, Ok(capped));
+            // already under way, so none can be asked for); the trace
+            // counts such disagreements.
+            Some(Ok(true)) => {
+                let decision = m.sampling.decide(&self.ctx.protocol);
+                if decision == Decision::Continue {
+                    crate::trace::span(
+                        self.track,
+                        "rule disagreed",
+                        Instant::now(),
+                        serde_json::json!({"job": m.job.id, "samples": m.sampling.samples_us.len()}),
+                    );
+                }
+                self.conclude(m, Ok(decision == Decision::Capped));
             }
-            // It passed and took no batches: measured again, waited for.
-            Ok(false) => {
+            Some(Err(f)) => {
+                self.conclude(m, Err(f));
+            }
+            None | Some(Ok(false)) => {
                 self.slots[i] = Slot::Waiting(m.job);
                 again.push(i);
-            }
-            Err(f) => {
-                self.conclude(m, Err(f));
             }
         }
     }
@@ -729,7 +764,12 @@ impl Trials for Lane<'_, '_> {
                     self.receive_all(&mut under_way, &mut again);
                     self.measure_now(m);
                 }
-                Err(f) => self.finish(&m, JobStatus::Failed, Some(f), None),
+                // Recorded after what is under way, which its record's
+                // health check must not find there.
+                Err(f) => {
+                    self.receive_all(&mut under_way, &mut again);
+                    self.finish(&m, JobStatus::Failed, Some(f), None);
+                }
             }
             while under_way.len() >= UNDER_WAY {
                 self.receive_one(&mut under_way, &mut again);
@@ -1547,6 +1587,9 @@ mod tests {
         pipelines: bool,
         /// The job whose first check kills the worker, with what was sent after it.
         dies_once: Option<String>,
+        /// Jobs that need calls of their own before they are sent (as a
+        /// recipe does): sent only with nothing under way.
+        needs_idle: fn(&Job) -> bool,
         /// Sent and not yet received.
         under_way: VecDeque<SentToFake>,
         /// "send jobN" and "receive jobN", in order.
@@ -1562,29 +1605,9 @@ mod tests {
         bool,
     );
 
-    impl Backend for Folding {
-        fn describe(
-            &mut self,
-            shape: &serde_json::Value,
-            seed: u64,
-        ) -> Result<crate::backend::ShapeFacts, JobFailure> {
-            self.inner.describe(shape, seed)
-        }
-        fn compile(&mut self, job: &Job, k: &str, kind: &str) -> Result<f64, JobFailure> {
-            self.inner.compile(job, k, kind)
-        }
-        fn check(
-            &mut self,
-            job: &Job,
-            k: &str,
-            kind: &str,
-            tol: ToleranceFor,
-            seed: u64,
-        ) -> Result<CheckResult, JobFailure> {
-            *self.calls.entry("check").or_default() += 1;
-            self.inner.check(job, k, kind, tol, seed)
-        }
-        fn check_then_sample(
+    impl Folding {
+        /// `check_then_sample`'s answer, as the fake worker gives it.
+        fn answer(
             &mut self,
             job: &Job,
             k: &str,
@@ -1635,6 +1658,49 @@ mod tests {
                 first: Some(batches),
             })
         }
+    }
+
+    impl Backend for Folding {
+        fn describe(
+            &mut self,
+            shape: &serde_json::Value,
+            seed: u64,
+        ) -> Result<crate::backend::ShapeFacts, JobFailure> {
+            self.inner.describe(shape, seed)
+        }
+        fn compile(&mut self, job: &Job, k: &str, kind: &str) -> Result<f64, JobFailure> {
+            self.inner.compile(job, k, kind)
+        }
+        fn check(
+            &mut self,
+            job: &Job,
+            k: &str,
+            kind: &str,
+            tol: ToleranceFor,
+            seed: u64,
+        ) -> Result<CheckResult, JobFailure> {
+            assert!(
+                self.under_way.is_empty(),
+                "a call waited for while sent ahead"
+            );
+            *self.calls.entry("check").or_default() += 1;
+            self.inner.check(job, k, kind, tol, seed)
+        }
+        fn check_then_sample(
+            &mut self,
+            job: &Job,
+            k: &str,
+            kind: &str,
+            tol: ToleranceFor,
+            seed: u64,
+            first: FirstBatch,
+        ) -> Result<Checked, JobFailure> {
+            assert!(
+                self.under_way.is_empty(),
+                "a call waited for while sent ahead"
+            );
+            self.answer(job, k, kind, tol, seed, first)
+        }
         fn take_kernels(&mut self) -> Vec<crate::store::KernelResources> {
             self.inner.take_kernels()
         }
@@ -1654,12 +1720,15 @@ mod tests {
                 first.until.is_some(),
                 "only full measurements are sent ahead"
             );
+            if !self.under_way.is_empty() && (self.needs_idle)(job) {
+                return Ok(SentAhead::WhenIdle);
+            }
             self.log.push(format!("send {}", job.id));
             let answer = if self.dies_once.as_deref() == Some(job.id.as_str()) {
                 self.dies_once = None;
                 Err(JobFailure::new(FailureClass::Crash, "worker died"))
             } else {
-                self.check_then_sample(job, k, kind, tol, seed, first)
+                self.answer(job, k, kind, tol, seed, first)
             };
             // What the check launched (none where the worker died first).
             let kernels = match &answer {
@@ -1689,6 +1758,10 @@ mod tests {
             self.looked_ahead.push((job.id.clone(), seen));
         }
         fn warmup(&mut self, id: &str, n: u32, ms: f64) -> Result<(), JobFailure> {
+            assert!(
+                self.under_way.is_empty(),
+                "a call waited for while sent ahead"
+            );
             *self.calls.entry("warmup").or_default() += 1;
             self.inner.warmup(id, n, ms)
         }
@@ -1698,6 +1771,10 @@ mod tests {
             count: u32,
             mode: SampleMode,
         ) -> Result<SampleBatch, JobFailure> {
+            assert!(
+                self.under_way.is_empty(),
+                "a call waited for while sent ahead"
+            );
             *self.calls.entry("sample").or_default() += 1;
             self.inner.sample(id, count, mode)
         }
@@ -1746,6 +1823,7 @@ mod tests {
             looked_ahead: Vec::new(),
             pipelines: false,
             dies_once: None,
+            needs_idle: |_| false,
             under_way: VecDeque::new(),
             log: Vec::new(),
         };
@@ -1919,6 +1997,7 @@ mod tests {
         strategy: Box<dyn Strategy>,
         pipelines: bool,
         dies_once: Option<&str>,
+        needs_idle: fn(&Job) -> bool,
     ) -> (Vec<JobRecord>, Vec<FinalRecord>, Vec<String>) {
         let strategies = Strategies::single(strategy);
         let prior = HashMap::new();
@@ -1936,6 +2015,7 @@ mod tests {
             looked_ahead: Vec::new(),
             pipelines,
             dies_once: dies_once.map(str::to_string),
+            needs_idle,
             under_way: VecDeque::new(),
             log: Vec::new(),
         };
@@ -1979,8 +2059,9 @@ mod tests {
                 })
             },
         ] {
-            let (plain, plain_finals, plain_log) = run_pipelined(strategy(), false, None);
-            let (ahead, ahead_finals, log) = run_pipelined(strategy(), true, None);
+            let (plain, plain_finals, plain_log) =
+                run_pipelined(strategy(), false, None, |_| false);
+            let (ahead, ahead_finals, log) = run_pipelined(strategy(), true, None, |_| false);
             assert!(plain_log.is_empty());
             assert_eq!(outcomes(&plain), outcomes(&ahead), "the same records");
             assert_eq!(plain.len(), ahead.len(), "each job recorded once");
@@ -2008,9 +2089,9 @@ mod tests {
 
     #[test]
     fn a_measurement_lost_with_its_worker_is_measured_again() {
-        let (plain, _, _) = run_pipelined(Box::new(Grid), false, None);
+        let (plain, _, _) = run_pipelined(Box::new(Grid), false, None, |_| false);
         // job3's check kills the worker while job4's request waits for it.
-        let (ahead, _, log) = run_pipelined(Box::new(Grid), true, Some("job3"));
+        let (ahead, _, log) = run_pipelined(Box::new(Grid), true, Some("job3"), |_| false);
         let send4 = log.iter().position(|e| e == "send job4").unwrap();
         let receive3 = log.iter().position(|e| e == "receive job3").unwrap();
         assert!(send4 < receive3, "{log:?}");
@@ -2026,7 +2107,38 @@ mod tests {
         let mut got = outcomes(&ahead);
         got.remove("job3");
         assert_eq!(want, got);
-        // The jobs after job4 were sent ahead again, to the new worker.
-        assert!(log.iter().any(|e| e == "send job6"), "{log:?}");
+        // job3's record came before those of the answers read after it.
+        let at = |id: &str| ahead.iter().position(|j| j.job_id == id).unwrap();
+        assert!(at("job3") < at("job5"));
+        // The lane went on sending ahead after the loss: job6 before job5's
+        // answer was read.
+        let at_log = |e: &str| log.iter().position(|x| x == e).unwrap();
+        assert!(at_log("receive job4") < at_log("send job5"), "{log:?}");
+        assert!(at_log("send job6") < at_log("receive job5"), "{log:?}");
+    }
+
+    #[test]
+    fn a_job_that_needs_calls_of_its_own_is_sent_with_nothing_under_way() {
+        let (plain, _, _) = run_pipelined(Box::new(Grid), false, None, |_| false);
+        // Every fourth job needs its recipe first, as a batch of recipes does.
+        let needs = |j: &Job| j.config["B"].as_u64().unwrap() % 4 == 0;
+        let (ahead, _, log) = run_pipelined(Box::new(Grid), true, None, needs);
+        assert_eq!(outcomes(&plain), outcomes(&ahead), "the same records");
+        let mut under_way = 0usize;
+        for entry in &log {
+            match entry.strip_prefix("send ") {
+                Some(id) => {
+                    let b: u64 = id.trim_start_matches("job").parse().unwrap();
+                    if b % 4 == 0 {
+                        assert_eq!(under_way, 0, "{id} sent with others under way: {log:?}");
+                    }
+                    under_way += 1;
+                }
+                None => under_way -= 1,
+            }
+        }
+        // And the jobs between were sent ahead.
+        let at_log = |e: &str| log.iter().position(|x| x == e).unwrap();
+        assert!(at_log("send job2") < at_log("receive job1"), "{log:?}");
     }
 }

@@ -233,14 +233,21 @@ impl NativeProcess {
     /// Writes a request whose answer [`NativeProcess::receive_as_longer`]
     /// reads later, starting the worker if it is not running: a lane sends
     /// the next job's check while the worker still runs the last one.
+    /// A write that fails is a worker that died: with requests still under
+    /// way, under one of them, whose answer then says how (the worker is
+    /// left for it to be read); with none, it is discarded.
     pub fn send(&mut self, op: &str, body: &impl Serialize) -> Result<SentAhead, JobFailure> {
-        match self.worker()?.send(op, body) {
+        let worker = self.worker()?;
+        let earlier = worker.pending();
+        match worker.send(op, body) {
             Ok(sent) => Ok(SentAhead {
                 sent,
                 generation: self.generation,
             }),
             Err(e) => {
-                self.discard();
+                if earlier == 0 {
+                    self.discard();
+                }
                 Err(JobFailure::new(
                     FailureClass::Crash,
                     format!("native worker: {e}"),
@@ -280,9 +287,14 @@ impl NativeProcess {
         }
     }
 
+    /// Kills the worker; the next call starts a new one. What it had mapped
+    /// and the requests under way go with it: a new generation starts here,
+    /// so nothing kept for the old one (shared tensors, requests sent ahead)
+    /// is taken for the next one's.
     fn discard(&mut self) {
         if let Some(mut w) = self.worker.take() {
             w.kill();
+            self.generation += 1;
         }
     }
 

@@ -678,7 +678,13 @@ impl LaneBackend {
             return Ok(SentAhead::Declined);
         }
         let request = native_check_request(shared, ready.launch(), &job.id, tol, Some(&first));
-        let sent = n.process.send("check", &request)?;
+        let sent = match n.process.send("check", &request) {
+            Ok(sent) => sent,
+            // The worker died under a check still under way, whose answer
+            // says how: this job is sent again once that one is read.
+            Err(_) if busy => return Ok(SentAhead::WhenIdle),
+            Err(f) => return Err(f),
+        };
         n.under_way.push_back(UnderWay {
             sent,
             job_id: job.id.clone(),
