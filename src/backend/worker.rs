@@ -331,25 +331,7 @@ impl Worker {
     ) -> Result<A, CallError> {
         let started = Instant::now();
         let result = self.round_trip::<A>(op, body, timeout);
-        if crate::trace::enabled() {
-            let answer = result.as_ref().ok();
-            let outcome = match answer {
-                Some(a) if a.ok() => "ok",
-                Some(_) => "failed",
-                None => "lost",
-            };
-            crate::trace::span(
-                &self.name,
-                op,
-                started,
-                json!({"job": job, "worker_us": answer.and_then(Answer::worker_us),
-                       "outcome": outcome,
-                       "met": answer.is_some().then(|| self.lines.met().as_str()),
-                       // How the worker met the request (workers that say).
-                       "worker_met": answer.and_then(Answer::worker_met),
-                       "worker_idle_us": answer.and_then(Answer::worker_idle_us)}),
-            );
-        }
+        self.trace_call(op, started, job, result.as_ref().ok(), false);
         result
     }
 
@@ -400,25 +382,39 @@ impl Worker {
     ) -> Result<A, CallError> {
         let from = self.could_start(sent);
         let result = self.receive::<A>(sent, timeout);
-        if crate::trace::enabled() {
-            let answer = result.as_ref().ok();
-            let outcome = match answer {
-                Some(a) if a.ok() => "ok",
-                Some(_) => "failed",
-                None => "lost",
-            };
-            crate::trace::span(
-                &self.name,
-                &sent.op,
-                from,
-                json!({"job": job, "worker_us": answer.and_then(Answer::worker_us),
-                       "outcome": outcome, "sent_ahead": sent.at < from,
-                       "met": answer.is_some().then(|| self.lines.met().as_str()),
-                       "worker_met": answer.and_then(Answer::worker_met),
-                       "worker_idle_us": answer.and_then(Answer::worker_idle_us)}),
-            );
-        }
+        self.trace_call(&sent.op, from, job, result.as_ref().ok(), sent.at < from);
         result
+    }
+
+    /// A call's trace span, from `from`: the round trip, with the worker's
+    /// own time and wait in it (an answer of `None`: lost).
+    fn trace_call<A: Answer>(
+        &self,
+        op: &str,
+        from: Instant,
+        job: Option<&str>,
+        answer: Option<&A>,
+        sent_ahead: bool,
+    ) {
+        if !crate::trace::enabled() {
+            return;
+        }
+        let outcome = match answer {
+            Some(a) if a.ok() => "ok",
+            Some(_) => "failed",
+            None => "lost",
+        };
+        crate::trace::span(
+            &self.name,
+            op,
+            from,
+            json!({"job": job, "worker_us": answer.and_then(Answer::worker_us),
+                   "outcome": outcome, "sent_ahead": sent_ahead,
+                   "met": answer.is_some().then(|| self.lines.met().as_str()),
+                   // How the worker met the request (workers that say).
+                   "worker_met": answer.and_then(Answer::worker_met),
+                   "worker_idle_us": answer.and_then(Answer::worker_idle_us)}),
+        );
     }
 
     /// When the worker could start on `sent`: a request that was sent while

@@ -633,8 +633,6 @@ impl Lane<'_, '_> {
         let rest: Vec<(usize, Measured, AnswerRead)> = if matches!(read, Some(Err(_))) {
             under_way
                 .drain(..)
-                .collect::<Vec<_>>()
-                .into_iter()
                 .map(|(j, mut mj)| {
                     let r = self.read_received(&mut mj);
                     (j, mj, r)
