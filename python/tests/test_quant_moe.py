@@ -252,67 +252,6 @@ def test_gemv_refuses_what_it_cannot_run(monkeypatch):
         quant_moe.make_quant_plan(m, GEMV_CFG, vllm_structure=True)
 
 
-def test_l2_prefetch_plan(monkeypatch):
-    """L2_PREFETCH is the one-token kernels' (their tile-major weights); level 2
-    falls back to 1 where the w2 rows the routing can select would not fit
-    W2_PREFETCH_BUDGET_BYTES; the interpreter (no PTX, no L2) runs without."""
-    m = FusedMoE(shape(MXFP4))
-    with pytest.raises(ValueError, match="L2_PREFETCH must be 0, 1 or 2"):
-        quant_moe.make_quant_plan(m, dict(GEMV_CFG, L2_PREFETCH=3))
-    with pytest.raises(ValueError, match="applies to the one-token MXFP4 kernels"):
-        quant_moe.make_quant_plan(m, dict(CFG, L2_PREFETCH=1))
-    assert quant_moe.make_quant_plan(m, dict(GEMV_CFG, L2_PREFETCH=2)).l2_prefetch == (0 if INTERPRETED else 2)
-    with monkeypatch.context() as patch:
-        patch.setattr(quant_moe, "interpreting", lambda: False)
-        gpt_oss = {"E": 128, "topk": 4, "K": 2880, "N": 2880, "dtype": "mxfp4", "activation": "swiglu_oai"}
-        # Four experts' w2: 4 x 2880 x 1440 bytes and their scales, 17.6 MB.
-        one_token = FusedMoE(dict(gpt_oss, M=1))
-        assert quant_moe.make_quant_plan(one_token, dict(GEMV_CFG, L2_PREFETCH=2)).l2_prefetch == 2
-        # Eight: 35.3 MB, over the budget.
-        two_tokens = FusedMoE(dict(gpt_oss, M=2))
-        assert quant_moe.make_quant_plan(two_tokens, dict(GEMV_CFG, L2_PREFETCH=2)).l2_prefetch == 1
-        assert quant_moe.make_quant_plan(two_tokens, dict(GEMV_CFG, L2_PREFETCH=1)).l2_prefetch == 1
-
-
-@triton.jit
-def _share_probe(out_ptr, K_RED, SPLIT_K: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
-    tile = tl.program_id(0)
-    k_begin, k_end = quant_moe._split_k_steps(K_RED, BLOCK_SIZE_K, SPLIT_K)
-    first, count = quant_moe._gemv_share_rows(tile, K_RED, k_begin, k_end, BLOCK_SIZE_N, BLOCK_SIZE_K)
-    part = tile * SPLIT_K + tl.program_id(1)
-    begin, end = quant_moe._slice_bounds(K_RED * 1000 + 7, part, tl.num_programs(0) * SPLIT_K)
-    at = out_ptr + part * 4
-    tl.store(at, first)
-    tl.store(at + 1, count)
-    tl.store(at + 2, begin)
-    tl.store(at + 3, end)
-
-
-@pytest.mark.parametrize("K_RED,bn,bk,split_k", [(2880, 128, 128, 8), (104, 16, 64, 8), (360, 32, 512, 1)])
-def test_l2_prefetch_spans_cover_the_copy(K_RED, bn, bk, split_k, device):
-    """The programs' L2 prefetch spans (_gemv_share_rows over their K steps)
-    tile an expert's tile-major copy exactly: in order, no gap, no overlap,
-    ending at the expert stride the launch indexes by; and the w2 slices GEMM
-    1's programs prefetch (_slice_bounds) tile their whole span too. Empty
-    splits (K = 104 in steps of 64 over eight) have empty spans."""
-    tiles = 5
-    out = torch.zeros(tiles * split_k, 4, dtype=torch.int64, device=device)
-    _share_probe[(tiles, split_k)](out, K_RED, SPLIT_K=split_k, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk)
-    rows = out.cpu().tolist()
-    at = 0
-    for first, count, _, _ in rows:
-        assert count >= 0 and (count == 0 or first == at)
-        at += count
-    steps = -(-K_RED // bk)
-    assert at == tiles * steps * bn
-    assert at * bk // 2 == quant_moe._weight_strides(
-        quant_moe.make_quant_plan(FusedMoE(shape(MXFP4, N=K_RED)), dict(GEMV_CFG, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk)),
-        tiles * bn, K_RED)[0]
-    bounds = [(b, e) for _, _, b, e in rows]
-    assert bounds[0][0] == 0 and bounds[-1][1] == K_RED * 1000 + 7
-    assert all(e == b2 for (_, e), (b2, _) in zip(bounds, bounds[1:]))
-
-
 @pytest.mark.parametrize("fmt", [FP8_TENSOR, FP8_BLOCK], ids=["fp8-tensor", "fp8-block"])
 @pytest.mark.parametrize("M", [1, 13])
 def test_vllm_structure_fp8(fmt, M, device):
@@ -831,28 +770,6 @@ def test_gpu_gemv(M, N, bn, bk, warps, split_k, gemv, device):
     for _ in range(5):
         launch.out.fill_(float("nan"))
         assert torch.equal(launch(), first)
-
-
-@GPU
-@pytest.mark.parametrize("gemv", [1, 2])
-@pytest.mark.parametrize("M,N,bn,bk,warps,split_k", [(1, 2880, 128, 128, 4, 8), (1, 360, 64, 256, 4, 4),
-                                                      (2, 2880, 32, 512, 8, 1), (8, 720, 128, 128, 4, 8)])
-def test_gpu_l2_prefetch_changes_no_bit(M, N, bn, bk, warps, split_k, gemv, device):
-    """L2_PREFETCH only asks L2 for lines: the output is the same bits at each
-    level (M = 2 and 8 route more w2 than the budget, so level 2 runs as 1)."""
-    p = FusedMoE({"M": M, "E": 128, "topk": 4, "K": 2880, "N": N, "act_dtype": "bf16", "dtype": "mxfp4",
-                  "activation": "swiglu_oai"})
-    inputs = p.inputs(0, device)
-    config = {"BLOCK_SIZE_M": 1, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1, "num_warps": warps,
-              "num_stages": 1, "GEMV": gemv, "SPLIT_K": split_k}
-    plain = run("fused_moe", p, inputs, config).out.clone()
-    check(plain, p.reference(inputs), "mxfp4", max_mismatch=0.005)
-    for level in (1, 2):
-        launch = run("fused_moe", p, inputs, dict(config, L2_PREFETCH=level))
-        assert launch.plan.l2_prefetch == (level if M == 1 else 1)
-        assert torch.equal(launch.out, plain)
-        launch.out.fill_(float("nan"))
-        assert torch.equal(launch(), plain)
 
 
 @GPU

@@ -72,7 +72,6 @@ from tunelab.kernels.fused_moe import (
     _gemm1_rows,
     _gemm1_store,
     _next_pow2,
-    _prefetch_l2,
     _self_aligned_block,
     align_sizes,
     moe_act_kernel,
@@ -92,10 +91,6 @@ WFMT_MXFP4 = 3
 # SPLIT_K's ceilings: each split writes an fp32 partial of the GEMM's whole output.
 MAX_SPLIT_K = 16
 MAX_SPLIT_K_BYTES = 1 << 30
-# L2_PREFETCH=2 only where the w2 bytes (and scales) the routing can select fit
-# this many: half an H100's or H200's L2 (50 MB), which GEMM 1's own weights
-# stream through while the prefetched lines wait for GEMM 2.
-W2_PREFETCH_BUDGET_BYTES = 24 << 20
 QUANT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 # Columns of one row a quantisation program covers per step (a multiple of the group).
 QUANT_BLOCK = 1024
@@ -322,8 +317,6 @@ def _mx_halves_ptx(packed, e):
 # fp32 for any activation above 2^-64 in magnitude; the group's scale
 # 2^(e - 127) times 2^62 is applied to the group's sum.
 _GEMV_ACT_SHIFT = tl.constexpr(18446744073709551616.0)  # 2^64
-# L2 prefetches a program issues per round (one per 128-byte line; two a thread at four warps).
-_PREFETCH_LINES = tl.constexpr(256)
 
 
 @triton.jit
@@ -340,42 +333,6 @@ def _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, K_RED, BLOCK_SIZE_N: tl.constex
     w_base = w_ptr.to(tl.pointer_type(tl.uint32)) + row[:, None, None] * (GROUPS * 4) + tl.arange(0, 4)[None, None, :]
     s_base = w_scale_ptr + row[:, None] * GROUPS
     return w_base, s_base
-
-
-@triton.jit
-def _gemv_share_rows(tile, K_RED, k_begin, k_end, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
-    """(first, count): the tile-major rows (see _gemv_tile_bases) of K steps
-    [k_begin, k_end) of tile `tile`, consecutive in the copy."""
-    first = (tile * tl.cdiv(K_RED, BLOCK_SIZE_K) + k_begin).to(tl.int64) * BLOCK_SIZE_N
-    return first, (k_end - k_begin) * BLOCK_SIZE_N
-
-
-@triton.jit
-def _gemv_prefetch_share(w_ptr, w_scale_ptr, tile, K_RED, k_begin, k_end, BLOCK_SIZE_N: tl.constexpr,
-                         BLOCK_SIZE_K: tl.constexpr):
-    """Ask L2 for K steps [k_begin, k_end) of tile-major tile `tile`: its
-    weight bytes and its E8M0 scales, each one contiguous span. Nothing
-    waits for it (L2_PREFETCH, _prefetch_l2): every line of the program's
-    share is requested from DRAM at once, where the K loop alone has one or
-    two steps' loads in flight."""
-    GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
-    first, count = _gemv_share_rows(tile, K_RED, k_begin, k_end, BLOCK_SIZE_N, BLOCK_SIZE_K)
-    _prefetch_l2(w_ptr + first * (BLOCK_SIZE_K // 2), count * (BLOCK_SIZE_K // 2), 128, _PREFETCH_LINES)
-    _prefetch_l2(w_scale_ptr + first * GROUPS, count * GROUPS, 128, _PREFETCH_LINES)
-
-
-@triton.jit
-def _slice_bounds(numel, part, parts):
-    """[begin, end): part `part` of `parts` near-equal consecutive parts of numel."""
-    n = numel.to(tl.int64)
-    return (n * part) // parts, (n * (part + 1)) // parts
-
-
-@triton.jit
-def _prefetch_slice(ptr, numel, part, parts):
-    """Ask L2 for part `part` of `parts` consecutive parts of the `numel` bytes at ptr."""
-    begin, end = _slice_bounds(numel, part, parts)
-    _prefetch_l2(ptr + begin, end - begin, 128, _PREFETCH_LINES)
 
 
 @triton.jit
@@ -861,10 +818,6 @@ def moe_gemm1_q_kernel(
     expert_ids_ptr,
     num_post_ptr,
     topk_ids_ptr,  # read only when SELF_ALIGN
-    w2_ptr,  # GEMM 2's weights and scales, prefetched into L2 when L2_PREFETCH == 2 (else unused)
-    w2_scale_ptr,
-    stride_w2e,  # their expert strides (bytes of one expert's tile-major copy)
-    stride_w2se,
     N,
     K,
     numel,
@@ -892,7 +845,6 @@ def moe_gemm1_q_kernel(
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
     GEMV: tl.constexpr,  # 1, 2: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc, _mx_gemv_acc_f16)
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
-    L2_PREFETCH: tl.constexpr,  # GEMV: 1 ask L2 for the program's share first, 2 and a slice of the expert's w2
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -922,16 +874,6 @@ def moe_gemm1_q_kernel(
     rows = (slots // TOPK).to(tl.int64)
     offs_j, w_row, row_ok = _gemm1_rows(pid_n, N, INTERLEAVED, ACTIVATION, BLOCK_SIZE_N)
     k_begin, k_end = _split_k_steps(K, BLOCK_SIZE_K, SPLIT_K)
-    if L2_PREFETCH:
-        _gemv_prefetch_share(w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, pid_n, K, k_begin,
-                             k_end, BLOCK_SIZE_N, BLOCK_SIZE_K)
-        if L2_PREFETCH == 2:
-            # GEMM 2 then reads its weights from L2. This launch is bound by its
-            # loads' latency, not by DRAM's bandwidth: the expert's w2 is shared
-            # out over its GEMM 1 programs, a slice each.
-            part = pid_n * SPLIT_K + tl.program_id(1)
-            _prefetch_slice(w2_ptr + expert * stride_w2e, stride_w2e, part, num_pid_n * SPLIT_K)
-            _prefetch_slice(w2_scale_ptr + expert * stride_w2se, stride_w2se, part, num_pid_n * SPLIT_K)
     # GEMV reads tile-major weights (gemv_tile_major), whose tile pid_n holds w_row's rows in order.
     acc_rows = (pid_n * BLOCK_SIZE_N + offs_j) if GEMV else w_row
     acc = _q_acc(a_ptr, a_scale_ptr, w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, rows,
@@ -986,7 +928,6 @@ def moe_gemm2_q_kernel(
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
     GEMV: tl.constexpr,  # 1, 2: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc, _mx_gemv_acc_f16)
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
-    L2_PREFETCH: tl.constexpr,  # GEMV: ask L2 for the program's share before the dependent launch's wait
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -1015,16 +956,11 @@ def moe_gemm2_q_kernel(
     slots64 = slots.to(tl.int64)
     offs_n_raw = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_n = (offs_n_raw % N_OUT).to(tl.int64)
-    k_begin, k_end = _split_k_steps(K_RED, BLOCK_SIZE_K, SPLIT_K)
-    if L2_PREFETCH:
-        # The weights do not depend on GEMM 1: their lines are on their way while
-        # GEMM 1's last programs run.
-        _gemv_prefetch_share(w2_ptr + expert * stride_we, w2_scale_ptr + expert * stride_wse, pid_n, K_RED,
-                             k_begin, k_end, BLOCK_SIZE_N, BLOCK_SIZE_K)
     if PDL_WAIT:
         tl.extra.cuda.gdc_wait()
     if PDL_LAUNCH:
         tl.extra.cuda.gdc_launch_dependents()
+    k_begin, k_end = _split_k_steps(K_RED, BLOCK_SIZE_K, SPLIT_K)
     acc = _q_acc(a_ptr, a_scale_ptr, w2_ptr + expert * stride_we, w2_scale_ptr + expert * stride_wse, slots64,
                  tok_mask, offs_n_raw.to(tl.int64) if GEMV else offs_n, K_RED, k_begin, k_end, stride_am, stride_asm,
                  stride_wr, stride_wsr,
@@ -1071,11 +1007,6 @@ class QuantMoEPlan:
     # (_mx_gemv_acc_f16; 1 under the interpreter)
     gemv: int
     split_k: int  # K split over this many programs per tile (the grids' second axis; _split_k_total)
-    # GEMV only: 0 no L2 prefetch; 1 each GEMM's program asks L2 for its share of the
-    # weights first (GEMM 2 before its dependent launch's wait); 2 as 1, and GEMM 1's
-    # programs also ask for GEMM 2's weights (where they fit W2_PREFETCH_BUDGET_BYTES;
-    # else 1). 0 under the interpreter (PTX).
-    l2_prefetch: int
     numel: int
     max_blocks: int
     max_padded: int
@@ -1160,12 +1091,6 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     if split_k > 1 and vllm_structure:
         raise ValueError("SPLIT_K is tunelab's own (K split over programs); vLLM's call structure "
                          "(fused_moe_vllm) runs vLLM's kernel, which has no such key")
-    l2_prefetch = int(config.get("L2_PREFETCH", 0))
-    if l2_prefetch not in (0, 1, 2):
-        raise ValueError(f"L2_PREFETCH must be 0, 1 or 2, got {l2_prefetch}")
-    if l2_prefetch and not gemv:
-        raise ValueError(f"L2_PREFETCH={l2_prefetch} applies to the one-token MXFP4 kernels (GEMV=1 or 2): "
-                         "it prefetches their tile-major weights")
     mx_ptx = int(config.get("MX_PTX", 0))
     if mx_ptx not in (0, 1):
         raise ValueError(f"MX_PTX must be 0 or 1, got {mx_ptx}")
@@ -1205,20 +1130,13 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
         pdl = False if vllm_structure else pdl_supported()
     if pdl and vllm_structure:
         raise ValueError("vLLM's call structure launches its kernels plainly: no dependent launches")
-    if interpreting():
-        # prefetch.global.L2 is PTX, and the interpreter has no L2: the kernels compute the same either way.
-        l2_prefetch = 0
-    elif l2_prefetch == 2:
-        w2_bytes = min(numel, problem.E) * mx_padded(problem.N) // 2 * (1 + 1 / 16) * problem.K
-        if w2_bytes > W2_PREFETCH_BUDGET_BYTES:
-            l2_prefetch = 1
     return QuantMoEPlan(
         M=problem.M, E=problem.E, topk=problem.topk, K=problem.K, N=problem.N,
         act_dtype=problem.dtype, wfmt=wfmt, group_n=group_n, group_k=group_k,
         activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
         interleaved=problem.interleaved, has_bias=problem.bias,
         config={k: int(config[k]) for k in QUANT_CONFIG_KEYS}, dot_scaled=bool(dot_scaled), swap_ab=bool(swap_ab),
-        mx_ptx=bool(mx_ptx) and not interpreting(), gemv=gemv, split_k=split_k, l2_prefetch=l2_prefetch,
+        mx_ptx=bool(mx_ptx) and not interpreting(), gemv=gemv, split_k=split_k,
         numel=numel, max_blocks=max_blocks, max_padded=max_padded,
         align_meta=_align_meta(numel, problem.E, max_padded),
         grid1=(max_blocks * triton.cdiv(2 * problem.N, bn), split_k),
@@ -1309,8 +1227,6 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     fmt = dict(WFMT=plan.wfmt, GROUP_N=plan.group_n, GROUP_K=plan.group_k, DOT_SCALED=plan.dot_scaled,
                A_FMT=_a_fmt(plan.act_dtype), SWAP_AB=plan.swap_ab, MX_PTX=plan.mx_ptx, GEMV=plan.gemv,
                SPLIT_K=plan.split_k)
-    # GEMM 2 prefetches its own share at either level (the same binary for both).
-    prefetch1, prefetch2 = plan.l2_prefetch, min(plan.l2_prefetch, 1)
     specs: list[tuple] = []
 
     def add(kernel, grid, args, kwargs):
@@ -1339,14 +1255,13 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     gemm1_out, gemm1_act, gemm1_stride = (
         (b["gate_up"], ACT_NONE, 2 * N) if plan.split_activation else (b["inter"], plan.activation, N))
     swe, swr, swse, swsr = _weight_strides(plan, 2 * N, K)
-    w2e, _, w2se, _ = _weight_strides(plan, K, N)
     add(moe_gemm1_q_kernel, plan.grid1,
         (a1, a1s, b["w1"], b["w1_scale"], b["b1"] if plan.has_bias else b["x"], gemm1_out, b["part1"], b["count1"],
-         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"], b["w2"], b["w2_scale"], w2e, w2se,
+         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
          N, K, plan.numel, E, plan.max_blocks,
          K, stride_a1s, swe, swr, swse, swsr, 2 * N, gemm1_stride, plan.numel * 2 * N),
         dict(TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=gemm1_act, HAS_BIAS=plan.has_bias,
-             SELF_ALIGN=plan.self_align, L2_PREFETCH=prefetch1, **fmt, **tiles, **launch))
+             SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
     if plan.split_activation:
         # vLLM's structure: plain launches only (make_quant_plan refuses pdl with it).
         specs.append((moe_act_kernel, (plan.numel, triton.cdiv(N, ACT_BLOCK)), (b["gate_up"], b["inter"], N),
@@ -1363,7 +1278,7 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
          b["topk_weights"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
          K, N, plan.numel, E, plan.max_blocks,
          N, stride_a2s, swe, swr, swse, swsr, K, K, plan.numel * K),
-        dict(HAS_BIAS=plan.has_bias, SELF_ALIGN=plan.self_align, L2_PREFETCH=prefetch2, **fmt, **tiles, **launch))
+        dict(HAS_BIAS=plan.has_bias, SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
     # The sum waits for GEMM 2 through moe_sum_kernel's own USE_PDL.
     specs.append((moe_sum_kernel, (plan.M, triton.cdiv(K, SUM_BLOCK)), (b["out2"], b["out"], K),
                   dict(TOPK=plan.topk, BLOCK=SUM_BLOCK, USE_PDL=plan.pdl, num_warps=4,

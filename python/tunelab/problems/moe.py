@@ -79,9 +79,7 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # GEMV (MXFP4, BLOCK_SIZE_M 1): 1 computes one token a block on CUDA cores, no MMA (decode sizes);
 # 2 the same in packed f16 arithmetic (compute capability 9.0 or newer).
 # SPLIT_K (fp8 and MXFP4): K split over this many programs per tile (decode sizes: more programs in flight).
-# L2_PREFETCH (GEMV): 1 each program asks L2 for its share of the weights first; 2 GEMM 1's programs also
-# ask for GEMM 2's weights.
-QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX", "GEMV", "SPLIT_K", "L2_PREFETCH")
+QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX", "GEMV", "SPLIT_K")
 
 
 class _WeightCache:
@@ -536,7 +534,7 @@ class TritonFusedMoEVllm:
     routing weights, the top-k sum; five plain launches, no dependent launches
     and no self-alignment. Same kernels and compile contract as `fused_moe`
     (tunelab.kernels.fused_moe.vllm_plan), and its config keys less
-    tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX, GEMV, SPLIT_K, L2_PREFETCH: vLLM's kernel has no
+    tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX, GEMV, SPLIT_K: vLLM's kernel has no
     such choices). fp8 weights add vLLM's
     activation quantisation before each GEMM (tunelab.kernels.quant_moe);
     MXFP4 weights are not run this way (see `unavailable`)."""
@@ -644,7 +642,7 @@ class TritonPersistentMoE:
 def _full_config(problem: FusedMoE, config: dict) -> dict:
     full = vllm_default_config(problem.M, problem.E, problem.block_shape)
     full.update({k: config[k] for k in CONFIG_KEYS if k in config})
-    for key in ("DOT_SCALED", "MX_PTX", "GEMV", "L2_PREFETCH"):
+    for key in ("DOT_SCALED", "MX_PTX", "GEMV"):
         if problem.weight_format == "mxfp4":
             full[key] = int(config.get(key, 0))
         elif int(config.get(key, 0)):
