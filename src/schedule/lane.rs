@@ -48,14 +48,39 @@ pub struct LaneContext<'a> {
 /// own health (docs/scaling.md).
 pub const RETIRE_AFTER: usize = 3;
 
-/// An answer to a measurement sent ahead, read into the job: whether batches
+/// An answer to a request sent ahead, read into the job: how many batches
 /// came, or its failure; `None` where the request was lost with its worker.
-type AnswerRead = Option<Result<bool, JobFailure>>;
+type AnswerRead = Option<Result<usize, JobFailure>>;
 
-/// Full measurements a lane keeps sent ahead to a backend that can take
-/// them (`Backend::send_measurement`): the one the worker runs and the next,
+/// Requests a lane keeps sent ahead to a backend that can take them
+/// (`Backend::send_measurement`): the one the worker runs and the next,
 /// waiting in its pipe, so the worker starts it the moment it answers.
 const UNDER_WAY: usize = 2;
+
+/// What a candidate's request asks for: its full measurement, or a set
+/// number of screening batches (halving).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    Measure,
+    Screen(usize),
+}
+
+/// A request sent ahead: the candidate and its progress (screening adds to
+/// what earlier rounds took).
+struct SentJob {
+    i: usize,
+    m: Measured,
+}
+
+/// A candidate whose request sent ahead must be made again, waited for,
+/// once nothing is under way: lost with its worker, answered with no
+/// batches, or (screening) with fewer batches than asked (a wall cap
+/// stopped the worker); `batches` are those still to take.
+struct Again {
+    i: usize,
+    m: Measured,
+    batches: usize,
+}
 
 /// A job and what runs it: enough to run its check again.
 #[derive(Debug, Clone)]
@@ -601,11 +626,18 @@ impl Lane<'_, '_> {
         }
     }
 
-    /// A candidate's full measurement sent ahead, where the backend can (a
-    /// full measurement in one call needs a wall cap, as `prepare` says).
-    fn send_ahead(&mut self, m: &Measured) -> Result<SentAhead, JobFailure> {
+    /// A candidate's request sent ahead, where the backend can: its full
+    /// measurement (batches until the stopping rule), or its screening
+    /// batches (a rule that only counts samples). Either needs the
+    /// protocol's wall cap to bound the call, as `prepare` says.
+    fn send_ahead(&mut self, m: &Measured, ask: Ask) -> Result<SentAhead, JobFailure> {
         let ctx = self.ctx;
-        let rule = ctx.protocol.stop_rule();
+        let full = ctx.protocol.stop_rule();
+        let rule = match ask {
+            Ask::Measure => full,
+            Ask::Screen(0) => return Ok(SentAhead::Declined),
+            Ask::Screen(batches) => screening_rule(batches, ctx.protocol.batch, full.max_wall_ms),
+        };
         if ctx.run_mode == RunMode::Check || !rule.max_wall_ms.is_finite() {
             return Ok(SentAhead::Declined);
         }
@@ -625,25 +657,25 @@ impl Lane<'_, '_> {
     /// failure the answers still under way are taken first (the worker may
     /// be gone with them, and the failure's record may run a health check,
     /// which must find nothing under way), and recorded after it, in order.
-    fn receive_one(&mut self, under_way: &mut VecDeque<(usize, Measured)>, again: &mut Vec<usize>) {
-        let Some((i, mut m)) = under_way.pop_front() else {
+    fn receive_one(&mut self, ask: Ask, each: &mut Each) {
+        let Some(mut sent) = each.under_way.pop_front() else {
             return;
         };
-        let read = self.read_received(&mut m);
-        let rest: Vec<(usize, Measured, AnswerRead)> = if matches!(read, Some(Err(_))) {
-            under_way
+        let read = self.read_received(&mut sent.m);
+        let rest: Vec<(SentJob, AnswerRead)> = if matches!(read, Some(Err(_))) {
+            each.under_way
                 .drain(..)
-                .map(|(j, mut mj)| {
-                    let r = self.read_received(&mut mj);
-                    (j, mj, r)
+                .map(|mut other| {
+                    let r = self.read_received(&mut other.m);
+                    (other, r)
                 })
                 .collect()
         } else {
             Vec::new()
         };
-        self.record_received(i, m, read, again);
-        for (j, mj, r) in rest {
-            self.record_received(j, mj, r, again);
+        self.record_received(sent, read, ask, each);
+        for (other, r) in rest {
+            self.record_received(other, r, ask, each);
         }
     }
 
@@ -659,17 +691,37 @@ impl Lane<'_, '_> {
         }
     }
 
-    /// A measurement sent ahead, as its answer was read: recorded, or left
-    /// to be measured again, waited for (lost with its worker, or passed
-    /// with no batches).
-    fn record_received(&mut self, i: usize, m: Measured, read: AnswerRead, again: &mut Vec<usize>) {
+    /// A request sent ahead, as its answer was read: recorded (a
+    /// measurement, or a failure), screened, or left to be made again,
+    /// waited for (see [`Again`]).
+    fn record_received(&mut self, sent: SentJob, read: AnswerRead, ask: Ask, each: &mut Each) {
+        let SentJob { i, m } = sent;
+        if let Ask::Screen(batches) = ask {
+            match read {
+                Some(Err(f)) => {
+                    self.finish(&m, JobStatus::Failed, Some(f), None);
+                }
+                Some(Ok(taken)) => {
+                    if taken >= batches {
+                        let median = m.median();
+                        self.slots[i] = Slot::Screened(m);
+                        each.passed.insert(i, median);
+                    } else {
+                        let batches = batches - taken;
+                        each.again.push(Again { i, m, batches });
+                    }
+                }
+                None => each.again.push(Again { i, m, batches }),
+            }
+            return;
+        }
         match read {
             // The worker ran the lane's own stopping rule: its decision
             // stands, even where a sample one unit in the last place off
             // would have the lane take one batch more (the next job is
             // already under way, so none can be asked for); the trace
             // counts such disagreements.
-            Some(Ok(true)) => {
+            Some(Ok(taken)) if taken > 0 => {
                 let decision = m.sampling.decide(&self.ctx.protocol);
                 if decision == Decision::Continue {
                     crate::trace::span(
@@ -684,16 +736,128 @@ impl Lane<'_, '_> {
             Some(Err(f)) => {
                 self.conclude(m, Err(f));
             }
-            None | Some(Ok(false)) => {
-                self.slots[i] = Slot::Waiting(m.job);
-                again.push(i);
+            None | Some(Ok(_)) => each.again.push(Again { i, m, batches: 0 }),
+        }
+    }
+
+    fn receive_all(&mut self, ask: Ask, each: &mut Each) {
+        while !each.under_way.is_empty() {
+            self.receive_one(ask, each);
+        }
+    }
+
+    /// A candidate's request made and answered now, waited for.
+    fn ask_now(&mut self, i: usize, m: Measured, ask: Ask, batches: usize, each: &mut Each) {
+        match ask {
+            Ask::Measure => {
+                self.measure_now(m);
+            }
+            Ask::Screen(_) => {
+                if let Some(median) = self.screen_now(i, m, batches) {
+                    each.passed.insert(i, median);
+                }
             }
         }
     }
 
-    fn receive_all(&mut self, under_way: &mut VecDeque<(usize, Measured)>, again: &mut Vec<usize>) {
-        while !under_way.is_empty() {
-            self.receive_one(under_way, again);
+    /// Each of `order` asked `ask`, in that order, until the lane stops:
+    /// sent ahead where the backend can (two under way, so the worker goes
+    /// from one candidate to the next without waiting for the lane),
+    /// waited for where not. Returns the medians of the screenings that
+    /// passed (none for full measurements, which are recorded).
+    fn ask_each(&mut self, order: &[usize], ask: Ask) -> HashMap<usize, f64> {
+        let mut each = Each::default();
+        for &i in order {
+            if self.ctx.stopping() || self.ctx.retired() {
+                break;
+            }
+            let (mut m, fresh) = self.take(i);
+            if ask == Ask::Measure {
+                // A full measurement starts from fresh samples, whatever screening took.
+                m.sampling = Sampling::default();
+            }
+            if fresh {
+                if let Err(f) = self.wait_for_compile(&mut m) {
+                    self.finish(&m, JobStatus::Failed, Some(f), None);
+                    continue;
+                }
+            }
+            self.look_ahead(&m.job, i);
+            let sent = loop {
+                match self.send_ahead(&m, ask) {
+                    Ok(SentAhead::WhenIdle) if !each.under_way.is_empty() => {
+                        self.receive_all(ask, &mut each);
+                    }
+                    other => break other,
+                }
+            };
+            match sent {
+                Ok(SentAhead::Sent) => each.under_way.push_back(SentJob { i, m }),
+                Ok(SentAhead::Declined | SentAhead::WhenIdle) => {
+                    self.receive_all(ask, &mut each);
+                    let batches = match ask {
+                        Ask::Screen(b) => b,
+                        Ask::Measure => 0,
+                    };
+                    self.ask_now(i, m, ask, batches, &mut each);
+                }
+                // Recorded after what is under way, which its record's
+                // health check must not find there.
+                Err(f) => {
+                    self.receive_all(ask, &mut each);
+                    self.finish(&m, JobStatus::Failed, Some(f), None);
+                }
+            }
+            while each.under_way.len() >= UNDER_WAY {
+                self.receive_one(ask, &mut each);
+            }
+        }
+        self.receive_all(ask, &mut each);
+        for Again { i, mut m, batches } in std::mem::take(&mut each.again) {
+            if self.ctx.stopping() || self.ctx.retired() {
+                // Left unrecorded: the resumed run, or another lane, takes it.
+                self.slots[i] = if m.sampling.samples_us.is_empty() || ask == Ask::Measure {
+                    Slot::Waiting(m.job)
+                } else {
+                    Slot::Screened(m)
+                };
+                continue;
+            }
+            if ask == Ask::Measure {
+                m.sampling = Sampling::default();
+            }
+            self.look_ahead(&m.job, i);
+            self.ask_now(i, m, ask, batches, &mut each);
+        }
+        each.passed
+    }
+
+    /// Screening batches of a candidate, waited for: checked, warmed up,
+    /// `batches` more batches. Screened with its median so far, or recorded
+    /// as failed.
+    fn screen_now(&mut self, i: usize, mut m: Measured, batches: usize) -> Option<f64> {
+        let result = (|| {
+            let first = if batches > 0 {
+                FirstBatches::One
+            } else {
+                FirstBatches::None
+            };
+            let have_first = self.prepare(&mut m, first)?;
+            for _ in usize::from(have_first)..batches {
+                self.take_batch(&mut m)?;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                let median = m.median();
+                self.slots[i] = Slot::Screened(m);
+                Some(median)
+            }
+            Err(f) => {
+                self.finish(&m, JobStatus::Failed, Some(f), None);
+                None
+            }
         }
     }
 
@@ -731,87 +895,27 @@ impl Trials for Lane<'_, '_> {
     }
 
     fn measure_each(&mut self, order: &[usize]) {
-        let mut under_way: VecDeque<(usize, Measured)> = VecDeque::new();
-        // Candidates whose request went with a discarded worker: measured
-        // again after the rest, one at a time.
-        let mut again: Vec<usize> = Vec::new();
-        for &i in order {
-            if self.ctx.stopping() || self.ctx.retired() {
-                break;
-            }
-            let (mut m, fresh) = self.take(i);
-            m.sampling = Sampling::default();
-            if fresh {
-                if let Err(f) = self.wait_for_compile(&mut m) {
-                    self.finish(&m, JobStatus::Failed, Some(f), None);
-                    continue;
-                }
-            }
-            self.look_ahead(&m.job, i);
-            let sent = loop {
-                match self.send_ahead(&m) {
-                    Ok(SentAhead::WhenIdle) if !under_way.is_empty() => {
-                        self.receive_all(&mut under_way, &mut again);
-                    }
-                    other => break other,
-                }
-            };
-            match sent {
-                Ok(SentAhead::Sent) => under_way.push_back((i, m)),
-                Ok(SentAhead::Declined | SentAhead::WhenIdle) => {
-                    self.receive_all(&mut under_way, &mut again);
-                    self.measure_now(m);
-                }
-                // Recorded after what is under way, which its record's
-                // health check must not find there.
-                Err(f) => {
-                    self.receive_all(&mut under_way, &mut again);
-                    self.finish(&m, JobStatus::Failed, Some(f), None);
-                }
-            }
-            while under_way.len() >= UNDER_WAY {
-                self.receive_one(&mut under_way, &mut again);
-            }
-        }
-        self.receive_all(&mut under_way, &mut again);
-        for i in again {
-            if self.ctx.stopping() || self.ctx.retired() {
-                // Left waiting: the resumed run, or another lane, measures it.
-                return;
-            }
-            self.measure(i);
-        }
+        self.ask_each(order, Ask::Measure);
     }
 
     fn screen(&mut self, i: usize, batches: usize) -> Option<f64> {
         let (mut m, fresh) = self.take(i);
-        let result = (|| {
-            if fresh {
-                self.wait_for_compile(&mut m)?;
-            }
-            self.look_ahead(&m.job, i);
-            let first = if batches > 0 {
-                FirstBatches::One
-            } else {
-                FirstBatches::None
-            };
-            let have_first = self.prepare(&mut m, first)?;
-            for _ in usize::from(have_first)..batches {
-                self.take_batch(&mut m)?;
-            }
-            Ok(())
-        })();
-        match result {
-            Ok(()) => {
-                let median = m.median();
-                self.slots[i] = Slot::Screened(m);
-                Some(median)
-            }
-            Err(f) => {
+        if fresh {
+            if let Err(f) = self.wait_for_compile(&mut m) {
                 self.finish(&m, JobStatus::Failed, Some(f), None);
-                None
+                return None;
             }
         }
+        self.look_ahead(&m.job, i);
+        self.screen_now(i, m, batches)
+    }
+
+    fn screen_each(&mut self, order: &[usize], batches: usize) -> Vec<(usize, f64)> {
+        let passed = self.ask_each(order, Ask::Screen(batches));
+        order
+            .iter()
+            .filter_map(|i| passed.get(i).map(|median| (*i, *median)))
+            .collect()
     }
 
     fn prune(&mut self, i: usize) {
@@ -876,7 +980,7 @@ fn prepare(
             .map(|check| Checked { check, first: None }),
     };
     let kernels = backend.take_kernels();
-    if read_check(m, checked, kernels, tol, timed)? {
+    if read_check(m, checked, kernels, tol, timed)? > 0 {
         return Ok(true);
     }
     if timed {
@@ -907,14 +1011,14 @@ fn first_batch(
 
 /// A check's answer into the job: the kernels it launched, its comparison
 /// (a failed one is the job's failure) and, when `timed`, the batches that
-/// came with it. Returns whether batches came.
+/// came with it. Returns how many batches came.
 fn read_check(
     m: &mut Measured,
     checked: Result<Checked, JobFailure>,
     kernels: Vec<crate::store::KernelResources>,
     tol: crate::manifest::ToleranceFor,
     timed: bool,
-) -> Result<bool, JobFailure> {
+) -> Result<usize, JobFailure> {
     if !kernels.is_empty() {
         m.kernels = kernels;
     }
@@ -943,15 +1047,44 @@ fn read_check(
         });
     }
     if !timed {
-        return Ok(false);
+        return Ok(0);
     }
     let Some(taken) = checked.first else {
-        return Ok(false);
+        return Ok(0);
     };
-    for t in taken? {
+    let taken = taken?;
+    let batches = taken.len();
+    for t in taken {
         add_batch(m, t.batch, t.wall_ms);
     }
-    Ok(true)
+    Ok(batches)
+}
+
+/// Screening's stopping rule, for a worker that takes batches until a rule
+/// says enough: exactly `batches` batches of `batch` samples (at that many
+/// samples the rule stops whether or not it calls them converged), or
+/// fewer where the protocol's wall cap comes first (the lane then takes
+/// the rest itself).
+fn screening_rule(batches: usize, batch: u32, max_wall_ms: f64) -> StopRule {
+    let samples = u32::try_from(batches)
+        .unwrap_or(u32::MAX)
+        .saturating_mul(batch);
+    StopRule {
+        min_samples: samples,
+        max_samples: samples,
+        target_ci: 0.0,
+        max_gpu_ms: f64::INFINITY,
+        max_wall_ms,
+    }
+}
+
+/// The requests of one `Lane::ask_each`: under way, to make again, and
+/// the screenings that passed, by candidate.
+#[derive(Default)]
+struct Each {
+    under_way: VecDeque<SentJob>,
+    again: Vec<Again>,
+    passed: HashMap<usize, f64>,
 }
 
 fn take_batch(
@@ -1697,6 +1830,10 @@ mod tests {
                 self.under_way.is_empty(),
                 "a call waited for while sent ahead"
             );
+            *self
+                .calls
+                .entry("check_then_sample waited for")
+                .or_default() += 1;
             self.answer(job, k, kind, tol, seed, first)
         }
         fn take_kernels(&mut self) -> Vec<crate::store::KernelResources> {
@@ -1716,7 +1853,7 @@ mod tests {
             }
             assert!(
                 first.until.is_some(),
-                "only full measurements are sent ahead"
+                "only requests with a rule that ends them are sent ahead"
             );
             if !self.under_way.is_empty() && (self.needs_idle)(job) {
                 return Ok(SentAhead::WhenIdle);
@@ -1997,10 +2134,32 @@ mod tests {
         dies_once: Option<&str>,
         needs_idle: fn(&Job) -> bool,
     ) -> (Vec<JobRecord>, Vec<FinalRecord>, Vec<String>) {
+        let (jobs, finals, log, _) =
+            run_pipelined_on(strategy, pipelines, dies_once, needs_idle, None);
+        (jobs, finals, log)
+    }
+
+    /// `run_pipelined` with the protocol's wall cap at `max_wall_ms` where
+    /// given (the fake's batches take 1 ms each); also returns the calls.
+    fn run_pipelined_on(
+        strategy: Box<dyn Strategy>,
+        pipelines: bool,
+        dies_once: Option<&str>,
+        needs_idle: fn(&Job) -> bool,
+        max_wall_ms: Option<f64>,
+    ) -> (
+        Vec<JobRecord>,
+        Vec<FinalRecord>,
+        Vec<String>,
+        HashMap<&'static str, usize>,
+    ) {
         let strategies = Strategies::single(strategy);
         let prior = HashMap::new();
         let mut ctx = context(&strategies, &prior, None, 2);
         ctx.protocol.batch = 8;
+        if let Some(cap) = max_wall_ms {
+            ctx.protocol.max_wall_ms = cap;
+        }
         let mut backend = Folding {
             inner: Fake {
                 prepared: None,
@@ -2024,7 +2183,7 @@ mod tests {
             Event::Retired(_) => unreachable!(),
         });
         assert!(backend.under_way.is_empty(), "everything sent was received");
-        (jobs, finals, backend.log)
+        (jobs, finals, backend.log, backend.calls)
     }
 
     type Outcome = (JobStatus, Option<(u64, f64, f64, bool)>, usize);
@@ -2083,6 +2242,86 @@ mod tests {
             let sends = log.iter().filter(|e| e.starts_with("send")).count();
             assert!(sends >= 3, "{log:?}");
         }
+    }
+
+    /// Halving that screens the group's ten jobs in three rounds (1, 2 and
+    /// 4 batches) before its finalists.
+    fn halving() -> Box<dyn Strategy> {
+        Box::new(Halving {
+            eta: 2,
+            keep_at_least: 2,
+        })
+    }
+
+    #[test]
+    fn halving_sends_its_screening_rounds_ahead() {
+        let (plain, _, _) = run_pipelined(halving(), false, None, |_| false);
+        let (ahead, _, log) = run_pipelined(halving(), true, None, |_| false);
+        assert_eq!(outcomes(&plain), outcomes(&ahead), "the same records");
+        // Every job screened went out ahead, the pruned ones included (a
+        // screening request takes its set number of batches in one call).
+        let pruned: Vec<&str> = ahead
+            .iter()
+            .filter(|j| j.status == JobStatus::Pruned)
+            .map(|j| j.job_id.as_str())
+            .collect();
+        assert!(pruned.len() >= 3, "{ahead:?}");
+        for id in &pruned {
+            assert!(log.contains(&format!("send {id}")), "{id}: {log:?}");
+        }
+        // Survivors of the first round are screened again, ahead.
+        let sends = |id: &str| log.iter().filter(|e| **e == format!("send {id}")).count();
+        let finalists: Vec<&str> = ahead
+            .iter()
+            .filter(|j| j.status == JobStatus::Ok)
+            .map(|j| j.job_id.as_str())
+            .collect();
+        assert!(!finalists.is_empty());
+        for id in finalists {
+            assert!(
+                sends(id) >= 4,
+                "{id}: screened three times and measured: {log:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn screening_cut_short_by_the_wall_cap_takes_the_rest_itself() {
+        // A 1.5 ms cap stops the worker after two of the fake's 1 ms
+        // batches; the third round asks for four.
+        let cap = Some(1.5);
+        let (plain, _, _, plain_calls) = run_pipelined_on(halving(), false, None, |_| false, cap);
+        let (ahead, _, log, calls) = run_pipelined_on(halving(), true, None, |_| false, cap);
+        assert_eq!(outcomes(&plain), outcomes(&ahead), "the same samples");
+        let count = |c: &HashMap<&str, usize>, k: &str| c.get(k).copied().unwrap_or(0);
+        let waited = count(&calls, "check_then_sample waited for");
+        // The third round's screenings came back two batches short: each
+        // was asked again, waited for, for the batches left (the
+        // finalists' re-timing waits for its calls too).
+        let (_, _, _, uncapped) = run_pipelined_on(halving(), true, None, |_| false, None);
+        let waited_uncapped = count(&uncapped, "check_then_sample waited for");
+        assert!(waited > waited_uncapped, "{calls:?} {uncapped:?} {log:?}");
+        assert!(count(&plain_calls, "check_then_sample waited for") > waited);
+    }
+
+    #[test]
+    fn a_screening_lost_with_its_worker_is_screened_again() {
+        // job3's first screening kills the worker while job4's waits in its pipe.
+        let (ahead, _, log) = run_pipelined(halving(), true, Some("job3"), |_| false);
+        let send4 = log.iter().position(|e| e == "send job4").unwrap();
+        let receive3 = log.iter().position(|e| e == "receive job3").unwrap();
+        assert!(send4 < receive3, "{log:?}");
+        assert_eq!(ahead.len(), 10, "each job recorded once");
+        let job = |id: &str| ahead.iter().find(|j| j.job_id == id).unwrap();
+        assert_eq!(job("job3").status, JobStatus::Failed);
+        // job4 went with the worker: screened again, waited for, and
+        // recorded with its screening (or measured) like any other.
+        let job4 = job("job4");
+        assert!(
+            matches!(job4.status, JobStatus::Ok | JobStatus::Pruned),
+            "{job4:?}"
+        );
+        assert!(job4.stats.as_ref().is_some_and(|s| s.n > 0), "{job4:?}");
     }
 
     #[test]

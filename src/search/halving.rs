@@ -19,14 +19,10 @@ pub struct Halving {
 impl Strategy for Halving {
     fn search(&self, candidates: &[Candidate<'_>], trials: &mut dyn Trials) {
         // (candidate, median of its screening samples so far)
-        let mut alive: Vec<(usize, f64)> = Vec::new();
-        for i in 0..candidates.len() {
-            if trials.interrupted() {
-                return;
-            }
-            if let Some(median) = trials.screen(i, 1) {
-                alive.push((i, median));
-            }
+        let all: Vec<usize> = (0..candidates.len()).collect();
+        let mut alive = trials.screen_each(&all, 1);
+        if trials.interrupted() {
+            return;
         }
         let keep_at_least = self.keep_at_least as usize;
         let eta = self.eta as usize;
@@ -54,13 +50,8 @@ impl Strategy for Halving {
             }
             round += 1;
             let batches = eta.pow(round - 1).min(MAX_SCREEN_BATCHES);
-            let mut next = Vec::with_capacity(alive.len());
-            for (i, _) in alive {
-                if let Some(median) = trials.screen(i, batches) {
-                    next.push((i, median));
-                }
-            }
-            alive = next;
+            let round_order: Vec<usize> = alive.iter().map(|(i, _)| *i).collect();
+            alive = trials.screen_each(&round_order, batches);
         }
         let finalists: Vec<usize> = alive.into_iter().map(|(i, _)| i).collect();
         trials.measure_each(&finalists);

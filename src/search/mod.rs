@@ -180,6 +180,22 @@ pub trait Trials {
     /// screening. Returns its median so far; on failure its record is
     /// written and None is returned.
     fn screen(&mut self, i: usize, batches: usize) -> Option<f64>;
+    /// `screen` of each of `order` with `batches` batches, in that order,
+    /// until interrupted: (candidate, median so far) of each that passed,
+    /// in `order`. A lane may have the next screenings under way while it
+    /// reads one, so a strategy hands it a whole round at once.
+    fn screen_each(&mut self, order: &[usize], batches: usize) -> Vec<(usize, f64)> {
+        let mut passed = Vec::new();
+        for &i in order {
+            if self.interrupted() {
+                break;
+            }
+            if let Some(median) = self.screen(i, batches) {
+                passed.push((i, median));
+            }
+        }
+        passed
+    }
     /// End a screened candidate: recorded as pruned with its screening statistics.
     fn prune(&mut self, i: usize);
     /// End an unmeasured candidate: recorded as skipped, never run.
