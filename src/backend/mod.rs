@@ -62,8 +62,9 @@ pub struct FirstBatch {
     pub mode: SampleMode,
     /// For a full measurement: the stopping rule under which a worker may go
     /// on taking batches of `count` after the first, in the same call (the
-    /// native worker does; it runs the runner's own rule). A worker that does
-    /// not answers one batch, and the lane takes the rest.
+    /// native worker does; it runs the runner's own rule); for a screening
+    /// sent ahead, a rule that counts the round's batches. A worker that
+    /// does not answers one batch, and the lane takes the rest.
     pub until: Option<StopRule>,
 }
 
@@ -97,11 +98,12 @@ pub enum SentAhead {
     /// first (the Python worker's recipes, which touch the GPU, or sharing
     /// the shape). Send it again when nothing is under way.
     WhenIdle,
-    /// This backend does not send this job ahead: measure it the usual way.
+    /// This backend does not send this job ahead: ask it the usual way,
+    /// waited for.
     Declined,
 }
 
-/// The answer to a measurement sent ahead.
+/// The answer to a request sent ahead (a measurement or a screening).
 #[derive(Debug)]
 pub enum Received {
     /// The check's answer and its batches, as `check_then_sample` gives
@@ -112,7 +114,7 @@ pub enum Received {
     },
     /// The request went with its worker, which an earlier answer's failure
     /// discarded: it never ran (or its answer is not trusted), and the job
-    /// is to be measured again.
+    /// is to be asked again.
     Lost,
 }
 
@@ -202,9 +204,10 @@ pub trait Backend {
     fn look_ahead(&mut self, job: &Job, ahead: &mut dyn FnMut(usize) -> Vec<Job>) {
         let _ = (job, ahead);
     }
-    /// A full measurement (`check_then_sample` with `first.until` set)
-    /// sent without waiting for its answer, where the backend can: the
-    /// lane sends the next job while the worker still measures the last,
+    /// A full measurement or a screening (`check_then_sample` with
+    /// `first.until` set) sent without waiting for its answer, where the
+    /// backend can: the lane sends the next job while the worker still
+    /// measures the last,
     /// so that the GPU goes from one job to the next without waiting for
     /// the lane to record. A job's own failure before anything was sent
     /// (a compile error, its recipe) is `Err`. The default declines.
@@ -220,7 +223,7 @@ pub trait Backend {
         let _ = (job, kernel, kind, tol, seed, first);
         Ok(SentAhead::Declined)
     }
-    /// The answer to the oldest measurement sent ahead and not yet received.
+    /// The answer to the oldest request sent ahead and not yet received.
     /// Only called after a `send_measurement` that answered `Sent`.
     fn receive_measurement(&mut self) -> Received {
         unreachable!("a backend that sends nothing ahead has nothing to receive")

@@ -653,7 +653,7 @@ impl Lane<'_, '_> {
         )
     }
 
-    /// The answer to the oldest measurement under way, recorded. After a
+    /// The answer to the oldest request under way, recorded. After a
     /// failure the answers still under way are taken first (the worker may
     /// be gone with them, and the failure's record may run a health check,
     /// which must find nothing under way), and recorded after it, in order.
@@ -679,7 +679,7 @@ impl Lane<'_, '_> {
         }
     }
 
-    /// The next answer, read into `m`: whether batches came, the job's
+    /// The next answer, read into `m`: how many batches came, the job's
     /// failure, or `None` where the request was lost with its worker.
     fn read_received(&mut self, m: &mut Measured) -> AnswerRead {
         match self.backend.receive_measurement() {
@@ -707,11 +707,10 @@ impl Lane<'_, '_> {
                         self.slots[i] = Slot::Screened(m);
                         each.passed.insert(i, median);
                     } else {
-                        let batches = batches - taken;
-                        each.again.push(Again { i, m, batches });
+                        self.ask_again(each, i, m, batches - taken);
                     }
                 }
-                None => each.again.push(Again { i, m, batches }),
+                None => self.ask_again(each, i, m, batches),
             }
             return;
         }
@@ -736,7 +735,7 @@ impl Lane<'_, '_> {
             Some(Err(f)) => {
                 self.conclude(m, Err(f));
             }
-            None | Some(Ok(_)) => each.again.push(Again { i, m, batches: 0 }),
+            None | Some(Ok(_)) => self.ask_again(each, i, m, 0),
         }
     }
 
@@ -787,14 +786,28 @@ impl Lane<'_, '_> {
                 match self.send_ahead(&m, ask) {
                     Ok(SentAhead::WhenIdle) if !each.under_way.is_empty() => {
                         self.receive_all(ask, &mut each);
+                        if self.ctx.stopping() || self.ctx.retired() {
+                            break None;
+                        }
                     }
-                    other => break other,
+                    other => break Some(other),
                 }
+            };
+            // A record read meanwhile may have retired the lane (its health
+            // check judged the GPU faulty): this candidate is handed back
+            // rather than run there.
+            let Some(sent) = sent else {
+                self.put_back(i, m, ask);
+                break;
             };
             match sent {
                 Ok(SentAhead::Sent) => each.under_way.push_back(SentJob { i, m }),
                 Ok(SentAhead::Declined | SentAhead::WhenIdle) => {
                     self.receive_all(ask, &mut each);
+                    if self.ctx.stopping() || self.ctx.retired() {
+                        self.put_back(i, m, ask);
+                        break;
+                    }
                     let batches = match ask {
                         Ask::Screen(b) => b,
                         Ask::Measure => 0,
@@ -815,14 +828,11 @@ impl Lane<'_, '_> {
         self.receive_all(ask, &mut each);
         for Again { i, mut m, batches } in std::mem::take(&mut each.again) {
             if self.ctx.stopping() || self.ctx.retired() {
-                // Left unrecorded: the resumed run, or another lane, takes it.
-                self.slots[i] = if m.sampling.samples_us.is_empty() || ask == Ask::Measure {
-                    Slot::Waiting(m.job)
-                } else {
-                    Slot::Screened(m)
-                };
+                self.put_back(i, m, ask);
                 continue;
             }
+            // Its stand-in (see `ask_again`) goes: the candidate is taken again.
+            self.slots[i] = Slot::Done;
             if ask == Ask::Measure {
                 m.sampling = Sampling::default();
             }
@@ -830,6 +840,25 @@ impl Lane<'_, '_> {
             self.ask_now(i, m, ask, batches, &mut each);
         }
         each.passed
+    }
+
+    /// A candidate left unrecorded when the lane stops or retires: the
+    /// resumed run, or another lane, takes it (with its screening so far,
+    /// where it has one and was being screened).
+    fn put_back(&mut self, i: usize, m: Measured, ask: Ask) {
+        self.slots[i] = if m.sampling.samples_us.is_empty() || ask == Ask::Measure {
+            Slot::Waiting(m.job)
+        } else {
+            Slot::Screened(m)
+        };
+    }
+
+    /// A request to make again once nothing is under way (see [`Again`]).
+    /// Its slot holds a stand-in meanwhile, so that `look_ahead` still sees
+    /// the job among those to come (its recipe asked for with the others').
+    fn ask_again(&mut self, each: &mut Each, i: usize, m: Measured, batches: usize) {
+        self.slots[i] = Slot::Waiting(m.job.clone());
+        each.again.push(Again { i, m, batches });
     }
 
     /// Screening batches of a candidate, waited for: checked, warmed up,
@@ -1716,7 +1745,8 @@ mod tests {
         looked_ahead: Vec<(String, Vec<String>)>,
         /// Takes measurements sent ahead, as the native lane does.
         pipelines: bool,
-        /// The job whose first check kills the worker, with what was sent after it.
+        /// The job whose first check kills the worker, with what was sent after it
+        /// (waited for, the check alone).
         dies_once: Option<String>,
         /// Jobs that need calls of their own before they are sent (as a
         /// recipe does): sent only with nothing under way.
@@ -1834,6 +1864,10 @@ mod tests {
                 .calls
                 .entry("check_then_sample waited for")
                 .or_default() += 1;
+            if self.dies_once.as_deref() == Some(job.id.as_str()) {
+                self.dies_once = None;
+                return Err(JobFailure::new(FailureClass::Crash, "worker died"));
+            }
             self.answer(job, k, kind, tol, seed, first)
         }
         fn take_kernels(&mut self) -> Vec<crate::store::KernelResources> {
@@ -2293,6 +2327,11 @@ mod tests {
         let (plain, _, _, plain_calls) = run_pipelined_on(halving(), false, None, |_| false, cap);
         let (ahead, _, log, calls) = run_pipelined_on(halving(), true, None, |_| false, cap);
         assert_eq!(outcomes(&plain), outcomes(&ahead), "the same samples");
+        // The short screenings were sent ahead as without the cap, then
+        // topped up.
+        let (_, _, uncapped_log, _) = run_pipelined_on(halving(), true, None, |_| false, None);
+        let sends = |log: &[String]| log.iter().filter(|e| e.starts_with("send")).count();
+        assert_eq!(sends(&log), sends(&uncapped_log), "{log:?}");
         let count = |c: &HashMap<&str, usize>, k: &str| c.get(k).copied().unwrap_or(0);
         let waited = count(&calls, "check_then_sample waited for");
         // The third round's screenings came back two batches short: each
@@ -2306,22 +2345,26 @@ mod tests {
 
     #[test]
     fn a_screening_lost_with_its_worker_is_screened_again() {
-        // job3's first screening kills the worker while job4's waits in its pipe.
+        // job3's first screening kills the worker while job4's waits in
+        // its pipe; waited for, job3's check kills it alone.
+        let (plain, _, _) = run_pipelined(halving(), false, Some("job3"), |_| false);
         let (ahead, _, log) = run_pipelined(halving(), true, Some("job3"), |_| false);
         let send4 = log.iter().position(|e| e == "send job4").unwrap();
         let receive3 = log.iter().position(|e| e == "receive job3").unwrap();
         assert!(send4 < receive3, "{log:?}");
-        assert_eq!(ahead.len(), 10, "each job recorded once");
-        let job = |id: &str| ahead.iter().find(|j| j.job_id == id).unwrap();
-        assert_eq!(job("job3").status, JobStatus::Failed);
-        // job4 went with the worker: screened again, waited for, and
-        // recorded with its screening (or measured) like any other.
-        let job4 = job("job4");
-        assert!(
-            matches!(job4.status, JobStatus::Ok | JobStatus::Pruned),
-            "{job4:?}"
-        );
-        assert!(job4.stats.as_ref().is_some_and(|s| s.n > 0), "{job4:?}");
+        let ids: std::collections::BTreeSet<&str> =
+            ahead.iter().map(|j| j.job_id.as_str()).collect();
+        assert_eq!((ahead.len(), ids.len()), (10, 10), "each job recorded once");
+        let job3 = ahead.iter().find(|j| j.job_id == "job3").unwrap();
+        assert_eq!(job3.failure.as_ref().unwrap().class, FailureClass::Crash);
+        // job4 went with the worker: screened again, waited for, after the
+        // rest of the round, and kept in its place in the round's order, so
+        // halving ranks and prunes exactly as when every call is waited for
+        // (job3 aside: which kernels a crashed check reports is the fake's).
+        let (mut plain, mut ahead) = (outcomes(&plain), outcomes(&ahead));
+        assert_eq!(plain.remove("job3").unwrap().0, JobStatus::Failed);
+        ahead.remove("job3");
+        assert_eq!(plain, ahead);
     }
 
     #[test]
