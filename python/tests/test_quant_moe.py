@@ -230,10 +230,6 @@ def test_gemv_scales_across_the_e8m0_range(exponent, f16, device):
 
 def test_gemv_refuses_what_it_cannot_run(monkeypatch):
     m = FusedMoE(shape(MXFP4))
-    with pytest.raises(ValueError, match="UNROLL_K must be 0 or 1"):
-        quant_moe.make_quant_plan(m, dict(GEMV_CFG, UNROLL_K=2))
-    with pytest.raises(ValueError, match="it needs GEMV=2"):
-        quant_moe.make_quant_plan(m, dict(GEMV_CFG, GEMV=1, UNROLL_K=1))
     with pytest.raises(ValueError, match="BLOCK_SIZE_M must be 1"):
         quant_moe.make_quant_plan(m, dict(GEMV_CFG, BLOCK_SIZE_M=16))
     for key in ("DOT_SCALED", "SWAP_AB", "MX_PTX"):
@@ -774,30 +770,6 @@ def test_gpu_gemv(M, N, bn, bk, warps, split_k, gemv, device):
     for _ in range(5):
         launch.out.fill_(float("nan"))
         assert torch.equal(launch(), first)
-
-
-@GPU
-@pytest.mark.parametrize("M,N,bn,bk,warps,split_k", [(1, 2880, 128, 128, 4, 8), (1, 360, 64, 256, 4, 4),
-                                                      (2, 2880, 32, 512, 8, 2), (8, 720, 128, 128, 4, 8),
-                                                      (1, 2880, 128, 128, 4, 4)])
-def test_gpu_unroll_k_changes_no_bit(M, N, bn, bk, warps, split_k, device):
-    """UNROLL_K=1 issues a split's loads before its arithmetic, in the same
-    order of arithmetic: the output is the same bits. K = 2880 in steps of
-    128 over eight splits is three steps a split (the last split's third
-    step past K); over four, six, more than the four it unrolls, so the loop
-    stays (the same kernel)."""
-    p = FusedMoE({"M": M, "E": 128, "topk": 4, "K": 2880, "N": N, "act_dtype": "bf16", "dtype": "mxfp4",
-                  "activation": "swiglu_oai"})
-    inputs = p.inputs(0, device)
-    config = {"BLOCK_SIZE_M": 1, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1, "num_warps": warps,
-              "num_stages": 1, "GEMV": 2, "SPLIT_K": split_k}
-    plain = run("fused_moe", p, inputs, config).out.clone()
-    check(plain, p.reference(inputs), "mxfp4", max_mismatch=0.005)
-    launch = run("fused_moe", p, inputs, dict(config, UNROLL_K=1))
-    assert launch.plan.unroll_k
-    assert torch.equal(launch.out, plain)
-    launch.out.fill_(float("nan"))
-    assert torch.equal(launch(), plain)
 
 
 @GPU

@@ -504,7 +504,7 @@ def _by_word_parity(x, GROUPS: tl.constexpr):
 
 @triton.jit
 def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N: tl.constexpr,
-                     BLOCK_SIZE_K: tl.constexpr, UNROLL: tl.constexpr = 0):
+                     BLOCK_SIZE_K: tl.constexpr):
     """_mx_gemv_acc in packed half precision (GEMV=2, see _GEMV_F16_WORDS):
     the same tile and scale groups. Its K loop compiles to 3.1 SASS
     instructions a weight against GEMV=1's 5.6 (sm_90, BLOCK_SIZE_N 128,
@@ -523,60 +523,29 @@ def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k
     w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, K_RED, BLOCK_SIZE_N, BLOCK_SIZE_K)
     n_groups = tl.cdiv(K_RED, 32)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
-    if UNROLL:
-        # The split's steps (at most 4), every step's loads issued before the
-        # first step's arithmetic, with no branch: steps past k_end load no
-        # weights (zero codes add nothing).
-        g_end = tl.minimum(n_groups, k_end * GROUPS)
-        w0, e0, x0 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k_begin, g_end, K_RED, BLOCK_SIZE_N, GROUPS)
-        if UNROLL > 1:
-            w1, e1, x1 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k_begin + 1, g_end, K_RED, BLOCK_SIZE_N,
-                                          GROUPS)
-        if UNROLL > 2:
-            w2, e2, x2 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k_begin + 2, g_end, K_RED, BLOCK_SIZE_N,
-                                          GROUPS)
-        if UNROLL > 3:
-            w3, e3, x3 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k_begin + 3, g_end, K_RED, BLOCK_SIZE_N,
-                                          GROUPS)
-        acc = _gemv_f16_step(w0, e0, x0, acc, BLOCK_SIZE_N, GROUPS)
-        if UNROLL > 1:
-            acc = _gemv_f16_step(w1, e1, x1, acc, BLOCK_SIZE_N, GROUPS)
-        if UNROLL > 2:
-            acc = _gemv_f16_step(w2, e2, x2, acc, BLOCK_SIZE_N, GROUPS)
-        if UNROLL > 3:
-            acc = _gemv_f16_step(w3, e3, x3, acc, BLOCK_SIZE_N, GROUPS)
-    else:
-        for k in range(k_begin, k_end):
-            w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, BLOCK_SIZE_N, GROUPS)
-            acc = _gemv_f16_step(w, e, a8, acc, BLOCK_SIZE_N, GROUPS)
+    for k in range(k_begin, k_end):
+        w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, BLOCK_SIZE_N, GROUPS)
+        # Each group's largest exponent field, then its activations x 2^(141 - e) (exact).
+        e_a = tl.max(tl.max(tl.abs(a8).to(tl.uint32, bitcast=True) >> 23, axis=2), axis=1)
+        e_a = tl.maximum(e_a, _GEMV_F16_MIN_EXP)
+        up = ((268 - e_a) << 23).to(tl.float32, bitcast=True)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _by_code_position(a8 * up[:, None, None], GROUPS)
+        # Activation pairs per word, then each tile split into its even and odd words
+        # (q = 0, 2 and 1, 3), whose sums one f16x2 accumulator takes in turn.
+        w_even, w_odd = tl.split(tl.reshape(w, (BLOCK_SIZE_N, GROUPS, 2, 2)))
+        p02_even, p02_odd = _by_word_parity(_pack_f16x2(a0, a2), GROUPS)
+        p13_even, p13_odd = _by_word_parity(_pack_f16x2(a1, a3), GROUPS)
+        p46_even, p46_odd = _by_word_parity(_pack_f16x2(a4, a6), GROUPS)
+        p57_even, p57_odd = _by_word_parity(_pack_f16x2(a5, a7), GROUPS)
+        part = tl.inline_asm_elementwise(
+            _GEMV_F16_WORDS, "=f" + ",r" * 10,
+            [w_even, w_odd, p02_even, p13_even, p46_even, p57_even, p02_odd, p13_odd, p46_odd, p57_odd],
+            dtype=tl.float32, is_pure=True, pack=1)
+        down = ((e_a - 70) << 23).to(tl.float32, bitcast=True)  # 2^(e - 197)
+        f_lo = ((tl.minimum(e, 128) + 62) << 23).to(tl.float32, bitcast=True)  # 2^(min(e, 128) - 65)
+        f_hi = ((tl.maximum(e, 128) - 1) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 128) - 128)
+        acc += tl.sum(part, axis=2) * down[None, :] * f_lo * f_hi
     return tl.sum(acc, axis=1)
-
-
-@triton.jit
-def _gemv_f16_step(w, e, a8, acc, BLOCK_SIZE_N: tl.constexpr, GROUPS: tl.constexpr):
-    """One K step of _mx_gemv_acc_f16: the step's words w, scales e and
-    activations a8 (_gemv_step_loads) added into acc [BLOCK_SIZE_N, GROUPS]."""
-    # Each group's largest exponent field, then its activations x 2^(141 - e) (exact).
-    e_a = tl.max(tl.max(tl.abs(a8).to(tl.uint32, bitcast=True) >> 23, axis=2), axis=1)
-    e_a = tl.maximum(e_a, _GEMV_F16_MIN_EXP)
-    up = ((268 - e_a) << 23).to(tl.float32, bitcast=True)
-    a0, a1, a2, a3, a4, a5, a6, a7 = _by_code_position(a8 * up[:, None, None], GROUPS)
-    # Activation pairs per word, then each tile split into its even and odd words
-    # (q = 0, 2 and 1, 3), whose sums one f16x2 accumulator takes in turn.
-    w_even, w_odd = tl.split(tl.reshape(w, (BLOCK_SIZE_N, GROUPS, 2, 2)))
-    p02_even, p02_odd = _by_word_parity(_pack_f16x2(a0, a2), GROUPS)
-    p13_even, p13_odd = _by_word_parity(_pack_f16x2(a1, a3), GROUPS)
-    p46_even, p46_odd = _by_word_parity(_pack_f16x2(a4, a6), GROUPS)
-    p57_even, p57_odd = _by_word_parity(_pack_f16x2(a5, a7), GROUPS)
-    part = tl.inline_asm_elementwise(
-        _GEMV_F16_WORDS, "=f" + ",r" * 10,
-        [w_even, w_odd, p02_even, p13_even, p46_even, p57_even, p02_odd, p13_odd, p46_odd, p57_odd],
-        dtype=tl.float32, is_pure=True, pack=1)
-    down = ((e_a - 70) << 23).to(tl.float32, bitcast=True)  # 2^(e - 197)
-    f_lo = ((tl.minimum(e, 128) + 62) << 23).to(tl.float32, bitcast=True)  # 2^(min(e, 128) - 65)
-    f_hi = ((tl.maximum(e, 128) - 1) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 128) - 128)
-    acc += tl.sum(part, axis=2) * down[None, :] * f_lo * f_hi
-    return acc
 
 
 # ---------------------------------------------------------------------------
@@ -611,7 +580,6 @@ def _q_acc(
     SWAP_AB: tl.constexpr = 0,
     MX_PTX: tl.constexpr = 0,
     GEMV: tl.constexpr = 0,
-    UNROLL: tl.constexpr = 0,
 ):
     """fp32 [BLOCK_SIZE_M, BLOCK_SIZE_N]: activation rows `a_rows` times weight
     rows `w_rows` over K steps [k_begin, k_end) of the reduction axis K_RED,
@@ -626,7 +594,7 @@ def _q_acc(
         row_offset = tl.sum(tl.where(a_mask, a_rows, 0), axis=0) * stride_am
         if GEMV == 2:
             acc_n = _mx_gemv_acc_f16(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end,
-                                     BLOCK_SIZE_N, BLOCK_SIZE_K, UNROLL)
+                                     BLOCK_SIZE_N, BLOCK_SIZE_K)
         else:
             acc_n = _mx_gemv_acc(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N,
                                  BLOCK_SIZE_K)
@@ -877,7 +845,6 @@ def moe_gemm1_q_kernel(
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
     GEMV: tl.constexpr,  # 1, 2: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc, _mx_gemv_acc_f16)
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
-    UNROLL: tl.constexpr,  # GEMV=2: 0, or the steps a split takes, unrolled (_mx_gemv_acc_f16)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -912,7 +879,7 @@ def moe_gemm1_q_kernel(
     acc = _q_acc(a_ptr, a_scale_ptr, w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, rows,
                  tok_mask, acc_rows.to(tl.int64), K, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
                  WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
-                 GEMV, UNROLL)
+                 GEMV)
     if SPLIT_K > 1:
         acc, last = _split_k_total(acc, part_ptr, count_ptr, slots.to(tl.int64), tok_mask, w_row, row_ok,
                                    stride_ps, 2 * N, SPLIT_K)
@@ -961,7 +928,6 @@ def moe_gemm2_q_kernel(
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
     GEMV: tl.constexpr,  # 1, 2: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc, _mx_gemv_acc_f16)
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
-    UNROLL: tl.constexpr,  # GEMV=2: 0, or the steps a split takes, unrolled (_mx_gemv_acc_f16)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -999,7 +965,7 @@ def moe_gemm2_q_kernel(
                  tok_mask, offs_n_raw.to(tl.int64) if GEMV else offs_n, K_RED, k_begin, k_end, stride_am, stride_asm,
                  stride_wr, stride_wsr,
                  WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
-                 GEMV, UNROLL)
+                 GEMV)
     if SPLIT_K > 1:
         acc, last = _split_k_total(acc, part_ptr, count_ptr, slots64, tok_mask, offs_n, offs_n_raw < N_OUT,
                                    stride_ps, N_OUT, SPLIT_K)
@@ -1041,7 +1007,6 @@ class QuantMoEPlan:
     # (_mx_gemv_acc_f16; 1 under the interpreter)
     gemv: int
     split_k: int  # K split over this many programs per tile (the grids' second axis; _split_k_total)
-    unroll_k: bool  # GEMV=2: each split's K steps unrolled (_mx_gemv_acc_f16's UNROLL)
     numel: int
     max_blocks: int
     max_padded: int
@@ -1126,11 +1091,6 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     if split_k > 1 and vllm_structure:
         raise ValueError("SPLIT_K is tunelab's own (K split over programs); vLLM's call structure "
                          "(fused_moe_vllm) runs vLLM's kernel, which has no such key")
-    unroll_k = int(config.get("UNROLL_K", 0))
-    if unroll_k not in (0, 1):
-        raise ValueError(f"UNROLL_K must be 0 or 1, got {unroll_k}")
-    if unroll_k and int(config.get("GEMV", 0)) != 2:
-        raise ValueError("UNROLL_K=1 unrolls the packed one-token kernel's K loop: it needs GEMV=2")
     mx_ptx = int(config.get("MX_PTX", 0))
     if mx_ptx not in (0, 1):
         raise ValueError(f"MX_PTX must be 0 or 1, got {mx_ptx}")
@@ -1176,7 +1136,7 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
         activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
         interleaved=problem.interleaved, has_bias=problem.bias,
         config={k: int(config[k]) for k in QUANT_CONFIG_KEYS}, dot_scaled=bool(dot_scaled), swap_ab=bool(swap_ab),
-        mx_ptx=bool(mx_ptx) and not interpreting(), gemv=gemv, split_k=split_k, unroll_k=bool(unroll_k) and gemv == 2,
+        mx_ptx=bool(mx_ptx) and not interpreting(), gemv=gemv, split_k=split_k,
         numel=numel, max_blocks=max_blocks, max_padded=max_padded,
         align_meta=_align_meta(numel, problem.E, max_padded),
         grid1=(max_blocks * triton.cdiv(2 * problem.N, bn), split_k),
@@ -1267,10 +1227,6 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     fmt = dict(WFMT=plan.wfmt, GROUP_N=plan.group_n, GROUP_K=plan.group_k, DOT_SCALED=plan.dot_scaled,
                A_FMT=_a_fmt(plan.act_dtype), SWAP_AB=plan.swap_ab, MX_PTX=plan.mx_ptx, GEMV=plan.gemv,
                SPLIT_K=plan.split_k)
-
-    def unroll(k_red: int) -> int:
-        steps = cdiv(cdiv(k_red, c["BLOCK_SIZE_K"]), plan.split_k)
-        return steps if plan.unroll_k and steps <= 4 else 0
     specs: list[tuple] = []
 
     def add(kernel, grid, args, kwargs):
@@ -1305,7 +1261,7 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
          N, K, plan.numel, E, plan.max_blocks,
          K, stride_a1s, swe, swr, swse, swsr, 2 * N, gemm1_stride, plan.numel * 2 * N),
         dict(TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=gemm1_act, HAS_BIAS=plan.has_bias,
-             SELF_ALIGN=plan.self_align, UNROLL=unroll(K), **fmt, **tiles, **launch))
+             SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
     if plan.split_activation:
         # vLLM's structure: plain launches only (make_quant_plan refuses pdl with it).
         specs.append((moe_act_kernel, (plan.numel, triton.cdiv(N, ACT_BLOCK)), (b["gate_up"], b["inter"], N),
@@ -1322,7 +1278,7 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
          b["topk_weights"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
          K, N, plan.numel, E, plan.max_blocks,
          N, stride_a2s, swe, swr, swse, swsr, K, K, plan.numel * K),
-        dict(HAS_BIAS=plan.has_bias, SELF_ALIGN=plan.self_align, UNROLL=unroll(N), **fmt, **tiles, **launch))
+        dict(HAS_BIAS=plan.has_bias, SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
     # The sum waits for GEMM 2 through moe_sum_kernel's own USE_PDL.
     specs.append((moe_sum_kernel, (plan.M, triton.cdiv(K, SUM_BLOCK)), (b["out2"], b["out"], K),
                   dict(TOPK=plan.topk, BLOCK=SUM_BLOCK, USE_PDL=plan.pdl, num_warps=4,

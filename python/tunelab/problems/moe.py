@@ -79,8 +79,7 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # GEMV (MXFP4, BLOCK_SIZE_M 1): 1 computes one token a block on CUDA cores, no MMA (decode sizes);
 # 2 the same in packed f16 arithmetic (compute capability 9.0 or newer).
 # SPLIT_K (fp8 and MXFP4): K split over this many programs per tile (decode sizes: more programs in flight).
-# UNROLL_K (GEMV 2): 1 unrolls each split's K steps.
-QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX", "GEMV", "SPLIT_K", "UNROLL_K")
+QUANT_KEYS = ("DOT_SCALED", "SWAP_AB", "MX_PTX", "GEMV", "SPLIT_K")
 
 
 class _WeightCache:
@@ -643,7 +642,7 @@ class TritonPersistentMoE:
 def _full_config(problem: FusedMoE, config: dict) -> dict:
     full = vllm_default_config(problem.M, problem.E, problem.block_shape)
     full.update({k: config[k] for k in CONFIG_KEYS if k in config})
-    for key in ("DOT_SCALED", "MX_PTX", "GEMV", "UNROLL_K"):
+    for key in ("DOT_SCALED", "MX_PTX", "GEMV"):
         if problem.weight_format == "mxfp4":
             full[key] = int(config.get(key, 0))
         elif int(config.get(key, 0)):
