@@ -773,26 +773,6 @@ def test_gpu_gemv(M, N, bn, bk, warps, split_k, gemv, device):
 
 
 @GPU
-@pytest.mark.parametrize("M,N,bn,bk,warps,split_k", [(1, 2880, 128, 128, 4, 8), (1, 360, 64, 256, 4, 4),
-                                                      (2, 2880, 32, 512, 8, 1), (8, 720, 128, 128, 4, 8)])
-def test_gpu_gemv2_pipelined_changes_no_bit(M, N, bn, bk, warps, split_k, device):
-    """GEMV=2 with num_stages > 1 pipelines its K loop's loads (cp.async into
-    shared memory) and computes in the same order: the same bits as one stage."""
-    p = FusedMoE({"M": M, "E": 128, "topk": 4, "K": 2880, "N": N, "act_dtype": "bf16", "dtype": "mxfp4",
-                  "activation": "swiglu_oai"})
-    inputs = p.inputs(0, device)
-    config = {"BLOCK_SIZE_M": 1, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1, "num_warps": warps,
-              "num_stages": 1, "GEMV": 2, "SPLIT_K": split_k}
-    plain = run("fused_moe", p, inputs, config).out.clone()
-    check(plain, p.reference(inputs), "mxfp4", max_mismatch=0.005)
-    for stages in (2, 3):
-        launch = run("fused_moe", p, inputs, dict(config, num_stages=stages))
-        assert torch.equal(launch.out, plain), stages
-        launch.out.fill_(float("nan"))
-        assert torch.equal(launch(), plain), stages
-
-
-@GPU
 def test_gpu_direct_and_ordinary_launch_agree(device):
     for fields in ({"dtype": "fp8"}, {"dtype": "mxfp4", "activation": "swiglu_oai"}):
         p = FusedMoE({"M": 8, "E": 32, "topk": 4, "K": 2880, "N": 720, **fields})

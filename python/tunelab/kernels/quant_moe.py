@@ -504,7 +504,7 @@ def _by_word_parity(x, GROUPS: tl.constexpr):
 
 @triton.jit
 def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N: tl.constexpr,
-                     BLOCK_SIZE_K: tl.constexpr, STAGES: tl.constexpr = 1):
+                     BLOCK_SIZE_K: tl.constexpr):
     """_mx_gemv_acc in packed half precision (GEMV=2, see _GEMV_F16_WORDS):
     the same tile and scale groups. Its K loop compiles to 3.1 SASS
     instructions a weight against GEMV=1's 5.6 (sm_90, BLOCK_SIZE_N 128,
@@ -523,44 +523,29 @@ def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k
     w_base, s_base = _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, K_RED, BLOCK_SIZE_N, BLOCK_SIZE_K)
     n_groups = tl.cdiv(K_RED, 32)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
-    if STAGES > 1:
-        # Triton's software pipeline: the next steps' loads go to shared
-        # memory by cp.async while this step computes.
-        for k in tl.range(k_begin, k_end, num_stages=STAGES):
-            w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, BLOCK_SIZE_N, GROUPS)
-            acc = _gemv_f16_step(w, e, a8, acc, BLOCK_SIZE_N, GROUPS)
-    else:
-        for k in range(k_begin, k_end):
-            w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, BLOCK_SIZE_N, GROUPS)
-            acc = _gemv_f16_step(w, e, a8, acc, BLOCK_SIZE_N, GROUPS)
+    for k in range(k_begin, k_end):
+        w, e, a8 = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, n_groups, K_RED, BLOCK_SIZE_N, GROUPS)
+        # Each group's largest exponent field, then its activations x 2^(141 - e) (exact).
+        e_a = tl.max(tl.max(tl.abs(a8).to(tl.uint32, bitcast=True) >> 23, axis=2), axis=1)
+        e_a = tl.maximum(e_a, _GEMV_F16_MIN_EXP)
+        up = ((268 - e_a) << 23).to(tl.float32, bitcast=True)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _by_code_position(a8 * up[:, None, None], GROUPS)
+        # Activation pairs per word, then each tile split into its even and odd words
+        # (q = 0, 2 and 1, 3), whose sums one f16x2 accumulator takes in turn.
+        w_even, w_odd = tl.split(tl.reshape(w, (BLOCK_SIZE_N, GROUPS, 2, 2)))
+        p02_even, p02_odd = _by_word_parity(_pack_f16x2(a0, a2), GROUPS)
+        p13_even, p13_odd = _by_word_parity(_pack_f16x2(a1, a3), GROUPS)
+        p46_even, p46_odd = _by_word_parity(_pack_f16x2(a4, a6), GROUPS)
+        p57_even, p57_odd = _by_word_parity(_pack_f16x2(a5, a7), GROUPS)
+        part = tl.inline_asm_elementwise(
+            _GEMV_F16_WORDS, "=f" + ",r" * 10,
+            [w_even, w_odd, p02_even, p13_even, p46_even, p57_even, p02_odd, p13_odd, p46_odd, p57_odd],
+            dtype=tl.float32, is_pure=True, pack=1)
+        down = ((e_a - 70) << 23).to(tl.float32, bitcast=True)  # 2^(e - 197)
+        f_lo = ((tl.minimum(e, 128) + 62) << 23).to(tl.float32, bitcast=True)  # 2^(min(e, 128) - 65)
+        f_hi = ((tl.maximum(e, 128) - 1) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 128) - 128)
+        acc += tl.sum(part, axis=2) * down[None, :] * f_lo * f_hi
     return tl.sum(acc, axis=1)
-
-
-@triton.jit
-def _gemv_f16_step(w, e, a8, acc, BLOCK_SIZE_N: tl.constexpr, GROUPS: tl.constexpr):
-    """One K step of _mx_gemv_acc_f16: the step's words w, scales e and
-    activations a8 (_gemv_step_loads) added into acc [BLOCK_SIZE_N, GROUPS]."""
-    # Each group's largest exponent field, then its activations x 2^(141 - e) (exact).
-    e_a = tl.max(tl.max(tl.abs(a8).to(tl.uint32, bitcast=True) >> 23, axis=2), axis=1)
-    e_a = tl.maximum(e_a, _GEMV_F16_MIN_EXP)
-    up = ((268 - e_a) << 23).to(tl.float32, bitcast=True)
-    a0, a1, a2, a3, a4, a5, a6, a7 = _by_code_position(a8 * up[:, None, None], GROUPS)
-    # Activation pairs per word, then each tile split into its even and odd words
-    # (q = 0, 2 and 1, 3), whose sums one f16x2 accumulator takes in turn.
-    w_even, w_odd = tl.split(tl.reshape(w, (BLOCK_SIZE_N, GROUPS, 2, 2)))
-    p02_even, p02_odd = _by_word_parity(_pack_f16x2(a0, a2), GROUPS)
-    p13_even, p13_odd = _by_word_parity(_pack_f16x2(a1, a3), GROUPS)
-    p46_even, p46_odd = _by_word_parity(_pack_f16x2(a4, a6), GROUPS)
-    p57_even, p57_odd = _by_word_parity(_pack_f16x2(a5, a7), GROUPS)
-    part = tl.inline_asm_elementwise(
-        _GEMV_F16_WORDS, "=f" + ",r" * 10,
-        [w_even, w_odd, p02_even, p13_even, p46_even, p57_even, p02_odd, p13_odd, p46_odd, p57_odd],
-        dtype=tl.float32, is_pure=True, pack=1)
-    down = ((e_a - 70) << 23).to(tl.float32, bitcast=True)  # 2^(e - 197)
-    f_lo = ((tl.minimum(e, 128) + 62) << 23).to(tl.float32, bitcast=True)  # 2^(min(e, 128) - 65)
-    f_hi = ((tl.maximum(e, 128) - 1) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 128) - 128)
-    acc += tl.sum(part, axis=2) * down[None, :] * f_lo * f_hi
-    return acc
 
 
 # ---------------------------------------------------------------------------
@@ -595,7 +580,6 @@ def _q_acc(
     SWAP_AB: tl.constexpr = 0,
     MX_PTX: tl.constexpr = 0,
     GEMV: tl.constexpr = 0,
-    GEMV_STAGES: tl.constexpr = 1,
 ):
     """fp32 [BLOCK_SIZE_M, BLOCK_SIZE_N]: activation rows `a_rows` times weight
     rows `w_rows` over K steps [k_begin, k_end) of the reduction axis K_RED,
@@ -610,7 +594,7 @@ def _q_acc(
         row_offset = tl.sum(tl.where(a_mask, a_rows, 0), axis=0) * stride_am
         if GEMV == 2:
             acc_n = _mx_gemv_acc_f16(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end,
-                                     BLOCK_SIZE_N, BLOCK_SIZE_K, GEMV_STAGES)
+                                     BLOCK_SIZE_N, BLOCK_SIZE_K)
         else:
             acc_n = _mx_gemv_acc(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N,
                                  BLOCK_SIZE_K)
@@ -860,7 +844,6 @@ def moe_gemm1_q_kernel(
     SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
     GEMV: tl.constexpr,  # 1, 2: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc, _mx_gemv_acc_f16)
-    GEMV_STAGES: tl.constexpr,  # GEMV=2: the config's num_stages, its K loop's software pipeline
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
@@ -896,7 +879,7 @@ def moe_gemm1_q_kernel(
     acc = _q_acc(a_ptr, a_scale_ptr, w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, rows,
                  tok_mask, acc_rows.to(tl.int64), K, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
                  WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
-                 GEMV, GEMV_STAGES)
+                 GEMV)
     if SPLIT_K > 1:
         acc, last = _split_k_total(acc, part_ptr, count_ptr, slots.to(tl.int64), tok_mask, w_row, row_ok,
                                    stride_ps, 2 * N, SPLIT_K)
@@ -944,7 +927,6 @@ def moe_gemm2_q_kernel(
     SWAP_AB: tl.constexpr,  # 1: the weights as the MMA's left operand (_q_acc_swapped)
     MX_PTX: tl.constexpr,  # 1: MXFP4 dequantised by inline PTX (_mx_halves_ptx)
     GEMV: tl.constexpr,  # 1, 2: MXFP4, one token a block, on CUDA cores (_mx_gemv_acc, _mx_gemv_acc_f16)
-    GEMV_STAGES: tl.constexpr,  # GEMV=2: the config's num_stages, its K loop's software pipeline
     SPLIT_K: tl.constexpr,  # K split over the grid's second axis (_split_k_total)
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
@@ -983,7 +965,7 @@ def moe_gemm2_q_kernel(
                  tok_mask, offs_n_raw.to(tl.int64) if GEMV else offs_n, K_RED, k_begin, k_end, stride_am, stride_asm,
                  stride_wr, stride_wsr,
                  WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
-                 GEMV, GEMV_STAGES)
+                 GEMV)
     if SPLIT_K > 1:
         acc, last = _split_k_total(acc, part_ptr, count_ptr, slots64, tok_mask, offs_n, offs_n_raw < N_OUT,
                                    stride_ps, N_OUT, SPLIT_K)
@@ -1244,7 +1226,7 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     launch = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
     fmt = dict(WFMT=plan.wfmt, GROUP_N=plan.group_n, GROUP_K=plan.group_k, DOT_SCALED=plan.dot_scaled,
                A_FMT=_a_fmt(plan.act_dtype), SWAP_AB=plan.swap_ab, MX_PTX=plan.mx_ptx, GEMV=plan.gemv,
-               GEMV_STAGES=c["num_stages"] if plan.gemv == 2 else 1, SPLIT_K=plan.split_k)
+               SPLIT_K=plan.split_k)
     specs: list[tuple] = []
 
     def add(kernel, grid, args, kwargs):
