@@ -11,7 +11,13 @@ of --samples (default 50). Kernels after the
 first read what the whole call left in their inputs, so each one does its
 real work. The whole call is timed the same way for comparison.
 
-    python3 bench/mxfp4_m1_profile.py [--M 1] [--samples 50] [--ncu] CONFIG_JSON...
+--hot: no flush, so each kernel finds its weights in L2 from the launch
+before (the call's 53 MB fit an H100's or H200's L2): what a kernel costs
+once its loads no longer wait for DRAM, to set beside the cold figure. A
+spin kernel (`torch.cuda._sleep`) keeps the GPU busy while the host
+enqueues each sample, as the flush does when cold.
+
+    python3 bench/mxfp4_m1_profile.py [--M 1] [--samples 50] [--hot] [--ncu] CONFIG_JSON...
 
 --ncu: after the timings, one more call between cudaProfilerStart and
 cudaProfilerStop, for `ncu --profile-from-start off ...` to profile.
@@ -34,11 +40,17 @@ from tunelab.compare import compare  # noqa: E402
 from tunelab.problems.moe import FusedMoE  # noqa: E402
 
 
-def cold_median_us(fn, flush, samples: int) -> float:
+def median_us(fn, flush, samples: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(samples):
-        flush.add_(1)
+        if flush is not None:
+            flush.add_(1)
+        else:
+            # The GPU kept busy (about 50 us) while the host enqueues the
+            # start event and the launches, as the flush does when cold:
+            # else the event pair would time the host's launch too.
+            torch.cuda._sleep(100_000)
         start.record()
         fn()
         end.record()
@@ -53,6 +65,7 @@ def main(argv=None):
     ap.add_argument("--M", type=int, default=1)
     ap.add_argument("--samples", type=int, default=50)
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--hot", action="store_true", help="no L2 flush before each sample")
     args = ap.parse_args(argv)
     props = torch.cuda.get_device_properties(0)
     flush = torch.empty(max(2 * props.L2_cache_size, 32 << 20) // 4, dtype=torch.float32, device="cuda")
@@ -62,7 +75,9 @@ def main(argv=None):
     expected = problem.reference(inputs)
     print(f"Device {torch.cuda.get_device_name()}, {datetime.date.today().isoformat()}, torch {torch.__version__}; "
           f"`python3 bench/mxfp4_m1_profile.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n")
-    print("| config | kernel | cold µs (median) |\n| --- | --- | ---: |")
+    if args.hot:
+        flush = None
+    print(f"| config | kernel | {'hot' if args.hot else 'cold'} µs (median) |\n| --- | --- | ---: |")
     launches = []
     for text in args.configs:
         config = json.loads(text)
@@ -76,8 +91,8 @@ def main(argv=None):
             print(f"| {label} | check failed: {result} | - |")
             continue
         for name, run in zip(launch.kernels, launch._runners):
-            print(f"| {label} | {name} | {cold_median_us(run, flush, args.samples):.1f} |")
-        print(f"| {label} | whole call | {cold_median_us(launch, flush, args.samples):.1f} |")
+            print(f"| {label} | {name} | {median_us(run, flush, args.samples):.1f} |")
+        print(f"| {label} | whole call | {median_us(launch, flush, args.samples):.1f} |")
         if args.ncu:
             # Kept only to profile: a GEMV launch holds tile-major copies of the weights (1.6 GB here).
             launches.append(launch)
