@@ -1171,6 +1171,155 @@ fn retime_finalists(
     }
 }
 
+/// One round of a re-timing: a check and one batch of each finalist of
+/// `order`, in that order; the batches that came, by finalist (a failed
+/// check or batch gives none). Sent ahead where the backend can (two under
+/// way, as `Lane::ask_each` does), with a rule that counts one batch;
+/// answers lost with their worker, or that came without a batch, are asked
+/// again after the round's last, waited for.
+#[allow(clippy::too_many_arguments)]
+fn retime_round(
+    ctx: &LaneContext<'_>,
+    backend: &mut dyn Backend,
+    kernel: &str,
+    kind: MethodKind,
+    alive: &mut [Measured],
+    order: &[usize],
+    mode: SampleMode,
+    count: u32,
+) -> Vec<(usize, Sampling)> {
+    let max_wall_ms = ctx.protocol.stop_rule().max_wall_ms;
+    let ahead = max_wall_ms.is_finite();
+    let first = first_batch(
+        ctx,
+        mode,
+        count,
+        Some(screening_rule(1, count, max_wall_ms)),
+    );
+    let mut got = Vec::new();
+    let mut under_way: VecDeque<usize> = VecDeque::new();
+    let mut again: Vec<usize> = Vec::new();
+    for &i in order {
+        // Cloned: answers read while it waits to be sent update the other finalists.
+        let job = alive[i].job.clone();
+        let sent = if ahead {
+            let tol = ctx.tolerance.for_dtype(shape_dtype(&job.shape));
+            loop {
+                match backend.send_measurement(
+                    &job,
+                    kernel,
+                    kind.as_str(),
+                    tol,
+                    ctx.protocol.seed,
+                    first,
+                ) {
+                    Ok(SentAhead::WhenIdle) if !under_way.is_empty() => {
+                        while let Some(j) = under_way.pop_front() {
+                            receive_retimed(ctx, backend, &mut alive[j], j, &mut got, &mut again);
+                        }
+                    }
+                    other => break other,
+                }
+            }
+        } else {
+            Ok(SentAhead::Declined)
+        };
+        match sent {
+            Ok(SentAhead::Sent) => under_way.push_back(i),
+            Ok(SentAhead::Declined | SentAhead::WhenIdle) => {
+                while let Some(j) = under_way.pop_front() {
+                    receive_retimed(ctx, backend, &mut alive[j], j, &mut got, &mut again);
+                }
+                if let Some(sampling) =
+                    retime_now(ctx, backend, kernel, kind, &mut alive[i], mode, count)
+                {
+                    got.push((i, sampling));
+                }
+            }
+            // This finalist's batch is missing from the round, as a failed check's is.
+            Err(_) => {}
+        }
+        while under_way.len() >= UNDER_WAY {
+            let j = under_way.pop_front().expect("under way");
+            receive_retimed(ctx, backend, &mut alive[j], j, &mut got, &mut again);
+        }
+    }
+    while let Some(j) = under_way.pop_front() {
+        receive_retimed(ctx, backend, &mut alive[j], j, &mut got, &mut again);
+    }
+    for i in again {
+        if let Some(sampling) = retime_now(ctx, backend, kernel, kind, &mut alive[i], mode, count) {
+            got.push((i, sampling));
+        }
+    }
+    got
+}
+
+/// The oldest re-timing answer under way, finalist `i`'s, into the round:
+/// its batch, or `i` to ask again; a failure gives nothing.
+fn receive_retimed(
+    ctx: &LaneContext<'_>,
+    backend: &mut dyn Backend,
+    m: &mut Measured,
+    i: usize,
+    got: &mut Vec<(usize, Sampling)>,
+    again: &mut Vec<usize>,
+) {
+    match read_retimed(ctx, backend, m) {
+        Some(Ok(Some(sampling))) => got.push((i, sampling)),
+        Some(Ok(None)) | None => again.push(i),
+        Some(Err(())) => {}
+    }
+}
+
+/// The answer to a re-timing check sent ahead: `Ok(Some)` its batch,
+/// `Ok(None)` passed with no batch (to ask again), `Err` failed, `None`
+/// lost with its worker (to ask again). The finalist's own samples are
+/// left as they were.
+fn read_retimed(
+    ctx: &LaneContext<'_>,
+    backend: &mut dyn Backend,
+    m: &mut Measured,
+) -> Option<Result<Option<Sampling>, ()>> {
+    match backend.receive_measurement() {
+        Received::Lost => None,
+        Received::Answer { checked, kernels } => {
+            let tol = ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
+            let before = std::mem::take(&mut m.sampling);
+            let read = read_check(m, checked, kernels, tol, true);
+            let got = std::mem::replace(&mut m.sampling, before);
+            Some(match read {
+                Ok(0) => Ok(None),
+                Ok(_) => Ok(Some(got)),
+                Err(_) => Err(()),
+            })
+        }
+    }
+}
+
+/// A finalist's re-timing check and batch, waited for: the batch, or `None`
+/// where the check or the batch failed. Its own samples are left as they were.
+fn retime_now(
+    ctx: &LaneContext<'_>,
+    backend: &mut dyn Backend,
+    kernel: &str,
+    kind: MethodKind,
+    m: &mut Measured,
+    mode: SampleMode,
+    count: u32,
+) -> Option<Sampling> {
+    let before = std::mem::take(&mut m.sampling);
+    let ok = prepare(ctx, backend, kernel, kind, m, Some((mode, count)), None).and_then(|taken| {
+        if taken {
+            Ok(())
+        } else {
+            take_batch_as(backend, m, mode, count)
+        }
+    });
+    let got = std::mem::replace(&mut m.sampling, before);
+    ok.ok().map(|()| got)
+}
+
 /// One interleaved re-timing of the finalists under `timing`. A graph sample
 /// is already the mean of `graph_calls` launches, so a graph batch holds
 /// that many times fewer samples (at least 4): the same launches timed.
@@ -1196,26 +1345,12 @@ fn retime(
         for i in (1..order.len()).rev() {
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
-        for &i in &order {
-            let m = &mut alive[i];
-            let before = std::mem::take(&mut m.sampling);
-            let ok = prepare(ctx, backend, kernel, kind, m, Some((mode, count)), None).and_then(
-                |taken| {
-                    if taken {
-                        Ok(())
-                    } else {
-                        take_batch_as(backend, m, mode, count)
-                    }
-                },
-            );
-            let got = std::mem::replace(&mut m.sampling, before);
-            if ok.is_ok() {
-                let acc = samples.entry(m.job.id.clone()).or_default();
-                acc.samples_us.extend(got.samples_us);
-                acc.clocks_mhz.extend(got.clocks_mhz);
-                acc.wall_ms += got.wall_ms;
-                acc.timer = got.timer;
-            }
+        for (i, got) in retime_round(ctx, backend, kernel, kind, alive, &order, mode, count) {
+            let acc = samples.entry(alive[i].job.id.clone()).or_default();
+            acc.samples_us.extend(got.samples_us);
+            acc.clocks_mhz.extend(got.clocks_mhz);
+            acc.wall_ms += got.wall_ms;
+            acc.timer = got.timer;
         }
     }
     let stats: Vec<(String, Stats)> = alive
@@ -2316,6 +2451,36 @@ mod tests {
                 sends(id) >= 4,
                 "{id}: screened three times and measured: {log:?}"
             );
+        }
+    }
+
+    #[test]
+    fn the_finalists_re_timing_is_sent_ahead_too() {
+        let (plain, plain_finals, _, _) =
+            run_pipelined_on(Box::new(Grid), false, None, |_| false, None);
+        let (ahead, finals, log, calls) =
+            run_pipelined_on(Box::new(Grid), true, None, |_| false, None);
+        assert_eq!(outcomes(&plain), outcomes(&ahead));
+        let samples = |f: &[FinalRecord]| -> Vec<(String, u64, f64)> {
+            let mut v: Vec<_> = f
+                .iter()
+                .map(|f| (f.job_id.clone(), f.stats.n, f.stats.median_us))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        assert!(!finals.is_empty());
+        assert_eq!(samples(&plain_finals), samples(&finals));
+        // No call waited for: each finalist's three re-timing checks went
+        // out ahead, after its measurement.
+        let count = |k: &str| calls.get(k).copied().unwrap_or(0);
+        assert_eq!(count("check_then_sample waited for"), 0, "{calls:?}");
+        for f in &finals {
+            let sends = log
+                .iter()
+                .filter(|e| **e == format!("send {}", f.job_id))
+                .count();
+            assert_eq!(sends, 1 + 3, "{}: {log:?}", f.job_id);
         }
     }
 
