@@ -38,7 +38,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from mxfp4_m1_profile import cold_median_us  # noqa: E402
+from mxfp4_m1_profile import median_us  # noqa: E402
 from tunelab.kernels import quant_moe  # noqa: E402
 from tunelab.problems.moe import FusedMoE  # noqa: E402
 
@@ -157,7 +157,7 @@ def tile_major(w, s, bn: int, bk: int):
 
 
 class ReadFlush:
-    """cold_median_us's flush, as a read: `add_` sums the buffer instead of
+    """median_us's flush, as a read: `add_` sums the buffer instead of
     writing it, so L2 holds no dirty lines to write back during the kernel
     (the runner's default, `flush_with: read`)."""
 
@@ -195,8 +195,8 @@ def main(argv=None):
     rows_out = []
 
     def row(name, tile, grid, fn):
-        written = cold_median_us(fn, flush, args.samples)
-        read = cold_median_us(fn, reader, args.samples)
+        written = median_us(fn, flush, args.samples)
+        read = median_us(fn, reader, args.samples)
         rows_out.append(f"| {name} | {tile} | {grid} | {written:.1f} | {nbytes / written / 1e3:.0f} | {read:.1f} | "
                         f"{nbytes / read / 1e3:.0f} |")
 
