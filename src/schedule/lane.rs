@@ -75,11 +75,11 @@ struct SentJob {
 /// A candidate whose request sent ahead must be made again, waited for,
 /// once nothing is under way: lost with its worker, answered with no
 /// batches, or (screening) with fewer batches than asked (a wall cap
-/// stopped the worker); `batches` are those still to take.
+/// stopped the worker); `ask` is what is still to take.
 struct Again {
     i: usize,
     m: Measured,
-    batches: usize,
+    ask: Ask,
 }
 
 /// A job and what runs it: enough to run its check again.
@@ -661,12 +661,12 @@ impl Lane<'_, '_> {
         let Some(mut sent) = each.under_way.pop_front() else {
             return;
         };
-        let read = self.read_received(&mut sent.m);
+        let read = read_received(self.ctx, self.backend, &mut sent.m);
         let rest: Vec<(SentJob, AnswerRead)> = if matches!(read, Some(Err(_))) {
             each.under_way
                 .drain(..)
                 .map(|mut other| {
-                    let r = self.read_received(&mut other.m);
+                    let r = read_received(self.ctx, self.backend, &mut other.m);
                     (other, r)
                 })
                 .collect()
@@ -676,18 +676,6 @@ impl Lane<'_, '_> {
         self.record_received(sent, read, ask, each);
         for (other, r) in rest {
             self.record_received(other, r, ask, each);
-        }
-    }
-
-    /// The next answer, read into `m`: how many batches came, the job's
-    /// failure, or `None` where the request was lost with its worker.
-    fn read_received(&mut self, m: &mut Measured) -> AnswerRead {
-        match self.backend.receive_measurement() {
-            Received::Lost => None,
-            Received::Answer { checked, kernels } => {
-                let tol = self.ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
-                Some(read_check(m, checked, kernels, tol, true))
-            }
         }
     }
 
@@ -707,10 +695,10 @@ impl Lane<'_, '_> {
                         self.slots[i] = Slot::Screened(m);
                         each.passed.insert(i, median);
                     } else {
-                        self.ask_again(each, i, m, batches - taken);
+                        self.ask_again(each, i, m, Ask::Screen(batches - taken));
                     }
                 }
-                None => self.ask_again(each, i, m, batches),
+                None => self.ask_again(each, i, m, ask),
             }
             return;
         }
@@ -735,7 +723,7 @@ impl Lane<'_, '_> {
             Some(Err(f)) => {
                 self.conclude(m, Err(f));
             }
-            None | Some(Ok(_)) => self.ask_again(each, i, m, 0),
+            None | Some(Ok(_)) => self.ask_again(each, i, m, ask),
         }
     }
 
@@ -746,12 +734,12 @@ impl Lane<'_, '_> {
     }
 
     /// A candidate's request made and answered now, waited for.
-    fn ask_now(&mut self, i: usize, m: Measured, ask: Ask, batches: usize, each: &mut Each) {
+    fn ask_now(&mut self, i: usize, m: Measured, ask: Ask, each: &mut Each) {
         match ask {
             Ask::Measure => {
                 self.measure_now(m);
             }
-            Ask::Screen(_) => {
+            Ask::Screen(batches) => {
                 if let Some(median) = self.screen_now(i, m, batches) {
                     each.passed.insert(i, median);
                 }
@@ -808,11 +796,7 @@ impl Lane<'_, '_> {
                         self.put_back(i, m, ask);
                         break;
                     }
-                    let batches = match ask {
-                        Ask::Screen(b) => b,
-                        Ask::Measure => 0,
-                    };
-                    self.ask_now(i, m, ask, batches, &mut each);
+                    self.ask_now(i, m, ask, &mut each);
                 }
                 // Recorded after what is under way, which its record's
                 // health check must not find there.
@@ -826,7 +810,7 @@ impl Lane<'_, '_> {
             }
         }
         self.receive_all(ask, &mut each);
-        for Again { i, mut m, batches } in std::mem::take(&mut each.again) {
+        for Again { i, mut m, ask } in std::mem::take(&mut each.again) {
             if self.ctx.stopping() || self.ctx.retired() {
                 self.put_back(i, m, ask);
                 continue;
@@ -837,7 +821,7 @@ impl Lane<'_, '_> {
                 m.sampling = Sampling::default();
             }
             self.look_ahead(&m.job, i);
-            self.ask_now(i, m, ask, batches, &mut each);
+            self.ask_now(i, m, ask, &mut each);
         }
         each.passed
     }
@@ -856,9 +840,9 @@ impl Lane<'_, '_> {
     /// A request to make again once nothing is under way (see [`Again`]).
     /// Its slot holds a stand-in meanwhile, so that `look_ahead` still sees
     /// the job among those to come (its recipe asked for with the others').
-    fn ask_again(&mut self, each: &mut Each, i: usize, m: Measured, batches: usize) {
+    fn ask_again(&mut self, each: &mut Each, i: usize, m: Measured, ask: Ask) {
         self.slots[i] = Slot::Waiting(m.job.clone());
-        each.again.push(Again { i, m, batches });
+        each.again.push(Again { i, m, ask });
     }
 
     /// Screening batches of a candidate, waited for: checked, warmed up,
@@ -1281,18 +1265,24 @@ fn read_retimed(
     backend: &mut dyn Backend,
     m: &mut Measured,
 ) -> Option<Result<Option<Sampling>, ()>> {
+    let before = std::mem::take(&mut m.sampling);
+    let read = read_received(ctx, backend, m);
+    let got = std::mem::replace(&mut m.sampling, before);
+    Some(match read? {
+        Ok(0) => Ok(None),
+        Ok(_) => Ok(Some(got)),
+        Err(_) => Err(()),
+    })
+}
+
+/// The oldest answer sent ahead, read into `m`: how many batches came, the
+/// job's failure, or `None` where the request was lost with its worker.
+fn read_received(ctx: &LaneContext<'_>, backend: &mut dyn Backend, m: &mut Measured) -> AnswerRead {
     match backend.receive_measurement() {
         Received::Lost => None,
         Received::Answer { checked, kernels } => {
             let tol = ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
-            let before = std::mem::take(&mut m.sampling);
-            let read = read_check(m, checked, kernels, tol, true);
-            let got = std::mem::replace(&mut m.sampling, before);
-            Some(match read {
-                Ok(0) => Ok(None),
-                Ok(_) => Ok(Some(got)),
-                Err(_) => Err(()),
-            })
+            Some(read_check(m, checked, kernels, tol, true))
         }
     }
 }
