@@ -1,0 +1,193 @@
+"""Where the one-launch CUDA C++ MXFP4 MoE kernel's time goes: a timeline.
+
+Compiles experiments/kernels/mxfp4_moe_gemv.cu with NVRTC (the wheel torch
+installs), once as it ships and once with -DTRACE=1 (a %globaltimer stamp per
+warp at each phase: start, GEMM 1's activations ready, GEMM 1 done, past the
+grid barrier, GEMM 2's activations staged, end), loads both through the CUDA
+driver (ctypes) into torch's context and launches them on the `moe`
+problem's own inputs (tunelab.problems.moe), the output checked against the
+problem's reference with its tolerance. Cold: a 256 MiB write before each
+launch; an event pair around the launch; the median of --runs.
+
+    PYTHONPATH=python python3 bench/mxfp4_cuda_timeline.py --shapes 128:2880:1,128:360:1 \
+        --configs 4:3:0,4:3:1 --out timeline.md
+
+Needs a GPU (NVIDIA, sm_90 or newer). Prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO / "experiments" / "kernels" / "mxfp4_moe_gemv.cu"
+STAMPS = ("start", "GEMM 1 activations staged", "GEMM 1 done", "past the grid barrier",
+          "GEMM 2 activations staged", "end")
+TRACE_STAMPS = 8
+
+
+def nvrtc_library():
+    import nvidia  # the wheel torch depends on
+
+    for base in nvidia.__path__:
+        for rel in ("cu13/lib/libnvrtc.so.13", "cuda_nvrtc/lib/libnvrtc.so.12"):
+            path = Path(base) / rel
+            if path.exists():
+                return ctypes.CDLL(str(path))
+    raise SystemExit("no NVRTC wheel found next to torch")
+
+
+def compile_cubin(nvrtc, name: str, arch: str, defines: list[str]) -> tuple[bytes, str, str | None]:
+    """(cubin, the kernel's lowered name, the trace buffer's lowered name)."""
+    prog = ctypes.c_void_p()
+    check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), SOURCE.read_bytes(), b"mxfp4_moe_gemv.cu", 0, None, None))
+    names = [name.encode()] + ([b"&tunelab_mxfp4::g_trace"] if defines else [])
+    for n in names:
+        check(nvrtc.nvrtcAddNameExpression(prog, n))
+    opts = [f"-arch={arch}".encode(), b"-std=c++17"] + [d.encode() for d in defines]
+    status = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    if status != 0:
+        raise SystemExit(f"NVRTC failed:\n{log.value.decode()}")
+    lowered = []
+    for n in names:
+        out = ctypes.c_char_p()
+        check(nvrtc.nvrtcGetLoweredName(prog, n, ctypes.byref(out)))
+        lowered.append(out.value.decode())
+    nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+    cubin = ctypes.create_string_buffer(size.value)
+    check(nvrtc.nvrtcGetCUBIN(prog, cubin))
+    return cubin.raw, lowered[0], (lowered[1] if defines else None)
+
+
+def check(status):
+    if status != 0:
+        raise SystemExit(f"driver or NVRTC call failed: {status}")
+
+
+class Kernel:
+    def __init__(self, cuda, cubin: bytes, symbol: str, trace_symbol: str | None, smem: int):
+        self.cuda = cuda
+        self.module = ctypes.c_void_p()
+        check(cuda.cuModuleLoadData(ctypes.byref(self.module), cubin))
+        self.function = ctypes.c_void_p()
+        check(cuda.cuModuleGetFunction(ctypes.byref(self.function), self.module, symbol.encode()))
+        if smem > 48 * 1024:
+            check(cuda.cuFuncSetAttribute(self.function, 8, smem))  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self.smem = smem
+        self.trace = None
+        if trace_symbol:
+            ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+            check(cuda.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), self.module, trace_symbol.encode()))
+            self.trace = (ptr.value, size.value)
+
+    def launch(self, grid: int, block: int, args: list, stream: int):
+        values = [ctypes.c_uint64(a) if kind == "p" else ctypes.c_int(a) for kind, a in args]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+        check(self.cuda.cuLaunchKernel(self.function, grid, 1, 1, block, 1, 1, self.smem, ctypes.c_void_p(stream),
+                                       params, None))
+
+    def read_trace(self, torch, warps: int):
+        ptr, size = self.trace
+        host = torch.empty(size // 8, dtype=torch.int64)
+        self.cuda.cuCtxSynchronize()
+        check(self.cuda.cuMemcpyDtoH_v2(ctypes.c_void_p(host.data_ptr()), ctypes.c_uint64(ptr), ctypes.c_size_t(size)))
+        return host[: warps * TRACE_STAMPS].view(warps, TRACE_STAMPS)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="128:2880:1", help="E:N:M,... (K=2880, topk=4, gpt-oss)")
+    parser.add_argument("--configs", default="4:3:0", help="WARPS:BLOCKS_PER_SM:PREFETCH_W2,...")
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--out", help="also write the markdown here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "python"))
+    from tunelab.compare import compare
+    from tunelab.problems import resolve
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    nvrtc = nvrtc_library()
+    props = torch.cuda.get_device_properties(0)
+    arch = f"sm_{props.major}{props.minor}"
+    stream = torch.cuda.current_stream().cuda_stream
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    lines = [f"# One-launch CUDA C++ MXFP4 MoE: timeline on {props.name}", "",
+             f"torch {torch.__version__}, {arch}, {props.multi_processor_count} SMs; cold (256 MiB written before each "
+             f"launch), median of {args.runs}; stamps in µs from the first warp's start.", ""]
+    for shape_text in args.shapes.split(","):
+        E, N, M = (int(v) for v in shape_text.split(":"))
+        shape = {"M": M, "E": E, "topk": 4, "K": 2880, "N": N, "dtype": "mxfp4", "act_dtype": "bf16",
+                 "activation": "swiglu_oai"}
+        problem = resolve("moe")(shape)
+        inputs = problem.inputs(0, "cuda")
+        reference = problem.reference(inputs)
+        out = torch.empty_like(reference)
+        names = ("x", "topk_ids", "topk_weights", "w1", "w1_scale", "w2", "w2_scale", "b1", "b2")
+        kernel_args = [("p", inputs[n].data_ptr()) for n in names] + [("p", out.data_ptr()), ("i", M), ("i", N),
+                                                                       ("i", 2880)]
+        for config_text in args.configs.split(","):
+            warps, per_sm, prefetch = (int(v) for v in config_text.split(":"))
+            name = f"mxfp4_moe_gemv<{-(-2880 // 1024)}, {-(-N // 1024)}, 4, {warps}, {per_sm}, {prefetch}, 0>"
+            grid, block = props.multi_processor_count * per_sm, 32 * warps
+            smem = max(M * (-(-2880 // 32)), M * 4 * (-(-N // 32))) * 80
+            row = {}
+            for traced in (False, True):
+                cubin, symbol, trace_symbol = compile_cubin(nvrtc, name, arch, ["-DTRACE=1"] if traced else [])
+                kernel = Kernel(cuda, cubin, symbol, trace_symbol, smem)
+                out.fill_(float("nan"))
+                kernel.launch(grid, block, kernel_args, stream)
+                torch.cuda.synchronize()
+                verdict = compare(out, reference, atol=2e-2, rtol=2e-2, max_mismatch=0.005)
+                times, stamps = [], []
+                for _ in range(args.runs):
+                    flush.fill_(1)
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    kernel.launch(grid, block, kernel_args, stream)
+                    end.record()
+                    torch.cuda.synchronize()
+                    times.append(start.elapsed_time(end) * 1000.0)
+                    if traced:
+                        t = kernel.read_trace(torch, grid * warps).double()
+                        stamps.append(((t[:, :6] - t[:, 0].min()) / 1000.0))
+                row["traced" if traced else "plain"] = (statistics.median(times), verdict)
+                if traced:
+                    # The run with the median event time, summarised per stamp.
+                    order = sorted(range(len(times)), key=times.__getitem__)
+                    chosen = stamps[order[len(order) // 2]]
+                    row["stamps"] = chosen
+            plain_us, verdict = row["plain"]
+            lines += [f"## E={E} N={N} M={M}, WARPS {warps}, BLOCKS_PER_SM {per_sm}, PREFETCH_W2 {prefetch}", "",
+                      f"events: {plain_us:.2f} µs untraced, {row['traced'][0]:.2f} traced; output "
+                      f"{'passed' if verdict.get('passed') else 'FAILED'} (max abs err {verdict.get('max_abs_err')})",
+                      "", "| stamp | first warp | median warp | last warp |", "| --- | ---: | ---: | ---: |"]
+            stamps = row["stamps"]
+            gemm1_warps = stamps[:, 1] > 0
+            for i, label in enumerate(STAMPS):
+                col = stamps[:, i]
+                if i == 1:
+                    col = col[gemm1_warps]
+                lines.append(f"| {label} | {col.min().item():.2f} | {col.median().item():.2f} | "
+                             f"{col.max().item():.2f} |")
+            lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

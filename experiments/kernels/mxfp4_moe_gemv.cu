@@ -1,0 +1,530 @@
+// gpt-oss's fused MoE at decode sizes with MXFP4 expert weights, in one
+// launch: GEMM 1 with its biases and the clamped, interleaved SwiGLU, then
+// GEMM 2 with its biases, weighted by the router and summed over each
+// token's experts; bf16 or fp16 activations and output (FP16). tunelab compiles it with
+// NVRTC for each config of experiments/gptoss-mxfp4.yaml's `cuda_gemv`
+// method and launches it from Rust (docs/quantisation.md, "A CUDA C++
+// one-launch kernel").
+//
+// Why outside Triton: at M=1 the Triton one-token kernels are held by their
+// work on each weight once it is on chip, not by their loads
+// (docs/quantisation.md, "What limits MXFP4 at M=1"). Here a weight costs
+// about 2.4 instructions:
+//   - two E2M1 magnitude lookups of four codes each from an 8-byte table of
+//     f16 high bytes (`prmt`, the selector's nibbles being the codes);
+//   - one `prmt` per f16 pair to place two looked-up bytes as the high bytes
+//     of the pair's halves (the low bytes are zero: every E2M1 magnitude is
+//     an f16 with a zero low byte), then the pair's two sign bits or'ed in;
+//   - one `fma.rn.f16x2` per pair into f16 accumulators, the group's 32
+//     products in two accumulators of eight products a lane;
+// and the activations of GEMM 1 stay in registers: a lane always takes the
+// same 32-value scale groups of a row, so it holds its share of the token's
+// activations as f16 pairs, each group scaled by a power of two that puts
+// its largest value in [256, 512) (a lane-half's eight products with E2M1
+// values, at most 6, stay below f16's 65504), the power taken back with the
+// group's E8M0 scale when the group's sum is added in fp32.
+//
+// Work: each block stages the token's activations, scaled, in shared memory
+// once; a warp copies its groups to registers and takes GEMM 1 units (a
+// routed slot's gate and up rows j, both K long), two in flight, and writes
+// the activated value, rounded to the activation type as the reference
+// rounds it, as f16 to a module-scope buffer, unscaled (under gpt-oss's
+// clamps |h| <= 8 * 7 = 56, so eight products stay below 2688), each group
+// in the order the decode pairs it. All blocks then meet at a grid barrier
+// (every block is resident: the grid is the SM count times BLOCKS_PER_SM,
+// and __launch_bounds__ holds the registers to that); GEMM 2's first rows
+// were asked for before it. Each block copies every slot's activations into
+// shared memory, and a warp takes GEMM 2 units (token, r): row r of each of
+// the token's experts, weighted by the router and summed in the warp, then
+// written in the activation type. With PREFETCH_W2 a warp asks L2 for its
+// later GEMM 2 rows before the barrier.
+//
+// The barrier's counter only grows (each launch adds the grid), so no launch
+// needs it reset. A launch that faults or is killed takes the module with it
+// (the native worker restarts).
+//
+// Limits (the manifest's constraints): M * topk <= MAX_SLOTS, N and K at
+// most MAX_COLS, rows stored padded to whole 32-value groups (tunelab.quant).
+//
+// No headers: bf16 and f16 travel as their raw bits, so the file compiles
+// with NVRTC alone.
+
+typedef unsigned short bits16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define MAX_SLOTS 8
+#define MAX_COLS 4096
+
+namespace tunelab_mxfp4 {
+
+__device__ u64 g_arrived;                          // grid barrier: arrivals since the module loaded
+// GEMM 1's activated output as f16 bits, [slot][N], each 32-value group in
+// the order the decode pairs it (`pair_position`).
+__device__ bits16 g_h[MAX_SLOTS * MAX_COLS];
+
+#ifdef TRACE
+// bench/mxfp4_cuda_timeline.py: %globaltimer stamps, TRACE_STAMPS a warp.
+#define TRACE_STAMPS 8
+__device__ u64 g_trace[4096 * TRACE_STAMPS];
+#define STAMP(i)                                                                                   \
+    do {                                                                                           \
+        if ((threadIdx.x & 31) == 0) {                                                             \
+            u64 t;                                                                                 \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                  \
+            tunelab_mxfp4::g_trace[(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * TRACE_STAMPS + (i)] = t; \
+        }                                                                                          \
+    } while (0)
+#else
+#define STAMP(i)
+#endif
+
+struct Group {  // one lane's 32-value scale group of a weight row
+    uint4 codes;
+    u32 scale;
+};
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
+    u32 d;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+__device__ __forceinline__ float half_lo(u32 pair) {
+    float f;
+    asm("{ .reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"(pair));
+    return f;
+}
+
+__device__ __forceinline__ float half_hi(u32 pair) {
+    float f;
+    asm("{ .reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "r"(pair));
+    return f;
+}
+
+__device__ __forceinline__ u32 pack_halves(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %2, %1;" : "=r"(d) : "f"(lo), "f"(hi));
+    return d;
+}
+
+__device__ __forceinline__ float bf16_to_float(bits16 b) { return __int_as_float((u32)b << 16); }
+
+__device__ __forceinline__ float f16_to_float(bits16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// The activations' type: bf16 (FP16 = 0) or fp16 (1).
+template <int FP16>
+__device__ __forceinline__ float act_to_float(bits16 b) {
+    return FP16 ? f16_to_float(b) : bf16_to_float(b);
+}
+
+// Round to nearest even, as torch rounds fp32 to bf16 (NaN kept a NaN).
+__device__ __forceinline__ bits16 float_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bits16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bits16)(u >> 16);
+}
+
+// Streamed once: no L1 allocation.
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 load_byte(const unsigned char* p) {
+    u32 v;
+    asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// f16 high bytes of the E2M1 magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6.
+#define E2M1_F16_HI_LO 0x3E3C3800u
+#define E2M1_F16_HI_HI 0x46444240u
+
+// d += the products of 8 codes (one word, element i in nibble i) with their
+// activations: pairs[i] holds (a_i, a_{i+4}) as f16x2, the pair the decode
+// gives for positions i and i + 4.
+__device__ __forceinline__ u32 dot8(u32 word, const u32 (&pairs)[4], u32 acc) {
+    const u32 mags = word & 0x77777777u;  // selector nibbles: the codes without their sign bits
+    const u32 lo = prmt(E2M1_F16_HI_LO, E2M1_F16_HI_HI, mags);        // byte i: f16 high byte of code i
+    const u32 hi = prmt(E2M1_F16_HI_LO, E2M1_F16_HI_HI, mags >> 16);  // byte i: of code i + 4
+    // Selector nibble 8: the sign of byte 0 replicated, 0x00 (no table byte has its top bit).
+    // Sign of code i (bit 4i + 3) and of code i + 4 (bit 4i + 19) moved to bits 15 and 31.
+    acc = hfma2(prmt(lo, hi, 0x4808u) | ((word << 12) & 0x80008000u), pairs[0], acc);
+    acc = hfma2(prmt(lo, hi, 0x5818u) | ((word << 8) & 0x80008000u), pairs[1], acc);
+    acc = hfma2(prmt(lo, hi, 0x6828u) | ((word << 4) & 0x80008000u), pairs[2], acc);
+    acc = hfma2(prmt(lo, hi, 0x7838u) | (word & 0x80008000u), pairs[3], acc);
+    return acc;
+}
+
+// 2^(t - 127) as a float: the group's E8M0 scale with the activations' power taken back.
+__device__ __forceinline__ float exp2_biased(int t) {
+    return (t >= 1 && t <= 254) ? __int_as_float(t << 23) : exp2f((float)(t - 127));
+}
+
+// 8 activations from 16 bytes.
+template <int FP16>
+__device__ __forceinline__ void unpack8(uint4 raw, float* v) {
+    const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = act_to_float<FP16>((bits16)(w[i] & 0xffffu));
+        v[2 * i + 1] = act_to_float<FP16>((bits16)(w[i] >> 16));
+    }
+}
+
+__device__ __forceinline__ uint4 load16_cached(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// Through L2 only: what other SMs wrote in this launch (L1 is not coherent).
+__device__ __forceinline__ uint4 load16_l2(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// The 32 activations of the scale group starting at src[col0], zero from `cols` on.
+template <bool L2_ONLY, int FP16>
+__device__ __forceinline__ void load_group_values(const bits16* src, int col0, int cols, float (&v)[32]) {
+    const bits16* p = src + col0;
+    if (col0 + 32 <= cols && ((u64)p & 15) == 0) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) unpack8<FP16>(L2_ONLY ? load16_l2(p + 8 * c) : load16_cached(p + 8 * c), v + 8 * c);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 32; ++k) {
+            const bits16 b = col0 + k < cols ? (L2_ONLY ? __ldcg(p + k) : p[k]) : (bits16)0;
+            v[k] = act_to_float<FP16>(b);
+        }
+    }
+}
+
+// A scale group's activations as the decode pairs them (pairs[4 w + i] holds
+// values 8 w + i and 8 w + i + 4), scaled by 2^shift so that the largest
+// lands in [256, 512).
+__device__ __forceinline__ void scale_group(const float (&v)[32], u32* pairs, int& shift) {
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(v[k]));
+    int e = 0;  // amax in [2^(e-1), 2^e): scaled by 2^(9 - e) it lands in [256, 512)
+    if (amax > 0.f) frexpf(amax, &e);
+    shift = amax > 0.f ? 9 - e : 0;
+    const float f = exp2f((float)shift);
+#pragma unroll
+    for (int w = 0; w < 4; ++w)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pairs[4 * w + i] = pack_halves(v[8 * w + i] * f, v[8 * w + i + 4] * f);
+}
+
+template <int GPL>
+__device__ __forceinline__ void load_row(const unsigned char* codes, const unsigned char* scales, int groups,
+                                         int lane, Group (&row)[GPL]) {
+#pragma unroll
+    for (int q = 0; q < GPL; ++q) {
+        const int g = lane + 32 * q;
+        if (g < groups) {
+            row[q].codes = load_stream16(codes + 16 * g);
+            row[q].scale = load_byte(scales + g);
+        } else {
+            row[q].codes = make_uint4(0, 0, 0, 0);
+            row[q].scale = 127;
+        }
+    }
+}
+
+// This lane's share of one row's dot product with the activations, in fp32.
+// One group's dot product with its scaled activations, in fp32, the scales applied.
+__device__ __forceinline__ float group_dot(const Group& group, const u32 (&pairs)[16], int shift) {
+    u32 a0 = 0, a1 = 0;  // two accumulators: shorter dependent chains, eight products a lane each
+    a0 = dot8(group.codes.x, *(const u32(*)[4])(pairs + 0), a0);
+    a1 = dot8(group.codes.y, *(const u32(*)[4])(pairs + 4), a1);
+    a0 = dot8(group.codes.z, *(const u32(*)[4])(pairs + 8), a0);
+    a1 = dot8(group.codes.w, *(const u32(*)[4])(pairs + 12), a1);
+    const float part = (half_lo(a0) + half_hi(a0)) + (half_lo(a1) + half_hi(a1));
+    return part * exp2_biased((int)group.scale - shift);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// gpt-oss's activation (tunelab.problems.moe: alpha 1.702, clamped at 7).
+__device__ __forceinline__ float swiglu_oai(float gate, float up) {
+    gate = fminf(gate, 7.f);
+    up = fminf(fmaxf(up, -7.f), 7.f);
+    return (up + 1.f) * (gate / (1.f + __expf(-1.702f * gate)));
+}
+
+// Every block arrives, then waits for the whole grid of this launch. The
+// arrival is a release and the wait an acquire, by one thread of the block,
+// between two block barriers (which carry the block's other threads' writes
+// and reads to and from it).
+__device__ __forceinline__ void grid_barrier() {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u64 grid = gridDim.x;
+        u64 arrived;
+        asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(arrived) : "l"(&g_arrived) : "memory");
+        const u64 target = (arrived / grid + 1) * grid;
+        u64 now;
+        u32 spins = 0;
+        while (true) {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(&g_arrived) : "memory");
+            if (now >= target) break;
+            // A block that is not resident would never arrive: stop rather than hang (seconds).
+            if (++spins > (1u << 24)) __trap();
+            __nanosleep(32);
+        }
+    }
+    __syncthreads();
+}
+
+// Shared memory: activations, one 20-word record a 32-value group (16 f16
+// pairs, the group's power of two, padding). 80-byte records make a quarter
+// warp's 16-byte reads of consecutive groups fall in distinct banks.
+#define ACT_RECORD_WORDS 20
+
+// Where value k of a group sits among its 32 halves: pair 4 w + i holds
+// values 8 w + i (low half) and 8 w + i + 4 (high), as dot8 takes them.
+__device__ __forceinline__ int pair_position(int k) {
+    const int w = k >> 3, i = k & 7;
+    return 2 * (4 * w + (i & 3)) + (i >> 2);
+}
+
+__device__ __forceinline__ bits16 float_to_f16(float f) {
+    bits16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+template <int FP16>
+__device__ __forceinline__ bits16 float_to_act(float f) {
+    return FP16 ? float_to_f16(f) : float_to_bf16(f);
+}
+
+template <int GPL>
+__device__ __forceinline__ float row_dot(const Group (&row)[GPL], const u32* records, int groups, int lane) {
+    float sum = 0.f;
+#pragma unroll
+    for (int q = 0; q < GPL; ++q) {
+        const int g = lane + 32 * q;
+        if (g < groups) {
+            const u32* record = records + g * ACT_RECORD_WORDS;
+            u32 pairs[16];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) *(uint4*)(pairs + 4 * c) = *(const uint4*)(record + 4 * c);
+            sum += group_dot(row[q], pairs, (int)record[16]);
+        }
+    }
+    return sum;
+}
+
+// The same with the activations in registers (a lane's groups, copied once from shared memory).
+template <int GPL>
+__device__ __forceinline__ float row_dot_held(const Group (&row)[GPL], const u32 (&pairs)[GPL][16],
+                                              const int (&shift)[GPL]) {
+    float sum = 0.f;
+#pragma unroll
+    for (int q = 0; q < GPL; ++q) sum += group_dot(row[q], pairs[q], shift[q]);
+    return sum;
+}
+
+}  // namespace tunelab_mxfp4
+
+// GPL1 = groups per lane of a GEMM 1 row (ceil(K / 1024)); GPL2 of a GEMM 2
+// row (ceil(N / 1024)); TOPK = the shape's topk. Dynamic shared memory:
+// max(M * ceil(K / 32), M * topk * ceil(N / 32)) * 80 bytes (the manifest's
+// `shared_mem:`).
+template <int GPL1, int GPL2, int TOPK, int WARPS, int BLOCKS_PER_SM, int PREFETCH_W2, int FP16>
+__global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
+    mxfp4_moe_gemv(const bits16* __restrict__ x, const int* __restrict__ topk_ids,
+                   const float* __restrict__ topk_weights, const unsigned char* __restrict__ w1,
+                   const unsigned char* __restrict__ w1_scale, const unsigned char* __restrict__ w2,
+                   const unsigned char* __restrict__ w2_scale, const bits16* __restrict__ b1,
+                   const bits16* __restrict__ b2, bits16* __restrict__ out, int M, int N, int K) {
+    using namespace tunelab_mxfp4;
+    extern __shared__ __align__(16) u32 act[];
+    const int lane = threadIdx.x & 31;
+    const int warps = gridDim.x * WARPS;
+    const int warp = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int slots = M * TOPK;
+    const int groups1 = (K + 31) / 32, groups2 = (N + 31) / 32;
+    const u64 row1 = 16ull * groups1, row2 = 16ull * groups2;  // packed bytes a row
+    STAMP(0);
+
+    // ---- GEMM 1: units (slot, j), the gate and up rows j of the slot's
+    // expert; a warp keeps one token, its activations in registers. Two
+    // units in flight a warp.
+    const int token1 = warp % M;
+    const int warps_per_token = warps / M;
+    const bool gemm1_warp = warp < warps_per_token * M;
+    const int units1 = TOPK * N;
+    Group gate0[GPL1], up0[GPL1], gate1[GPL1], up1[GPL1];
+    auto issue1 = [&](Group (&gate)[GPL1], Group (&up)[GPL1], int unit) {
+        const int e = topk_ids[token1 * TOPK + unit / N], j = unit % N;
+        const u64 gate_row = (u64)e * 2 * N + 2 * j;  // interleaved: even rows gate, odd up
+        load_row<GPL1>(w1 + gate_row * row1, w1_scale + gate_row * groups1, groups1, lane, gate);
+        load_row<GPL1>(w1 + (gate_row + 1) * row1, w1_scale + (gate_row + 1) * groups1, groups1, lane, up);
+    };
+    const int step1 = warps_per_token;
+    int u = warp / M;
+    // The weights first: their latency covers the activations'.
+    if (gemm1_warp && u < units1) issue1(gate0, up0, u);
+
+    // Each token's activations into shared memory once a block, scaled per group.
+    for (int i = threadIdx.x; i < M * groups1; i += WARPS * 32) {
+        const int token = i / groups1, g = i % groups1;
+        float v[32];
+        load_group_values<false, FP16>(x + (u64)token * K, 32 * g, K, v);
+        u32* record = act + i * ACT_RECORD_WORDS;
+        int shift;
+        scale_group(v, record, shift);
+        record[16] = (u32)shift;
+    }
+    __syncthreads();
+    STAMP(1);
+
+    if (gemm1_warp) {
+        u32 pairs[GPL1][16];
+        int shift[GPL1];
+#pragma unroll
+        for (int q = 0; q < GPL1; ++q) {
+            const int g = lane + 32 * q;
+            const u32* record = act + (token1 * groups1 + (g < groups1 ? g : 0)) * ACT_RECORD_WORDS;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) *(uint4*)(pairs[q] + 4 * c) = *(const uint4*)(record + 4 * c);
+            shift[q] = (int)record[16];  // a lane past the row's groups multiplies zero codes
+        }
+        auto finish1 = [&](const Group (&gate)[GPL1], const Group (&up)[GPL1], int unit) {
+            float g = warp_sum(row_dot_held<GPL1>(gate, pairs, shift));
+            float v = warp_sum(row_dot_held<GPL1>(up, pairs, shift));
+            if (lane == 0) {
+                const int slot = token1 * TOPK + unit / N, j = unit % N;
+                const u64 gate_row = (u64)topk_ids[slot] * 2 * N + 2 * j;
+                g += act_to_float<FP16>(b1[gate_row]);
+                v += act_to_float<FP16>(b1[gate_row + 1]);
+                // Rounded to bf16 as the reference rounds it, then held as f16,
+                // unscaled: |h| <= 8 * 7 under the clamps, so a lane's eight
+                // products with E2M1 values (at most 6) stay below 2688.
+                const float h = act_to_float<FP16>(float_to_act<FP16>(swiglu_oai(g, v)));
+                g_h[slot * MAX_COLS + (j & ~31) + pair_position(j & 31)] = float_to_f16(h);
+            }
+        };
+        while (u < units1) {
+            if (u + step1 < units1) issue1(gate1, up1, u + step1);
+            finish1(gate0, up0, u);
+            u += step1;
+            if (u >= units1) break;
+            if (u + step1 < units1) issue1(gate0, up0, u + step1);
+            finish1(gate1, up1, u);
+            u += step1;
+        }
+    }
+
+    // ---- GEMM 2: units (token, r): row r of each of the token's experts,
+    // summed and weighted in the warp.
+    Group rows0[TOPK][GPL2], rows1[TOPK][GPL2];
+    auto issue2 = [&](Group (&rows)[TOPK][GPL2], int unit) {
+        const int token = unit / K, r = unit % K;
+#pragma unroll
+        for (int k = 0; k < TOPK; ++k) {
+            const u64 row = (u64)topk_ids[token * TOPK + k] * K + r;
+            load_row<GPL2>(w2 + row * row2, w2_scale + row * groups2, groups2, lane, rows[k]);
+        }
+    };
+    const int units2 = M * K;
+    u = warp;
+    if (PREFETCH_W2) {  // this warp's later GEMM 2 rows, asked of L2 before the barrier
+        for (int v = u + warps; v < units2; v += warps) {
+            const int token = v / K, r = v % K;
+#pragma unroll
+            for (int k = 0; k < TOPK; ++k) {
+                const unsigned char* row = w2 + ((u64)topk_ids[token * TOPK + k] * K + r) * row2;
+                for (int g = lane; g < groups2; g += 32) prefetch_l2(row + 16 * g);
+            }
+        }
+    }
+    if (u < units2) issue2(rows0, u);  // weights need no activations: asked before the barrier
+    STAMP(2);
+    grid_barrier();
+    STAMP(3);
+
+    // Every slot's activations into shared memory (over GEMM 1's, no longer read).
+    for (int i = threadIdx.x; i < slots * groups2; i += WARPS * 32) {
+        const int slot = i / groups2, g = i % groups2;
+        const bits16* src = g_h + slot * MAX_COLS + 32 * g;
+        u32* record = act + i * ACT_RECORD_WORDS;
+        if (32 * g + 32 <= N) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) *(uint4*)(record + 4 * c) = load16_l2(src + 8 * c);
+        } else {  // the last group: zero past N (what a longer shape left there is not this one's)
+            bits16* halves = (bits16*)record;
+            for (int k = 0; k < 32; ++k) {
+                const int p = pair_position(k);
+                halves[p] = 32 * g + k < N ? __ldcg(src + p) : (bits16)0;
+            }
+        }
+        record[16] = 0;  // unscaled
+    }
+    __syncthreads();
+    STAMP(4);
+
+    auto finish2 = [&](const Group (&rows)[TOPK][GPL2], int unit) {
+        const int token = unit / K, r = unit % K;
+        float y = 0.f;
+#pragma unroll
+        for (int k = 0; k < TOPK; ++k) {
+            const int slot = token * TOPK + k;
+            y = fmaf(topk_weights[slot], row_dot<GPL2>(rows[k], act + slot * groups2 * ACT_RECORD_WORDS, groups2, lane), y);
+        }
+        y = warp_sum(y);
+        if (lane == 0) {
+#pragma unroll
+            for (int k = 0; k < TOPK; ++k) {
+                const int slot = token * TOPK + k;
+                y = fmaf(topk_weights[slot], act_to_float<FP16>(b2[(u64)topk_ids[slot] * K + r]), y);
+            }
+            out[(u64)token * K + r] = float_to_act<FP16>(y);
+        }
+    };
+    const int step2 = warps;
+    while (u < units2) {
+        if (u + step2 < units2) issue2(rows1, u + step2);
+        finish2(rows0, u);
+        u += step2;
+        if (u >= units2) break;
+        if (u + step2 < units2) issue2(rows0, u + step2);
+        finish2(rows1, u);
+        u += step2;
+    }
+    STAMP(5);
+}
