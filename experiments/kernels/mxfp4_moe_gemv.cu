@@ -96,12 +96,6 @@ __device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
     return d;
 }
 
-__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
-    u32 d;
-    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
 __device__ __forceinline__ float half_lo(u32 pair) {
     float f;
     asm("{ .reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"(pair));
@@ -140,6 +134,17 @@ __device__ __forceinline__ bits16 float_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bits16)((u >> 16) | 0x40);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bits16)(u >> 16);
+}
+
+__device__ __forceinline__ bits16 float_to_f16(float f) {
+    bits16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+template <int FP16>
+__device__ __forceinline__ bits16 float_to_act(float f) {
+    return FP16 ? float_to_f16(f) : float_to_bf16(f);
 }
 
 // Streamed once: no L1 allocation.
@@ -211,16 +216,16 @@ __device__ __forceinline__ uint4 load16_l2(const void* p) {
 }
 
 // The 32 activations of the scale group starting at src[col0], zero from `cols` on.
-template <bool L2_ONLY, int FP16>
+template <int FP16>
 __device__ __forceinline__ void load_group_values(const bits16* src, int col0, int cols, float (&v)[32]) {
     const bits16* p = src + col0;
     if (col0 + 32 <= cols && ((u64)p & 15) == 0) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) unpack8<FP16>(L2_ONLY ? load16_l2(p + 8 * c) : load16_cached(p + 8 * c), v + 8 * c);
+        for (int c = 0; c < 4; ++c) unpack8<FP16>(load16_cached(p + 8 * c), v + 8 * c);
     } else {
 #pragma unroll
         for (int k = 0; k < 32; ++k) {
-            const bits16 b = col0 + k < cols ? (L2_ONLY ? __ldcg(p + k) : p[k]) : (bits16)0;
+            const bits16 b = col0 + k < cols ? p[k] : (bits16)0;
             v[k] = act_to_float<FP16>(b);
         }
     }
@@ -320,17 +325,6 @@ __device__ __forceinline__ int pair_position(int k) {
     return 2 * (4 * w + (i & 3)) + (i >> 2);
 }
 
-__device__ __forceinline__ bits16 float_to_f16(float f) {
-    bits16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-
-template <int FP16>
-__device__ __forceinline__ bits16 float_to_act(float f) {
-    return FP16 ? float_to_f16(f) : float_to_bf16(f);
-}
-
 template <int GPL>
 __device__ __forceinline__ float row_dot(const Group (&row)[GPL], const u32* records, int groups, int lane) {
     float sum = 0.f;
@@ -404,7 +398,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     for (int i = threadIdx.x; i < M * groups1; i += WARPS * 32) {
         const int token = i / groups1, g = i % groups1;
         float v[32];
-        load_group_values<false, FP16>(x + (u64)token * K, 32 * g, K, v);
+        load_group_values<FP16>(x + (u64)token * K, 32 * g, K, v);
         u32* record = act + i * ACT_RECORD_WORDS;
         int shift;
         scale_group(v, record, shift);
