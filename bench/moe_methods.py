@@ -12,9 +12,6 @@ it times:
 - `fused_moe_persistent`: the one-launch kernel, over a small sweep of its own
   configs, or for the --search shapes a coordinate descent over them (the
   best per timing is reported, every config tried is in the JSON);
-- `fused_moe_persistent_chunked`: the same method with SCHEDULE=1 (GEMM 2
-  chunk by chunk, tunelab.kernels.moe_chunked), swept or searched the same
-  way from its own starting config (decode sizes only: at most 64 slots);
 - `torch`: torch's grouped GEMM (or its batched fallback; the path is named).
 
 Each method's output is first checked against the problem's reference (the
@@ -72,29 +69,6 @@ PEAK_GBS = {"H100": 3350.0, "H200": 4800.0}
 TOLERANCE = {"atol": 2e-2, "rtol": 2e-2, "max_mismatch": 0.005}  # experiments/gptoss.yaml
 BATCH = 32
 DEFAULT_SHAPES = "128:360:1,128:360:8,128:360:64,128:2880:1,128:2880:64"
-# Report rows that bind another method: the chunked schedule is a config of the persistent one.
-BINDS = {"fused_moe_persistent_chunked": "fused_moe_persistent"}
-PERSISTENT = ("fused_moe_persistent", "fused_moe_persistent_chunked")
-
-
-def chunked_start(M: int, N: int) -> dict:
-    """Where the chunked schedule's sweep and search start: the persistent
-    default with SCHEDULE=1, 64-row GEMM 1 tiles (32-column chunks), K
-    slices enough for about two items an SM at gpt-oss's smallest shard,
-    GEMM 2 column tiles of 128."""
-    base = persistent_default_config(M, N)
-    return dict(base, SCHEDULE=1, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, BLOCK_SIZE_N2=128,
-                SPLIT_K=4 if N <= 720 else 1, PREFETCH_W2=1)
-
-
-def chunked_sweep(M: int, N: int, kind: str) -> list:
-    base = chunked_start(M, N)
-    if kind == "one":
-        return [base]
-    variations = [{}, {"BLOCK_SIZE_N": 32}, {"BLOCK_SIZE_N": 128}, {"BLOCK_SIZE_K": 128}, {"BLOCK_SIZE_N2": 64},
-                  {"BLOCK_SIZE_N2": 256}, {"SPLIT_K": 1}, {"SPLIT_K": 2}, {"SPLIT_K": 6}, {"PROGRAMS_PER_SM": 1},
-                  {"PROGRAMS_PER_SM": 4}, {"PREFETCH_W2": 0}, {"num_warps": 8}]
-    return _unique(dict(base, **change) for change in variations)
 
 
 def persistent_sweep(M: int, N: int, kind: str) -> list:
@@ -141,20 +115,6 @@ SEARCH_ROUNDS = [
     ("PREFETCH_W2", "num_warps"),
     ("BLOCK_SIZE_N", "SPLIT_K"),
 ]
-# The chunked schedule's rounds: BLOCK_SIZE_K2 means nothing to it; its chunk
-# (BLOCK_SIZE_N / 2) is GEMM 2's dot width, so BLOCK_SIZE_N >= 32.
-CHUNKED_ROUNDS = [
-    ("BLOCK_SIZE_N", "SPLIT_K"),
-    ("BLOCK_SIZE_K", "num_stages"),
-    ("BLOCK_SIZE_N2",),
-    ("PROGRAMS_PER_SM",),
-    ("PREFETCH_W2", "num_warps"),
-    ("BLOCK_SIZE_N", "SPLIT_K"),
-]
-CHUNKED_VALUES = {
-    ("BLOCK_SIZE_N", "SPLIT_K"): [(n, k) for n in (32, 64, 128) for k in (1, 2, 3, 4, 5, 6, 8)],
-    ("BLOCK_SIZE_N2",): [(32,), (64,), (128,), (256,)],
-}
 SEARCH_VALUES = {
     # Tile width and K slices together: they set how many GEMM 1 items there are, and how big.
     ("BLOCK_SIZE_N", "SPLIT_K"): [(n, k) for n in (16, 32, 64, 128) for k in (1, 2, 3, 4, 6)],
@@ -210,9 +170,8 @@ class Compiler:
         todo = queue.Queue()
         for config in configs:
             self.jobs += 1
-            kernel = BINDS.get(method, method)
             todo.put({"job_id": f"{method}-{self.jobs}", "problem": "moe", "shape": shape,
-                      "method": {"name": kernel, "kernel": kernel}, "config": config})
+                      "method": {"name": method, "kernel": method}, "config": config})
 
         def serve(worker):
             while True:
@@ -267,7 +226,7 @@ def run_one(problem, inputs, expected, method: str, config: dict, timing: Timing
     """Bind, check, time one method and config. Never raises: failures are recorded."""
     row = {"config": config}
     try:
-        launch = problem.methods()[BINDS.get(method, method)].bind(problem, inputs, config)
+        launch = problem.methods()[method].bind(problem, inputs, config)
         launch.out.fill_(float("nan"))
         launch()
         torch.cuda.synchronize()
@@ -297,22 +256,19 @@ def best(rows: list, key: str):
     return min(timed, key=lambda r: r[key]) if timed else None
 
 
-def search(problem, inputs, expected, shape, timing: Timing, compiler: Compiler, method: str) -> list:
-    """Coordinate descent over the persistent configs (SEARCH_ROUNDS, or
-    CHUNKED_ROUNDS), from the default (or chunked_start); every row tried is
-    returned, each with its round."""
-    chunked = method == "fused_moe_persistent_chunked"
-    rounds, values = (CHUNKED_ROUNDS, {**SEARCH_VALUES, **CHUNKED_VALUES}) if chunked else (SEARCH_ROUNDS,
-                                                                                               SEARCH_VALUES)
+def search(problem, inputs, expected, shape, timing: Timing, compiler: Compiler) -> list:
+    """Coordinate descent over the persistent configs (SEARCH_ROUNDS), from the
+    default; every row tried is returned, each with its round."""
+    method = "fused_moe_persistent"
     score = lambda r: r["cold_us"] + r["graph_us"]  # noqa: E731
-    current = (chunked_start if chunked else persistent_default_config)(shape["M"], shape["N"])
+    current = persistent_default_config(shape["M"], shape["N"])
     # The default first: the report's "default config" row is the sweep's first.
     compiler(shape, method, [current])
     first = run_one(problem, inputs, expected, method, current, timing)
     first["round"] = "default"
     rows, seen = [first], {json.dumps(current, sort_keys=True): first}
-    for number, keys in enumerate(rounds):
-        candidates = _unique(dict(current, **dict(zip(keys, vals))) for vals in values[keys])
+    for number, keys in enumerate(SEARCH_ROUNDS):
+        candidates = _unique(dict(current, **dict(zip(keys, values))) for values in SEARCH_VALUES[keys])
         fresh = [c for c in candidates if json.dumps(c, sort_keys=True) not in seen]
         compiler(shape, method, fresh)
         for config in fresh:
@@ -345,8 +301,7 @@ def markdown(report: dict) -> str:
                f"graph: {meta['graph_calls']} calls in one CUDA graph, no flush. % of bound: the selected experts' "
                f"bytes and the activations at {meta['peak_gbs']:.0f} GB/s. fused_moe and fused_moe_vllm run vLLM's "
                "default config; fused_moe_persistent has two rows: its default config (what a job naming no "
-               "config runs), and the best of its sweep or search for each timing (configs under the table); "
-               "fused_moe_persistent_chunked (SCHEDULE=1) the same, from its starting config.")
+               "config runs), and the best of its sweep or search for each timing (configs under the table).")
     out.append("")
     out.append("| shape | bound µs | method | cold µs | % bound | graph µs | % bound | max abs err |")
     out.append("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
@@ -355,13 +310,12 @@ def markdown(report: dict) -> str:
         s, bound = entry["shape"], entry["bound_us"]
         label = f"E={s['E']} N={s['N']} M={s['M']}"
         for method, result in entry["methods"].items():
-            if method in PERSISTENT:
+            if method == "fused_moe_persistent":
                 default = result["sweep"][0]  # the first config tried is always the default
                 c, cp = fmt(default.get("cold_us"), bound)
                 g, gp = fmt(default.get("graph_us"), bound)
                 err = default.get("check", {}).get("max_abs_err")
-                first = "default" if method == "fused_moe_persistent" else "starting"
-                out.append(f"| {label} | {bound:.1f} | {method} ({first} config) | {c} | {cp} | {g} | {gp} | "
+                out.append(f"| {label} | {bound:.1f} | {method} (default config) | {c} | {cp} | {g} | {gp} | "
                            f"{'-' if err is None else f'{err:.3g}'} |")
                 method = f"{method} (best of {len(result['sweep'])})"
                 cold_row, graph_row = result["best_cold"], result["best_graph"]
@@ -410,8 +364,7 @@ def main():
     ap.add_argument("--graph-calls", type=int, default=10)
     ap.add_argument("--sweep", choices=("quick", "one"), default="quick",
                     help="persistent configs: one-key variations of the default (quick) or the default only")
-    ap.add_argument("--methods", default="fused_moe,fused_moe_vllm,fused_moe_persistent,torch",
-                    help="methods to time (also: fused_moe_persistent_chunked, decode sizes)")
+    ap.add_argument("--methods", default="fused_moe,fused_moe_vllm,fused_moe_persistent,torch")
     ap.add_argument("--search", default="",
                     help="E:N:M,... shapes whose persistent configs are searched by coordinate descent "
                          "(SEARCH_ROUNDS) instead of the --sweep list")
@@ -440,8 +393,6 @@ def main():
             return [vllm_default_config(shape["M"], shape["E"])]
         if method == "fused_moe_persistent":
             return persistent_sweep(shape["M"], shape["N"], args.sweep)
-        if method == "fused_moe_persistent_chunked":
-            return chunked_sweep(shape["M"], shape["N"], args.sweep)
         return [{}]
 
     major, minor = torch.cuda.get_device_capability()
@@ -475,13 +426,13 @@ def main():
         nbytes = problem.bytes_for(inputs)
         entry = {"shape": shape, "bytes": nbytes, "bound_us": nbytes / (peak * 1e9) * 1e6, "methods": {}}
         for method in methods:
-            if method in PERSISTENT and (shape["E"], shape["N"], shape["M"]) in searched:
-                rows = search(problem, inputs, expected, shape, timing, compiler, method)
+            if method == "fused_moe_persistent" and (shape["E"], shape["N"], shape["M"]) in searched:
+                rows = search(problem, inputs, expected, shape, timing, compiler)
             else:
                 compiler(shape, method, configs_for(method, shape))
                 rows = [run_one(problem, inputs, expected, method, config, timing)
                         for config in configs_for(method, shape)]
-            if method in PERSISTENT:
+            if method == "fused_moe_persistent":
                 entry["methods"][method] = {"best_cold": best(rows, "cold_us"), "best_graph": best(rows, "graph_us"),
                                             "sweep": rows}
             else:

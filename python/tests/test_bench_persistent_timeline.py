@@ -24,7 +24,7 @@ def fake_launch():
     problem = FusedMoE({"M": 1, "E": 8, "topk": 1, "K": 64, "N": 16, "dtype": "fp16"})
     config = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "BLOCK_SIZE_N2": 32,
               "BLOCK_SIZE_K2": 16, "SPLIT_K": 2, "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 1,
-              "PREFETCH_W2": 0, "SCHEDULE": 0}
+              "PREFETCH_W2": 0}
     plan = make_persistent_plan(problem, config)
     assert (plan.max_blocks, plan.n_tiles1, plan.split_k, plan.n_tiles2) == (1, 1, 2, 2)
     grid = 2

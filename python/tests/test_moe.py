@@ -415,7 +415,7 @@ def test_bad_shapes_and_configs():
 # ---------------------------------------------------------------- the other methods
 
 PCFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "BLOCK_SIZE_N2": 32, "BLOCK_SIZE_K2": 16,
-        "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1, "SCHEDULE": 0}
+        "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
 # M=13, topk=2: 26 slots, not a multiple of BLOCK_SIZE_M=16. Every shape has fewer slots
 # than experts, so some experts get no token whatever the generator draws (CPU and CUDA differ).
 NEW_SHAPES = [dict(E=32), dict(M=1), dict(M=5, E=16, topk=3)]

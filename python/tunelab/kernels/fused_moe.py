@@ -1193,11 +1193,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size_m:
 # Host side of the persistent MoE (moe_persistent_kernel).
 
 PERSISTENT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "BLOCK_SIZE_N2", "BLOCK_SIZE_K2",
-                          "SPLIT_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2", "SCHEDULE")
-# SCHEDULE values: GEMM 1's tiles, then GEMM 2's (moe_persistent_kernel); or
-# GEMM 2 chunk by chunk after each GEMM 1 tile (tunelab.kernels.moe_chunked).
-SCHEDULE_PHASED = 0
-SCHEDULE_CHUNKED = 1
+                          "SPLIT_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2")
 # SPLIT_K applies while GEMM 1 has at most this many tiles (decode sizes, where
 # tiles are fewer than programs); above it every program has whole tiles to
 # take, and the slices' buffer would grow with M: SPLIT_K is then 1.
@@ -1241,8 +1237,7 @@ def persistent_default_config(M: int, N: int) -> dict:
     - above: larger tiles (not measured).
     """
     base = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "BLOCK_SIZE_N2": 64, "BLOCK_SIZE_K2": 64,
-            "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1,
-            "SCHEDULE": SCHEDULE_PHASED}
+            "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
     if M <= 2:
         if N <= 360:
             return dict(base, BLOCK_SIZE_K=64, SPLIT_K=4)
@@ -1255,7 +1250,7 @@ def persistent_default_config(M: int, N: int) -> dict:
         return dict(base, BLOCK_SIZE_N=32, PROGRAMS_PER_SM=4)
     return {"BLOCK_SIZE_M": 64 if M <= 512 else 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
             "BLOCK_SIZE_N2": 128, "BLOCK_SIZE_K2": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3,
-            "PROGRAMS_PER_SM": 1, "PREFETCH_W2": 1, "SCHEDULE": SCHEDULE_PHASED}
+            "PROGRAMS_PER_SM": 1, "PREFETCH_W2": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1285,17 +1280,9 @@ class PersistentPlan:
     # K slices per GEMM 1 tile (config SPLIT_K, or 1 above SPLIT_K_MAX_TILES).
     split_k: int
     ws_words: int
-    # SCHEDULE_PHASED (moe_persistent_kernel) or SCHEDULE_CHUNKED (tunelab.kernels.moe_chunked).
-    schedule: int = SCHEDULE_PHASED
-
-    @property
-    def chunked(self) -> bool:
-        return self.schedule == SCHEDULE_CHUNKED
 
     def max_items(self) -> int:
-        """Work items at most: no grid needs more programs."""
-        if self.chunked:
-            return self.max_blocks * self.n_tiles1 * self.split_k
+        """GEMM 1 and GEMM 2 items at most: no grid needs more programs."""
         return self.max_blocks * (self.n_tiles1 * self.split_k + self.n_tiles2)
 
     def slices_elems(self) -> int:
@@ -1324,38 +1311,17 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
         raise ValueError(f"SPLIT_K must be >= 1, got {c['SPLIT_K']}")
     if c["PREFETCH_W2"] not in (0, 1):
         raise ValueError(f"PREFETCH_W2 must be 0 or 1, got {c['PREFETCH_W2']}")
-    if c["SCHEDULE"] not in (SCHEDULE_PHASED, SCHEDULE_CHUNKED):
-        raise ValueError(f"SCHEDULE must be {SCHEDULE_PHASED} (phased) or {SCHEDULE_CHUNKED} (chunked), "
-                         f"got {c['SCHEDULE']}")
-    chunked = c["SCHEDULE"] == SCHEDULE_CHUNKED
     bm = c["BLOCK_SIZE_M"]
     numel = problem.M * problem.topk
     max_blocks, max_padded = align_sizes(numel, problem.E, bm)
     limit = PERSISTENT_SELF_ALIGN_MAX if self_align_max is None else self_align_max
     self_align = max(2, _next_pow2(numel)) if numel <= limit else 0
     es = 4 if is_fp32(problem.dtype) else 2
+    w2_reachable = min(problem.E, numel) * problem.K * problem.N * es
+    prefetch = 128 // es if (c["PREFETCH_W2"] and w2_reachable <= PREFETCH_BUDGET_BYTES and not interpreting()) else 0
     n_tiles1 = triton.cdiv(2 * problem.N, c["BLOCK_SIZE_N"])
     n_tiles2 = triton.cdiv(problem.K, c["BLOCK_SIZE_N2"])
-    if chunked:
-        if numel > PERSISTENT_SELF_ALIGN_MAX:
-            raise ValueError(f"SCHEDULE={SCHEDULE_CHUNKED} (chunked) is for decode sizes: at most "
-                             f"{PERSISTENT_SELF_ALIGN_MAX} (token, k) slots, this call has {numel}; "
-                             f"use SCHEDULE={SCHEDULE_PHASED}")
-        if c["BLOCK_SIZE_N"] < 32:
-            raise ValueError(f"SCHEDULE={SCHEDULE_CHUNKED} needs BLOCK_SIZE_N >= 32 (its chunk of "
-                             f"BLOCK_SIZE_N / 2 columns is GEMM 2's dot width), got {c['BLOCK_SIZE_N']}")
-        self_align = max(2, _next_pow2(numel))
-        # One bulk prefetch per w2 row (sm_90), whose rows must start 16-byte aligned.
-        prefetch = int(bool(c["PREFETCH_W2"]) and (problem.N * es) % 16 == 0 and pdl_supported())
-        split_k = c["SPLIT_K"]
-        ws_words = WS_HEADER + max_blocks * n_tiles1 + split_k
-    else:
-        w2_reachable = min(problem.E, numel) * problem.K * problem.N * es
-        prefetch = (128 // es if (c["PREFETCH_W2"] and w2_reachable <= PREFETCH_BUDGET_BYTES and not interpreting())
-                    else 0)
-        split_k = c["SPLIT_K"] if max_blocks * n_tiles1 <= SPLIT_K_MAX_TILES else 1
-        ws_words = (WS_HEADER + 2 * max_blocks + problem.M * n_tiles2
-                    + (max_blocks * n_tiles1 if split_k > 1 else 0))
+    split_k = c["SPLIT_K"] if max_blocks * n_tiles1 <= SPLIT_K_MAX_TILES else 1
     return PersistentPlan(
         M=problem.M,
         E=problem.E,
@@ -1376,8 +1342,7 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
         self_align=self_align,
         prefetch=prefetch,
         split_k=split_k,
-        ws_words=ws_words,
-        schedule=c["SCHEDULE"],
+        ws_words=WS_HEADER + 2 * max_blocks + problem.M * n_tiles2 + (max_blocks * n_tiles1 if split_k > 1 else 0),
     )
 
 
@@ -1385,21 +1350,6 @@ def _persistent_spec(plan: PersistentPlan, b: dict, phase: int):
     """(kernel, args, kwargs) of one persistent launch; the grid is the caller's."""
     c = plan.config
     precision = "ieee" if is_fp32(plan.dtype) else "tf32"  # tf32 is ignored for 16-bit inputs
-    if plan.chunked:
-        from tunelab.kernels.moe_chunked import moe_chunked_kernel
-
-        args = (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], b["w2"], b["b2"] if plan.has_bias else b["x"],
-                b["topk_ids"], b["topk_weights"], b["slices"], b["sums"], b["out"], b["ws"])
-        kwargs = dict(
-            N=plan.N, K=plan.K, numel=plan.numel, num_experts=plan.E, max_blocks=plan.max_blocks, TOPK=plan.topk,
-            INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation, HAS_BIAS=plan.has_bias,
-            EVEN_K1=plan.K % c["BLOCK_SIZE_K"] == 0, PRECISION=precision, BLOCK_SIZE_M=c["BLOCK_SIZE_M"],
-            BLOCK_SIZE_N=c["BLOCK_SIZE_N"], BLOCK_SIZE_K=c["BLOCK_SIZE_K"], BLOCK_SIZE_N2=c["BLOCK_SIZE_N2"],
-            SPLIT_K=plan.split_k, NUMEL_PAD=plan.self_align, PHASE=phase,
-            PREFETCH_W2=plan.prefetch if phase < 0 else 0, MAX_SPIN=MAX_SPIN,
-            num_warps=c["num_warps"], num_stages=c["num_stages"],
-        )
-        return moe_chunked_kernel, args, kwargs
     # Without its own alignment the kernel still takes the buffers: any pointer will do.
     align = (b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"])
     args = (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], b["w2"], b["b2"] if plan.has_bias else b["x"],
@@ -1436,8 +1386,6 @@ def persistent_phases(plan: PersistentPlan):
     compiling for a GPU; one per phase under Triton's interpreter."""
     if not interpreting():
         return [-1]
-    if plan.chunked:
-        return [1] if plan.split_k == 1 else [1, 2]
     return ([] if plan.self_align else [0]) + [1, 2]
 
 
@@ -1448,8 +1396,8 @@ def compile_persistent(plan: PersistentPlan):
     the binary."""
     dt, i32, f32 = pointer(plan.dtype), pointer(int32()), pointer(torch_dtype("fp32"))
     b = {"x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "out": dt, "part": f32, "slices": f32,
-         "sums": f32, "topk_ids": i32, "sorted_ids": i32, "expert_ids": i32, "num_post": i32, "cursor": i32,
-         "ws": i32, "topk_weights": f32}
+         "topk_ids": i32, "sorted_ids": i32, "expert_ids": i32, "num_post": i32, "cursor": i32, "ws": i32,
+         "topk_weights": f32}
     for phase in persistent_phases(plan):
         kernel, args, kwargs = _persistent_spec(plan, b, phase)
         prebuild_host_code(kernel.warmup(*args, grid=(1,), **kwargs))
@@ -1615,6 +1563,21 @@ class PersistentMoELaunch:
       waits for the tile before GEMM 1 begins (median program 0.70 -> 2.86
       µs; 25.2 µs). The 64 KB tiles that would give every program one item
       do not fit in registers beside GEMM 1 at two programs an SM.
+    - Tried and not kept (commit 9624612, 2026-11-24, H100, bench/
+      moe_methods.py: results/bench/NVIDIA_H100_80GB_HBM3/moe_chunked.md):
+      a chunked schedule with no wait for the rest of GEMM 1. Each GEMM 1
+      tile's BLOCK_SIZE_N / 2 activated columns went straight through GEMM 2
+      in the same program, against the matching w2 columns, over an output
+      share; the output was summed with fp32 atomic adds, and the program that
+      completed a share converted it. It was correct, but slower at every
+      decode shape, best config against best config: E=128 N=360 M=1 20.7 /
+      14.4 µs (cold / graph) against 19.6 / 13.4, after a 55-config search;
+      M=8 100.2 / 97.0 against 76.5 / 74.5. Learned there: Triton orders no
+      global memory between the threads of a program. The program that
+      converted a share read the sums and then zeroed them, and the zeros were
+      laid out over the threads unlike the loads, so a thread zeroed sums that
+      another had not read yet (at M=2 token 1's row read as zeros, even with
+      one program). A barrier between the two fixed it.
     """
 
     def __init__(self, plan: PersistentPlan, inputs: dict, direct: bool | None = None, grid: int | None = None,
@@ -1633,24 +1596,18 @@ class PersistentMoELaunch:
         self.expert_ids = torch.empty(plan.max_blocks if aligned else 1, dtype=i32, device=dev)
         self.num_post = torch.empty(1, dtype=i32, device=dev)
         self.cursor = torch.empty(plan.align_meta["E_PAD"] if aligned else 1, dtype=i32, device=dev)
-        # The phased schedule's intermediate and weighted rows; the chunked one's
-        # output sums (fp32, zero between launches). Each schedule allocates one element of the others.
-        self.inter = torch.empty(plan.numel if not plan.chunked else 1, plan.N, dtype=plan.dtype, device=dev)
-        self.part = torch.empty(plan.numel if not plan.chunked else 1, plan.K, dtype=torch.float32, device=dev)
-        self.sums = torch.zeros(plan.M if plan.chunked else 1, plan.K, dtype=torch.float32, device=dev)
+        self.inter = torch.empty(plan.numel, plan.N, dtype=plan.dtype, device=dev)
+        self.part = torch.empty(plan.numel, plan.K, dtype=torch.float32, device=dev)
         self.slices = torch.empty(plan.slices_elems(), dtype=torch.float32, device=dev)
         self.out = torch.empty(plan.M, plan.K, dtype=plan.dtype, device=dev)
         self.ws = torch.zeros(plan.ws_words, dtype=i32, device=dev)
         bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids, num_post=self.num_post,
-                    cursor=self.cursor, inter=self.inter, part=self.part, sums=self.sums, slices=self.slices,
-                    out=self.out, ws=self.ws)
+                    cursor=self.cursor, inter=self.inter, part=self.part, slices=self.slices, out=self.out, ws=self.ws)
         self.phases = persistent_phases(plan)
         self.trace: Any = None  # int64 timeline of the last launch (trace=True, GPU only; see trace_layout)
         if trace:
             if self.phases != [-1]:
                 raise ValueError("a traced persistent launch needs a GPU (it stamps %globaltimer)")
-            if plan.chunked:
-                raise ValueError("the chunked schedule has no timeline (TRACE is the phased kernel's)")
             # Sized for the largest grid any binary of this plan takes (a grid is at most max_items).
             words = trace_layout(plan, grid or plan.max_items())["words"]
             self.trace = torch.zeros(words, dtype=torch.int64, device=dev)
@@ -1691,6 +1648,5 @@ class PersistentMoELaunch:
         return bool(int(self.ws[WS_TIMED_OUT].item()))
 
     def workspace_clear(self) -> bool:
-        """Whether the workspace (and the chunked schedule's sums) is back to zero,
-        as every launch must leave it (a host sync)."""
-        return not bool(self.ws.count_nonzero().item()) and not bool(self.sums.count_nonzero().item())
+        """Whether the workspace is back to zero, as every launch must leave it (a host sync)."""
+        return not bool(self.ws.count_nonzero().item())
