@@ -34,9 +34,10 @@
 // (every block is resident: the grid is the SM count times BLOCKS_PER_SM,
 // and __launch_bounds__ holds the registers to that); GEMM 2's first rows
 // were asked for before it. Each block copies every slot's activations into
-// shared memory, and a warp takes GEMM 2 units (token, r): row r of each of
-// the token's experts, weighted by the router and summed in the warp, then
-// written in the activation type. With PREFETCH_W2 a warp asks L2 for its
+// shared memory (all of a thread's loads in flight at once, through L1, from
+// a block-dependent first record), and a warp takes GEMM 2 units (token, r):
+// row r of each of the token's experts, weighted by the router and summed in
+// the warp, then written in the activation type. With PREFETCH_W2 a warp asks L2 for its
 // later GEMM 2 rows before the barrier.
 //
 // The barrier's counter only grows (each launch adds the grid), so no launch
@@ -208,11 +209,10 @@ __device__ __forceinline__ uint4 load16_cached(const void* p) {
     return v;
 }
 
-// Through L2 only: what other SMs wrote in this launch (L1 is not coherent).
-__device__ __forceinline__ uint4 load16_l2(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
+// To L2 only (st.global.cg): GEMM 1's output never has a line in an SM's L1,
+// so GEMM 2 may read it through L1 after the grid barrier (see the staging).
+__device__ __forceinline__ void store_l2(bits16* p, bits16 v) {
+    asm volatile("st.global.cg.u16 [%0], %1;" : : "l"(p), "h"(v) : "memory");
 }
 
 // The 32 activations of the scale group starting at src[col0], zero from `cols` on.
@@ -317,6 +317,9 @@ __device__ __forceinline__ void grid_barrier() {
 // pairs, the group's power of two, padding). 80-byte records make a quarter
 // warp's 16-byte reads of consecutive groups fall in distinct banks.
 #define ACT_RECORD_WORDS 20
+// GEMM 2's staging: records a thread loads before it stores any (4 warps of
+// 3 cover gpt-oss's 4 slots x 90 groups in one round trip).
+#define STAGE_BATCH 3
 
 // Where value k of a group sits among its 32 halves: pair 4 w + i holds
 // values 8 w + i (low half) and 8 w + i + 4 (high), as dot8 takes them.
@@ -430,7 +433,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
                 // unscaled: |h| <= 8 * 7 under the clamps, so a lane's eight
                 // products with E2M1 values (at most 6) stay below 2688.
                 const float h = act_to_float<FP16>(float_to_act<FP16>(swiglu_oai(g, v)));
-                g_h[slot * MAX_COLS + (j & ~31) + pair_position(j & 31)] = float_to_f16(h);
+                store_l2(g_h + slot * MAX_COLS + (j & ~31) + pair_position(j & 31), float_to_f16(h));
             }
         };
         while (u < units1) {
@@ -473,21 +476,49 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     STAMP(3);
 
     // Every slot's activations into shared memory (over GEMM 1's, no longer read).
-    for (int i = threadIdx.x; i < slots * groups2; i += WARPS * 32) {
-        const int slot = i / groups2, g = i % groups2;
-        const bits16* src = g_h + slot * MAX_COLS + 32 * g;
-        u32* record = act + i * ACT_RECORD_WORDS;
-        if (32 * g + 32 <= N) {
+    // Every block reads the same few KB at once, so: a thread issues all of its
+    // loads (STAGE_BATCH records) before it stores any, one round trip instead of
+    // one a record; the loads go through L1, which the blocks of an SM share
+    // (safe: L1 holds no line of g_h, which GEMM 1 stored to L2 only and nothing
+    // read before the barrier); and each block starts at its own record, so the
+    // blocks do not all queue on the same L2 lines first.
+    {
+        const int records = slots * groups2;
+        const int full_groups = N / 32;  // groups of 32 values below N
+        const int first = (int)((blockIdx.x * 7u) % (unsigned)records);
+        for (int base = threadIdx.x; base < records; base += STAGE_BATCH * WARPS * 32) {
+            uint4 held[STAGE_BATCH][4];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) *(uint4*)(record + 4 * c) = load16_l2(src + 8 * c);
-        } else {  // the last group: zero past N (what a longer shape left there is not this one's)
-            bits16* halves = (bits16*)record;
-            for (int k = 0; k < 32; ++k) {
-                const int p = pair_position(k);
-                halves[p] = 32 * g + k < N ? __ldcg(src + p) : (bits16)0;
+            for (int b = 0; b < STAGE_BATCH; ++b) {
+                int i = base + b * WARPS * 32;
+                i = i < records - first ? i + first : i + first - records;
+                if (base + b * WARPS * 32 < records && i % groups2 < full_groups) {
+                    const bits16* src = g_h + (i / groups2) * MAX_COLS + 32 * (i % groups2);
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) held[b][c] = load16_cached(src + 8 * c);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < STAGE_BATCH; ++b) {
+                if (base + b * WARPS * 32 >= records) break;
+                int i = base + b * WARPS * 32;
+                i = i < records - first ? i + first : i + first - records;
+                const int slot = i / groups2, g = i % groups2;
+                u32* record = act + i * ACT_RECORD_WORDS;
+                if (g < full_groups) {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) *(uint4*)(record + 4 * c) = held[b][c];
+                } else {  // the last group: zero past N (what a longer shape left there is not this one's)
+                    const bits16* src = g_h + slot * MAX_COLS + 32 * g;
+                    bits16* halves = (bits16*)record;
+                    for (int k = 0; k < 32; ++k) {
+                        const int p = pair_position(k);
+                        halves[p] = 32 * g + k < N ? __ldcg(src + p) : (bits16)0;
+                    }
+                }
+                record[16] = 0;  // unscaled
             }
         }
-        record[16] = 0;  // unscaled
     }
     __syncthreads();
     STAMP(4);
