@@ -37,8 +37,8 @@
 // shared memory (all of a thread's loads in flight at once, through L1, from
 // a block-dependent first record), and a warp takes GEMM 2 units (token, r):
 // row r of each of the token's experts, weighted by the router and summed in
-// the warp, then written in the activation type. With PREFETCH_W2 a warp asks L2 for its
-// later GEMM 2 rows before the barrier.
+// the warp, then written in the activation type. With PREFETCH_W2 a warp asks
+// L2 for its later GEMM 2 rows before the barrier.
 //
 // The barrier's counter only grows (each launch adds the grid), so no launch
 // needs it reset. A launch that faults or is killed takes the module with it
@@ -317,8 +317,9 @@ __device__ __forceinline__ void grid_barrier() {
 // pairs, the group's power of two, padding). 80-byte records make a quarter
 // warp's 16-byte reads of consecutive groups fall in distinct banks.
 #define ACT_RECORD_WORDS 20
-// GEMM 2's staging: records a thread loads before it stores any (4 warps of
-// 3 cover gpt-oss's 4 slots x 90 groups in one round trip).
+// GEMM 2's staging: records a thread loads before it stores any. At 4 warps
+// (128 threads), 3 records a thread cover gpt-oss's 4 slots x 90 groups (360)
+// in one round trip.
 #define STAGE_BATCH 3
 
 // Where value k of a group sits among its 32 halves: pair 4 w + i holds
