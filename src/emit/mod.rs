@@ -227,10 +227,17 @@ pub struct Group<'s, 'a> {
 impl<'s, 'a> Group<'s, 'a> {
     /// The group's jobs, in journal order.
     pub fn jobs(&self) -> Vec<&'a JobRecord> {
+        self.of_group(&self.sel.jobs)
+    }
+
+    /// The group's superseded jobs (`Selection::superseded`), in journal order.
+    pub fn superseded(&self) -> Vec<&'a JobRecord> {
+        self.of_group(&self.sel.superseded)
+    }
+
+    fn of_group(&self, jobs: &[&'a JobRecord]) -> Vec<&'a JobRecord> {
         let keys: HashSet<&str> = self.shapes.iter().map(|s| s.key.as_str()).collect();
-        self.sel
-            .jobs
-            .iter()
+        jobs.iter()
             .copied()
             .filter(|j| keys.contains(select::shape_key(&j.shape).as_str()))
             .collect()

@@ -153,8 +153,15 @@ impl<'a> ShapeOutcome<'a> {
 /// Journal records digested: latest record per job, finalists attached, jobs grouped by shape.
 #[derive(Debug, Clone)]
 pub struct Selection<'a> {
-    /// The latest record per job id, in journal order, after the filter.
+    /// The latest record per job id, in journal order, after the filter,
+    /// less the superseded ones.
     pub jobs: Vec<&'a JobRecord>,
+    /// Jobs a later record replaced under a new job id: the same method,
+    /// shape and config (baseline or not), recorded again after the method's
+    /// definition changed (its source, launch or parameters: what the job id
+    /// hashes). They stay in the journal and count as recorded by their run,
+    /// but nothing ranks them, so no output mixes two versions of a kernel.
+    pub superseded: Vec<&'a JobRecord>,
     pub shapes: Vec<ShapeOutcome<'a>>,
     /// Finalist re-timings under the run's own timing: they rank.
     finals: HashMap<&'a str, &'a FinalRecord>,
@@ -171,10 +178,9 @@ impl<'a> Selection<'a> {
     /// The jobs `keep` accepts; others are as if absent. Finalist re-timings
     /// rank under the run's own timing (its header's `protocol.timing`).
     pub fn build(results: &'a Results, keep: impl Fn(&JobRecord) -> bool) -> Self {
-        let jobs: Vec<&JobRecord> = latest_jobs(&results.jobs)
-            .into_iter()
-            .filter(|j| keep(j))
-            .collect();
+        let (current, superseded) = split_superseded(latest_jobs(&results.jobs));
+        let jobs: Vec<&JobRecord> = current.into_iter().filter(|j| keep(j)).collect();
+        let superseded: Vec<&JobRecord> = superseded.into_iter().filter(|j| keep(j)).collect();
         let primary = results
             .header
             .as_ref()
@@ -219,6 +225,7 @@ impl<'a> Selection<'a> {
         });
         Selection {
             jobs,
+            superseded,
             shapes,
             finals: final_map,
             retimed,
@@ -291,6 +298,31 @@ pub fn latest_jobs(jobs: &[JobRecord]) -> Vec<&JobRecord> {
         .filter(|(i, j)| last[j.job_id.as_str()] == *i)
         .map(|(_, j)| j)
         .collect()
+}
+
+/// The jobs split into the current and the superseded (in journal order
+/// each): of jobs with the same method, baseline flag, shape and config, the
+/// one recorded last is current. Job ids hash the method's definition, so
+/// two ids for one such key mean the definition changed between them.
+pub fn split_superseded<'a>(jobs: Vec<&'a JobRecord>) -> (Vec<&'a JobRecord>, Vec<&'a JobRecord>) {
+    let key = |j: &JobRecord| {
+        (
+            j.method.clone(),
+            j.baseline,
+            shape_key(&j.shape),
+            shape_key(&j.config),
+        )
+    };
+    let mut last = HashMap::new();
+    for (i, j) in jobs.iter().enumerate() {
+        last.insert(key(j), i);
+    }
+    let (current, superseded): (Vec<_>, Vec<_>) = jobs
+        .into_iter()
+        .enumerate()
+        .partition(|(i, j)| last[&key(j)] == *i);
+    let strip = |v: Vec<(usize, &'a JobRecord)>| v.into_iter().map(|(_, j)| j).collect();
+    (strip(current), strip(superseded))
 }
 
 fn faster<'a>(a: Timed<'a>, b: Timed<'a>) -> bool {

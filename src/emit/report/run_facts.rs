@@ -76,6 +76,14 @@ impl RunRow {
     }
 }
 
+/// Every job the runs recorded (latest record per id), superseded ones included:
+/// a run's counts say what it did, whatever later runs replaced.
+fn recorded<'a>(a: &Analysis<'_, '_, 'a>) -> Vec<&'a JobRecord> {
+    let mut jobs = a.jobs.clone();
+    jobs.extend(a.group.superseded());
+    jobs
+}
+
 /// Every run, each job counted in the run that wrote its latest record.
 pub(super) fn runs(runs: &[RunHeader], jobs: &[&JobRecord]) -> Vec<RunRow> {
     let starts: Vec<Option<i64>> = runs
@@ -135,7 +143,7 @@ pub(super) fn runs(runs: &[RunHeader], jobs: &[&JobRecord]) -> Vec<RunRow> {
 }
 
 pub(super) fn runs_table(a: &Analysis<'_, '_, '_>) -> Table {
-    let rows = runs(&a.group.results.runs, &a.jobs);
+    let rows = runs(&a.group.results.runs, &recorded(a));
     let mut out: Vec<Vec<String>> = rows
         .iter()
         .enumerate()
@@ -183,12 +191,25 @@ pub(super) fn runs_table(a: &Analysis<'_, '_, '_>) -> Table {
 
 /// What the runs table means, the time spent, and the jobs by status.
 pub(super) fn run_notes(a: &Analysis<'_, '_, '_>) -> Vec<String> {
-    let rows = runs(&a.group.results.runs, &a.jobs);
+    let rows = runs(&a.group.results.runs, &recorded(a));
     let mut notes = Vec::new();
     if let Some(last) = rows.last().filter(|r| r.not_run() > 0) {
         notes.push(format!(
             "**{} planned jobs were never recorded**: the last run stopped before them; run it again to finish.",
             last.not_run()
+        ));
+    }
+    let superseded = a.group.superseded();
+    if !superseded.is_empty() {
+        let mut methods: Vec<&str> = superseded.iter().map(|j| j.method.as_str()).collect();
+        methods.sort_unstable();
+        methods.dedup();
+        notes.push(format!(
+            "**{} superseded** ({}): a later run recorded the same method, shape and config under a new \
+             job id, so the method's definition (its source, launch or parameters) changed in between. \
+             The older records stay in the journal; no table or output here uses them.",
+            num::count(superseded.len() as u64, "job was", "jobs were"),
+            methods.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "),
         ));
     }
     let job_ids = id_set(&a.jobs);
@@ -238,7 +259,7 @@ pub(super) fn run_notes(a: &Analysis<'_, '_, '_>) -> Vec<String> {
 /// The line under the title: device, shapes, methods, jobs, runs, time, search.
 pub(super) fn facts_line(a: &Analysis<'_, '_, '_>) -> String {
     let h = a.group.header;
-    let rows = runs(&a.group.results.runs, &a.jobs);
+    let rows = runs(&a.group.results.runs, &recorded(a));
     let wall: f64 = rows.iter().map(|r| r.wall_s).sum();
     let device = if a.gpu {
         format!("**{}**", h.device.name)
