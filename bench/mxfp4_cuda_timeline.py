@@ -11,6 +11,8 @@ launch; an event pair around the launch; the median of --runs.
 
     PYTHONPATH=python python3 bench/mxfp4_cuda_timeline.py --shapes 128:2880:1,128:360:1 \
         --configs 4:3:0,4:3:1 --out timeline.md
+    # two versions of the kernel on one machine:
+    ... --source old.cu --source experiments/kernels/mxfp4_moe_gemv.cu
 
 Needs a GPU (NVIDIA, sm_90 or newer). Prints markdown.
 """
@@ -42,10 +44,10 @@ def nvrtc_library():
     raise SystemExit("no NVRTC wheel found next to torch")
 
 
-def compile_cubin(nvrtc, name: str, arch: str, defines: list[str]) -> tuple[bytes, str, str | None]:
+def compile_cubin(nvrtc, source: Path, name: str, arch: str, defines: list[str]) -> tuple[bytes, str, str | None]:
     """(cubin, the kernel's lowered name, the trace buffer's lowered name)."""
     prog = ctypes.c_void_p()
-    check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), SOURCE.read_bytes(), b"mxfp4_moe_gemv.cu", 0, None, None))
+    check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.read_bytes(), b"mxfp4_moe_gemv.cu", 0, None, None))
     names = [name.encode()] + ([b"&tunelab_mxfp4::g_trace"] if defines else [])
     for n in names:
         check(nvrtc.nvrtcAddNameExpression(prog, n))
@@ -109,7 +111,11 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default="4:3:0", help="WARPS:BLOCKS_PER_SM:PREFETCH_W2,...")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--out", help="also write the markdown here")
+    parser.add_argument("--source", action="append", type=Path,
+                        help="a version of the kernel's source to time (repeat to compare versions on one "
+                             f"machine, each config of each in turn); default {SOURCE.relative_to(REPO)}")
     args = parser.parse_args(argv)
+    sources = args.source or [SOURCE]
 
     import torch
 
@@ -137,14 +143,14 @@ def main(argv=None) -> int:
         names = ("x", "topk_ids", "topk_weights", "w1", "w1_scale", "w2", "w2_scale", "b1", "b2")
         kernel_args = [("p", inputs[n].data_ptr()) for n in names] + [("p", out.data_ptr()), ("i", M), ("i", N),
                                                                        ("i", 2880)]
-        for config_text in args.configs.split(","):
+        for source, config_text in ((s, c) for c in args.configs.split(",") for s in sources):
             warps, per_sm, prefetch = (int(v) for v in config_text.split(":"))
             name = f"mxfp4_moe_gemv<{-(-2880 // 1024)}, {-(-N // 1024)}, 4, {warps}, {per_sm}, {prefetch}, 0>"
             grid, block = props.multi_processor_count * per_sm, 32 * warps
             smem = max(M * (-(-2880 // 32)), M * 4 * (-(-N // 32))) * 80
             row = {}
             for traced in (False, True):
-                cubin, symbol, trace_symbol = compile_cubin(nvrtc, name, arch, ["-DTRACE=1"] if traced else [])
+                cubin, symbol, trace_symbol = compile_cubin(nvrtc, source, name, arch, ["-DTRACE=1"] if traced else [])
                 kernel = Kernel(cuda, cubin, symbol, trace_symbol, smem)
                 out.fill_(float("nan"))
                 kernel.launch(grid, block, kernel_args, stream)
@@ -169,7 +175,8 @@ def main(argv=None) -> int:
                     chosen = stamps[order[len(order) // 2]]
                     row["stamps"] = chosen
             plain_us, verdict = row["plain"]
-            lines += [f"## E={E} N={N} M={M}, WARPS {warps}, BLOCKS_PER_SM {per_sm}, PREFETCH_W2 {prefetch}", "",
+            version = f" ({source.name})" if len(sources) > 1 else ""
+            lines += [f"## E={E} N={N} M={M}, WARPS {warps}, BLOCKS_PER_SM {per_sm}, PREFETCH_W2 {prefetch}{version}", "",
                       f"events: {plain_us:.2f} µs untraced, {row['traced'][0]:.2f} traced; output "
                       f"{'passed' if verdict.get('passed') else 'FAILED'} (max abs err {verdict.get('max_abs_err')})",
                       "", "| stamp | first warp | median warp | last warp |", "| --- | ---: | ---: | ---: |"]

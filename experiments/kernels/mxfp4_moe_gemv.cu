@@ -25,20 +25,22 @@
 // group's E8M0 scale when the group's sum is added in fp32.
 //
 // Work: each block stages the token's activations, scaled, in shared memory
-// once; a warp copies its groups to registers and takes GEMM 1 units (a
-// routed slot's gate and up rows j, both K long), two in flight, and writes
-// the activated value, rounded to the activation type as the reference
-// rounds it, as f16 to a module-scope buffer, unscaled (under gpt-oss's
-// clamps |h| <= 8 * 7 = 56, so eight products stay below 2688), each group
-// in the order the decode pairs it. All blocks then meet at a grid barrier
-// (every block is resident: the grid is the SM count times BLOCKS_PER_SM,
-// and __launch_bounds__ holds the registers to that); GEMM 2's first rows
-// were asked for before it. Each block copies every slot's activations into
-// shared memory (all of a thread's loads in flight at once, through L1, from
-// a block-dependent first record), and a warp takes GEMM 2 units (token, r):
-// row r of each of the token's experts, weighted by the router and summed in
-// the warp, then written in the activation type. With PREFETCH_W2 a warp asks
-// L2 for its later GEMM 2 rows before the barrier.
+// once (asked for before anything else, so they do not queue behind the
+// weights); a warp copies its groups to registers and takes GEMM 1 units (a
+// routed slot's gate and up rows j, both K long, with their biases), two in
+// flight, and writes the activated value, rounded to the activation type as
+// the reference rounds it, as f16 to a module-scope buffer, unscaled (under
+// gpt-oss's clamps |h| <= 8 * 7 = 56, so eight products stay below 2688),
+// each group in the order the decode pairs it. All blocks then meet at a grid
+// barrier (every block is resident: the grid is the SM count times
+// BLOCKS_PER_SM, and __launch_bounds__ holds the registers to that); GEMM 2's
+// first rows were asked for before it. Each block copies every slot's
+// activations into shared memory (all of a thread's loads in flight at once,
+// through L1, from a block-dependent first record), and a warp takes GEMM 2
+// units (token, r): row r of each of the token's experts and its bias,
+// weighted by the router and summed in the warp, then written in the
+// activation type. With PREFETCH_W2 a warp asks L2 for its later GEMM 2 rows
+// before the barrier.
 //
 // The barrier's counter only grows (each launch adds the grid), so no launch
 // needs it reset. A launch that faults or is killed takes the module with it
@@ -163,6 +165,12 @@ __device__ __forceinline__ u32 load_byte(const unsigned char* p) {
     return v;
 }
 
+__device__ __forceinline__ u32 load_u16(const bits16* p) {
+    u32 v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
@@ -213,6 +221,16 @@ __device__ __forceinline__ uint4 load16_cached(const void* p) {
 // so GEMM 2 may read it through L1 after the grid barrier (see the staging).
 __device__ __forceinline__ void store_l2(bits16* p, bits16 v) {
     asm volatile("st.global.cg.u16 [%0], %1;" : : "l"(p), "h"(v) : "memory");
+}
+
+// Where activation group i (token i / groups, group i % groups) of x starts.
+__device__ __forceinline__ const bits16* group_start(const bits16* x, int i, int groups, int K) {
+    return x + (u64)(i / groups) * K + 32 * (i % groups);
+}
+
+// Whether that group is read as four 16-byte loads (load_group_values' fast path).
+__device__ __forceinline__ bool group_loads_whole(const bits16* x, int i, int groups, int K) {
+    return 32 * (i % groups) + 32 <= K && ((u64)group_start(x, i, groups, K) & 15) == 0;
 }
 
 // The 32 activations of the scale group starting at src[col0], zero from `cols` on.
@@ -387,22 +405,41 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     const bool gemm1_warp = warp < warps_per_token * M;
     const int units1 = TOPK * N;
     Group gate0[GPL1], up0[GPL1], gate1[GPL1], up1[GPL1];
-    auto issue1 = [&](Group (&gate)[GPL1], Group (&up)[GPL1], int unit) {
+    // Lane 0 also asks for the unit's two biases with its rows, so that their
+    // latency is hidden behind the dot products instead of following them.
+    u32 bias0 = 0, bias1 = 0;  // the unit's gate and up biases, raw bits (gate low)
+    auto issue1 = [&](Group (&gate)[GPL1], Group (&up)[GPL1], u32& bias, int unit) {
         const int e = topk_ids[token1 * TOPK + unit / N], j = unit % N;
         const u64 gate_row = (u64)e * 2 * N + 2 * j;  // interleaved: even rows gate, odd up
         load_row<GPL1>(w1 + gate_row * row1, w1_scale + gate_row * groups1, groups1, lane, gate);
         load_row<GPL1>(w1 + (gate_row + 1) * row1, w1_scale + (gate_row + 1) * groups1, groups1, lane, up);
+        if (lane == 0) bias = load_u16(b1 + gate_row) | (load_u16(b1 + gate_row + 1) << 16);
     };
     const int step1 = warps_per_token;
     int u = warp / M;
-    // The weights first: their latency covers the activations'.
-    if (gemm1_warp && u < units1) issue1(gate0, up0, u);
+    // A thread's first group of the tokens' activations is asked for before
+    // the weights: after them, it would queue behind every block's first rows.
+    // Both are then in flight while the activations are scaled.
+    const int groups_x = M * groups1;
+    uint4 x_first[4];
+    const bool x_first_held = threadIdx.x < groups_x && group_loads_whole(x, threadIdx.x, groups1, K);
+    if (x_first_held) {
+        const bits16* src = group_start(x, threadIdx.x, groups1, K);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) x_first[c] = load16_cached(src + 8 * c);
+    }
+    if (gemm1_warp && u < units1) issue1(gate0, up0, bias0, u);
 
     // Each token's activations into shared memory once a block, scaled per group.
-    for (int i = threadIdx.x; i < M * groups1; i += WARPS * 32) {
+    for (int i = threadIdx.x; i < groups_x; i += WARPS * 32) {
         const int token = i / groups1, g = i % groups1;
         float v[32];
-        load_group_values<FP16>(x + (u64)token * K, 32 * g, K, v);
+        if (i == (int)threadIdx.x && x_first_held) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) unpack8<FP16>(x_first[c], v + 8 * c);
+        } else {
+            load_group_values<FP16>(x + (u64)token * K, 32 * g, K, v);
+        }
         u32* record = act + i * ACT_RECORD_WORDS;
         int shift;
         scale_group(v, record, shift);
@@ -422,14 +459,13 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
             for (int c = 0; c < 4; ++c) *(uint4*)(pairs[q] + 4 * c) = *(const uint4*)(record + 4 * c);
             shift[q] = (int)record[16];  // a lane past the row's groups multiplies zero codes
         }
-        auto finish1 = [&](const Group (&gate)[GPL1], const Group (&up)[GPL1], int unit) {
+        auto finish1 = [&](const Group (&gate)[GPL1], const Group (&up)[GPL1], u32 bias, int unit) {
             float g = warp_sum(row_dot_held<GPL1>(gate, pairs, shift));
             float v = warp_sum(row_dot_held<GPL1>(up, pairs, shift));
             if (lane == 0) {
                 const int slot = token1 * TOPK + unit / N, j = unit % N;
-                const u64 gate_row = (u64)topk_ids[slot] * 2 * N + 2 * j;
-                g += act_to_float<FP16>(b1[gate_row]);
-                v += act_to_float<FP16>(b1[gate_row + 1]);
+                g += act_to_float<FP16>((bits16)(bias & 0xffffu));
+                v += act_to_float<FP16>((bits16)(bias >> 16));
                 // Rounded to bf16 as the reference rounds it, then held as f16,
                 // unscaled: |h| <= 8 * 7 under the clamps, so a lane's eight
                 // products with E2M1 values (at most 6) stay below 2688.
@@ -438,12 +474,12 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
             }
         };
         while (u < units1) {
-            if (u + step1 < units1) issue1(gate1, up1, u + step1);
-            finish1(gate0, up0, u);
+            if (u + step1 < units1) issue1(gate1, up1, bias1, u + step1);
+            finish1(gate0, up0, bias0, u);
             u += step1;
             if (u >= units1) break;
-            if (u + step1 < units1) issue1(gate0, up0, u + step1);
-            finish1(gate1, up1, u);
+            if (u + step1 < units1) issue1(gate0, up0, bias0, u + step1);
+            finish1(gate1, up1, bias1, u);
             u += step1;
         }
     }
@@ -451,13 +487,17 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     // ---- GEMM 2: units (token, r): row r of each of the token's experts,
     // summed and weighted in the warp.
     Group rows0[TOPK][GPL2], rows1[TOPK][GPL2];
-    auto issue2 = [&](Group (&rows)[TOPK][GPL2], int unit) {
+    // Lane k < TOPK also asks for the bias of row r of the token's k-th expert
+    // with the rows (raw bits), hidden behind the dot products as in GEMM 1.
+    u32 bias2_0 = 0, bias2_1 = 0;
+    auto issue2 = [&](Group (&rows)[TOPK][GPL2], u32& bias, int unit) {
         const int token = unit / K, r = unit % K;
 #pragma unroll
         for (int k = 0; k < TOPK; ++k) {
             const u64 row = (u64)topk_ids[token * TOPK + k] * K + r;
             load_row<GPL2>(w2 + row * row2, w2_scale + row * groups2, groups2, lane, rows[k]);
         }
+        if (lane < TOPK) bias = load_u16(b2 + (u64)topk_ids[token * TOPK + lane] * K + r);
     };
     const int units2 = M * K;
     u = warp;
@@ -471,7 +511,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
             }
         }
     }
-    if (u < units2) issue2(rows0, u);  // weights need no activations: asked before the barrier
+    if (u < units2) issue2(rows0, bias2_0, u);  // weights need no activations: asked before the barrier
     STAMP(2);
     grid_barrier();
     STAMP(3);
@@ -524,7 +564,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     __syncthreads();
     STAMP(4);
 
-    auto finish2 = [&](const Group (&rows)[TOPK][GPL2], int unit) {
+    auto finish2 = [&](const Group (&rows)[TOPK][GPL2], u32 bias, int unit) {
         const int token = unit / K, r = unit % K;
         float y = 0.f;
 #pragma unroll
@@ -532,24 +572,18 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
             const int slot = token * TOPK + k;
             y = fmaf(topk_weights[slot], row_dot<GPL2>(rows[k], act + slot * groups2 * ACT_RECORD_WORDS, groups2, lane), y);
         }
+        if (lane < TOPK) y = fmaf(topk_weights[token * TOPK + lane], act_to_float<FP16>((bits16)bias), y);
         y = warp_sum(y);
-        if (lane == 0) {
-#pragma unroll
-            for (int k = 0; k < TOPK; ++k) {
-                const int slot = token * TOPK + k;
-                y = fmaf(topk_weights[slot], act_to_float<FP16>(b2[(u64)topk_ids[slot] * K + r]), y);
-            }
-            out[(u64)token * K + r] = float_to_act<FP16>(y);
-        }
+        if (lane == 0) out[(u64)token * K + r] = float_to_act<FP16>(y);
     };
     const int step2 = warps;
     while (u < units2) {
-        if (u + step2 < units2) issue2(rows1, u + step2);
-        finish2(rows0, u);
+        if (u + step2 < units2) issue2(rows1, bias2_1, u + step2);
+        finish2(rows0, bias2_0, u);
         u += step2;
         if (u >= units2) break;
-        if (u + step2 < units2) issue2(rows0, u + step2);
-        finish2(rows1, u);
+        if (u + step2 < units2) issue2(rows0, bias2_0, u + step2);
+        finish2(rows1, bias2_1, u);
         u += step2;
     }
     STAMP(5);
