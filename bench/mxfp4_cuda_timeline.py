@@ -7,7 +7,9 @@ grid barrier, GEMM 2's activations staged, end), loads both through the CUDA
 driver (ctypes) into torch's context and launches them on the `moe`
 problem's own inputs (tunelab.problems.moe), the output checked against the
 problem's reference with its tolerance. Cold: a 256 MiB write before each
-launch; an event pair around the launch; the median of --runs.
+launch (with --hot, none, and a 50 µs spin kernel instead: the launch finds
+what the one before left in L2);
+an event pair around the launch; the median of --runs.
 
     PYTHONPATH=python python3 bench/mxfp4_cuda_timeline.py --shapes 128:2880:1,128:360:1 \
         --configs 4:3:0,4:3:1 --out timeline.md
@@ -111,6 +113,8 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default="4:3:0", help="WARPS:BLOCKS_PER_SM:PREFETCH_W2,...")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--out", help="also write the markdown here")
+    parser.add_argument("--hot", action="store_true",
+                        help="no L2 flush before a launch: its weights are where the launch before left them")
     parser.add_argument("--source", action="append", type=Path,
                         help="a version of the kernel's source to time (repeat to compare versions on one "
                              f"machine, each config of each in turn); default {SOURCE.relative_to(REPO)}")
@@ -130,8 +134,10 @@ def main(argv=None) -> int:
     stream = torch.cuda.current_stream().cuda_stream
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     lines = [f"# One-launch CUDA C++ MXFP4 MoE: timeline on {props.name}", "",
-             f"torch {torch.__version__}, {arch}, {props.multi_processor_count} SMs; cold (256 MiB written before each "
-             f"launch), median of {args.runs}; stamps in µs from the first warp's start.", ""]
+             f"torch {torch.__version__}, {arch}, {props.multi_processor_count} SMs; "
+             + ("hot (no flush: each launch right after another)" if args.hot else
+                "cold (256 MiB written before each launch)")
+             + f", median of {args.runs}; stamps in µs from the first warp's start.", ""]
     for shape_text in args.shapes.split(","):
         E, N, M = (int(v) for v in shape_text.split(":"))
         shape = {"M": M, "E": E, "topk": 4, "K": 2880, "N": N, "dtype": "mxfp4", "act_dtype": "bf16",
@@ -158,7 +164,12 @@ def main(argv=None) -> int:
                 verdict = compare(out, reference, atol=2e-2, rtol=2e-2, max_mismatch=0.005)
                 times, stamps = [], []
                 for _ in range(args.runs):
-                    flush.fill_(1)
+                    if args.hot:
+                        # The GPU busy (about 50 µs) while the host launches, as the flush keeps it when
+                        # cold: else the event pair would time the host's launch too.
+                        torch.cuda._sleep(100_000)
+                    else:
+                        flush.fill_(1)
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     kernel.launch(grid, block, kernel_args, stream)
