@@ -577,14 +577,38 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
         if (lane == 0) out[(u64)token * K + r] = float_to_act<FP16>(y);
     };
     const int step2 = warps;
-    while (u < units2) {
-        if (u + step2 < units2) issue2(rows1, bias2_1, u + step2);
-        finish2(rows0, bias2_0, u);
-        u += step2;
-        if (u >= units2) break;
-        if (u + step2 < units2) issue2(rows0, bias2_0, u + step2);
-        finish2(rows1, bias2_1, u);
-        u += step2;
+    // finish2 is straight-line code (TOPK * GPL2 groups) that a warp runs
+    // once or twice, so every warp fetches it cold. With 12 groups or more
+    // (gpt-oss at N=2880) it is written once, the next unit's rows moved into
+    // rows0 after each unit: two copies made "no instruction" the top stall
+    // under Nsight Compute (31 % of samples, nearly all in GEMM 2), and one
+    // copy is 3.7 % faster. With fewer groups, two copies alternating between
+    // the two sets of rows are 1-3 % faster (H200,
+    // results/bench/NVIDIA_H200/mxfp4_m1_gemv/cuda_gemv.md).
+    if constexpr (TOPK * GPL2 >= 12) {
+#pragma unroll 1
+        while (u < units2) {
+            const bool more = u + step2 < units2;
+            if (more) issue2(rows1, bias2_1, u + step2);
+            finish2(rows0, bias2_0, u);
+            if (!more) break;
+            u += step2;
+#pragma unroll
+            for (int k = 0; k < TOPK; ++k)
+#pragma unroll
+                for (int q = 0; q < GPL2; ++q) rows0[k][q] = rows1[k][q];
+            bias2_0 = bias2_1;
+        }
+    } else {  // two copies, alternating between the two sets of rows
+        while (u < units2) {
+            if (u + step2 < units2) issue2(rows1, bias2_1, u + step2);
+            finish2(rows0, bias2_0, u);
+            u += step2;
+            if (u >= units2) break;
+            if (u + step2 < units2) issue2(rows0, bias2_0, u + step2);
+            finish2(rows1, bias2_1, u);
+            u += step2;
+        }
     }
     STAMP(5);
 }
