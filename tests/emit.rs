@@ -1213,6 +1213,33 @@ fn a_job_recorded_again_under_a_new_id_supersedes_the_old_one() {
         report.contains("**1 job was superseded** (`triton`)"),
         "the report says what it left out:\n{report}"
     );
+    // A space that gained a parameter: every job of that method and shape
+    // recorded before, with configs of the old parameters, is superseded.
+    let mut widened = results.jobs[old].clone();
+    widened.job_id = "abcdefabcdefabcd".into();
+    widened.config.insert("NEW_PARAM".into(), 1.into());
+    let shape = widened.shape.clone();
+    results.jobs.push(widened);
+    let out = render(&results);
+    let before = |id: &str| {
+        results
+            .jobs
+            .iter()
+            .any(|j| j.job_id == id && j.method == "triton" && !j.baseline && j.shape == shape)
+    };
+    let listed: Vec<&str> = out["jobs.csv"]
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .filter(|id| before(id))
+        .collect();
+    assert_eq!(
+        listed,
+        ["abcdefabcdefabcd"],
+        "only the widened config is current"
+    );
+    results.jobs.pop();
+
     // The same config as a baseline is another job, never superseded by it.
     let baseline = results.jobs.iter().find(|j| j.baseline).unwrap().clone();
     let mut as_searched = baseline.clone();

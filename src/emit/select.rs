@@ -301,26 +301,31 @@ pub fn latest_jobs(jobs: &[JobRecord]) -> Vec<&JobRecord> {
 }
 
 /// The jobs split into the current and the superseded (in journal order
-/// each): of jobs with the same method, baseline flag, shape and config, the
-/// one recorded last is current. Job ids hash the method's definition, so
-/// two ids for one such key mean the definition changed between them.
+/// each). Job ids hash the method's definition, so a definition that changed
+/// between two runs shows in the journal as:
+/// - two ids for one method, baseline flag, shape and config: the one
+///   recorded last is current;
+/// - configs with other parameters (a space that gained or lost one): of a
+///   method, baseline flag and shape, only the jobs whose config has the
+///   parameters of the one recorded last are current.
 pub fn split_superseded<'a>(jobs: Vec<&'a JobRecord>) -> (Vec<&'a JobRecord>, Vec<&'a JobRecord>) {
-    let key = |j: &JobRecord| {
-        (
-            j.method.clone(),
-            j.baseline,
-            shape_key(&j.shape),
-            shape_key(&j.config),
-        )
+    let group = |j: &JobRecord| (j.method.clone(), j.baseline, shape_key(&j.shape));
+    let params = |j: &'a JobRecord| {
+        let mut names: Vec<&str> = j.config.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
     };
+    let config = |j: &JobRecord| shape_key(&j.config);
     let mut last = HashMap::new();
+    let mut last_params = HashMap::new();
     for (i, j) in jobs.iter().enumerate() {
-        last.insert(key(j), i);
+        last.insert((group(j), config(j)), i);
+        last_params.insert(group(j), params(j));
     }
-    let (current, superseded): (Vec<_>, Vec<_>) = jobs
-        .into_iter()
-        .enumerate()
-        .partition(|(i, j)| last[&key(j)] == *i);
+    let (current, superseded): (Vec<_>, Vec<_>) =
+        jobs.into_iter().enumerate().partition(|(i, j)| {
+            last[&(group(j), config(j))] == *i && last_params[&group(j)] == params(j)
+        });
     let strip = |v: Vec<(usize, &'a JobRecord)>| v.into_iter().map(|(_, j)| j).collect();
     (strip(current), strip(superseded))
 }
