@@ -168,8 +168,10 @@ class JobRecords(list[JobRecord]):
     """The latest record of every job in a journal, in journal order: a list of dicts.
 
     Also holds the journal's run headers (`runs`, oldest first), the
-    finalists' interleaved re-timings (`finals`), and the lines it could not
-    read (`warnings`).
+    finalists' interleaved re-timings (`finals`), the lines it could not
+    read (`warnings`), and the ids of the jobs that a later definition of
+    their method superseded (`superseded`: kept in the journal, ranked by no
+    output; leave them out before ranking, or two versions of a kernel mix).
     """
 
     def __init__(
@@ -179,13 +181,25 @@ class JobRecords(list[JobRecord]):
         runs: Sequence[dict[str, Any]] = (),
         finals: Sequence[dict[str, Any]] = (),
         warnings: Sequence[str] = (),
+        superseded: Iterable[str] = (),
         path: Optional[Path] = None,
     ):
         super().__init__(records)
         self.runs: list[dict[str, Any]] = list(runs)
         self.finals: list[dict[str, Any]] = list(finals)
         self.warnings: list[str] = list(warnings)
+        self.superseded: set[str] = set(superseded)
         self.path = path
+
+    def current(self) -> "JobRecords":
+        """The records less the superseded ones: what `tunelab report` ranks."""
+        return JobRecords(
+            (r for r in self if r["job_id"] not in self.superseded),
+            runs=self.runs,
+            finals=self.finals,
+            warnings=self.warnings,
+            path=self.path,
+        )
 
     def to_pandas(self) -> "pandas.DataFrame":
         """The records as a pandas DataFrame, one row a job.
@@ -208,7 +222,8 @@ def read_journal(path: PathLike) -> JobRecords:
     or one journal file, as `tunelab report` does.
 
     Returns the latest record of every job (a later record of a job id
-    replaces an earlier one). Raises FileNotFoundError where there is no
+    replaces an earlier one); `.superseded` names the jobs a later
+    definition of their method replaced, `.current()` leaves them out. Raises FileNotFoundError where there is no
     journal, ValueError for a journal of a newer format than this tunelab
     reads, OSError when it cannot be read.
     """
@@ -218,6 +233,7 @@ def read_journal(path: PathLike) -> JobRecords:
         runs=read["runs"],
         finals=read["finals"],
         warnings=read["warnings"],
+        superseded=read["superseded"],
         path=Path(path),
     )
 

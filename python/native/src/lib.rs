@@ -240,7 +240,9 @@ fn store_error(e: StoreError) -> PyErr {
 
 /// Reads a results directory's journal (packed, live or both), or one
 /// journal file, as `tunelab report` does: the run headers, the latest record
-/// of every job, the finalists' re-timings, and what was skipped.
+/// of every job, the finalists' re-timings, what was skipped, and the ids of
+/// the jobs a later definition of their method superseded (no output ranks
+/// them: `tunelab::emit::select::split_superseded`).
 #[pyfunction]
 fn read_journal(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
     let text = py.detach(|| -> Result<String, StoreError> {
@@ -249,11 +251,15 @@ fn read_journal(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
         } else {
             store::journal::read_file(&path)?
         };
+        let (_, superseded) =
+            tunelab::emit::select::split_superseded(results.jobs.iter().collect());
+        let superseded: Vec<&str> = superseded.iter().map(|j| j.job_id.as_str()).collect();
         Ok(json!({
             "runs": results.runs,
             "jobs": results.jobs,
             "finals": results.finals,
             "warnings": warnings,
+            "superseded": superseded,
         })
         .to_string())
     });

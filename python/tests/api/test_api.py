@@ -170,6 +170,22 @@ def test_read_journal_gives_records_runs_and_finals():
     assert ok and all(r["stats"]["median_us"] > 0 for r in ok)
 
 
+def test_read_journal_names_the_jobs_a_later_definition_superseded(tmp_path):
+    # A kernel edited between two runs: the same method, shape and config
+    # recorded again under a new job id.
+    lines = (REPO / "tests/fixtures/journals/gemm.jsonl").read_text().splitlines()
+    first_job = next(json.loads(line) for line in lines if '"job_id"' in line and '"status"' in line)
+    again = dict(first_job, job_id="feedfacefeedface")
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text("\n".join(lines + [json.dumps(again)]) + "\n")
+    records = tunelab.read_journal(journal)
+    assert records.superseded == {first_job["job_id"]}
+    current = records.current()
+    assert len(current) == len(records) - 1
+    assert {r["job_id"] for r in current} >= {"feedfacefeedface"}
+    assert tunelab.read_journal("tests/fixtures/journals/gemm.jsonl").superseded == set()
+
+
 def test_records_as_a_dataframe():
     pandas = pytest.importorskip("pandas")
     records = tunelab.read_journal("tests/fixtures/journals/moe.jsonl")
