@@ -1218,6 +1218,7 @@ fn a_job_recorded_again_under_a_new_id_supersedes_the_old_one() {
     let mut widened = results.jobs[old].clone();
     widened.job_id = "abcdefabcdefabcd".into();
     widened.config.insert("NEW_PARAM".into(), 1.into());
+    widened.finished_at = "2099-01-01T00:00:00Z".into(); // after every fixture job
     let shape = widened.shape.clone();
     results.jobs.push(widened);
     let out = render(&results);
@@ -1238,6 +1239,19 @@ fn a_job_recorded_again_under_a_new_id_supersedes_the_old_one() {
         ["abcdefabcdefabcd"],
         "only the widened config is current"
     );
+    results.jobs.pop();
+
+    // "Later" is by finish time, not place in the journal (a merged journal
+    // holds its inputs one after the other): a record placed last but
+    // finished earlier is the superseded one.
+    let mut earlier = results.jobs[old].clone();
+    earlier.job_id = "0000000000000001".into();
+    earlier.finished_at = "2000-01-01T00:00:00Z".into();
+    results.jobs.push(earlier);
+    let out = render(&results);
+    assert!(!out["jobs.csv"].contains("0000000000000001"));
+    assert!(out["jobs.csv"].contains("feedfacefeedface"));
+    assert!(out["report.md"].contains("**2 jobs were superseded** (`triton`)"));
     results.jobs.pop();
 
     // The same config as a baseline is another job, never superseded by it.

@@ -123,6 +123,44 @@ fn quickstart_runs_end_to_end_and_resumes_without_redoing_work() {
     );
     assert_eq!(jobs(&journal(&dir)).len(), done.len() + 2 * native.len());
 
+    // A later definition of one job's method recorded it under another id
+    // (as if its kernel had been edited and run); going back to this
+    // definition, that job is superseded, so a resume runs it again and its
+    // new record is the current one.
+    let original = done[0];
+    let mut later = original.clone();
+    later["job_id"] = "feedfacefeedface".into();
+    let mut text = std::fs::read_to_string(dir.join("journal.jsonl")).unwrap();
+    text.push_str(&format!("{later}\n"));
+    std::fs::write(dir.join("journal.jsonl"), text).unwrap();
+    // Records carry whole seconds: the re-run's must be the later one.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let back = tunelab(&py, results.path(), &["run", "experiments/quickstart.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(back.status.code(), Some(0), "{}", show(&back));
+    assert!(
+        String::from_utf8_lossy(&back.stdout).contains("1 job run (1 ok"),
+        "the superseded job runs again: {}",
+        show(&back)
+    );
+    let rerun: Vec<_> = jobs(&journal(&dir))
+        .into_iter()
+        .filter(|j| j["job_id"] == original["job_id"])
+        .cloned()
+        .collect();
+    assert_eq!(rerun.len(), 2, "both records of the job are kept");
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(
+        report.contains(&format!(
+            "**1 job was superseded** (`{}`)",
+            original["method"].as_str().unwrap()
+        )),
+        "the other definition's record is now the superseded one:\n{report}"
+    );
+    let best = std::fs::read_to_string(dir.join("best.csv")).unwrap();
+    assert!(!best.contains("feedfacefeedface"));
+
     // The report is regenerated from the journal alone.
     std::fs::remove_file(dir.join("report.md")).unwrap();
     let report = Command::new(env!("CARGO_BIN_EXE_tunelab"))

@@ -308,6 +308,9 @@ pub fn latest_jobs(jobs: &[JobRecord]) -> Vec<&JobRecord> {
 /// - configs with other parameters (a space that gained or lost one): of a
 ///   method, baseline flag and shape, only the jobs whose config has the
 ///   parameters of the one recorded last are current.
+///
+/// "Last" is by `finished_at`, then by position: a merged journal holds its
+/// inputs one after the other, not in the order they ran.
 pub fn split_superseded<'a>(jobs: Vec<&'a JobRecord>) -> (Vec<&'a JobRecord>, Vec<&'a JobRecord>) {
     let group = |j: &JobRecord| (j.method.clone(), j.baseline, shape_key(&j.shape));
     let params = |j: &'a JobRecord| {
@@ -316,18 +319,46 @@ pub fn split_superseded<'a>(jobs: Vec<&'a JobRecord>) -> (Vec<&'a JobRecord>, Ve
         names
     };
     let config = |j: &JobRecord| shape_key(&j.config);
-    let mut last = HashMap::new();
-    let mut last_params = HashMap::new();
+    let recency = |i: usize| (jobs[i].finished_at.as_str(), i);
+    let mut last: HashMap<_, usize> = HashMap::new();
+    let mut last_in_group: HashMap<_, usize> = HashMap::new();
     for (i, j) in jobs.iter().enumerate() {
-        last.insert((group(j), config(j)), i);
-        last_params.insert(group(j), params(j));
+        let newer = |held: &usize| recency(i) > recency(*held);
+        last.entry((group(j), config(j)))
+            .and_modify(|held| {
+                if newer(held) {
+                    *held = i
+                }
+            })
+            .or_insert(i);
+        last_in_group
+            .entry(group(j))
+            .and_modify(|held| {
+                if newer(held) {
+                    *held = i
+                }
+            })
+            .or_insert(i);
     }
-    let (current, superseded): (Vec<_>, Vec<_>) =
-        jobs.into_iter().enumerate().partition(|(i, j)| {
-            last[&(group(j), config(j))] == *i && last_params[&group(j)] == params(j)
-        });
-    let strip = |v: Vec<(usize, &'a JobRecord)>| v.into_iter().map(|(_, j)| j).collect();
+    let is_current = |i: usize, j: &'a JobRecord| {
+        last[&(group(j), config(j))] == i && params(jobs[last_in_group[&group(j)]]) == params(j)
+    };
+    let (current, superseded): (Vec<_>, Vec<_>) = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (is_current(i, j), *j))
+        .partition(|(current, _)| *current);
+    let strip = |v: Vec<(bool, &'a JobRecord)>| v.into_iter().map(|(_, j)| j).collect();
     (strip(current), strip(superseded))
+}
+
+/// The ids of `jobs`' superseded jobs (`split_superseded`).
+pub fn superseded_ids(jobs: &[JobRecord]) -> std::collections::HashSet<&str> {
+    split_superseded(jobs.iter().collect())
+        .1
+        .into_iter()
+        .map(|j| j.job_id.as_str())
+        .collect()
 }
 
 fn faster<'a>(a: Timed<'a>, b: Timed<'a>) -> bool {

@@ -83,7 +83,7 @@ impl Journals {
     }
 }
 
-/// The selection time, in µs, of the eligible jobs of `results` that
+/// The selection time, in µs, of the current eligible jobs of `results` that
 /// `matches` accepts (the fastest of them); `None` when there is none, or
 /// when they are of more than one shape (the entry cannot say which it is).
 pub(super) fn measured(results: &Results, matches: impl Fn(&JobRecord) -> bool) -> Option<f64> {
@@ -92,9 +92,14 @@ pub(super) fn measured(results: &Results, matches: impl Fn(&JobRecord) -> bool) 
         .iter()
         .map(|f| (f.job_id.as_str(), f))
         .collect();
+    let superseded = crate::emit::select::superseded_ids(&results.jobs);
     let mut shape: Option<String> = None;
     let mut best: Option<f64> = None;
-    for job in results.jobs.iter().filter(|j| matches(j)) {
+    for job in results
+        .jobs
+        .iter()
+        .filter(|j| !superseded.contains(j.job_id.as_str()) && matches(j))
+    {
         let Some(timed) = eligible(job, finals.get(job.job_id.as_str()).copied()) else {
             continue;
         };

@@ -130,10 +130,13 @@ impl LaneContext<'_> {
 }
 
 /// What an earlier run measured, by group: every measured or failed
-/// non-baseline job of `records`.
-pub fn prior_observations(records: &[JobRecord]) -> HashMap<String, Vec<PriorObservation>> {
+/// non-baseline job of `records` (the current ones: superseded jobs timed
+/// another version of their method).
+pub fn prior_observations<'a>(
+    records: impl Iterator<Item = &'a JobRecord>,
+) -> HashMap<String, Vec<PriorObservation>> {
     let mut map: HashMap<String, Vec<PriorObservation>> = HashMap::new();
-    for r in records.iter().filter(|r| !r.baseline) {
+    for r in records.filter(|r| !r.baseline) {
         let ln_median_us = match (r.status, &r.stats) {
             (JobStatus::Ok, Some(st)) if st.median_us.is_finite() && st.median_us > 0.0 => {
                 Some(st.median_us.ln())
@@ -1767,7 +1770,7 @@ mod tests {
             .cloned()
             .collect();
         assert_eq!(earlier.len(), 3);
-        let prior = prior_observations(&earlier);
+        let prior = prior_observations(earlier.iter());
         assert_eq!(prior.values().map(Vec::len).sum::<usize>(), 3);
         let mut g = group();
         g.jobs.retain(|j| !earlier.iter().any(|e| e.job_id == j.id));

@@ -330,9 +330,14 @@ impl Resume {
                 ));
             }
         }
+        // A planned job whose record a later definition of its method
+        // superseded (an edit reverted) runs again, so that its new record is
+        // the current one.
+        let superseded = crate::emit::select::superseded_ids(&previous.jobs);
         let done = previous
             .jobs
             .iter()
+            .filter(|r| !superseded.contains(r.job_id.as_str()))
             .filter(|r| match run_mode {
                 RunMode::Check => r.status != JobStatus::Skipped,
                 // A config a strategy skipped was never run: only a strategy
@@ -347,7 +352,12 @@ impl Resume {
             .map(|r| r.job_id.clone())
             .collect();
         let prior = if strategies.any_learns() && run_mode == RunMode::Tune {
-            lane::prior_observations(&previous.jobs)
+            lane::prior_observations(
+                previous
+                    .jobs
+                    .iter()
+                    .filter(|r| !superseded.contains(r.job_id.as_str())),
+            )
         } else {
             HashMap::new()
         };

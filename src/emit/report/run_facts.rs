@@ -205,9 +205,10 @@ pub(super) fn run_notes(a: &Analysis<'_, '_, '_>) -> Vec<String> {
         methods.sort_unstable();
         methods.dedup();
         notes.push(format!(
-            "**{} superseded** ({}): a later run recorded the same method, shape and config under a new \
-             job id, so the method's definition (its source, launch or parameters) changed in between. \
-             The older records stay in the journal; no table or output here uses them.",
+            "**{} superseded** ({}): a later run recorded the same method and shape under new job ids \
+             (the same config under a new id, or configs with other parameters), so the method's \
+             definition (its kernel source, launch or space) changed in between. The older records stay \
+             in the journal and count in the runs table; no other table or output here uses them.",
             num::count(superseded.len() as u64, "job was", "jobs were"),
             methods.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "),
         ));
@@ -245,8 +246,12 @@ pub(super) fn run_notes(a: &Analysis<'_, '_, '_>) -> Vec<String> {
             r.lane, r.reason, r.requeued_jobs
         ));
     }
+    let besides = match superseded.len() {
+        0 => String::new(),
+        n => format!(" (and {n} superseded)"),
+    };
     notes.push(format!(
-        "{} recorded: {}. {} in timed samples{}; {} re-timed as finalists.",
+        "{} recorded{besides}: {}. {} in timed samples{}; {} re-timed as finalists.",
         num::count(a.jobs.len() as u64, "job", "jobs"),
         status_counts(&a.jobs),
         duration(sample_ms / 1000.0),
