@@ -320,25 +320,16 @@ pub fn split_superseded<'a>(jobs: Vec<&'a JobRecord>) -> (Vec<&'a JobRecord>, Ve
     };
     let config = |j: &JobRecord| shape_key(&j.config);
     let recency = |i: usize| (jobs[i].finished_at.as_str(), i);
-    let mut last: HashMap<_, usize> = HashMap::new();
-    let mut last_in_group: HashMap<_, usize> = HashMap::new();
+    let newer = |held: Option<&usize>, i: usize| match held {
+        Some(&h) if recency(h) > recency(i) => h,
+        _ => i,
+    };
+    let mut last = HashMap::new(); // (group, config) -> its newest record
+    let mut last_in_group = HashMap::new(); // group -> its newest record
     for (i, j) in jobs.iter().enumerate() {
-        let newer = |held: &usize| recency(i) > recency(*held);
-        last.entry((group(j), config(j)))
-            .and_modify(|held| {
-                if newer(held) {
-                    *held = i
-                }
-            })
-            .or_insert(i);
-        last_in_group
-            .entry(group(j))
-            .and_modify(|held| {
-                if newer(held) {
-                    *held = i
-                }
-            })
-            .or_insert(i);
+        let key = (group(j), config(j));
+        last.insert(key.clone(), newer(last.get(&key), i));
+        last_in_group.insert(key.0.clone(), newer(last_in_group.get(&key.0), i));
     }
     let is_current = |i: usize, j: &'a JobRecord| {
         last[&(group(j), config(j))] == i && params(jobs[last_in_group[&group(j)]]) == params(j)
@@ -346,9 +337,8 @@ pub fn split_superseded<'a>(jobs: Vec<&'a JobRecord>) -> (Vec<&'a JobRecord>, Ve
     let (current, superseded): (Vec<_>, Vec<_>) = jobs
         .iter()
         .enumerate()
-        .map(|(i, j)| (is_current(i, j), *j))
-        .partition(|(current, _)| *current);
-    let strip = |v: Vec<(bool, &'a JobRecord)>| v.into_iter().map(|(_, j)| j).collect();
+        .partition(|&(i, j)| is_current(i, j));
+    let strip = |v: Vec<(usize, &&'a JobRecord)>| v.into_iter().map(|(_, j)| *j).collect();
     (strip(current), strip(superseded))
 }
 
