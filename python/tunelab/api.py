@@ -223,9 +223,10 @@ def read_journal(path: PathLike) -> JobRecords:
 
     Returns the latest record of every job (a later record of a job id
     replaces an earlier one); `.superseded` names the jobs a later
-    definition of their method replaced, `.current()` leaves them out. Raises FileNotFoundError where there is no
-    journal, ValueError for a journal of a newer format than this tunelab
-    reads, OSError when it cannot be read.
+    definition of their method replaced, `.current()` leaves them out.
+    Raises FileNotFoundError where there is no journal, ValueError for a
+    journal of a newer format than this tunelab reads, OSError when it
+    cannot be read.
     """
     read = _native.read_journal(os.fspath(path))
     return JobRecords(

@@ -156,11 +156,10 @@ pub struct Selection<'a> {
     /// The latest record per job id, in journal order, after the filter,
     /// less the superseded ones.
     pub jobs: Vec<&'a JobRecord>,
-    /// Jobs a later record replaced under a new job id: the same method,
-    /// shape and config (baseline or not), recorded again after the method's
-    /// definition changed (its source, launch or parameters: what the job id
-    /// hashes). They stay in the journal and count as recorded by their run,
-    /// but nothing ranks them, so no output mixes two versions of a kernel.
+    /// Jobs a later definition of their method replaced (`split_superseded`
+    /// says how that shows). They stay in the journal and count as recorded
+    /// by their run, but nothing ranks them, so no output mixes two versions
+    /// of a kernel.
     pub superseded: Vec<&'a JobRecord>,
     pub shapes: Vec<ShapeOutcome<'a>>,
     /// Finalist re-timings under the run's own timing: they rank.
@@ -312,13 +311,21 @@ pub fn latest_jobs(jobs: &[JobRecord]) -> Vec<&JobRecord> {
 /// "Last" is by `finished_at`, then by position: a merged journal holds its
 /// inputs one after the other, not in the order they ran.
 pub fn split_superseded<'a>(jobs: Vec<&'a JobRecord>) -> (Vec<&'a JobRecord>, Vec<&'a JobRecord>) {
-    let group = |j: &JobRecord| (j.method.clone(), j.baseline, shape_key(&j.shape));
+    // Each job's group (method, baseline flag, shape) and config, serialised once.
+    let keys: Vec<_> = jobs
+        .iter()
+        .map(|j| {
+            (
+                (j.method.as_str(), j.baseline, shape_key(&j.shape)),
+                shape_key(&j.config),
+            )
+        })
+        .collect();
     let params = |j: &'a JobRecord| {
         let mut names: Vec<&str> = j.config.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
     };
-    let config = |j: &JobRecord| shape_key(&j.config);
     let recency = |i: usize| (jobs[i].finished_at.as_str(), i);
     let newer = |held: Option<&usize>, i: usize| match held {
         Some(&h) if recency(h) > recency(i) => h,
@@ -326,20 +333,16 @@ pub fn split_superseded<'a>(jobs: Vec<&'a JobRecord>) -> (Vec<&'a JobRecord>, Ve
     };
     let mut last = HashMap::new(); // (group, config) -> its newest record
     let mut last_in_group = HashMap::new(); // group -> its newest record
-    for (i, j) in jobs.iter().enumerate() {
-        let key = (group(j), config(j));
-        last.insert(key.clone(), newer(last.get(&key), i));
-        last_in_group.insert(key.0.clone(), newer(last_in_group.get(&key.0), i));
+    for (i, key) in keys.iter().enumerate() {
+        last.insert(key, newer(last.get(key), i));
+        last_in_group.insert(&key.0, newer(last_in_group.get(&key.0), i));
     }
-    let is_current = |i: usize, j: &'a JobRecord| {
-        last[&(group(j), config(j))] == i && params(jobs[last_in_group[&group(j)]]) == params(j)
+    let is_current = |i: usize| {
+        last[&keys[i]] == i && params(jobs[last_in_group[&keys[i].0]]) == params(jobs[i])
     };
-    let (current, superseded): (Vec<_>, Vec<_>) = jobs
-        .iter()
-        .enumerate()
-        .partition(|&(i, j)| is_current(i, j));
-    let strip = |v: Vec<(usize, &&'a JobRecord)>| v.into_iter().map(|(_, j)| *j).collect();
-    (strip(current), strip(superseded))
+    let (current, superseded): (Vec<_>, Vec<_>) = (0..jobs.len()).partition(|&i| is_current(i));
+    let pick = |v: Vec<usize>| v.into_iter().map(|i| jobs[i]).collect();
+    (pick(current), pick(superseded))
 }
 
 /// The ids of `jobs`' superseded jobs (`split_superseded`).

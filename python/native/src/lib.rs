@@ -251,9 +251,7 @@ fn read_journal(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
         } else {
             store::journal::read_file(&path)?
         };
-        let (_, superseded) =
-            tunelab::emit::select::split_superseded(results.jobs.iter().collect());
-        let superseded: Vec<&str> = superseded.iter().map(|j| j.job_id.as_str()).collect();
+        let superseded = tunelab::emit::select::superseded_ids(&results.jobs);
         Ok(json!({
             "runs": results.runs,
             "jobs": results.jobs,
