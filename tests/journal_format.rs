@@ -345,3 +345,58 @@ fn packing_refuses_a_directory_a_run_holds() {
     drop(j);
     journal::pack(dir.path()).expect("free once the run is done");
 }
+
+#[test]
+fn a_resume_keeps_what_earlier_runs_recorded_and_it_does_not_name() {
+    // The first run timed a shipped file (`--compare-to`) and had a method the
+    // second run's manifest no longer names; the second run (a resume without
+    // the flag) adds a method of its own and describes `triton` anew.
+    let mut first = header();
+    first.compared.push(tunelab::manifest::Compared {
+        method: "shipped E=8,N=16".into(),
+        file: "E=8,N=16,device_name=X.json".into(),
+        format: OutputFormat::VllmMoeJson,
+        against: "triton".into(),
+    });
+    first.methods.push(tunelab::store::MethodRecord {
+        name: "old".into(),
+        kind: MethodKind::Triton,
+        kernel: "matmul_old".into(),
+        description: Some("a method since dropped".into()),
+        baseline: None,
+        search: None,
+    });
+    let mut second = header();
+    second.started_at = "2026-11-24T00:00:00Z".into();
+    second.methods[0].description = Some("described anew".into());
+    second.methods.push(tunelab::store::MethodRecord {
+        name: "new".into(),
+        kind: MethodKind::Triton,
+        kernel: "matmul_new".into(),
+        description: None,
+        baseline: None,
+        search: None,
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(dir.path()).unwrap();
+    j.append(&Entry::Run(Box::new(first.clone()))).unwrap();
+    j.append(&Entry::Job(Box::new(job("j1")))).unwrap();
+    j.append(&Entry::Run(Box::new(second.clone()))).unwrap();
+    drop(j);
+    let (results, _) = journal::read(dir.path()).unwrap();
+    let h = results.header.unwrap();
+    assert_eq!(h.started_at, second.started_at, "the last run's header");
+    assert_eq!(
+        h.compared, first.compared,
+        "the earlier run's compared file is kept"
+    );
+    let names: Vec<&str> = h.methods.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["triton", "new", "old"]);
+    assert_eq!(
+        h.methods[0].description.as_deref(),
+        Some("described anew"),
+        "the last run's record wins"
+    );
+    // Each run's own header is kept as it was written.
+    assert_eq!(results.runs, vec![first, second]);
+}

@@ -15,7 +15,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 
 use std::path::{Path, PathBuf};
 
-use super::record::{Entry, Results, FORMAT_VERSION};
+use super::record::{Entry, Results, RunHeader, FORMAT_VERSION};
 use super::v1::{FinalRecordV1, RunHeaderV1};
 
 /// The live journal.
@@ -342,7 +342,11 @@ impl Reader {
         match entry {
             Entry::Run(h) => {
                 self.results.runs.push((*h).clone());
-                self.results.header = Some(*h);
+                let mut header = *h;
+                if let Some(earlier) = self.results.header.take() {
+                    keep_earlier_records(&mut header, earlier);
+                }
+                self.results.header = Some(header);
             }
             Entry::Job(j) => match self.index.get(&j.job_id) {
                 Some(&i) => self.results.jobs[i] = *j,
@@ -451,4 +455,22 @@ fn pack_locked(dir: &Path) -> Result<(u64, u64), StoreError> {
     std::fs::remove_file(&live).map_err(io(&live))?;
     let after = packed.metadata().map_err(read_err(&packed))?.len();
     Ok((text.len() as u64, after))
+}
+
+/// The header a journal's outputs are written from is its last run's, plus
+/// what an earlier run recorded and the last one does not name: a file timed
+/// with `--compare-to` by an earlier run (a resume without the flag), a
+/// method the manifest has since dropped. Their jobs are still in the
+/// journal, and the report must still say what they were.
+fn keep_earlier_records(header: &mut RunHeader, earlier: RunHeader) {
+    for compared in earlier.compared {
+        if !header.compared.iter().any(|c| c.method == compared.method) {
+            header.compared.push(compared);
+        }
+    }
+    for method in earlier.methods {
+        if !header.methods.iter().any(|m| m.name == method.name) {
+            header.methods.push(method);
+        }
+    }
 }
