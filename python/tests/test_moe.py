@@ -694,6 +694,99 @@ def test_persistent_trace(device):
     assert int(items2[:made2, 3].max()) <= int(end.max())
 
 
+# ---- the persistent kernel's GEMV schedule (GEMV=1)
+
+GCFG = dict(PCFG, GEMV=1, BLOCK_SIZE_N=8, BLOCK_SIZE_N2=16)
+
+
+@pytest.mark.parametrize("cfg", [dict(BLOCK_SIZE_N=2, BLOCK_SIZE_N2=1), dict(BLOCK_SIZE_N=8, BLOCK_SIZE_N2=16),
+                                 dict(BLOCK_SIZE_N=64, BLOCK_SIZE_N2=128)],
+                         ids=["one-column-items", "small-items", "one-item-a-slot"])
+@pytest.mark.parametrize("kw", [dict(M=1, E=8, topk=2), dict(M=3, E=16, topk=3, K=48, N=24),
+                                dict(M=2, E=4, topk=4, K=96, N=40)],
+                         ids=["M1-top2", "M3-top3-K48-N24", "M2-top4-K96-N40"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_persistent_gemv_matches_reference(activation, dtype, kw, cfg, device):
+    """Tail items in both GEMMs (N=24, 40 and K=48, 96 are multiples of no item
+    width), a top-k that is not a power of two, biases (swiglu_oai), items
+    wider than the whole matrix; a second call gives the same bits and leaves
+    the workspace zero."""
+    p = FusedMoE(shape(activation=activation, dtype=dtype, **kw))
+    inputs = p.inputs(19, device)
+    launch = persistent_launch(p, inputs, config=dict(GCFG, **cfg))
+    assert launch.plan.gemv and launch.phases == ([1, 2] if INTERPRETED else [-1])
+    launch()
+    assert_close(launch.out, p.reference(inputs), dtype)
+    assert launch.workspace_clear() and not launch.timed_out()
+    first = launch.out.clone()
+    launch.out.fill_(float("nan"))
+    launch()
+    torch.testing.assert_close(launch.out, first, atol=0, rtol=0)
+    assert launch.workspace_clear()
+
+
+@pytest.mark.parametrize("grid", [1, 2, 7, "more than items"])
+def test_persistent_gemv_grids(grid, device):
+    """One program doing every item, a few (programs with GEMM 1 items left and
+    none, GEMM 2 items continuing the round robin), more programs than items."""
+    from tunelab.kernels.fused_moe import make_persistent_plan
+
+    p = FusedMoE(shape(M=2, E=8, topk=3, K=80, N=36, activation="swiglu_oai"))
+    inputs = p.inputs(20, device)
+    if not isinstance(grid, int):
+        grid = make_persistent_plan(p, GCFG).max_items() + 3
+    launch = persistent_launch(p, inputs, config=GCFG, grid=grid)
+    for _ in range(2):
+        launch.out.fill_(float("nan"))
+        launch()
+        assert_close(launch.out, p.reference(inputs), "fp16")
+        assert launch.workspace_clear() and not launch.timed_out()
+
+
+@pytest.mark.skipif(INTERPRETED, reason="the in-kernel wait runs on a GPU only")
+@pytest.mark.parametrize("M", [1, 2, 5])
+def test_persistent_gemv_on_the_gpu(M, device):
+    """The synchronised launch with the grid sized from the GPU, repeated (the
+    last program past the wait clears the counters for the next launch)."""
+    p = FusedMoE({"M": M, "E": 32, "topk": 4, "K": 256, "N": 96, "dtype": "fp16", "activation": "swiglu_oai"})
+    inputs = p.inputs(21, device)
+    launch = persistent_launch(p, inputs, config=GCFG)
+    assert launch.phases == [-1]
+    ref = p.reference(inputs)
+    for _ in range(3):
+        launch.out.fill_(float("nan"))
+        launch()
+        assert_close(launch.out, ref, "fp16")
+        assert launch.workspace_clear() and not launch.timed_out()
+
+
+def test_persistent_gemv_plan():
+    from tunelab.kernels.fused_moe import (PersistentMoELaunch, make_persistent_plan, persistent_default_config,
+                                           two_pow2_parts)
+
+    assert two_pow2_parts(2880) == (2048, 1024) and two_pow2_parts(360) == (256, 128)
+    assert two_pow2_parts(64) == (32, 32) and two_pow2_parts(65) == (64, 1) and two_pow2_parts(2) == (1, 1)
+    with pytest.raises(ValueError, match="n >= 2"):
+        two_pow2_parts(1)
+    small = FusedMoE({"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 360, "dtype": "bf16"})
+    # The tiled defaults' keys the GEMV schedule does not read (SPLIT_K 4, PREFETCH_W2) do not reach its plan.
+    plan = make_persistent_plan(small, dict(persistent_default_config(1, 360), GEMV=1, BLOCK_SIZE_N=8,
+                                            BLOCK_SIZE_N2=16))
+    assert plan.gemv and plan.split_k == 1 and plan.prefetch == 0 and plan.self_align == 0
+    assert plan.n_tiles1 == 90 and plan.n_tiles2 == 180 and plan.max_items() == 4 * 90 and plan.ws_words == 32
+    assert persistent_default_config(1, 360)["GEMV"] == 0
+    # A config written before GEMV existed is the tiled schedule.
+    assert not make_persistent_plan(small, {k: v for k, v in PCFG.items()}).gemv
+    for bad, match in ((dict(BLOCK_SIZE_N=3), "BLOCK_SIZE_N"), (dict(BLOCK_SIZE_N2=0), "BLOCK_SIZE_N2"),
+                       (dict(GEMV=2), "GEMV")):
+        with pytest.raises(ValueError, match=match):
+            make_persistent_plan(small, dict(GCFG, **bad))
+    tiny = FusedMoE(shape(M=1))
+    with pytest.raises(ValueError, match="GEMV"):
+        PersistentMoELaunch(make_persistent_plan(tiny, GCFG), tiny.inputs(0, "cpu"), trace=True)
+
+
 # ---- torch
 
 

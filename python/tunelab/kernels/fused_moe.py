@@ -909,6 +909,194 @@ def _topk_sum(part_ptr, out_ptr, tok, rows_mask, offs_n, col_mask, K, TOPK: tl.c
 
 
 # ---------------------------------------------------------------------------
+# The persistent MoE's GEMV schedule (config GEMV=1): a few tokens, no tl.dot.
+
+# Its workspace words (int32; WS_TIMED_OUT as above). Zero between launches.
+GEMV_WS_DONE1 = 0  # GEMM 1 items done this launch; GEMM 2 waits for all of them
+GEMV_WS_PASSED = 1  # programs past that wait; the last one clears both words
+_GEMV_WS_DONE1 = tl.constexpr(GEMV_WS_DONE1)
+_GEMV_WS_PASSED = tl.constexpr(GEMV_WS_PASSED)
+
+
+@triton.jit
+def _load_acquire(ptr):
+    """One int32 read with acquire semantics at GPU scope (PTX ld.acquire.gpu)."""
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait_acquire(counter_ptr, target, timed_out_ptr, ACQUIRE_LOADS: tl.constexpr, MAX_SPIN: tl.constexpr):
+    """Spin until *counter_ptr >= target; what its writers released is then visible.
+
+    With ACQUIRE_LOADS (CUDA) every thread polls with acquire loads, so the
+    wait ends without _wait_at_least's read-modify-write: one L2 round trip
+    less on the way to GEMM 2 (H100, E=128 N=360 M=1: 11.36 -> 10.89 µs under
+    graph timing, with the clearing below moved off the exit). Otherwise
+    _wait_at_least's volatile polls and acquire RMW. A wait that gives up
+    after MAX_SPIN polls sets the sticky timed-out word."""
+    if ACQUIRE_LOADS:
+        seen = _load_acquire(counter_ptr)
+        spins = 0
+        while (seen < target) & (spins < MAX_SPIN):
+            seen = _load_acquire(counter_ptr)
+            spins += 1
+        if seen < target:
+            tl.atomic_xchg(timed_out_ptr, 1, sem="relaxed", scope="gpu")
+    else:
+        _wait_at_least(counter_ptr, target, timed_out_ptr, MAX_SPIN)
+
+
+@triton.jit
+def _dot_two_parts(base_ptr, row_offs, vec_ptr, LEN: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+    """For each row: sum over j < LEN of base[row_offs + j] * vec[j], in fp32.
+
+    The LEN columns are read as two power-of-two tiles, A (<= LEN, unmasked)
+    and B (covering the rest): 2048 + 1024 for K=2880, where one padded tile
+    of 4096 would hold 30 % masked lanes in registers. Every load is issued
+    before any product, so a row's whole reduction is in flight at once."""
+    offs_a = tl.arange(0, A)
+    offs_b = A + tl.arange(0, B)
+    in_b = offs_b < LEN
+    wa = tl.load(base_ptr + row_offs[:, None] + offs_a[None, :])
+    wb = tl.load(base_ptr + row_offs[:, None] + offs_b[None, :], mask=in_b[None, :], other=0.0)
+    va = tl.load(vec_ptr + offs_a).to(tl.float32)
+    vb = tl.load(vec_ptr + offs_b, mask=in_b, other=0.0).to(tl.float32)
+    return tl.sum(wa.to(tl.float32) * va[None, :], axis=1) + tl.sum(wb.to(tl.float32) * vb[None, :], axis=1)
+
+
+@triton.jit
+def moe_persistent_gemv_kernel(
+    x_ptr,  # [M, K]
+    w1_ptr,  # [E, 2N, K]
+    b1_ptr,  # [E, 2N] (unused unless HAS_BIAS)
+    w2_ptr,  # [E, K, N]
+    b2_ptr,  # [E, K] (unused unless HAS_BIAS)
+    topk_ids_ptr,  # int32 [M * topk]
+    weights_ptr,  # fp32 [M * topk] routing weights
+    inter_ptr,  # [M * topk, N]: GEMM 1's activated output
+    out_ptr,  # [M, K]
+    ws_ptr,  # int32 workspace, zero between launches (GEMV_WS_* and WS_TIMED_OUT)
+    M,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    TOPK: tl.constexpr,
+    TOPK_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROWS1: tl.constexpr,  # activated columns per GEMM 1 item (BLOCK_SIZE_N // 2: gate/up row pairs)
+    K_A: tl.constexpr,  # K read as two power-of-two parts (see _dot_two_parts)
+    K_B: tl.constexpr,
+    COLS2: tl.constexpr,  # output columns per GEMM 2 item (BLOCK_SIZE_N2)
+    N_A: tl.constexpr,  # N read as two power-of-two parts
+    N_B: tl.constexpr,
+    ACQUIRE_LOADS: tl.constexpr,
+    PHASE: tl.constexpr,  # -1: the whole call, synchronised in-kernel (GPU); 1, 2: one phase (interpreter)
+    MAX_SPIN: tl.constexpr,
+):
+    """The whole MoE call for a few tokens as matrix-vector products, in one launch.
+
+    A GEMM 1 item is one (token, expert) slot's ROWS1 activated columns: its
+    2 * ROWS1 w1 rows (gate and up) against the token's x, whole K in one
+    tile. A GEMM 2 item is one token's COLS2 output columns: the w2 rows of
+    all the token's TOPK experts against their activated rows, weighted and
+    summed in registers in a fixed order (the same bits every launch), and stored: no
+    intermediate fp32 rows, no top-k count, no separate sum. GEMM 2's w2
+    tile does not depend on GEMM 1, so it is loaded before the wait for
+    GEMM 1. One counter joins the two: each program adds its GEMM 1 items
+    once, after all of them (one release a program), and GEMM 2 waits for the
+    total. See PersistentMoELaunch for the measurements.
+    """
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    SYNC: tl.constexpr = PHASE < 0
+    n_tiles1 = tl.cdiv(N, ROWS1)
+    total1 = M * TOPK * n_tiles1
+    n_tiles2 = tl.cdiv(K, COLS2)
+    total2 = M * n_tiles2
+    done1_ptr = ws_ptr + _GEMV_WS_DONE1
+    passed_ptr = ws_ptr + _GEMV_WS_PASSED
+    timed_out_ptr = ws_ptr + _WS_TIMED_OUT
+    # GEMM 2 items continue GEMM 1's round robin (as in moe_persistent_kernel):
+    # the programs with no GEMM 1 item left take the first GEMM 2 items.
+    first2 = (pid + grid - total1 % grid) % grid if SYNC else pid
+
+    if PHASE == -1 or PHASE == 1:
+        mine = 0
+        for t in range(pid, total1, grid):
+            slot = t // n_tiles1
+            tok = slot // TOPK
+            expert = tl.load(topk_ids_ptr + slot).to(tl.int64)
+            cols = (t % n_tiles1) * ROWS1 + tl.arange(0, ROWS1)
+            cols_ok = cols < N
+            cols_in = tl.minimum(cols, N - 1)  # the tail item's extra columns read a row in bounds, unstored
+            if INTERLEAVED:
+                gate_row = 2 * cols_in
+                up_row = gate_row + 1
+            else:
+                gate_row = cols_in
+                up_row = cols_in + N
+            # Gate and up rows as one tile of 2 * ROWS1 rows (gate, up, gate, up, ...).
+            rows = tl.reshape(tl.join(gate_row, up_row), (2 * ROWS1,)).to(tl.int64)
+            dots = _dot_two_parts(w1_ptr + expert * (2 * N * K), rows * K, x_ptr + tok.to(tl.int64) * K, K, K_A, K_B)
+            gate, up = tl.split(tl.reshape(dots, (ROWS1, 2)))
+            if HAS_BIAS:
+                gate += tl.load(b1_ptr + expert * (2 * N) + gate_row).to(tl.float32)
+                up += tl.load(b1_ptr + expert * (2 * N) + up_row).to(tl.float32)
+            act = _activate(gate, up, ACTIVATION)
+            tl.store(inter_ptr + slot.to(tl.int64) * N + cols, act.to(inter_ptr.dtype.element_ty), mask=cols_ok)
+            mine += 1
+        if SYNC and mine > 0:
+            tl.debug_barrier()  # every thread's stores are issued before the release
+            tl.atomic_add(done1_ptr, mine, sem="release", scope="gpu")
+
+    if PHASE == -1 or PHASE == 2:
+        offs_s = tl.arange(0, TOPK_PAD)
+        slot_ok = offs_s < TOPK
+        offs_na = tl.arange(0, N_A)
+        offs_nb = N_A + tl.arange(0, N_B)
+        in_nb = offs_nb < N
+        waited = False
+        for j in range(first2, total2, grid):
+            tok = j // n_tiles2
+            cols = (j % n_tiles2) * COLS2 + tl.arange(0, COLS2)
+            cols_ok = cols < K
+            cols_in = tl.minimum(cols, K - 1).to(tl.int64)
+            slots = tok * TOPK + offs_s
+            experts = tl.load(topk_ids_ptr + slots, mask=slot_ok, other=0).to(tl.int64)
+            w_rows = experts[:, None, None] * (K * N) + cols_in[None, :, None] * N  # [TOPK_PAD, COLS2, 1]
+            wa = tl.load(w2_ptr + w_rows + offs_na[None, None, :], mask=slot_ok[:, None, None], other=0.0)
+            wb = tl.load(w2_ptr + w_rows + offs_nb[None, None, :], mask=slot_ok[:, None, None] & in_nb[None, None, :],
+                         other=0.0)
+            routing = tl.load(weights_ptr + slots, mask=slot_ok, other=0.0)
+            if SYNC and not waited:
+                _wait_acquire(done1_ptr, total1, timed_out_ptr, ACQUIRE_LOADS, MAX_SPIN)
+            # The activated rows were written by other programs of this launch: from L2 (.cg).
+            a_rows = inter_ptr + slots[:, None].to(tl.int64) * N
+            aa = tl.load(a_rows + offs_na[None, :], mask=slot_ok[:, None], other=0.0, cache_modifier=".cg")
+            ab = tl.load(a_rows + offs_nb[None, :], mask=slot_ok[:, None] & in_nb[None, :], other=0.0,
+                         cache_modifier=".cg")
+            if SYNC and not waited:
+                # The last program past the wait clears both words for the next launch
+                # (every GEMM 1 count is in, every waiter has read it). Counted after the
+                # loads above are issued, so its round trip overlaps theirs, and not at
+                # exit, where the last program would wait for it.
+                passed = tl.atomic_add(passed_ptr, 1, sem="relaxed", scope="gpu")
+                if passed == tl.minimum(grid, total2) - 1:
+                    tl.atomic_xchg(done1_ptr, 0, sem="relaxed", scope="gpu")
+                    tl.atomic_xchg(passed_ptr, 0, sem="relaxed", scope="gpu")
+            waited = True
+            per_slot = (tl.sum(wa.to(tl.float32) * aa.to(tl.float32)[:, None, :], axis=2)
+                        + tl.sum(wb.to(tl.float32) * ab.to(tl.float32)[:, None, :], axis=2))  # [TOPK_PAD, COLS2]
+            if HAS_BIAS:
+                per_slot += tl.load(b2_ptr + experts[:, None] * K + cols_in[None, :], mask=slot_ok[:, None],
+                                    other=0.0).to(tl.float32)
+            out = tl.sum(per_slot * routing[:, None], axis=0)
+            tl.store(out_ptr + tok.to(tl.int64) * K + cols, out.to(out_ptr.dtype.element_ty), mask=cols_ok)
+
+
+# ---------------------------------------------------------------------------
 # Host side: sizes, launch arguments, compile, launch.
 
 def _next_pow2(n: int) -> int:
@@ -1193,7 +1381,10 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size_m:
 # Host side of the persistent MoE (moe_persistent_kernel).
 
 PERSISTENT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "BLOCK_SIZE_N2", "BLOCK_SIZE_K2",
-                          "SPLIT_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2")
+                          "SPLIT_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2", "GEMV")
+# What the GEMV schedule (GEMV=1, moe_persistent_gemv_kernel) reads of a config;
+# the other keys do not apply to it.
+PERSISTENT_GEMV_KEYS = ("BLOCK_SIZE_N", "BLOCK_SIZE_N2", "num_warps", "PROGRAMS_PER_SM", "GEMV")
 # SPLIT_K applies while GEMM 1 has at most this many tiles (decode sizes, where
 # tiles are fewer than programs); above it every program has whole tiles to
 # take, and the slices' buffer would grow with M: SPLIT_K is then 1.
@@ -1219,7 +1410,7 @@ def persistent_default_config(M: int, N: int) -> dict:
     Each choice below was measured on an H100 (bench/moe_methods.py, gpt-oss
     E=128, K=2880, bf16, SiLU; µs cold / under graph timing), as the best of
     a coordinate search (M=1 and 8) or of a one-key sweep (M=64). M <= 2 with
-    N <= 720 is from bench/results/moe_methods-H100.json (2026-11-23, the
+    N <= 720 is from bench/results/moe_methods-H100-2026-11-23.json (the
     kernel as it is), the rest from moe_methods-H100-2026-11-22.json (before
     the GEMM 2 count and the prefetch changed, see PersistentMoELaunch; those
     rows take 75-1770 µs, where the 1 µs those changes saved matters little):
@@ -1237,7 +1428,7 @@ def persistent_default_config(M: int, N: int) -> dict:
     - above: larger tiles (not measured).
     """
     base = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "BLOCK_SIZE_N2": 64, "BLOCK_SIZE_K2": 64,
-            "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
+            "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1, "GEMV": 0}
     if M <= 2:
         if N <= 360:
             return dict(base, BLOCK_SIZE_K=64, SPLIT_K=4)
@@ -1250,7 +1441,7 @@ def persistent_default_config(M: int, N: int) -> dict:
         return dict(base, BLOCK_SIZE_N=32, PROGRAMS_PER_SM=4)
     return {"BLOCK_SIZE_M": 64 if M <= 512 else 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
             "BLOCK_SIZE_N2": 128, "BLOCK_SIZE_K2": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3,
-            "PROGRAMS_PER_SM": 1, "PREFETCH_W2": 1}
+            "PROGRAMS_PER_SM": 1, "PREFETCH_W2": 1, "GEMV": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1280,9 +1471,15 @@ class PersistentPlan:
     # K slices per GEMM 1 tile (config SPLIT_K, or 1 above SPLIT_K_MAX_TILES).
     split_k: int
     ws_words: int
+    # The GEMV schedule (config GEMV=1, moe_persistent_gemv_kernel): every slot is
+    # a block of its own, GEMM 1 items are (slot, tile), GEMM 2 items (token, tile).
+    gemv: bool = False
 
     def max_items(self) -> int:
-        """GEMM 1 and GEMM 2 items at most: no grid needs more programs."""
+        """GEMM 1 and GEMM 2 items at most: no grid needs more programs. (A GEMV
+        program takes GEMM 1 items, then GEMM 2 items: the larger count will do.)"""
+        if self.gemv:
+            return max(self.numel * self.n_tiles1, self.M * self.n_tiles2)
         return self.max_blocks * (self.n_tiles1 * self.split_k + self.n_tiles2)
 
     def slices_elems(self) -> int:
@@ -1296,15 +1493,26 @@ class PersistentPlan:
 def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = None) -> PersistentPlan:
     """The persistent launch plan for a problem and a config of PERSISTENT_CONFIG_KEYS.
 
-    `self_align_max` (tests) overrides PERSISTENT_SELF_ALIGN_MAX."""
+    `self_align_max` (tests) overrides PERSISTENT_SELF_ALIGN_MAX. A config
+    without GEMV (one written before that key) is the tiled schedule."""
+    config = dict({"GEMV": 0}, **config)
     missing = [k for k in PERSISTENT_CONFIG_KEYS if k not in config]
     if missing:
         raise ValueError(f"fused_moe_persistent config needs {missing} (keys: {list(PERSISTENT_CONFIG_KEYS)})")
     c = {k: int(config[k]) for k in PERSISTENT_CONFIG_KEYS}
-    for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "BLOCK_SIZE_N2", "BLOCK_SIZE_K2"):
-        v = c[name]
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs 16), got {v}")
+    if c["GEMV"] not in (0, 1):
+        raise ValueError(f"GEMV must be 0 (tiles and tl.dot) or 1 (matrix-vector items), got {c['GEMV']}")
+    gemv = bool(c["GEMV"])
+    if gemv:
+        for name, least in (("BLOCK_SIZE_N", 2), ("BLOCK_SIZE_N2", 1)):
+            v = c[name]
+            if v < least or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= {least} with GEMV=1, got {v}")
+    else:
+        for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "BLOCK_SIZE_N2", "BLOCK_SIZE_K2"):
+            v = c[name]
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs 16), got {v}")
     if c["PROGRAMS_PER_SM"] < 1:
         raise ValueError(f"PROGRAMS_PER_SM must be >= 1, got {c['PROGRAMS_PER_SM']}")
     if c["SPLIT_K"] < 1:
@@ -1322,6 +1530,10 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
     n_tiles1 = triton.cdiv(2 * problem.N, c["BLOCK_SIZE_N"])
     n_tiles2 = triton.cdiv(problem.K, c["BLOCK_SIZE_N2"])
     split_k = c["SPLIT_K"] if max_blocks * n_tiles1 <= SPLIT_K_MAX_TILES else 1
+    if gemv:
+        # Keys the GEMV schedule does not read are left out of its plan, so
+        # nothing downstream (buffers, workspace) depends on them.
+        max_blocks, max_padded, self_align, prefetch, split_k = numel, numel, 0, 0, 1
     return PersistentPlan(
         M=problem.M,
         E=problem.E,
@@ -1342,12 +1554,50 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
         self_align=self_align,
         prefetch=prefetch,
         split_k=split_k,
-        ws_words=WS_HEADER + 2 * max_blocks + problem.M * n_tiles2 + (max_blocks * n_tiles1 if split_k > 1 else 0),
+        ws_words=(WS_HEADER if gemv else
+                  WS_HEADER + 2 * max_blocks + problem.M * n_tiles2 + (max_blocks * n_tiles1 if split_k > 1 else 0)),
+        gemv=gemv,
     )
+
+
+def two_pow2_parts(n: int) -> tuple[int, int]:
+    """(A, B): A the largest power of two below n (n // 2 for a power of two),
+    B the power of two covering the rest: 2880 -> (2048, 1024), 360 -> (256, 128)."""
+    if n < 2:
+        raise ValueError(f"two_pow2_parts needs n >= 2, got {n}")
+    a = 1 << (int(n) - 1).bit_length() - 1
+    return a, _next_pow2(n - a)
+
+
+def _acquire_loads() -> bool:
+    """Whether the target takes PTX acquire loads (CUDA; not HIP or the interpreter)."""
+    if interpreting():
+        return False
+    import triton.runtime
+
+    return triton.runtime.driver.active.get_current_target().backend == "cuda"
+
+
+def _persistent_gemv_spec(plan: PersistentPlan, b: dict, phase: int):
+    """(kernel, args, kwargs) of one launch of the GEMV schedule."""
+    c = plan.config
+    k_a, k_b = two_pow2_parts(plan.K)
+    n_a, n_b = two_pow2_parts(plan.N)
+    args = (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], b["w2"], b["b2"] if plan.has_bias else b["x"],
+            b["topk_ids"], b["topk_weights"], b["inter"], b["out"], b["ws"])
+    kwargs = dict(
+        M=plan.M, N=plan.N, K=plan.K, TOPK=plan.topk, TOPK_PAD=_next_pow2(plan.topk), INTERLEAVED=plan.interleaved,
+        ACTIVATION=plan.activation, HAS_BIAS=plan.has_bias, ROWS1=c["BLOCK_SIZE_N"] // 2, K_A=k_a, K_B=k_b,
+        COLS2=c["BLOCK_SIZE_N2"], N_A=n_a, N_B=n_b, ACQUIRE_LOADS=_acquire_loads(), PHASE=phase, MAX_SPIN=MAX_SPIN,
+        num_warps=c["num_warps"], num_stages=1,
+    )
+    return moe_persistent_gemv_kernel, args, kwargs
 
 
 def _persistent_spec(plan: PersistentPlan, b: dict, phase: int):
     """(kernel, args, kwargs) of one persistent launch; the grid is the caller's."""
+    if plan.gemv:
+        return _persistent_gemv_spec(plan, b, phase)
     c = plan.config
     precision = "ieee" if is_fp32(plan.dtype) else "tf32"  # tf32 is ignored for 16-bit inputs
     # Without its own alignment the kernel still takes the buffers: any pointer will do.
@@ -1386,7 +1636,7 @@ def persistent_phases(plan: PersistentPlan):
     compiling for a GPU; one per phase under Triton's interpreter."""
     if not interpreting():
         return [-1]
-    return ([] if plan.self_align else [0]) + [1, 2]
+    return ([] if plan.self_align or plan.gemv else [0]) + [1, 2]
 
 
 def compile_persistent(plan: PersistentPlan):
@@ -1512,7 +1762,7 @@ class PersistentMoELaunch:
     moe_persistent_kernel); `grid` overrides the number of programs (tests).
 
     Measured on an H100 (bench/moe_methods.py, gpt-oss E=128 K=2880 bf16
-    SiLU, 2026-11-23, bench/results/moe_methods-H100.json; µs cold / graph,
+    SiLU, 2026-11-23, bench/results/moe_methods-H100-2026-11-23.json; µs cold / graph,
     the best config of each): M=1 N=360 19.9 / 13.7 against fused_moe's
     32.8 / 22.8 (the bound is 7.4; a one-element add measures 4.16-4.93 µs
     cold under the same protocol); M=8 N=360 76.2 / 74.1 against 102.7 /
@@ -1578,6 +1828,33 @@ class PersistentMoELaunch:
       laid out over the threads unlike the loads, so a thread zeroed sums that
       another had not read yet (at M=2 token 1's row read as zeros, even with
       one program). A barrier between the two fixed it.
+
+    The GEMV schedule (config GEMV=1, moe_persistent_gemv_kernel), for one or
+    two tokens: no tiles of BLOCK_SIZE_M slots, no tl.dot. A GEMM 1 item is
+    one slot's BLOCK_SIZE_N w1 rows over the whole of K, a GEMM 2 item one
+    token's BLOCK_SIZE_N2 output columns over all its experts, with the top-k
+    summed in registers (no `part` rows, no top-k count). What made it faster
+    than the tiled kernel, measured on an H100 at E=128 N=360 M=1 with a
+    prototype of each step (2026-11-24, µs cold / graph, best of a sweep;
+    the tiled kernel 19.7-20.0 / 13.3-13.7 on the same instances):
+    - items as K loops of 256 columns, no tl.dot: 24.8 / 13.3 at best. Triton
+      3.6 did not pipeline the loop, and its unrolled form kept 85 registers:
+      about one step's loads in flight at a time;
+    - each item's whole K (and GEMM 2's whole N) as one tile, so all its
+      loads are issued before the first product, and GEMM 2's w2 tile loaded
+      before its wait: 17.7 / 11.7;
+    - those tiles as two power-of-two parts (2048 + 1024 for K=2880 instead
+      of 4096, 256 + 128 for N=360 instead of 512: fewer registers, so more
+      programs an SM), and one GEMM 1 count a program: 17.4 / 11.2;
+    - the wait polling with acquire loads (no read-modify-write after it),
+      and the counters cleared by the last program past the wait instead of
+      the last to exit: 16.9 / 10.9, and 17.3 / 10.0 with 16 output columns a
+      GEMM 2 item.
+    The committed gpt-oss runs (results/gptoss/*/report.md, 2026-11-24) have
+    it at 16.45 / 9.79 on an H100 and 15.18 / 9.39 on an H200 (the graph
+    figures from the finalists' re-timing), and bench/results/
+    moe_methods-H100.md at 16.8 / 10.1. It loses from N=1440 on, where
+    GEMM 2's tile of N columns no longer fits in registers.
     """
 
     def __init__(self, plan: PersistentPlan, inputs: dict, direct: bool | None = None, grid: int | None = None,
@@ -1597,7 +1874,8 @@ class PersistentMoELaunch:
         self.num_post = torch.empty(1, dtype=i32, device=dev)
         self.cursor = torch.empty(plan.align_meta["E_PAD"] if aligned else 1, dtype=i32, device=dev)
         self.inter = torch.empty(plan.numel, plan.N, dtype=plan.dtype, device=dev)
-        self.part = torch.empty(plan.numel, plan.K, dtype=torch.float32, device=dev)
+        # GEMV sums the top-k in registers: no fp32 rows.
+        self.part = torch.empty(1 if plan.gemv else plan.numel * plan.K, dtype=torch.float32, device=dev)
         self.slices = torch.empty(plan.slices_elems(), dtype=torch.float32, device=dev)
         self.out = torch.empty(plan.M, plan.K, dtype=plan.dtype, device=dev)
         self.ws = torch.zeros(plan.ws_words, dtype=i32, device=dev)
@@ -1606,6 +1884,8 @@ class PersistentMoELaunch:
         self.phases = persistent_phases(plan)
         self.trace: Any = None  # int64 timeline of the last launch (trace=True, GPU only; see trace_layout)
         if trace:
+            if plan.gemv:
+                raise ValueError("the GEMV schedule (GEMV=1) stamps no timeline; trace the tiled one")
             if self.phases != [-1]:
                 raise ValueError("a traced persistent launch needs a GPU (it stamps %globaltimer)")
             # Sized for the largest grid any binary of this plan takes (a grid is at most max_items).

@@ -598,6 +598,12 @@ class TritonPersistentMoE:
                        resident (the in-kernel waits need it)
       PREFETCH_W2      1: each program asks L2 for its GEMM 2 weights before
                        GEMM 1 (only where the selectable w2 rows fit 16 MiB)
+      GEMV             0: the tiles above (tl.dot); 1: the GEMV schedule for a few
+                       tokens (moe_persistent_gemv_kernel), whose GEMM 1 items are
+                       one slot's BLOCK_SIZE_N w1 rows (BLOCK_SIZE_N / 2 outputs)
+                       over the whole of K and whose GEMM 2 items are one token's
+                       BLOCK_SIZE_N2 output columns over all its experts; it reads
+                       num_warps and PROGRAMS_PER_SM too, and no other key
 
     The in-kernel synchronisation only runs on a GPU. Under Triton's
     interpreter, which runs programs one after another (a wait would never
