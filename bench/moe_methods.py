@@ -12,6 +12,9 @@ it times:
 - `fused_moe_persistent`: the one-launch kernel, over a small sweep of its own
   configs, or for the --search shapes a coordinate descent over them (the
   best per timing is reported, every config tried is in the JSON);
+- `fused_moe_persistent_gemv`: the same method's GEMV schedule (`GEMV: 1`),
+  over experiments/gptoss.yaml's `persistent_gemv` space, at shapes of at
+  most 8 (token, expert) slots (that method's constraints; none above);
 - `torch`: torch's grouped GEMM (or its batched fallback; the path is named).
 
 Each method's output is first checked against the problem's reference (the
@@ -97,6 +100,30 @@ def persistent_sweep(M: int, N: int, kind: str) -> list:
     return _unique(dict(base, **change) for change in variations)
 
 
+# experiments/gptoss.yaml's persistent_gemv method: its space, params and constraints.
+GEMV_SPACE = {"BLOCK_SIZE_N": (4, 8, 16), "BLOCK_SIZE_N2": (2, 4, 8, 16), "num_warps": (4, 8)}
+
+
+def gemv_sweep(M: int, N: int, K: int, topk: int) -> list:
+    """The GEMV schedule's configs for one shape (the manifest's, so the bench
+    and a `tunelab run` rank the same set); [] above 8 slots."""
+    if M * topk > 8:
+        return []
+    out = []
+    for bn in GEMV_SPACE["BLOCK_SIZE_N"]:
+        for bn2 in GEMV_SPACE["BLOCK_SIZE_N2"]:
+            for warps in GEMV_SPACE["num_warps"]:
+                if bn * K <= 6144 * warps and bn2 * N <= 6144:
+                    out.append(dict(persistent_default_config(M, N), GEMV=1, PROGRAMS_PER_SM=8, BLOCK_SIZE_N=bn,
+                                    BLOCK_SIZE_N2=bn2, num_warps=warps))
+    return out
+
+
+# The bench's rows that run another method's kernel: (method, what it binds).
+BINDS = {"fused_moe_persistent_gemv": "fused_moe_persistent"}
+SWEPT = ("fused_moe_persistent", "fused_moe_persistent_gemv")
+
+
 def _unique(configs) -> list:
     out = []
     for config in configs:
@@ -171,7 +198,7 @@ class Compiler:
         for config in configs:
             self.jobs += 1
             todo.put({"job_id": f"{method}-{self.jobs}", "problem": "moe", "shape": shape,
-                      "method": {"name": method, "kernel": method}, "config": config})
+                      "method": {"name": method, "kernel": BINDS.get(method, method)}, "config": config})
 
         def serve(worker):
             while True:
@@ -226,7 +253,7 @@ def run_one(problem, inputs, expected, method: str, config: dict, timing: Timing
     """Bind, check, time one method and config. Never raises: failures are recorded."""
     row = {"config": config}
     try:
-        launch = problem.methods()[method].bind(problem, inputs, config)
+        launch = problem.methods()[BINDS.get(method, method)].bind(problem, inputs, config)
         launch.out.fill_(float("nan"))
         launch()
         torch.cuda.synchronize()
@@ -301,7 +328,8 @@ def markdown(report: dict) -> str:
                f"graph: {meta['graph_calls']} calls in one CUDA graph, no flush. % of bound: the selected experts' "
                f"bytes and the activations at {meta['peak_gbs']:.0f} GB/s. fused_moe and fused_moe_vllm run vLLM's "
                "default config; fused_moe_persistent has two rows: its default config (what a job naming no "
-               "config runs), and the best of its sweep or search for each timing (configs under the table).")
+               "config runs), and the best of its sweep or search for each timing; fused_moe_persistent_gemv "
+               "(its GEMV schedule) the best of its sweep for each timing (configs under the table).")
     out.append("")
     out.append("| shape | bound µs | method | cold µs | % bound | graph µs | % bound | max abs err |")
     out.append("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
@@ -310,13 +338,14 @@ def markdown(report: dict) -> str:
         s, bound = entry["shape"], entry["bound_us"]
         label = f"E={s['E']} N={s['N']} M={s['M']}"
         for method, result in entry["methods"].items():
-            if method == "fused_moe_persistent":
-                default = result["sweep"][0]  # the first config tried is always the default
-                c, cp = fmt(default.get("cold_us"), bound)
-                g, gp = fmt(default.get("graph_us"), bound)
-                err = default.get("check", {}).get("max_abs_err")
-                out.append(f"| {label} | {bound:.1f} | {method} (default config) | {c} | {cp} | {g} | {gp} | "
-                           f"{'-' if err is None else f'{err:.3g}'} |")
+            if method in SWEPT:
+                if method == "fused_moe_persistent":
+                    default = result["sweep"][0]  # the first config tried is always the default
+                    c, cp = fmt(default.get("cold_us"), bound)
+                    g, gp = fmt(default.get("graph_us"), bound)
+                    err = default.get("check", {}).get("max_abs_err")
+                    out.append(f"| {label} | {bound:.1f} | {method} (default config) | {c} | {cp} | {g} | {gp} | "
+                               f"{'-' if err is None else f'{err:.3g}'} |")
                 method = f"{method} (best of {len(result['sweep'])})"
                 cold_row, graph_row = result["best_cold"], result["best_graph"]
                 cold = cold_row["cold_us"] if cold_row else None
@@ -324,12 +353,12 @@ def markdown(report: dict) -> str:
                 err = cold_row["check"]["max_abs_err"] if cold_row else None
                 if cold_row:
                     cfg = " ".join(f"{k}={cold_row['config'][k]}" for k in PERSISTENT_CONFIG_KEYS)
-                    notes.append(f"- {label}: best cold config {cfg} (grid {cold_row.get('grid')}, "
+                    notes.append(f"- {label} {method}: best cold config {cfg} (grid {cold_row.get('grid')}, "
                                  f"{cold_row.get('n_regs')} registers); best graph config "
                                  + " ".join(f"{k}={graph_row['config'][k]}" for k in PERSISTENT_CONFIG_KEYS))
                 failed = [r for r in result["sweep"] if "cold_us" not in r]
                 if failed:
-                    notes.append(f"- {label}: {len(failed)} persistent configs not timed: "
+                    notes.append(f"- {label}: {len(failed)} {method} configs not timed: "
                                  + "; ".join(r.get("error") or f"check failed {r.get('check')}" for r in failed[:3]))
             else:
                 cold, graph = result.get("cold_us"), result.get("graph_us")
@@ -364,7 +393,7 @@ def main():
     ap.add_argument("--graph-calls", type=int, default=10)
     ap.add_argument("--sweep", choices=("quick", "one"), default="quick",
                     help="persistent configs: one-key variations of the default (quick) or the default only")
-    ap.add_argument("--methods", default="fused_moe,fused_moe_vllm,fused_moe_persistent,torch")
+    ap.add_argument("--methods", default="fused_moe,fused_moe_vllm,fused_moe_persistent,fused_moe_persistent_gemv,torch")
     ap.add_argument("--search", default="",
                     help="E:N:M,... shapes whose persistent configs are searched by coordinate descent "
                          "(SEARCH_ROUNDS) instead of the --sweep list")
@@ -393,6 +422,8 @@ def main():
             return [vllm_default_config(shape["M"], shape["E"])]
         if method == "fused_moe_persistent":
             return persistent_sweep(shape["M"], shape["N"], args.sweep)
+        if method == "fused_moe_persistent_gemv":
+            return gemv_sweep(shape["M"], shape["N"], shape["K"], shape["topk"])
         return [{}]
 
     major, minor = torch.cuda.get_device_capability()
@@ -432,7 +463,9 @@ def main():
                 compiler(shape, method, configs_for(method, shape))
                 rows = [run_one(problem, inputs, expected, method, config, timing)
                         for config in configs_for(method, shape)]
-            if method == "fused_moe_persistent":
+            if method == "fused_moe_persistent_gemv" and not rows:
+                continue  # more slots than the GEMV schedule is meant for
+            if method in SWEPT:
                 entry["methods"][method] = {"best_cold": best(rows, "cold_us"), "best_graph": best(rows, "graph_us"),
                                             "sweep": rows}
             else:
