@@ -499,6 +499,19 @@ def persistent_launch(p, inputs, config=PCFG, self_align_max=None, grid=None):
     return launch
 
 
+def check_twice(launch, ref, dtype_name):
+    """Call, check against the reference, call again: the same bits, and the
+    workspace back to zero after each call."""
+    launch()
+    assert_close(launch.out, ref, dtype_name)
+    assert launch.workspace_clear() and not launch.timed_out()
+    first = launch.out.clone()
+    launch.out.fill_(float("nan"))
+    launch()
+    torch.testing.assert_close(launch.out, first, atol=0, rtol=0)
+    assert launch.workspace_clear()
+
+
 @pytest.mark.parametrize("split_k", [1, 2])
 @pytest.mark.parametrize("grid", [1, 2, 7, "more than tiles"])
 @pytest.mark.parametrize("self_align", [True, False])
@@ -518,14 +531,7 @@ def test_persistent_alignment_and_grids(self_align, grid, split_k, device):
     assert launch.plan.split_k == split_k
     assert (launch.plan.self_align > 0) == self_align
     assert launch.phases == ([-1] if not INTERPRETED else [1, 2] if self_align else [0, 1, 2])
-    launch()
-    assert_close(launch.out, p.reference(inputs), "fp16")
-    assert launch.workspace_clear() and not launch.timed_out()
-    first = launch.out.clone()
-    launch.out.fill_(float("nan"))
-    launch()
-    torch.testing.assert_close(launch.out, first, atol=0, rtol=0)
-    assert launch.workspace_clear()
+    check_twice(launch, p.reference(inputs), "fp16")
     if not self_align:
         check_alignment(inputs["topk_ids"], p.E, PCFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids,
                         launch.num_post)
@@ -716,14 +722,7 @@ def test_persistent_gemv_matches_reference(activation, dtype, kw, cfg, device):
     inputs = p.inputs(19, device)
     launch = persistent_launch(p, inputs, config=dict(GCFG, **cfg))
     assert launch.plan.gemv and launch.phases == ([1, 2] if INTERPRETED else [-1])
-    launch()
-    assert_close(launch.out, p.reference(inputs), dtype)
-    assert launch.workspace_clear() and not launch.timed_out()
-    first = launch.out.clone()
-    launch.out.fill_(float("nan"))
-    launch()
-    torch.testing.assert_close(launch.out, first, atol=0, rtol=0)
-    assert launch.workspace_clear()
+    check_twice(launch, p.reference(inputs), dtype)
 
 
 @pytest.mark.parametrize("grid", [1, 2, 7, "more than items"])
