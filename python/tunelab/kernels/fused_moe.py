@@ -1382,9 +1382,6 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size_m:
 
 PERSISTENT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "BLOCK_SIZE_N2", "BLOCK_SIZE_K2",
                           "SPLIT_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2", "GEMV")
-# What the GEMV schedule (GEMV=1, moe_persistent_gemv_kernel) reads of a config;
-# the other keys do not apply to it.
-PERSISTENT_GEMV_KEYS = ("BLOCK_SIZE_N", "BLOCK_SIZE_N2", "num_warps", "PROGRAMS_PER_SM", "GEMV")
 # SPLIT_K applies while GEMM 1 has at most this many tiles (decode sizes, where
 # tiles are fewer than programs); above it every program has whole tiles to
 # take, and the slices' buffer would grow with M: SPLIT_K is then 1.
