@@ -1849,6 +1849,20 @@ fn committed_gptoss_reports_fit_in_250_lines_and_their_counts_add_up() {
                 }
             }
         }
+        // The methods with no baseline share one summary line, and the shipped
+        // file's method is summarised by its comparison alone.
+        let untuned: Vec<&str> = report
+            .lines()
+            .filter(|l| l.contains("the fastest method's time"))
+            .collect();
+        assert_eq!(untuned.len(), 1, "{device}: {untuned:?}");
+        for m in ["persistent", "persistent_gemv", "torch"] {
+            assert!(
+                untuned[0].contains(&format!("**{m}**: fastest at")),
+                "{device}: {m}"
+            );
+        }
+        assert!(!untuned[0].contains("shipped"), "{device}");
         // No row per (shape, method), no job ids.
         assert!(!report.contains("| M=1 E=32 N=360 | torch |"));
         let job_ids = report

@@ -162,8 +162,9 @@ fn against_method(a: &Analysis<'_, '_, '_>, m: &str, r: &str) -> Option<String> 
     ))
 }
 
-/// A method with no baseline: how often it wins, how far from the fastest.
-fn untuned(a: &Analysis<'_, '_, '_>, m: &str) -> Option<String> {
+/// A method with no baseline: how often it wins, how far from the fastest
+/// (no closing period: `untuned` joins them).
+fn untuned_part(a: &Analysis<'_, '_, '_>, m: &str) -> Option<String> {
     let bests = bests(&a.group.shapes, m);
     if bests.is_empty() {
         return None;
@@ -182,11 +183,11 @@ fn untuned(a: &Analysis<'_, '_, '_>, m: &str) -> Option<String> {
             bests.len()
         ),
         Some(x) if wins == 0 => format!(
-            "**{m}**: fastest at none of {}; {x:.2}× the fastest method's time (geomean)",
+            "**{m}**: fastest at none of {}, {x:.2}× the fastest method's time (geomean)",
             num::count(bests.len() as u64, "shape", "shapes")
         ),
         Some(x) => format!(
-            "**{m}**: fastest at {wins} of {}; {x:.2}× the fastest method's time at the others (geomean)",
+            "**{m}**: fastest at {wins} of {}, {x:.2}× the fastest method's time at the others (geomean)",
             num::count(bests.len() as u64, "shape", "shapes")
         ),
     };
@@ -197,12 +198,18 @@ fn untuned(a: &Analysis<'_, '_, '_>, m: &str) -> Option<String> {
             .count();
         if capped > 0 {
             text.push_str(&format!(
-                "; {capped} of these timings hit a cap before converging (CAP_HIT)"
+                ", {capped} of these timings hit a cap before converging (CAP_HIT)"
             ));
         }
     }
-    text.push('.');
     Some(text)
+}
+
+/// The methods with no baseline, in one line: a report that compares many
+/// methods keeps a summary a reviewer reads in a minute.
+fn untuned(a: &Analysis<'_, '_, '_>, methods: &[&str]) -> Option<String> {
+    let parts: Vec<String> = methods.iter().filter_map(|m| untuned_part(a, m)).collect();
+    (!parts.is_empty()).then(|| format!("{}.", parts.join("; ")))
 }
 
 fn fastest_per_shape(a: &Analysis<'_, '_, '_>) -> Option<String> {
@@ -337,6 +344,9 @@ pub(super) fn summary(a: &Analysis<'_, '_, '_>) -> Vec<String> {
         .map(|c| c.method.as_str())
         .collect();
     ordered.retain(|m| !shipped.contains(m));
+    // The methods with no baseline share one line, where the first of them would be.
+    let mut no_baseline: Vec<&str> = Vec::new();
+    let mut no_baseline_at = None;
     for m in &ordered {
         let rule = baseline_rule(a, m);
         let has_baseline = a
@@ -351,10 +361,15 @@ pub(super) fn summary(a: &Analysis<'_, '_, '_>) -> Vec<String> {
                 lines.extend(against_method(a, m, r));
                 continue;
             }
-            lines.extend(untuned(a, m));
+            no_baseline_at.get_or_insert(lines.len());
+            no_baseline.push(m);
         } else {
-            lines.extend(untuned(a, m));
+            no_baseline_at.get_or_insert(lines.len());
+            no_baseline.push(m);
         }
+    }
+    if let (Some(at), Some(line)) = (no_baseline_at, untuned(a, &no_baseline)) {
+        lines.insert(at, line);
     }
     lines.extend(fastest_per_shape(a));
     lines.extend(bound(a));
