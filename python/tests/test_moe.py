@@ -512,6 +512,16 @@ def check_twice(launch, ref, dtype_name):
     assert launch.workspace_clear()
 
 
+def check_calls(launch, ref, dtype_name, calls):
+    """Call `calls` times, each on a poisoned output: each matches the
+    reference, and leaves the workspace zero and no wait timed out."""
+    for _ in range(calls):
+        launch.out.fill_(float("nan"))
+        launch()
+        assert_close(launch.out, ref, dtype_name)
+        assert launch.workspace_clear() and not launch.timed_out()
+
+
 @pytest.mark.parametrize("split_k", [1, 2])
 @pytest.mark.parametrize("grid", [1, 2, 7, "more than tiles"])
 @pytest.mark.parametrize("self_align", [True, False])
@@ -648,12 +658,7 @@ def test_persistent_on_the_gpu(M, split_k, device):
 
     launch = persistent_launch(p, inputs, config=dict(persistent_default_config(M, p.N), SPLIT_K=split_k))
     assert launch.phases == [-1] and launch.grid >= 1
-    ref = p.reference(inputs)
-    for _ in range(3):
-        launch.out.fill_(float("nan"))
-        launch()
-        assert_close(launch.out, ref, "fp16")
-        assert launch.workspace_clear() and not launch.timed_out()
+    check_calls(launch, p.reference(inputs), "fp16", calls=3)
 
 
 def test_persistent_trace(device):
@@ -670,11 +675,8 @@ def test_persistent_trace(device):
             PersistentMoELaunch(plan, inputs, trace=True)
         return
     launch = PersistentMoELaunch(plan, inputs, trace=True)
-    for _ in range(2):  # the second launch finds the counters the first left (zero)
-        launch.out.fill_(float("nan"))
-        launch()
-        assert_close(launch.out, p.reference(inputs), "fp16")
-        assert launch.workspace_clear() and not launch.timed_out()
+    # The second launch finds the counters the first left (zero).
+    check_calls(launch, p.reference(inputs), "fp16", calls=2)
     layout = trace_layout(plan, launch.grid)
     raw = launch.trace.cpu()
     programs = raw[:launch.grid * TRACE_PER_PROGRAM].view(launch.grid, TRACE_PER_PROGRAM)
@@ -736,11 +738,7 @@ def test_persistent_gemv_grids(grid, device):
     if not isinstance(grid, int):
         grid = make_persistent_plan(p, GCFG).max_items() + 3
     launch = persistent_launch(p, inputs, config=GCFG, grid=grid)
-    for _ in range(2):
-        launch.out.fill_(float("nan"))
-        launch()
-        assert_close(launch.out, p.reference(inputs), "fp16")
-        assert launch.workspace_clear() and not launch.timed_out()
+    check_calls(launch, p.reference(inputs), "fp16", calls=2)
 
 
 @pytest.mark.skipif(INTERPRETED, reason="the in-kernel wait runs on a GPU only")
@@ -752,12 +750,7 @@ def test_persistent_gemv_on_the_gpu(M, device):
     inputs = p.inputs(21, device)
     launch = persistent_launch(p, inputs, config=GCFG)
     assert launch.phases == [-1]
-    ref = p.reference(inputs)
-    for _ in range(3):
-        launch.out.fill_(float("nan"))
-        launch()
-        assert_close(launch.out, ref, "fp16")
-        assert launch.workspace_clear() and not launch.timed_out()
+    check_calls(launch, p.reference(inputs), "fp16", calls=3)
 
 
 def test_persistent_gemv_plan():

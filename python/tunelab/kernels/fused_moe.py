@@ -1865,7 +1865,7 @@ class PersistentMoELaunch:
             self.inputs["topk_ids"] = self.inputs["topk_ids"].to(i32)
         if self.inputs["topk_weights"].dtype != torch.float32:
             self.inputs["topk_weights"] = self.inputs["topk_weights"].float()
-        aligned = plan.self_align == 0  # the alignment lives in memory
+        aligned = plan.self_align == 0 and not plan.gemv  # the alignment lives in memory (GEMV has none)
         self.sorted_ids = torch.empty(plan.max_padded if aligned else 1, dtype=i32, device=dev)
         self.expert_ids = torch.empty(plan.max_blocks if aligned else 1, dtype=i32, device=dev)
         self.num_post = torch.empty(1, dtype=i32, device=dev)
