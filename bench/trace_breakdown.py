@@ -132,18 +132,28 @@ def _number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _protocol_us(calls):
+def _protocol_us(calls, compile_waits=()):
     """What each call (not hello, shutdown) cost beyond the worker's own time: its round trip minus the
     worker's time; for a check sent ahead whose worker says how long it waited before it (`idle_us`),
     that wait. Such a request was queued in the worker's pipe: the worker went on to it from its last
-    answer, and the lane read that answer when it got to it, off the GPU's path."""
+    answer, and the lane read that answer when it got to it, off the GPU's path. Of that wait, the part
+    the lane spent waiting for the job's compile (`compile_waits`, spans) is the compile pool's, not
+    the runner's: with `inputs: native` the lane times jobs while the pool still compiles, and it may
+    wait for the next job's compile with a check under way, reading that check's answer after it."""
+
+    def compile_wait_within(start, end):
+        return sum(max(0.0, min(end, _end(w)) - max(start, w["ts"])) for w in compile_waits)
+
     out = []
     for e in calls:
         a = e["args"]
         if e["name"] in NOT_PROTOCOL or not _number(a.get("worker_us")):
             continue
-        out.append(a["worker_idle_us"] if a.get("sent_ahead") and _number(a.get("worker_idle_us"))
-                   else e["dur"] - a["worker_us"])
+        if a.get("sent_ahead") and _number(a.get("worker_idle_us")):
+            idle = a["worker_idle_us"]
+            out.append(max(0.0, idle - compile_wait_within(e["ts"] - idle, e["ts"])))
+        else:
+            out.append(max(0.0, e["dur"] - a["worker_us"] - compile_wait_within(e["ts"], _end(e))))
     return out
 
 
@@ -206,7 +216,7 @@ def breakdown(path):
         job_ids = {e["args"].get("job") for e in calls if e["name"] == "check" and e["args"].get("job")}
         native_job_ids = {e["args"].get("job") for e in nat_calls if e["name"] == "check" and e["args"].get("job")}
         jobs = len(job_ids)
-        py_protocol, nat_protocol = _protocol_us(py_calls), _protocol_us(nat_calls)
+        py_protocol, nat_protocol = _protocol_us(py_calls), _protocol_us(nat_calls, waits)
         protocol = py_protocol + nat_protocol
         runner_us = group_us - covered_us
         out["lanes"][lane] = {

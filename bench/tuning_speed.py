@@ -16,7 +16,11 @@ with that search strategy; the Python worker launches and times each
 kernel), `native-grid` and `native-halving` (the same runs with
 `--set methods.triton.launch=native`: the Python compile pool compiles as
 before, tunelab's native worker (Rust, cudarc) launches and times the cubins,
-docs/native-backend.md; the manifest file is not changed or copied).
+docs/native-backend.md; the manifest file is not changed or copied), and
+`native-inputs-grid` / `native-inputs-halving` (also `--set inputs=native`:
+the native worker builds the inputs and the reference itself, so the lane's
+Python worker never imports torch; docs/native-backend.md, "Inputs built
+natively").
 
 What the native contenders need at run time, all of it found by tunelab
 itself (nothing to pass, no build feature: the default `cargo build
@@ -68,12 +72,19 @@ MANIFEST = REPO / "experiments" / "bench-gemm.yaml"
 HELPERS_SOURCE = REPO / "src" / "native" / "helpers.cu"
 EXPECTED_CONFIGS = 48
 HOPPER_SMEM_BYTES = 227 * 1024  # the per-block opt-in maximum on H100/H200
-CONTENDERS = ("autotune", "grid", "halving", "native-grid", "native-halving")
+CONTENDERS = ("autotune", "grid", "halving", "native-grid", "native-halving", "native-inputs-grid",
+              "native-inputs-halving")
+# Contenders launched natively (every name after the first three), and those whose inputs are built natively too.
+NATIVE_CONTENDERS = CONTENDERS[3:]
+NATIVE_INPUTS_PREFIX = "native-inputs-"
+NATIVE_INPUTS_OVERRIDE = "inputs=native"
 # A contender named native-<strategy> is that strategy with the Triton method launched natively.
 NATIVE_PREFIX = "native-"
 NATIVE_OVERRIDE = "methods.triton.launch=native"
 LABELS = {"autotune": "triton.autotune", "grid": "tunelab grid", "halving": "tunelab halving",
-          "native-grid": "tunelab grid, native launches", "native-halving": "tunelab halving, native launches"}
+          "native-grid": "tunelab grid, native launches", "native-halving": "tunelab halving, native launches",
+          "native-inputs-grid": "tunelab grid, native launches and inputs",
+          "native-inputs-halving": "tunelab halving, native launches and inputs"}
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 # Host launch cost: launches queued back to back without a sync. A small
@@ -165,9 +176,13 @@ def is_native(name):
     return name.startswith(NATIVE_PREFIX)
 
 
+def has_native_inputs(name):
+    return name.startswith(NATIVE_INPUTS_PREFIX)
+
+
 def strategy_of(name):
-    """The search strategy of a tunelab contender: grid for grid and native-grid."""
-    return name[len(NATIVE_PREFIX):] if is_native(name) else name
+    """The search strategy of a tunelab contender: grid for grid, native-grid and native-inputs-grid."""
+    return name.rsplit("-", 1)[-1]
 
 
 def plan_jobs(tunelab, overrides=()):
@@ -577,7 +592,7 @@ def run_child(kind, spec, work):
 
 
 def tunelab_command(tunelab, name, results_dir):
-    """`tunelab run` for contender `name`: grid, halving, native-grid, native-halving."""
+    """`tunelab run` for contender `name`: grid, halving or one of NATIVE_CONTENDERS."""
     cmd = [str(tunelab), "run", str(MANIFEST.relative_to(REPO)), "--results-dir", str(results_dir), "--quiet",
            "--python", worker_python(), "--trace", str(results_dir / "trace.json")]
     strategy = strategy_of(name)
@@ -585,6 +600,8 @@ def tunelab_command(tunelab, name, results_dir):
         cmd += ["--set", f"search.strategy={strategy}"]
     if is_native(name):
         cmd += ["--set", NATIVE_OVERRIDE]
+    if has_native_inputs(name):
+        cmd += ["--set", NATIVE_INPUTS_OVERRIDE]
     return cmd
 
 
@@ -909,7 +926,7 @@ def goal_status(rows):
             out.append({"goal": GOALS[0] + " (after worker start-up, as autotune's figure is)",
                         "met": grid["speedup_after_startup"] >= 8 and good_winner,
                         "measured": f"{grid['speedup_after_startup']:.1f}x ({grid['after_startup_s']:.1f} s)"})
-    for name in ("native-grid", "native-halving"):
+    for name in NATIVE_CONTENDERS:
         native = rows.get(name)
         if not (native and auto):
             continue
@@ -922,11 +939,11 @@ def goal_status(rows):
             out.append({"goal": f"{GOALS[4]} ({name}, {native['wall_s']:.1f} s; {label})",
                         "met": native[key] >= 8 and good_winner,
                         "measured": f"{native[key]:.1f}x; autotune's winner {winner_text}"})
-    for name in ("grid", "halving", "native-grid", "native-halving"):
+    for name in ("grid", "halving") + NATIVE_CONTENDERS:
         if rows.get(name) and rows[name]["gpu_util"] is not None:
             out.append({"goal": f"{GOALS[1]} ({name})", "met": rows[name]["gpu_util"] >= 0.8,
                         "measured": f"{rows[name]['gpu_util'] * 100:.0f} % NVML utilisation"})
-    for name in ("halving", "native-halving"):
+    for name in ("halving", "native-halving", "native-inputs-halving"):
         if reference and rows.get(name):
             gap = rows[name]["gap_to_grid_pct"]
             label = GOALS[2] if name == "halving" and reference == "grid" else f"{GOALS[2]} ({name} vs {reference})"
@@ -936,7 +953,7 @@ def goal_status(rows):
         if overhead is not None:
             out.append({"goal": f"{GOALS[3]} ({name})", "met": overhead < 1.0,
                         "measured": f"{overhead:.3f} ms per job"})
-    for name in ("native-grid", "native-halving"):
+    for name in NATIVE_CONTENDERS:
         # Between calls + protocol of both workers' calls, as trace_breakdown reports it: what the workers
         # (and so the GPU) waited for the runner.
         # The journal append runs on the writer thread; it is shown, not counted.
@@ -999,9 +1016,14 @@ def render_markdown(f):
             "the native worker compares each job's output with the shared reference (a `compare` call to the "
             "Python worker where the reference cannot be shared). The script checked in each such run's trace that the native worker "
             "checked every job (none fell back to Python's launch).")
+    if any(has_native_inputs(n) for n in f["contenders"]):
+        add(f"- native launches and inputs: also `--set {NATIVE_INPUTS_OVERRIDE}`: the lane's Python worker imports "
+            "no torch and sees no GPU (it describes the shape's data and answers `recipe` over stand-in tensors); "
+            "the native worker builds the inputs with its seeded generator and the fp32 reference with its own "
+            "matmul kernel (`build`), then compares each job's output with it.")
     add("- wall after start-up: tunelab's wall time from its lane worker's first answer (torch imported, CUDA "
-        "up) to the end of the run, from the trace; the same starting point as autotune's figure. For autotune "
-        "the two columns are the same figure.")
+        "up; for native inputs, no torch) to the end of the run, from the trace; the same starting point as "
+        "autotune's figure. For autotune the two columns are the same figure.")
     add("- GPU util: mean NVML utilisation (share of time any kernel ran) sampled every ~50 ms over that wall time.")
     add("- winner µs: each contender's own timer (autotune: `triton.testing.do_bench` median; tunelab: its journal, "
         "the finalist re-timing where there is one). winner re-timed µs: every winner again in one process, "

@@ -413,6 +413,11 @@ bad_input!(
     "native_needs_args.yaml:12:16"
 );
 bad_input!(
+    native_inputs_with_a_python_launch,
+    "native_inputs_python_launch.yaml",
+    "native_inputs_python_launch.yaml:3:9"
+);
+bad_input!(
     aot_method_without_launch,
     "aot_triton_without_args.yaml",
     "aot_triton_without_args.yaml:15:38"

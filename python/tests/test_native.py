@@ -6,7 +6,8 @@ patterns, and that the worker refuses to share in interpreter mode. With a GPU
 (and the native worker binary at $TUNELAB_BIN, default .bin/tunelab, as
 bench/native_gpu_check.sh arranges): tensors shared with the native worker,
 the quickstart's CUDA GEMM launched natively against torch's reference, a
-Triton kernel launched natively giving the same bits as Python's launch, and
+Triton kernel launched natively giving the same bits as Python's launch, a
+shape's data built by the native worker (`inputs: native`), and
 (with $TUNELAB_AOT_DIR, an aot folder of a quickstart run) the aot output's C
 dispatcher built with cc and called through ctypes.
 """
@@ -14,6 +15,7 @@ dispatcher built with cc and called through ctypes.
 import json
 import os
 import pathlib
+import re
 import subprocess
 import types
 
@@ -97,6 +99,32 @@ def test_sharing_needs_a_gpu(shared_worker):
     assert "send 'share' first" in reply["recipes"][0]["message"]
     reply = shared_worker.request("recipes", jobs=[], seed=0, cache_dir="/tmp")
     assert reply["ok"] is False and reply["class"] == "bad_request", reply
+
+
+def test_a_described_shape_is_laid_out_as_the_native_worker_builds_it():
+    from tunelab import native_data as nd
+
+    description = {"tensors": [nd.normal("x", "fp16", (4, 3), 0.5), nd.zeros("y", "fp32", (3, 2))],
+                   "output": nd.output("fp32", (4, 2)), "reference": nd.matmul("x", "y")}
+    layout = nd.layout(description, seed=9)
+    assert [(t["name"], t["dtype"], t["bytes"], t["fill"]) for t in layout["tensors"]] == [
+        ("x", "float16", 24, {"normal": {"std": 0.5, "stream": 0}}), ("y", "float32", 24, "zeros"),
+        ("out", "float32", 32, None), ("reference", "float32", 32, None)]
+    assert (layout["out"], layout["reference"], layout["poison"], layout["elements"]) == (2, 3, "0000c07f", 8)
+    assert layout["reference_op"] == {"op": "matmul", "a": 0, "b": 1, "out": 3, "m": 4, "n": 2, "k": 3}
+    inputs, addresses = nd.stand_ins(description)
+    assert inputs["x"].stride() == (3, 1) and inputs["y"].shape == (3, 2)
+    assert addresses[inputs["y"].data_ptr()] == 1 and inputs["x"].data_ptr() % 16 == 0
+
+    for bad, says in [
+        (dict(description, output=nd.output("fp32", (4, 3))), "the matmul's is [4, 2]"),
+        (dict(description, reference=nd.matmul("x", "z")), "the inputs are ['x', 'y']"),
+        (dict(description, reference={"op": "conv"}), "computes: matmul"),
+        (dict(description, tensors=[nd.normal("x", "fp8", (4, 3), 1.0)]), "builds"),
+        (dict(description, tensors=[nd.normal("out", "fp16", (4, 3), 1.0)]), "not 'out'"),
+    ]:
+        with pytest.raises(nd.NativeDataError, match=re.escape(says)):
+            nd.layout(bad, seed=0)
 
 
 # ---------------------------------------------------------------- on a GPU, with the native worker
@@ -340,6 +368,78 @@ def test_the_native_compare_gives_pythons_figures(tmp_path, dtype, ref_fp32):
         want = compare(out, ref, atol=1e-2, rtol=1e-2, max_mismatch=0.0)
         want.pop("mismatch")
         assert got == want and want["passed"]
+    finally:
+        nw.close()
+
+
+# ---------------------------------------------------------------- inputs built natively (`build`)
+
+
+def _fetch(nw, index, dtype, shape):
+    got = nw.request("fetch", tensor=index)
+    assert got["ok"], got
+    raw = bytearray.fromhex(got["hex"])
+    return torch.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+@gpu_only
+def test_built_values_are_the_fp32_draws_rounded_once_and_repeat_by_seed(tmp_path):
+    """`build`'s generator: one stream drawn into fp32, fp16 and bf16 gives the
+    fp32 values rounded as torch rounds them (to nearest even; fp16
+    subnormals and overflow included), the same seed the same bits, another
+    seed or stream other values."""
+    nw = NativeWorker(helpers=_helpers(tmp_path))
+    try:
+        n = 1 << 16
+        for std in (1.0, 1e-5, 3e4):  # normal values; fp16 subnormals; fp16 overflow
+            tensors = [{"bytes": 4 * n, "dtype": "float32", "fill": {"normal": {"std": std, "stream": 3}}},
+                       {"bytes": 2 * n, "dtype": "float16", "fill": {"normal": {"std": std, "stream": 3}}},
+                       {"bytes": 2 * n, "dtype": "bfloat16", "fill": {"normal": {"std": std, "stream": 3}}},
+                       {"bytes": 4 * n, "dtype": "float32", "fill": {"normal": {"std": std, "stream": 4}}}]
+            built = nw.request("build", tensors=tensors, seed=11)
+            assert built["ok"], built
+            fp32 = _fetch(nw, 0, torch.float32, (n,))
+            assert torch.equal(_fetch(nw, 1, torch.float16, (n,)).view(torch.int16),
+                               fp32.to(torch.float16).view(torch.int16)), std
+            assert torch.equal(_fetch(nw, 2, torch.bfloat16, (n,)).view(torch.int16),
+                               fp32.to(torch.bfloat16).view(torch.int16)), std
+            assert abs(fp32.mean().item()) < 0.02 * std and abs(fp32.std().item() / std - 1) < 0.02
+            assert not torch.equal(fp32, _fetch(nw, 3, torch.float32, (n,)))  # another stream
+            if std == 1e-5:
+                assert (_fetch(nw, 1, torch.float16, (n,)).abs() < 2 ** -14).float().mean() > 0.5
+            if std == 3e4:
+                assert torch.isinf(_fetch(nw, 1, torch.float16, (n,))).any()
+            assert nw.request("build", tensors=tensors[:1], seed=11)["ok"]
+            assert torch.equal(_fetch(nw, 0, torch.float32, (n,)), fp32)  # the same seed, the same bits
+            assert nw.request("build", tensors=tensors[:1], seed=12)["ok"]
+            assert not torch.equal(_fetch(nw, 0, torch.float32, (n,)), fp32)
+    finally:
+        nw.close()
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("mnk", [(96, 80, 64), (37, 129, 200)])
+def test_a_gemm_built_natively_has_torchs_product_as_its_reference(tmp_path, dtype, mnk):
+    """The gemm problem's `native_data`, laid out as the lane sends it: the
+    native worker's reference is the fp32 product of the inputs it built."""
+    from tunelab import native_data
+    from tunelab.problems.gemm import Gemm
+
+    m, n, k = mnk
+    layout = native_data.layout(Gemm({"M": m, "N": n, "K": k, "dtype": dtype}).native_data(), seed=5)
+    nw = NativeWorker(helpers=_helpers(tmp_path))
+    try:
+        tensors = [{"bytes": t["bytes"], "dtype": t["dtype"], "fill": t["fill"]} for t in layout["tensors"]]
+        built = nw.request("build", tensors=tensors, seed=5, reference=layout["reference_op"])
+        assert built["ok"], built
+        torch_type = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+        a = _fetch(nw, 0, torch_type, (m, k)).float()
+        b = _fetch(nw, 1, torch_type, (k, n)).float()
+        reference = _fetch(nw, layout["reference"], torch.float32, (m, n))
+        want = torch.matmul(a.double(), b.double()).float()
+        torch.testing.assert_close(reference, want, atol=1e-5, rtol=1e-5)
+        assert reference.std().item() > 0.5  # C ~ N(0, 1): the inputs are not zeros
     finally:
         nw.close()
 

@@ -8,6 +8,7 @@ interpreter and times with the wall clock; with one it runs the GPU paths.
 import ctypes.util
 import json
 import math
+import pathlib
 
 import pytest
 import torch
@@ -567,11 +568,70 @@ def test_a_malformed_target_stops_the_worker_with_a_message(spawn_worker):
     assert "compute capability as digits" in worker.stderr_text()
 
 
-def test_target_is_only_for_the_compile_role(spawn_worker):
-    worker = spawn_worker("--target", "cuda:90:32")
+def test_a_lane_with_a_target_sees_no_gpu(spawn_worker):
+    worker = spawn_worker("--target", "cuda:90:32", "--mode", "gpu", env_overrides={"TRITON_INTERPRET": None})
     assert worker.at_eof()
     assert worker.proc.wait(timeout=30) == 2
-    assert "--target is for --role compile" in worker.stderr_text()
+    assert "--target makes a lane without torch" in worker.stderr_text()
+
+
+def test_a_lane_without_torch_describes_the_data_and_binds_recipes_to_it(spawn_worker, tmp_path):
+    """`inputs: native`: the lane's worker imports no torch and sees no GPU.
+    It answers the shape's data as the native worker builds it, and Triton
+    recipes whose pointers name those tensors by index."""
+    cache = tmp_path / "triton-cache"
+    no_torch = tmp_path / "no-torch"
+    (no_torch / "torch").mkdir(parents=True)
+    (no_torch / "torch" / "__init__.py").write_text("raise ImportError('the lane imported torch')\n")
+    worker = spawn_worker(
+        "--role", "lane", "--target", "cuda:90:32",
+        extra_path=(no_torch,),
+        env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
+    )
+    hello = worker.request("hello")
+    assert hello["ok"] and hello["torch"] is None, hello
+    assert hello["device"] == "inputs built natively; compiles for cuda:90:32"
+    shape = {"M": 96, "N": 80, "K": 64, "dtype": "bf16"}
+    data = worker.request("native_data", problem="gemm", shape=shape, seed=7)
+    assert data["ok"], data
+    assert [(t["name"], t["dtype"], t["shape"], t["bytes"]) for t in data["tensors"]] == [
+        ("a", "bfloat16", [96, 64], 96 * 64 * 2), ("b", "bfloat16", [64, 80], 64 * 80 * 2),
+        ("out", "bfloat16", [96, 80], 96 * 80 * 2), ("reference", "float32", [96, 80], 96 * 80 * 4)]
+    std = 64 ** -0.25
+    assert [t["fill"] for t in data["tensors"]] == [
+        {"normal": {"std": std, "stream": 0}}, {"normal": {"std": std, "stream": 1}}, None, None]
+    assert (data["out"], data["reference"], data["poison"], data["elements"], data["seed"]) == (2, 3, "c07f", 7680, 7)
+    assert data["reference_op"] == {"op": "matmul", "a": 0, "b": 1, "out": 3, "m": 96, "n": 80, "k": 64}
+
+    described = worker.request("describe", problem="gemm", shape=shape, seed=7)
+    assert described["ok"] and "inputs_s" not in described, described  # nothing built here
+
+    job = dict(gemm_job(dtype="bf16"), shape=shape)
+    answer = worker.request("recipes", jobs=[job], seed=7, cache_dir=str(tmp_path / "native"))
+    assert answer["ok"], answer
+    recipe = answer["recipes"][0]
+    assert recipe["ok"], recipe
+    assert recipe["symbol"] == "matmul_kernel" and recipe["block"] == [128, 1, 1]
+    assert recipe["grid"] == [3 * 3, 1, 1]  # 32 x 32 tiles over 96 x 80
+    assert pathlib.Path(recipe["image"]).read_bytes()[:4] == b"\x7fELF"
+    values = {a["name"]: a for a in recipe["args"]}
+    assert [values[p].get("tensor") for p in ("a_ptr", "b_ptr", "c_ptr")] == [0, 1, 2]
+    assert [values[p].get("i32") for p in ("M", "N", "K")] == [96, 80, 64]
+    assert recipe["kernels"] == []  # the native worker reports the kernel it loads
+    # Another shape's recipe before its data is described is refused.
+    other = dict(job, shape=dict(shape, M=128))
+    refused = worker.request("recipes", jobs=[other], seed=7, cache_dir=str(tmp_path / "native"))
+    assert refused["ok"] and refused["recipes"][0]["class"] == "bad_request"
+
+    fp8 = worker.request("native_data", problem="gemm", shape={"M": 16, "N": 256, "K": 512, "dtype": "fp8"})
+    assert_failed(fp8, "problem_error")
+    assert "inputs: python" in fp8["message"]
+    moe = worker.request("native_data", problem="moe",
+                         shape={"M": 4, "E": 8, "topk": 2, "K": 128, "N": 64, "dtype": "bf16"})
+    assert_failed(moe, "problem_error")
+    assert "no native_data()" in moe["message"]
+    assert worker.request("shutdown")["ok"]
+    assert worker.proc.wait(timeout=30) == 0
 
 
 # ---------------------------------------------------------------- timing modes (protocol 2)

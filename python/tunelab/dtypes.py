@@ -47,6 +47,11 @@ def use_stand_ins():
     _STAND_INS = {name: DtypeStandIn(torch_name) for name, torch_name in names.items()}
 
 
+def stand_ins_active() -> bool:
+    """Whether this process uses stand-ins (it has no torch and sees no GPU)."""
+    return _STAND_INS is not None
+
+
 def torch_dtype(name: str):
     if name not in _NAMES:
         raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_NAMES)}")

@@ -490,6 +490,10 @@ class Worker:
             self.torch = None
             self.device = None
         self.prepared: Optional[Prepared] = None
+        # A lane with a target builds nothing itself (`inputs: native`): the
+        # native worker builds the shape's data from this description.
+        # (key, the problem's description, its layout)
+        self._native_data: Optional[tuple[tuple[str, str, int], dict, dict]] = None
         # (key, inputs, expected output, bytes) of the last shape checked.
         self._shape_cache: Optional[tuple[tuple[str, str, int], Any, Any, float]] = None
         # The shape's tensors shared with a native worker: (key, output, reply).
@@ -511,6 +515,7 @@ class Worker:
             "compare": self.compare,
             "recipe": self.recipe,
             "recipes": self.recipes,
+            "native_data": self.native_data,
             "digest": self.digest,
         }
 
@@ -575,7 +580,9 @@ class Worker:
             triton_version = triton.__version__
         except Exception:
             triton_version = None
-        if self.target is not None:
+        if self.target is not None and self.role == "lane":
+            device = f"inputs built natively; compiles for {self.target}"
+        elif self.target is not None:
             device = f"compile-only for {self.target}"
         elif self.mode == "gpu":
             device = torch.cuda.get_device_name()
@@ -644,7 +651,7 @@ class Worker:
             facts["unavailable"] = {
                 str(key): reason for key, method in methods.items() if (reason := _unavailable(method, problem))
             }
-        if "seed" in request and self.role == "lane":
+        if "seed" in request and self.role == "lane" and self.target is None:
             # The runner describes a shape before its first job, which may still
             # be compiling: build the inputs and reference now, not after that.
             seed = _int_field(request, "seed")
@@ -818,12 +825,7 @@ class Worker:
         self._require_lane("share")
         if self.mode != "gpu":
             raise WorkerError(PROBLEM_ERROR, "native methods need a GPU; this worker runs Triton's interpreter")
-        name = request.get("problem")
-        shape = request.get("shape")
-        if not isinstance(name, str) or not isinstance(shape, dict):
-            raise bad_request("share needs 'problem' (a string) and 'shape' (an object)")
-        seed = _int_field(request, "seed", default=0)
-        key = (name, json.dumps(shape, sort_keys=True), seed)
+        name, shape, seed, key = _shape_of("share", request)
         if self._shared is not None and self._shared[0] == key:
             return self._shared[2]
         with stage("problem"):
@@ -898,19 +900,46 @@ class Worker:
         data = out.contiguous().view(self.torch.uint8).cpu().numpy().tobytes()
         return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
+    def native_data(self, request: dict) -> dict:
+        """A shape's data as the native worker builds it (`inputs: native`):
+        every tensor, how it is filled, and the reference operator
+        (tunelab.native_data.layout)."""
+        self._require_lane("native_data")
+        name, shape, seed, key = _shape_of("native_data", request)
+        if self._native_data is not None and self._native_data[0] == key:
+            return self._native_data[2]
+        from tunelab import native_data
+
+        with stage("problem"):
+            problem = _make_problem(name, shape)
+            describe = getattr(problem, "native_data", None)
+            if describe is None:
+                raise WorkerError(PROBLEM_ERROR, f"problem {name!r} does not describe its data for the native "
+                                                 "worker (it has no native_data()); run it with inputs: python")
+            try:
+                description = describe()
+                layout = native_data.layout(description, seed)
+            except ValueError as exc:
+                raise WorkerError(PROBLEM_ERROR, f"problem {name!r} cannot have its data built natively at this "
+                                                 f"shape: {exc}; run it with inputs: python") from exc
+        self._native_data = (key, description, layout)
+        return layout
+
     def recipe(self, request: dict) -> dict:
         """How to launch a Triton job natively: its cubin, symbol, grid, block,
-        shared memory and arguments over the shared tensors."""
+        shared memory and arguments over the shared tensors (or, in a lane
+        without torch, the tensors the native worker built)."""
         self._require_lane("recipe")
         job = Job(request.get("job"))
         cache_dir = request.get("cache_dir")
         if not isinstance(cache_dir, str) or not cache_dir:
             raise bad_request("recipe needs 'cache_dir', where the cubin goes")
-        share_key = {"problem": job.problem, "shape": job.shape, "seed": request.get("seed", 0)}
-        _, out, shared, _ = self._shared_for(share_key)
+        seed = request.get("seed", 0)
+        if self.target is None:
+            inputs, tensors, out_index = self._shared_inputs(job, seed)
+        else:
+            inputs, tensors, out_index = self._described_inputs(job, seed)
         problem, method = self._problem_and_method(job)
-        assert self._shape_cache is not None  # _shared_for built the shape
-        inputs = self._shape_cache[1]
         # The same JIT context as a Python check: the config's compile options
         # and an `ir:` method's IR apply to the kernel launched natively too.
         ctx = self._job_context(job)
@@ -927,16 +956,35 @@ class Worker:
         from tunelab import native
 
         kernel, compiled, grid, values = native_launch
-        # The method's own output stands for the shared one: the native launch writes there.
-        tensors = {t["ptr"]: i for i, t in enumerate(shared["tensors"])}
-        tensors[launch.out.data_ptr()] = shared["out"]
+        # The method's own output stands for the shared (built) one: the native launch writes there.
+        tensors[launch.out.data_ptr()] = out_index
         try:
             recipe = native.triton_recipe(kernel, compiled, grid, values, tensors, cache_dir)
-            # What the compiler made of it, as a Python check reports it.
-            recipe["kernels"] = [jit.resources(compiled, load=True)]
-            return recipe
         except native.NotNative as exc:
             raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} cannot be launched natively: {exc}") from exc
+        # What the compiler made of it, as a Python check reports it. Without
+        # a GPU here to load it on, the native worker reports what it loads.
+        recipe["kernels"] = [jit.resources(compiled, load=True)] if self.target is None else []
+        return recipe
+
+    def _shared_inputs(self, job: Job, seed):
+        """(inputs, data address -> tensor index, the output's index) of the shared shape."""
+        _, _, shared, _ = self._shared_for({"problem": job.problem, "shape": job.shape, "seed": seed})
+        assert self._shape_cache is not None  # _shared_for built the shape
+        return self._shape_cache[1], {t["ptr"]: i for i, t in enumerate(shared["tensors"])}, shared["out"]
+
+    def _described_inputs(self, job: Job, seed):
+        """`_shared_inputs` in a lane without torch (`inputs: native`): stand-ins
+        of the tensors the native worker built, whose made-up addresses name
+        them (tunelab.native_data)."""
+        key = (job.problem, json.dumps(job.shape, sort_keys=True), seed)
+        if self._native_data is None or self._native_data[0] != key:
+            raise bad_request("this shape's data is not described; send 'native_data' first")
+        from tunelab import native_data
+
+        _, description, layout = self._native_data
+        inputs, addresses = native_data.stand_ins(description)
+        return inputs, addresses, layout["out"]
 
     def recipes(self, request: dict) -> dict:
         """`recipe` for several jobs of the shared shape in one call: one
@@ -1077,6 +1125,15 @@ class Worker:
 
 
 _TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
+
+
+def _shape_of(op: str, request: dict):
+    """(problem, shape, seed, the key a shape's data is kept under) of a request about one shape."""
+    name, shape = request.get("problem"), request.get("shape")
+    if not isinstance(name, str) or not isinstance(shape, dict):
+        raise bad_request(f"{op} needs 'problem' (a string) and 'shape' (an object)")
+    seed = _int_field(request, "seed", default=0)
+    return name, shape, seed, (name, json.dumps(shape, sort_keys=True), seed)
 
 
 def _first_line(doc):
@@ -1381,8 +1438,8 @@ def _parse_args(argv):
         "this lane's GPU, so stop if torch sees none",
     )
     args = parser.parse_args(argv)
-    if args.target is not None and args.role != "compile":
-        parser.error("--target is for --role compile; a lane compiles for the GPU it owns")
+    if args.target is not None and args.role == "lane" and args.mode == "gpu":
+        parser.error("--target makes a lane without torch (inputs: native), which sees no GPU: not --mode gpu")
     if args.mode == "gpu" and (args.role != "lane" or _truthy(os.environ.get("TRITON_INTERPRET", "0"))):
         parser.error("--mode gpu is for a lane on a GPU, without TRITON_INTERPRET")
     return args
@@ -1391,12 +1448,13 @@ def _parse_args(argv):
 class _RefuseImport:
     """A meta-path finder that makes `import NAME` (and its submodules) fail."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, role: str):
         self.name = name
+        self.who = "a compile worker" if role == "compile" else "a lane whose inputs are built natively"
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == self.name or fullname.startswith(self.name + "."):
-            raise ImportError(f"a compile worker does not import {fullname}")
+            raise ImportError(f"{self.who} does not import {fullname}")
         return None
 
 
@@ -1413,11 +1471,15 @@ def main(argv=None) -> int:
         # runs when torch is installed (five seconds on an H100 host, for
         # nothing: the stand-ins are not tensors). Refusing the import makes
         # Triton go without it, as on a machine with no torch.
-        sys.meta_path.insert(0, _RefuseImport("torch"))
+        sys.meta_path.insert(0, _RefuseImport("torch", args.role))
         target = parse_target(args.target)
         mode = "gpu"  # never asks torch for a GPU: none is visible to this process
         compile_for(target)
         use_stand_ins()
+        if args.role == "lane":
+            # Its first recipe looks a kernel up in Triton's cache: hash
+            # Triton's sources meanwhile (see _warm_triton_key).
+            _warm_triton_key()
     elif args.mode == "gpu":
         warming = _warm_triton_key()
         mode = choose_mode(require_gpu=True)

@@ -216,7 +216,7 @@ impl Worker {
         if let Some(target) = &spec.target {
             cmd.args(["--target", target]);
         }
-        if spec.role == "lane" && !spec.interpret {
+        if spec.role == "lane" && !spec.interpret && spec.target.is_none() {
             // This run found the lane's GPU: the worker stops if its torch
             // sees none, and so can start Triton's work before torch is up.
             cmd.args(["--mode", "gpu"]);

@@ -42,6 +42,8 @@ pub struct Experiment {
     /// Consumers' tuned files whose configs run as methods of their own
     /// (`run --compare-to`), beside the tuned ones.
     pub compared: Vec<Compared>,
+    /// Who builds each shape's inputs and reference.
+    pub inputs: InputSource,
 }
 
 /// A consumer's tuned file timed as a method (`run --compare-to FILE`).
@@ -136,6 +138,27 @@ impl MethodKind {
             MethodKind::Cuda => "cuda",
             MethodKind::Hip => "hip",
             MethodKind::Python => "python",
+        }
+    }
+}
+
+/// Who builds a shape's inputs and reference (a manifest's `inputs:`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InputSource {
+    /// The problem's `inputs()` and `reference()`, in the lane's Python worker (torch).
+    #[default]
+    Python,
+    /// The native worker, from the problem's `native_data()` description: no
+    /// torch in the lane (docs/native-backend.md, "Inputs built natively").
+    Native,
+}
+
+impl InputSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputSource::Python => "python",
+            InputSource::Native => "native",
         }
     }
 }

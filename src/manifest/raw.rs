@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::de::Spanned;
-use super::model::{LaunchPath, MethodKind, OutputFormat};
+use super::model::{InputSource, LaunchPath, MethodKind, OutputFormat};
 use super::yaml::Node;
 use crate::measure::Timing;
 
@@ -56,6 +56,12 @@ pub struct RawManifest {
     /// environment variable.
     #[serde(default)]
     pub python_path: Vec<Spanned<String>>,
+    /// Who builds each shape's inputs and reference: `python` (the lane's
+    /// Python worker, with torch: the default) or `native` (the runner's
+    /// native worker, from the problem's `native_data()`: the lane imports no
+    /// torch; every method must be launched natively).
+    #[serde(default)]
+    pub inputs: Option<Spanned<InputSource>>,
 }
 
 /// A mapping of field to value, names and values with their places.

@@ -16,8 +16,8 @@ use serde_json::Value as Json;
 use super::de::Spanned;
 use super::model::{
     builtin_baseline, device_fields, escapes, Axis, Baseline, BaselineValue, DtypeOverride,
-    Experiment, Expr, InterpreterPlan, KernelArg, LaunchPath, Method, MethodKind, NativeSpec,
-    Output, ScalarType, Shape, Tolerance, BUILTIN_BASELINES, BUILTIN_PROBLEMS, DTYPES,
+    Experiment, Expr, InputSource, InterpreterPlan, KernelArg, LaunchPath, Method, MethodKind,
+    NativeSpec, Output, ScalarType, Shape, Tolerance, BUILTIN_BASELINES, BUILTIN_PROBLEMS, DTYPES,
     IR_EXTENSIONS,
 };
 use super::raw::{
@@ -154,6 +154,38 @@ pub fn validate(
         }
     }
 
+    if let Some(inputs) = raw
+        .inputs
+        .as_ref()
+        .filter(|i| i.value == InputSource::Native)
+    {
+        // Every method's data comes from the native worker, so only what it
+        // launches can use it.
+        for m in methods.iter().filter(|m| m.launch != LaunchPath::Native) {
+            found.push(
+                Diagnostic::at(
+                    inputs.span,
+                    format!(
+                        "`inputs: native` has the native worker build the data, which only native launches read; method `{}` is launched by its Python worker",
+                        m.name
+                    ),
+                )
+                .help(if m.kind == MethodKind::Triton {
+                    format!(
+                        "give `{}` `launch: native`, or leave `inputs:` out (the Python worker builds the data)",
+                        m.name
+                    )
+                } else {
+                    format!(
+                        "a `kind: {}` method runs in Python: move `{}` to a manifest of its own, or leave `inputs:` out (the Python worker builds the data)",
+                        m.kind.as_str(),
+                        m.name
+                    )
+                }),
+            );
+        }
+    }
+
     if !found.errors.is_empty() {
         // In the order a reader meets them in the file.
         found
@@ -185,6 +217,7 @@ pub fn validate(
         companions,
         python_path,
         compared: Vec::new(),
+        inputs: raw.inputs.as_ref().map_or(InputSource::Python, |i| i.value),
     })
 }
 

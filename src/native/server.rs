@@ -204,6 +204,55 @@ struct Helpers {
     spin: u64,
     flush_read: u64,
     compare: u64,
+    fill_normal: u64,
+    matmul_reference: u64,
+}
+
+/// `build`: a shape's tensors allocated by this worker and filled here, with
+/// no Python process involved (a manifest's `inputs: native`).
+#[derive(Debug, Deserialize)]
+struct BuildRequest {
+    tensors: Vec<BuiltTensor>,
+    /// The generator's seed: the same seed gives the same bits.
+    seed: u64,
+    /// The operator whose fp32 result fills the reference tensor.
+    reference: Option<ReferenceOp>,
+}
+
+#[derive(Debug, Deserialize)]
+struct BuiltTensor {
+    bytes: u64,
+    /// torch's name for the element type (float32, float16, bfloat16, ...).
+    dtype: String,
+    /// How it is filled; none: left as allocated (an output, poisoned before each launch).
+    #[serde(default)]
+    fill: Option<Fill>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Fill {
+    /// std * N(0, 1) draws from the generator's stream `stream`.
+    Normal {
+        std: f32,
+        stream: u64,
+    },
+    Zeros,
+}
+
+/// The reference operators this worker computes (src/native/helpers.cu).
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum ReferenceOp {
+    /// out [m, n] fp32 = a [m, k] @ b [k, n], all row-major and contiguous.
+    Matmul {
+        a: usize,
+        b: usize,
+        out: usize,
+        m: u32,
+        n: u32,
+        k: u32,
+    },
 }
 
 /// The worker's state on its GPU.
@@ -212,6 +261,8 @@ struct Server {
     helpers: Option<Helpers>,
     /// Imported allocations (base pointers), and each tensor's pointer.
     mapped: Vec<Ptr>,
+    /// Allocations `build` made for the shape's tensors (freed with the shape).
+    owned: Vec<Ptr>,
     tensors: Vec<(Ptr, u64)>,
     modules: HashMap<std::path::PathBuf, u64>,
     module_order: Vec<std::path::PathBuf>,
@@ -459,6 +510,7 @@ impl Server {
             gpu,
             helpers: None,
             mapped: Vec::new(),
+            owned: Vec::new(),
             tensors: Vec::new(),
             modules: HashMap::new(),
             module_order: Vec::new(),
@@ -477,6 +529,12 @@ impl Server {
         match op {
             "hello" => self.hello(r),
             "import" => self.import(r),
+            "build" => {
+                let req: BuildRequest = serde_json::from_value(r.clone())
+                    .map_err(|e| Failure::bad(format!("build: {e}")))?;
+                self.build(&req)
+            }
+            "fetch" => self.fetch(r),
             "check" => self.check(r),
             "warmup" => self.warmup(r),
             "sample" => self.sample(r),
@@ -504,6 +562,8 @@ impl Server {
                 spin: self.gpu.function(module, "tunelab_spin")?,
                 flush_read: self.gpu.function(module, "tunelab_flush_read")?,
                 compare: self.gpu.function(module, "tunelab_compare")?,
+                fill_normal: self.gpu.function(module, "tunelab_fill_normal")?,
+                matmul_reference: self.gpu.function(module, "tunelab_matmul_reference")?,
             });
         }
         let f = self.gpu.facts();
@@ -548,7 +608,155 @@ impl Server {
         for p in self.mapped.drain(..) {
             self.gpu.ipc_close(p);
         }
+        if !self.owned.is_empty() {
+            // A launch still running may read them.
+            let _ = self.gpu.synchronize();
+            for p in self.owned.drain(..) {
+                self.gpu.free(p);
+            }
+        }
         self.tensors.clear();
+    }
+
+    /// Allocates and fills a shape's tensors here, replacing the previous
+    /// shape's (imported or built): the inputs from the seeded generator, the
+    /// reference by its operator. Tensors are indexed as `import` indexes them.
+    fn build(&mut self, req: &BuildRequest) -> Reply {
+        let (fill_normal, matmul_reference) = match &self.helpers {
+            Some(h) => (h.fill_normal, h.matmul_reference),
+            None => {
+                return Err(Failure::bad(
+                    "build needs tunelab's helper kernels (hello's `helpers`)",
+                ))
+            }
+        };
+        let started = Instant::now();
+        self.release();
+        self.unmap();
+        let mut kinds = Vec::with_capacity(req.tensors.len());
+        for t in &req.tensors {
+            let ptr = self.gpu.alloc(t.bytes as usize)?;
+            self.owned.push(ptr);
+            self.tensors.push((ptr, t.bytes));
+            kinds.push(element_kind(&t.dtype));
+        }
+        for (i, t) in req.tensors.iter().enumerate() {
+            let ptr = self.tensors[i].0;
+            match &t.fill {
+                None => {}
+                Some(Fill::Zeros) => self.gpu.fill(ptr, &[0], t.bytes as usize)?,
+                Some(Fill::Normal { std, stream }) => {
+                    let (mut kind, size) = kinds[i].ok_or_else(|| {
+                        Failure::bad(format!(
+                            "build: tensor {i} is {}; normal draws are float32, float16 or bfloat16",
+                            t.dtype
+                        ))
+                    })?;
+                    let (mut out, mut n, mut seed, mut stream, mut std) =
+                        (ptr, t.bytes / size, req.seed, *stream, *std);
+                    let mut params = [
+                        (&mut out as *mut u64).cast::<c_void>(),
+                        (&mut kind as *mut i32).cast::<c_void>(),
+                        (&mut n as *mut u64).cast::<c_void>(),
+                        (&mut seed as *mut u64).cast::<c_void>(),
+                        (&mut stream as *mut u64).cast::<c_void>(),
+                        (&mut std as *mut f32).cast::<c_void>(),
+                    ];
+                    let blocks = n.div_ceil(256).clamp(1, 8192) as u32;
+                    // SAFETY: tunelab_fill_normal(void*, int, unsigned long long,
+                    // unsigned long long, unsigned long long, float), each parameter
+                    // pointing at a value of its size; `out` holds `n` elements.
+                    unsafe {
+                        self.gpu.launch(
+                            fill_normal,
+                            [blocks, 1, 1],
+                            [256, 1, 1],
+                            0,
+                            params.as_mut_ptr(),
+                        )?
+                    };
+                }
+            }
+        }
+        if let Some(ReferenceOp::Matmul { a, b, out, m, n, k }) = req.reference {
+            let operand = |i: usize, elements: u64, what: &str| -> Result<(Ptr, i32), Failure> {
+                let t = req.tensors.get(i).ok_or_else(|| {
+                    Failure::bad(format!(
+                        "build: the matmul's {what} is tensor {i}, which is not built"
+                    ))
+                })?;
+                let (kind, size) = kinds[i].ok_or_else(|| {
+                    Failure::bad(format!(
+                        "build: the matmul's {what} is {}; float32, float16 or bfloat16 only",
+                        t.dtype
+                    ))
+                })?;
+                if t.bytes < elements * size {
+                    return Err(Failure::bad(format!(
+                        "build: the matmul's {what} holds {} bytes, fewer than its {elements} elements",
+                        t.bytes
+                    )));
+                }
+                Ok((self.tensors[i].0, kind))
+            };
+            let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+            let (mut pa, mut ka) = operand(a, m64 * k64, "a")?;
+            let (mut pb, mut kb) = operand(b, k64 * n64, "b")?;
+            let (mut pc, kc) = operand(out, m64 * n64, "out")?;
+            if kc != 0 {
+                return Err(Failure::bad("build: the matmul's out must be float32"));
+            }
+            let (mut mi, mut ni, mut ki) = (m as i32, n as i32, k as i32);
+            if mi < 0 || ni < 0 || ki < 0 {
+                return Err(Failure::bad(
+                    "build: the matmul's m, n and k must be below 2^31",
+                ));
+            }
+            let mut params = [
+                (&mut pa as *mut u64).cast::<c_void>(),
+                (&mut ka as *mut i32).cast::<c_void>(),
+                (&mut pb as *mut u64).cast::<c_void>(),
+                (&mut kb as *mut i32).cast::<c_void>(),
+                (&mut pc as *mut u64).cast::<c_void>(),
+                (&mut mi as *mut i32).cast::<c_void>(),
+                (&mut ni as *mut i32).cast::<c_void>(),
+                (&mut ki as *mut i32).cast::<c_void>(),
+            ];
+            let grid = dims(&[n64.div_ceil(64).max(1), m64.div_ceil(64).max(1)], "grid")?;
+            // SAFETY: tunelab_matmul_reference(const void*, int, const void*, int,
+            // float*, int, int, int), each parameter pointing at a value of its
+            // size; the three tensors hold their elements (checked above).
+            unsafe {
+                self.gpu
+                    .launch(matmul_reference, grid, [256, 1, 1], 0, params.as_mut_ptr())?
+            };
+        }
+        self.gpu.synchronize()?;
+        Ok(json!({
+            "tensors": self.tensors.len(),
+            "build_ms": started.elapsed().as_secs_f64() * 1e3,
+        }))
+    }
+
+    /// A tensor's bytes, hex (for tests and debugging; at most 64 MiB).
+    fn fetch(&mut self, r: &Json) -> Reply {
+        let i = int_field(r, "tensor", 0, 0, u32::MAX as u64)? as usize;
+        let &(ptr, bytes) = self.tensors.get(i).ok_or_else(|| {
+            Failure::bad(format!(
+                "fetch: tensor {i} is not there ({} are)",
+                self.tensors.len()
+            ))
+        })?;
+        if bytes > 64 << 20 {
+            return Err(Failure::bad(format!(
+                "fetch: tensor {i} has {bytes} bytes; 64 MiB at most"
+            )));
+        }
+        self.gpu.synchronize()?;
+        let mut raw = vec![0u8; bytes as usize];
+        self.gpu.download(ptr, &mut raw)?;
+        let text: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(json!({"bytes": bytes, "hex": text}))
     }
 
     fn module(&mut self, image: &std::path::Path) -> Result<u64, Failure> {
@@ -1143,6 +1351,41 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_build_request_reads_each_fill_and_the_reference() {
+        let r: BuildRequest = serde_json::from_value(json!({
+            "tensors": [
+                {"bytes": 8, "dtype": "float16", "fill": {"normal": {"std": 0.5, "stream": 1}}},
+                {"bytes": 8, "dtype": "float32", "fill": "zeros"},
+                {"bytes": 8, "dtype": "bfloat16", "fill": null},
+                {"bytes": 8, "dtype": "float32"},
+            ],
+            "seed": 3,
+            "reference": {"op": "matmul", "a": 0, "b": 1, "out": 3, "m": 2, "n": 1, "k": 2},
+        }))
+        .unwrap();
+        assert!(matches!(
+            r.tensors[0].fill,
+            Some(Fill::Normal { std, stream: 1 }) if std == 0.5
+        ));
+        assert!(matches!(r.tensors[1].fill, Some(Fill::Zeros)));
+        assert!(r.tensors[2].fill.is_none() && r.tensors[3].fill.is_none());
+        assert!(matches!(
+            r.reference,
+            Some(ReferenceOp::Matmul {
+                a: 0,
+                b: 1,
+                out: 3,
+                m: 2,
+                n: 1,
+                k: 2
+            })
+        ));
+        // An operator the worker does not know is refused, not ignored.
+        let unknown = json!({"tensors": [], "seed": 0, "reference": {"op": "conv", "a": 0}});
+        assert!(serde_json::from_value::<BuildRequest>(unknown).is_err());
+    }
 
     #[test]
     fn compare_figures_follow_python_compare() {

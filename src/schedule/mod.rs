@@ -37,7 +37,7 @@ use crate::backend::python::Hello;
 use crate::backend::{Backend, Flush, JobFailure, PythonBackend, SampleMode, WorkerSpec};
 use crate::device::DeviceInfo;
 use crate::diag::Diagnostic;
-use crate::manifest::{Experiment, LaunchPath, MethodKind, Shape, Tolerance};
+use crate::manifest::{Experiment, InputSource, LaunchPath, MethodKind, Shape, Tolerance};
 use crate::measure::{L2Flush, Protocol};
 use crate::plan::{self, Filter, Job, Mode, PlanOptions, RunMode, Shard};
 use crate::search::{PriorObservation, Strategies};
@@ -516,12 +516,11 @@ impl Workers {
             .enumerate()
             .map(|(i, device)| {
                 let number = opts.first_lane + i as u32;
-                let python = PythonBackend::new(
-                    spec("lane", device.clone(), format!("lane{number}.log")),
-                    &exp.problem,
-                    timeout,
-                )
-                .with_ir_files(exp.ir_files());
+                let mut lane_spec = spec("lane", device.clone(), format!("lane{number}.log"));
+                // `inputs: native`: a worker without torch or a GPU (recipes only).
+                lane_spec.target = native.as_ref().and_then(|n| n.lane_target.clone());
+                let python = PythonBackend::new(lane_spec, &exp.problem, timeout)
+                    .with_ir_files(exp.ir_files());
                 let mut backend = match &native {
                     Some(setup) => {
                         let spawn = NativeSpawn {
@@ -577,7 +576,7 @@ fn native_setup(opts: &RunOptions<'_>, dir: &Path) -> Option<Arc<NativeSetup>> {
     ));
     let unavailable = (opts.mode == Mode::Interpreter)
         .then(|| "they need a GPU, and this run uses Triton's interpreter".to_string());
-    let setup = NativeSetup::new(
+    let mut setup = NativeSetup::new(
         &exp.problem,
         &exp.methods,
         compiler,
@@ -585,6 +584,20 @@ fn native_setup(opts: &RunOptions<'_>, dir: &Path) -> Option<Arc<NativeSetup>> {
         cache,
         unavailable,
     );
+    if exp.inputs == InputSource::Native && opts.mode == Mode::Gpu {
+        // The lane's Python worker then runs without torch, compiling for
+        // the lane's GPU from its description alone, as compile workers do.
+        match (&setup.unavailable, compile_target(&opts.device)) {
+            (None, Some(target)) => setup.lane_target = Some(target),
+            (Some(why), _) => eprintln!(
+                "warning: `inputs: native` falls back to python (the lane's Python worker builds the data): {why}"
+            ),
+            (None, None) => eprintln!(
+                "warning: `inputs: native` falls back to python: the lane's worker cannot compile for a {} GPU without seeing it",
+                opts.device.backend
+            ),
+        }
+    }
     if let Some(why) = &setup.unavailable {
         for m in exp
             .methods

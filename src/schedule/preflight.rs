@@ -137,6 +137,11 @@ pub fn check_problem(
                 }
             }
         }
+        if exp.inputs == crate::manifest::InputSource::Native {
+            for d in descriptions.values_mut() {
+                d.push_str("; inputs and reference built by the native worker (`inputs: native`)");
+            }
+        }
         Ok(descriptions)
     } else {
         Err(Diagnostics(errors))

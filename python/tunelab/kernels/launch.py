@@ -10,6 +10,8 @@ compiled runner called directly: 7.6 µs on the same host.
 
 import os
 
+from tunelab.dtypes import stand_ins_active
+
 
 def interpreting() -> bool:
     """Triton's interpreter runs the kernels (TRITON_INTERPRET=1): nothing is compiled."""
@@ -38,10 +40,17 @@ def compiled_runner(kernel, compiled, grid, args, kwargs):
     may need the binary first, e.g. its registers to size the grid."""
     names = [p.name for p in kernel.params]
     full = list(args) + [kwargs[name] for name in names[len(args):]]
-    run = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the compiled runner indexes all three
+    if stand_ins_active():
+        # Bound to stand-in tensors (a lane whose inputs the native worker
+        # builds): there is no GPU to load the kernel on, and only the
+        # native launch below is ever used.
+        def launch():
+            raise RuntimeError("a launch bound to stand-in tensors runs natively only")
+    else:
+        run = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the compiled runner indexes all three
 
-    def launch():
-        run(*full)
+        def launch():
+            run(*full)
 
     # What a native launch needs (tunelab.native.triton_recipe): no Python per launch.
     launch.native = (kernel, compiled, tuple(grid), full)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from tunelab.lazy import torch
 
-from tunelab import quant
+from tunelab import native_data, quant
 from tunelab.dtypes import element_size, torch_dtype
 
 if TYPE_CHECKING:
@@ -145,7 +145,23 @@ class Gemm:
 
     def new_output(self, inputs: dict):
         a = inputs["a"]
+        if native_data.is_stand_in(a):
+            return native_data.output_stand_in(self.out_dtype_name, (self.M, self.N))
         return torch.empty((self.M, self.N), dtype=self.dtype, device=a.device)
+
+    def native_data(self) -> dict:
+        """The inputs as the native worker builds them (`inputs: native`): the
+        same distributions as `inputs`, from the native worker's generator, and
+        the fp32 product as the reference."""
+        if self.fp8:
+            raise ValueError("fp8 operands are quantised with their scales, which the native worker does not build")
+        scale = self.K ** -0.25
+        return {
+            "tensors": [native_data.normal("a", self.dtype_name, (self.M, self.K), scale),
+                        native_data.normal("b", self.dtype_name, (self.K, self.N), scale)],
+            "output": native_data.output(self.out_dtype_name, (self.M, self.N)),
+            "reference": native_data.matmul("a", "b"),
+        }
 
 
 def _not_fp8(name: str, problem: "Gemm"):

@@ -51,6 +51,11 @@ pub struct NativeSetup {
     pub unavailable: Option<String>,
     /// Where Triton methods' cubins go for native launches.
     cache_dir: PathBuf,
+    /// `inputs: native` in effect: the native worker builds each shape's
+    /// data (`build`) and the lane's Python worker, started with this
+    /// compile target, has no torch and no GPU (it answers `native_data` and
+    /// recipes over stand-ins). `None`: the Python worker builds and shares.
+    pub lane_target: Option<String>,
     helpers: OnceLock<Result<PathBuf, String>>,
 }
 
@@ -84,6 +89,7 @@ impl NativeSetup {
             device: Json::Object(crate::manifest::device_fields(device)),
             unavailable,
             cache_dir,
+            lane_target: None,
             helpers: OnceLock::new(),
         }
     }
@@ -112,9 +118,15 @@ struct SharedTensor {
     /// torch's name for the element type (float32, bfloat16, ...).
     #[serde(default)]
     dtype: String,
+    /// The allocation's IPC handle (empty for a tensor the native worker built).
+    #[serde(default)]
     handle: String,
+    #[serde(default)]
     offset: u64,
     bytes: u64,
+    /// How the native worker fills it (`inputs: native`), as `build` takes it.
+    #[serde(default)]
+    fill: Json,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -268,6 +280,19 @@ fn native_check_request<'a>(
 }
 
 impl NativeLane {
+    /// The shape the native worker now holds (mapped or built), for the
+    /// workers of these generations. Recipes name its tensors by index:
+    /// another shape, new recipes.
+    fn hold(&mut self, key: String, python_generation: u64, reply: ShareReply) {
+        self.recipes.clear();
+        self.shared = Some(Shared {
+            key,
+            python_generation,
+            native_generation: self.process.generation(),
+            reply,
+        });
+    }
+
     /// Starts the native worker unless it runs, cannot run in this run, or
     /// would not start before (then `broken` says why).
     fn start(&mut self) {
@@ -487,8 +512,13 @@ impl LaneBackend {
             .clone();
         if self.native_reason().is_some() {
             // A Triton method falls back to its Python launch; a CUDA one was
-            // reported unavailable at `describe`.
-            return method.kind.is_native().then_some(method);
+            // reported unavailable at `describe`. With `inputs: native` the
+            // Python worker has no data to launch on: the job is unavailable.
+            let native_inputs = self
+                .native
+                .as_ref()
+                .is_some_and(|n| n.setup.lane_target.is_some());
+            return (method.kind.is_native() || native_inputs).then_some(method);
         }
         Some(method)
     }
@@ -895,6 +925,9 @@ impl LaneBackend {
             return Ok(());
         }
         n.shared = None;
+        if n.setup.lane_target.is_some() {
+            return self.build(job, seed, key);
+        }
         let reply = self.python.request(
             "share",
             json!({"problem": self.python.problem(), "shape": job.shape, "seed": seed}),
@@ -924,16 +957,45 @@ impl LaneBackend {
             .map(|t| json!({"handle": t.handle, "offset": t.offset, "bytes": t.bytes}))
             .collect();
         n.process.call("import", json!({"tensors": tensors}))?;
-        // Recipes name the shared tensors by index: another sharing, new recipes.
-        n.recipes.clear();
-        n.shared = Some(Shared {
-            key,
-            python_generation: py_gen,
-            native_generation: n.process.generation(),
-            reply,
-        });
+        n.hold(key, py_gen, reply);
         Ok(())
     }
+
+    /// `share` for `inputs: native`: the Python worker describes the shape's
+    /// data (`native_data`, no torch) and the native worker builds it
+    /// (`build`: allocations, the seeded generator, the reference operator).
+    fn build(&mut self, job: &Job, seed: u64, key: String) -> Result<(), JobFailure> {
+        let mut described = self.python.request(
+            "native_data",
+            json!({"problem": self.python.problem(), "shape": job.shape, "seed": seed}),
+        )?;
+        let py_gen = self.python.generation();
+        let reference = described.get_mut("reference_op").map(Json::take);
+        let reply: ShareReply = serde_json::from_value(described).map_err(|e| {
+            JobFailure::new(
+                FailureClass::Crash,
+                format!("protocol error: the worker's answer to `native_data` does not fit ({e})"),
+            )
+        })?;
+        let n = self.native.as_mut().expect("a native lane");
+        n.process.start()?;
+        n.process
+            .call("build", build_request(&reply, reference, seed))?;
+        n.hold(key, py_gen, reply);
+        Ok(())
+    }
+}
+
+/// The native worker's `build` of a shape the Python worker described
+/// (`native_data`): each tensor's size, type and fill in the described
+/// order, and the reference operator over their indices.
+fn build_request(described: &ShareReply, reference: Option<Json>, seed: u64) -> Json {
+    let tensors: Vec<Json> = described
+        .tensors
+        .iter()
+        .map(|t| json!({"bytes": t.bytes, "dtype": t.dtype, "fill": t.fill}))
+        .collect();
+    json!({"tensors": tensors, "seed": seed, "reference": reference})
 }
 
 /// A resolved launch, as the native worker's `check` takes it.
@@ -1473,6 +1535,7 @@ mod tests {
             handle: String::new(),
             offset: 0,
             bytes: 0,
+            fill: Json::Null,
         };
         let shared = ShareReply {
             tensors: vec![tensor("a"), tensor("b"), tensor("out")],
@@ -1507,6 +1570,47 @@ mod tests {
             f.message.contains("`out` (at ") && f.message.contains("quickstart.yaml:"),
             "{}",
             f.message
+        );
+    }
+
+    #[test]
+    fn a_described_shape_becomes_the_native_workers_build() {
+        // What `native_data` answers for gemm M=96 N=80 K=64 bf16, seed 7
+        // (python/tests/test_worker.py checks the Python side of it).
+        let mut answer = json!({
+            "tensors": [
+                {"name": "a", "dtype": "bfloat16", "shape": [96, 64], "bytes": 12288,
+                 "fill": {"normal": {"std": 0.35355339059327373, "stream": 0}}},
+                {"name": "b", "dtype": "bfloat16", "shape": [64, 80], "bytes": 10240,
+                 "fill": {"normal": {"std": 0.35355339059327373, "stream": 1}}},
+                {"name": "out", "dtype": "bfloat16", "shape": [96, 80], "bytes": 15360, "fill": null},
+                {"name": "reference", "dtype": "float32", "shape": [96, 80], "bytes": 30720, "fill": null},
+            ],
+            "out": 2, "reference": 3, "poison": "c07f", "elements": 7680, "uuid": "", "seed": 7,
+            "reference_op": {"op": "matmul", "a": 0, "b": 1, "out": 3, "m": 96, "n": 80, "k": 64},
+        });
+        let reference = answer.get_mut("reference_op").map(Json::take);
+        let reply: ShareReply = serde_json::from_value(answer).unwrap();
+        assert_eq!((reply.out, reply.reference), (2, Some(3)));
+        assert!(reply
+            .tensors
+            .iter()
+            .all(|t| t.handle.is_empty() && t.offset == 0));
+        let request = build_request(&reply, reference, 7);
+        assert_eq!(
+            request,
+            json!({
+                "tensors": [
+                    {"bytes": 12288, "dtype": "bfloat16",
+                     "fill": {"normal": {"std": 0.35355339059327373, "stream": 0}}},
+                    {"bytes": 10240, "dtype": "bfloat16",
+                     "fill": {"normal": {"std": 0.35355339059327373, "stream": 1}}},
+                    {"bytes": 15360, "dtype": "bfloat16", "fill": null},
+                    {"bytes": 30720, "dtype": "float32", "fill": null},
+                ],
+                "seed": 7,
+                "reference": {"op": "matmul", "a": 0, "b": 1, "out": 3, "m": 96, "n": 80, "k": 64},
+            })
         );
     }
 
