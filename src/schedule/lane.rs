@@ -910,8 +910,12 @@ impl Trials for Lane<'_, '_> {
         self.measure_now(m)
     }
 
-    fn measure_each(&mut self, order: &[usize]) {
-        self.ask_each(order, Ask::Measure);
+    fn measure_each(&mut self, order: &[usize]) -> Vec<(usize, f64)> {
+        let passed = self.ask_each(order, Ask::Measure);
+        order
+            .iter()
+            .filter_map(|i| passed.get(i).map(|median| (*i, *median)))
+            .collect()
     }
 
     fn screen(&mut self, i: usize, batches: usize) -> Option<f64> {

@@ -164,17 +164,21 @@ pub trait Trials {
     /// fresh samples (screening samples are dropped). Its record is written
     /// (ok or failed); returns the median in µs when it passed.
     fn measure(&mut self, i: usize) -> Option<f64>;
-    /// `measure` of each of `order`, in that order, until interrupted. A
-    /// lane may have the next candidates under way while it records one,
-    /// so a strategy hands it every candidate it will measure regardless
-    /// of the results.
-    fn measure_each(&mut self, order: &[usize]) {
+    /// `measure` of each of `order`, in that order, until interrupted:
+    /// (candidate, median) of each that passed, in `order`. A lane may have
+    /// the next candidates under way while it records one, so a strategy
+    /// hands it every candidate it will measure regardless of the results.
+    fn measure_each(&mut self, order: &[usize]) -> Vec<(usize, f64)> {
+        let mut passed = Vec::new();
         for &i in order {
             if self.interrupted() {
-                return;
+                break;
             }
-            self.measure(i);
+            if let Some(median) = self.measure(i) {
+                passed.push((i, median));
+            }
         }
+        passed
     }
     /// Check, warm up and take `batches` more sample batches of `i`, for
     /// screening. Returns its median so far; on failure its record is
@@ -281,6 +285,8 @@ pub(crate) mod testing {
         pub outcome: HashMap<usize, Outcome>,
         pub calls: Vec<(usize, &'static str)>,
         pub prior: Vec<PriorObservation>,
+        /// Each `measure_each` call's order.
+        pub handed: Vec<Vec<usize>>,
     }
 
     impl<'a> FakeTrials<'a> {
@@ -295,6 +301,7 @@ pub(crate) mod testing {
                 outcome: HashMap::new(),
                 calls: Vec::new(),
                 prior: Vec::new(),
+                handed: Vec::new(),
             }
         }
 
@@ -322,6 +329,13 @@ pub(crate) mod testing {
                     None
                 }
             }
+        }
+        fn measure_each(&mut self, order: &[usize]) -> Vec<(usize, f64)> {
+            self.handed.push(order.to_vec());
+            order
+                .iter()
+                .filter_map(|&i| self.measure(i).map(|t| (i, t)))
+                .collect()
         }
         fn screen(&mut self, i: usize, batches: usize) -> Option<f64> {
             self.calls.push((i, "screen"));

@@ -4,6 +4,11 @@
 //! expected improvement, each measured fully, until the budget is spent. The
 //! rest are recorded as skipped. A resumed search counts what earlier runs
 //! measured in the group against its budget and feeds it to the model.
+//!
+//! The first pick and the design depend on no measurement, so they are
+//! handed to the lane in one `measure_each`, which may send the next ones
+//! ahead while it records one (docs/worker-protocol.md, "Sent ahead"); each
+//! pick by expected improvement waits for the measurement before it.
 
 use indexmap::IndexMap;
 use serde_json::Value as Json;
@@ -67,12 +72,34 @@ impl Strategy for Surrogate {
             .collect();
         // Seeded per group (by its first candidate), so groups do not all start alike.
         let mut rng = SplitMix64::new(self.seed ^ hash_str(candidates[pool[0]].id));
-        while chosen.len() < budget && !trials.interrupted() {
+        let mut picks = Vec::new();
+        while chosen.len() < budget.min(design) {
             let next = if chosen.is_empty() {
                 rest[rng.below(rest.len() as u64) as usize]
-            } else if chosen.len() < design {
-                gp::farthest(&x, &chosen, &rest).expect("candidates left")
             } else {
+                gp::farthest(&x, &chosen, &rest).expect("candidates left")
+            };
+            rest.retain(|&i| i != next);
+            chosen.push(next);
+            picks.push(next);
+        }
+        let order: Vec<usize> = picks.iter().map(|&p| pool[p]).collect();
+        let passed: std::collections::HashMap<usize, f64> =
+            trials.measure_each(&order).into_iter().collect();
+        if trials.interrupted() {
+            return; // unmeasured configs stay unrecorded and run on resume
+        }
+        for p in picks {
+            // A median that is not a positive time says nothing about speed.
+            let y = passed
+                .get(&pool[p])
+                .copied()
+                .filter(|t| t.is_finite() && *t > 0.0)
+                .map(f64::ln);
+            seen.push((p, y));
+        }
+        while chosen.len() < budget && !trials.interrupted() {
+            let next = {
                 let worst = seen
                     .iter()
                     .filter_map(|(_, y)| *y)
@@ -129,6 +156,32 @@ mod tests {
             Outcome::Measured,
             "the model found the minimum"
         );
+    }
+
+    #[test]
+    fn the_first_pick_and_the_design_are_handed_over_at_once() {
+        let configs = bowl(12);
+        let ids: Vec<String> = (0..12).map(|i| format!("job{i}")).collect();
+        let mut trials = FakeTrials::new(configs.clone(), &bowl_time);
+        let s = Surrogate {
+            budget: Some(9),
+            seed: 3,
+        };
+        s.search(&candidates(&configs, &ids, 0), &mut trials);
+        // The baseline alone first, then the design (9 / 3 = 3 configs) in one
+        // call, then each pick by expected improvement on its own.
+        assert_eq!(trials.handed.len(), 1);
+        let design = &trials.handed[0];
+        assert_eq!(design.len(), gp::initial_design_size(9));
+        let measured: Vec<usize> = trials
+            .calls
+            .iter()
+            .filter(|(_, what)| *what == "measure")
+            .map(|(i, _)| *i)
+            .collect();
+        assert_eq!(measured[0], 0, "the baseline");
+        assert_eq!(&measured[1..1 + design.len()], design.as_slice());
+        assert_eq!(measured.len(), 1 + 9, "the baseline and the budget");
     }
 
     #[test]
