@@ -204,13 +204,16 @@ def breakdown(path):
         jobs_track = spans.get(f"{lane} jobs", [])
         groups = [e for e in jobs_track if e["name"] == "group"]
         waits = [e for e in jobs_track if e["name"] == "wait for compile"]
+        # The GPU resting between the finalists' re-timing batches (`protocol.retime_rest`): the
+        # protocol's time, not the runner's.
+        rests = [e for e in jobs_track if e["name"] == "rest"]
         # Inside groups only, so the probe's hello before the first group is not counted. The
         # lane's thread makes every call and wait in turn; the native start-up runs beside the
         # Python worker's (or, in older traces and runs without native jobs planned, inside a
         # group); a union all the same, as the native start-up span holds the native worker's hello.
         in_calls_us = _union_us(_inside(calls, groups))
         native_startup_us = _union_us(_inside(nat_start, groups))
-        covered_us = _union_us(_inside(calls + nat_start + waits, groups))
+        covered_us = _union_us(_inside(calls + nat_start + waits + rests, groups))
         wait_us = sum(e["dur"] for e in waits)
         group_us = sum(e["dur"] for e in groups)
         job_ids = {e["args"].get("job") for e in calls if e["name"] == "check" and e["args"].get("job")}
@@ -227,6 +230,7 @@ def breakdown(path):
             "jobs": jobs,
             "calls": _ops(py_calls),
             "wait_for_compile_s": wait_us / 1e6,
+            "rest_s": sum(e["dur"] for e in rests) / 1e6,
             "in_calls_s": in_calls_us / 1e6,
             "runner_between_calls_s": runner_us / 1e6,
             "runner_ms_per_job": _ms(runner_us / jobs) if jobs else None,
@@ -332,6 +336,9 @@ def render(b):
                      f"({lane['runner_ms_per_job'] or 0:.3f} ms/job); protocol "
                      f"{lane['protocol_us_per_call'] or 0:.0f} us/call, {lane['calls_per_job'] or 0:.1f} calls/job "
                      f"({lane['protocol_ms_per_job'] or 0:.3f} ms/job)")
+        if lane.get("rest_s"):
+            lines.append(f"  GPU resting between the finalists' re-timing batches (protocol.retime_rest): "
+                         f"{lane['rest_s']:.2f} s, not runner overhead")
         met = lane.get("replies_met")
         if met:
             lines.append("  replies met: " + _render_met(met)

@@ -1,4 +1,4 @@
-//! The journal's on-disk format: what format 2 writes (pinned), how a
+//! The journal's on-disk format: what format 3 writes (pinned), how a
 //! format-1 journal is read, what happens to a newer one, a torn line, a
 //! packed journal and a journal resumed beside its packed part.
 
@@ -69,6 +69,7 @@ fn header() -> RunHeader {
             max_gpu_ms: 100.0,
             max_wall_ms: 1500.0,
             finalists: 5,
+            retime_rest: 1.0,
             timeout_s: 60.0,
             seed: 0,
         },
@@ -152,13 +153,13 @@ fn write_lines(dir: &Path, lines: &[String]) {
 /// A change here is a change of the on-disk format: bump FORMAT_VERSION and
 /// keep a reader for the old one (see `store/v1.rs`), then update the snapshot.
 #[test]
-fn format_2_entries_serialise_as_pinned() {
+fn format_3_entries_serialise_as_pinned() {
     let run = serde_json::to_string_pretty(&Entry::Run(Box::new(header()))).unwrap();
-    insta::assert_snapshot!("format_2_run_header", run);
+    insta::assert_snapshot!("format_3_run_header", run);
     let job = serde_json::to_string_pretty(&Entry::Job(Box::new(job("j1")))).unwrap();
-    insta::assert_snapshot!("format_2_job_record", job);
+    insta::assert_snapshot!("format_3_job_record", job);
     let retired = serde_json::to_string_pretty(&Entry::LaneRetired(retired())).unwrap();
-    insta::assert_snapshot!("format_2_lane_retired", retired);
+    insta::assert_snapshot!("format_3_lane_retired", retired);
 }
 
 fn retired() -> LaneRetired {
@@ -221,6 +222,30 @@ fn a_format_1_journal_is_migrated_field_by_field() {
         .count();
     assert_eq!(results.jobs.len(), job_lines);
     assert!(results.jobs.iter().all(|j| j.kernels.is_empty()));
+}
+
+#[test]
+fn a_committed_format_2_journal_reads_as_re_timed_back_to_back() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/gptoss-attention/NVIDIA_H200");
+    let packed = std::fs::read(dir.join("journal.jsonl.gz")).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&packed[..]), &mut text)
+        .unwrap();
+    assert!(
+        text.lines().next().unwrap().contains(r#""format":2"#),
+        "committed in format 2"
+    );
+    let (results, warnings) = journal::read(&dir).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(!results.runs.is_empty());
+    for run in &results.runs {
+        assert_eq!(
+            (run.format, run.protocol.retime_rest),
+            (FORMAT_VERSION, 0.0)
+        );
+    }
+    // Its records after the header read as format 2 wrote them, timings and all.
+    assert!(!results.finals.is_empty() && !results.jobs.is_empty());
 }
 
 #[test]

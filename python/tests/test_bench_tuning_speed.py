@@ -194,6 +194,33 @@ def test_checks_sent_ahead_count_what_the_worker_waited_not_what_the_lane_did(tb
     assert tb.overhead_per_job_ms(b) == pytest.approx((0.050 + 0.048) / 3)
 
 
+def test_a_wait_for_a_compile_with_a_check_under_way_is_not_protocol(tb, tmp_path):
+    """`inputs: native`: the lane times jobs beside the compile pool, and may wait for the next job's
+    compile with a check under way (reading its answer after the wait) or leave the native worker idle
+    before a check it sends ahead. Those waits are the compile pool's, not the runner's."""
+    t = Trace()
+    t.span("lane0", "start-up", 0, 500, pid=1)
+    t.call("lane0", "hello", 10, 480, 100)
+    t.span("lane0 jobs", "group", 1000, 3000, jobs=3)
+    t.call("native0", "check", 1000, 100, 90, job="A")  # 10
+    # B's check was sent, then the lane waited 1000 µs for C's compile and read B's answer after it.
+    t.call("native0", "check", 1100, 1200, 95, job="B")  # 1200 - 95 - 1000 = 105
+    t.span("lane0 jobs", "wait for compile", 1200, 1000, job="C")
+    # C's check went out ahead after that wait; the worker had idled 1100 µs, 1000 of them in the wait.
+    t.span("native0", "check", 2300, 100, job="C", worker_us=90, outcome="ok", sent_ahead=True,
+           worker_idle_us=1100)  # 100
+    # The finalists' re-timing rested the GPU 400 µs: neither protocol nor runner time.
+    t.span("lane0 jobs", "rest", 2500, 400)
+    b = tb.breakdown(t.write(tmp_path / "trace.json"))
+    lane = b["lanes"]["lane0"]
+    assert lane["wait_for_compile_s"] == pytest.approx(0.001)
+    assert lane["protocol_ms_per_job"] == pytest.approx((10 + 105 + 100) / 3 / 1e3)
+    # 3000 µs of group - the calls (100 + 1200, the wait inside it, + 100) - the rest (400) = 1200 µs.
+    assert lane["rest_s"] == pytest.approx(0.0004)
+    assert lane["runner_between_calls_s"] == pytest.approx(0.0012)
+    assert "GPU resting between the finalists' re-timing batches" in tb.render(b)
+
+
 def test_native_overhead_adds_the_journal_and_names_its_parts(ts, tb, tmp_path):
     out = ts.overhead_from_trace(tb.breakdown(native_lane_trace().write(tmp_path / "trace.json")))
     journal_ms = 0.4  # mean of the 500 and 300 µs appends
@@ -234,6 +261,10 @@ def test_native_contenders_run_the_same_manifest_with_an_override(ts, tmp_path):
     assert "methods.triton.launch=native" not in ts.tunelab_command("tunelab", "halving", tmp_path)
     with pytest.raises(SystemExit):
         ts.parse_args(["--contenders", "native-random"])
+    inputs = ts.tunelab_command("tunelab", "native-inputs-halving", tmp_path)
+    assert inputs[-4:] == ["--set", "methods.triton.launch=native", "--set", "inputs=native"]
+    assert "search.strategy=halving" in inputs
+    assert "inputs=native" not in grid
 
 
 def _row(ts, winner, wall_s, retimed_us, **extra):

@@ -280,6 +280,12 @@ pub struct RawProtocol {
     /// Best configs per shape re-timed interleaved at the end.
     #[serde(default = "d_finalists")]
     pub finalists: u32,
+    /// In the finalists' re-timing, the GPU idles after each batch for this
+    /// many times the batch's kernel time (0 to 100; default 1: it runs half
+    /// the time), so that the power cap does not pull the clock down in the
+    /// middle of the comparison. 0 re-times back to back.
+    #[serde(default = "d_retime_rest")]
+    pub retime_rest: Spanned<f64>,
     /// How every job is timed and ranked: `cold` (L2 flushed before each
     /// sample; the default), `hot` (no flush), or `graph` (`graph_calls`
     /// back-to-back launches captured in one CUDA graph, timed per call, as
@@ -316,6 +322,7 @@ impl Default for RawProtocol {
             max_gpu_ms: d_max_gpu_ms(),
             max_wall_ms: d_max_wall_ms(),
             finalists: d_finalists(),
+            retime_rest: d_retime_rest(),
             timing: d_timing(),
             graph_calls: d_graph_calls(),
             retime_with: Vec::new(),
@@ -459,6 +466,9 @@ fn d_max_wall_ms() -> Spanned<f64> {
 }
 fn d_finalists() -> u32 {
     5
+}
+fn d_retime_rest() -> Spanned<f64> {
+    unspanned(1.0)
 }
 fn d_timing() -> Timing {
     Timing::Cold

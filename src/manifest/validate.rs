@@ -1117,6 +1117,16 @@ fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic
             "`timeout_s` must be positive",
         ));
     }
+    if !(0.0..=100.0).contains(&p.retime_rest.value) {
+        return Err(Diagnostic::at(
+            at(p.retime_rest.span),
+            format!(
+                "`retime_rest` must be between 0 and 100, found {}",
+                p.retime_rest.value
+            ),
+        )
+        .help("1 rests as long as each batch ran; 0 re-times back to back"));
+    }
     if p.warmup_ms.is_nan() || p.warmup_ms.value < 0.0 {
         return Err(Diagnostic::at(
             at(p.warmup_ms.span),
@@ -1143,6 +1153,7 @@ fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic
         max_gpu_ms: p.max_gpu_ms.value,
         max_wall_ms: p.max_wall_ms.value,
         finalists: p.finalists,
+        retime_rest: p.retime_rest.value,
         timeout_s: p.timeout_s.value,
         seed: p.seed,
     })

@@ -37,6 +37,11 @@ pub struct Protocol {
     pub max_wall_ms: f64,
     /// Best configs per shape re-timed interleaved at the end.
     pub finalists: u32,
+    /// In the finalists' re-timing, the GPU idles after each batch for this
+    /// many times the batch's kernel time, so that the power cap does not pull
+    /// the clock down in the middle of the comparison (0: back to back, as
+    /// journals of format 2 re-timed, and read as).
+    pub retime_rest: f64,
     /// Seconds a job may take (compile, check or sampling) before its worker is killed.
     pub timeout_s: f64,
     /// Seed for inputs.
@@ -129,6 +134,7 @@ impl Protocol {
             min_samples: 2,
             max_samples: 2,
             finalists: 0,
+            retime_rest: 0.0,
             ..self.clone()
         }
     }

@@ -379,6 +379,7 @@ mod tests {
             max_gpu_ms: 100.0,
             max_wall_ms: 1500.0,
             finalists: 5,
+            retime_rest: 1.0,
             timeout_s: 60.0,
             seed: 0,
         }

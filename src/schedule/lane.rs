@@ -300,7 +300,7 @@ pub fn run_group(
         && ctx.protocol.finalists >= 2
         && !ctx.stopping()
     {
-        retime_finalists(ctx, backend, &kernel, kind, measured, emit);
+        retime_finalists(ctx, backend, &kernel, kind, measured, &track, emit);
     }
     crate::trace::span(&track, "group", group_started, group_args);
     None
@@ -1141,13 +1141,14 @@ fn add_batch(m: &mut Measured, batch: SampleBatch, wall_ms: f64) {
 /// The best few configs of a group, re-timed interleaved in shuffled order so
 /// that clock and thermal drift hit them alike: the run's own way, then each
 /// way of `protocol.retime_with`, each recorded as a finalist record of its
-/// timing.
+/// timing. `track`: the lane's trace track, where the GPU's rests go.
 fn retime_finalists(
     ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     kernel: &str,
     kind: MethodKind,
     mut alive: Vec<Measured>,
+    track: &str,
     emit: &mut dyn FnMut(Event),
 ) {
     alive.sort_by(|a, b| a.median().total_cmp(&b.median()));
@@ -1158,16 +1159,18 @@ fn retime_finalists(
         if ctx.stopping() {
             return;
         }
-        retime(ctx, backend, kernel, kind, &mut alive, timing, emit);
+        retime(ctx, backend, kernel, kind, &mut alive, timing, track, emit);
     }
 }
 
 /// One round of a re-timing: a check and one batch of each finalist of
 /// `order`, in that order; the batches that came, by finalist (a failed
-/// check or batch gives none). Sent ahead where the backend can (two under
-/// way, as `Lane::ask_each` does), with a rule that counts one batch;
-/// answers lost with their worker, or that came without a batch, are asked
-/// again after the round's last, waited for.
+/// check or batch gives none). With `protocol.retime_rest` the GPU rests
+/// after each batch (`rest_after`), so each is waited for; else they are
+/// sent ahead where the backend can (two under way, as `Lane::ask_each`
+/// does), with a rule that counts one batch; answers lost with their
+/// worker, or that came without a batch, are asked again after the round's
+/// last, waited for.
 #[allow(clippy::too_many_arguments)]
 fn retime_round(
     ctx: &LaneContext<'_>,
@@ -1178,9 +1181,11 @@ fn retime_round(
     order: &[usize],
     mode: SampleMode,
     count: u32,
+    track: &str,
 ) -> Vec<(usize, Sampling)> {
     let max_wall_ms = ctx.protocol.stop_rule().max_wall_ms;
-    let ahead = max_wall_ms.is_finite();
+    let rest = ctx.protocol.retime_rest;
+    let ahead = max_wall_ms.is_finite() && rest == 0.0;
     let first = first_batch(
         ctx,
         mode,
@@ -1224,6 +1229,7 @@ fn retime_round(
                 if let Some(sampling) =
                     retime_now(ctx, backend, kernel, kind, &mut alive[i], mode, count)
                 {
+                    rest_after(&sampling, mode, rest, track);
                     got.push((i, sampling));
                 }
             }
@@ -1240,10 +1246,38 @@ fn retime_round(
     }
     for i in again {
         if let Some(sampling) = retime_now(ctx, backend, kernel, kind, &mut alive[i], mode, count) {
+            rest_after(&sampling, mode, rest, track);
             got.push((i, sampling));
         }
     }
     got
+}
+
+/// Leaves the GPU idle for `rest` times the kernel time of a re-timing
+/// batch just taken. Back to back, a long kernel's finalists run the GPU
+/// into its power cap: on an H100 (2026-11-24) the bench GEMM's re-timing
+/// ran at 1560-1680 MHz where its first pass had run at 1965, and the two
+/// best configs, 3 % apart there, came out within 1 % and in either order;
+/// resting as long as each batch ran kept 1770-1920 MHz and their order
+/// (results/bench/NVIDIA_H100_80GB_HBM3/retime_rest/README.md).
+fn rest_after(sampling: &Sampling, mode: SampleMode, rest: f64, track: &str) {
+    if rest <= 0.0 {
+        return;
+    }
+    let calls = if mode.timing == Timing::Graph {
+        mode.graph_calls.max(1) as f64
+    } else {
+        1.0
+    };
+    let kernel_ms = sampling.samples_us.iter().sum::<f64>() * calls / 1e3;
+    let started = Instant::now();
+    std::thread::sleep(std::time::Duration::from_secs_f64(rest * kernel_ms / 1e3));
+    crate::trace::span(
+        track,
+        "rest",
+        started,
+        serde_json::json!({"kernel_ms": kernel_ms}),
+    );
 }
 
 /// The oldest re-timing answer under way, finalist `i`'s, into the round:
@@ -1320,6 +1354,7 @@ fn retime_now(
 /// One interleaved re-timing of the finalists under `timing`. A graph sample
 /// is already the mean of `graph_calls` launches, so a graph batch holds
 /// that many times fewer samples (at least 4): the same launches timed.
+#[allow(clippy::too_many_arguments)]
 fn retime(
     ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
@@ -1327,6 +1362,7 @@ fn retime(
     kind: MethodKind,
     alive: &mut [Measured],
     timing: Timing,
+    track: &str,
     emit: &mut dyn FnMut(Event),
 ) {
     let mode = ctx.sampling.with_timing(timing);
@@ -1342,7 +1378,9 @@ fn retime(
         for i in (1..order.len()).rev() {
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
-        for (i, got) in retime_round(ctx, backend, kernel, kind, alive, &order, mode, count) {
+        for (i, got) in retime_round(
+            ctx, backend, kernel, kind, alive, &order, mode, count, track,
+        ) {
             let acc = samples.entry(alive[i].job.id.clone()).or_default();
             acc.samples_us.extend(got.samples_us);
             acc.clocks_mhz.extend(got.clocks_mhz);
@@ -2307,22 +2345,39 @@ mod tests {
 
     /// `run_pipelined` with the protocol's wall cap at `max_wall_ms` where
     /// given (the fake's batches take 1 ms each); also returns the calls.
+    /// What a pipelining run gives: its job records, finalist records, the
+    /// backend's log and its count of calls by kind.
+    type PipelinedRun = (
+        Vec<JobRecord>,
+        Vec<FinalRecord>,
+        Vec<String>,
+        HashMap<&'static str, usize>,
+    );
+
+    /// `run_pipelined_with`, re-timing back to back (no rest).
     fn run_pipelined_on(
         strategy: Box<dyn Strategy>,
         pipelines: bool,
         dies_once: Option<&str>,
         needs_idle: fn(&Job) -> bool,
         max_wall_ms: Option<f64>,
-    ) -> (
-        Vec<JobRecord>,
-        Vec<FinalRecord>,
-        Vec<String>,
-        HashMap<&'static str, usize>,
-    ) {
+    ) -> PipelinedRun {
+        run_pipelined_with(strategy, pipelines, dies_once, needs_idle, max_wall_ms, 0.0)
+    }
+
+    fn run_pipelined_with(
+        strategy: Box<dyn Strategy>,
+        pipelines: bool,
+        dies_once: Option<&str>,
+        needs_idle: fn(&Job) -> bool,
+        max_wall_ms: Option<f64>,
+        retime_rest: f64,
+    ) -> PipelinedRun {
         let strategies = Strategies::single(strategy);
         let prior = HashMap::new();
         let mut ctx = context(&strategies, &prior, None, 2);
         ctx.protocol.batch = 8;
+        ctx.protocol.retime_rest = retime_rest;
         if let Some(cap) = max_wall_ms {
             ctx.protocol.max_wall_ms = cap;
         }
@@ -2451,6 +2506,16 @@ mod tests {
         }
     }
 
+    /// Each finalist's (job, samples, median), by job.
+    fn final_samples(f: &[FinalRecord]) -> Vec<(String, u64, f64)> {
+        let mut v: Vec<_> = f
+            .iter()
+            .map(|f| (f.job_id.clone(), f.stats.n, f.stats.median_us))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
     #[test]
     fn the_finalists_re_timing_is_sent_ahead_too() {
         let (plain, plain_finals, _, _) =
@@ -2458,16 +2523,8 @@ mod tests {
         let (ahead, finals, log, calls) =
             run_pipelined_on(Box::new(Grid), true, None, |_| false, None);
         assert_eq!(outcomes(&plain), outcomes(&ahead));
-        let samples = |f: &[FinalRecord]| -> Vec<(String, u64, f64)> {
-            let mut v: Vec<_> = f
-                .iter()
-                .map(|f| (f.job_id.clone(), f.stats.n, f.stats.median_us))
-                .collect();
-            v.sort_by(|a, b| a.0.cmp(&b.0));
-            v
-        };
         assert!(!finals.is_empty());
-        assert_eq!(samples(&plain_finals), samples(&finals));
+        assert_eq!(final_samples(&plain_finals), final_samples(&finals));
         // No call waited for: each finalist's three re-timing checks went
         // out ahead, after its measurement.
         let count = |k: &str| calls.get(k).copied().unwrap_or(0);
@@ -2479,6 +2536,49 @@ mod tests {
                 .count();
             assert_eq!(sends, 1 + 3, "{}: {log:?}", f.job_id);
         }
+    }
+
+    #[test]
+    fn a_rested_re_timing_waits_for_each_batch_and_idles_after_it() {
+        let (_, plain_finals, _, _) = run_pipelined_on(Box::new(Grid), true, None, |_| false, None);
+        let started = Instant::now();
+        let (_, finals, log, calls) =
+            run_pipelined_with(Box::new(Grid), true, None, |_| false, None, 2.0);
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        assert!(!finals.is_empty());
+        assert_eq!(
+            final_samples(&plain_finals),
+            final_samples(&finals),
+            "the same batches"
+        );
+        // Each finalist's three re-timing checks were waited for, none sent
+        // ahead, and the lane idled twice each batch's kernel time after it.
+        let count = |k: &str| calls.get(k).copied().unwrap_or(0);
+        assert_eq!(
+            count("check_then_sample waited for"),
+            3 * finals.len(),
+            "{calls:?}"
+        );
+        for f in &finals {
+            let sends = log
+                .iter()
+                .filter(|e| **e == format!("send {}", f.job_id))
+                .count();
+            assert_eq!(
+                sends, 1,
+                "{}: measured ahead, re-timed waited for: {log:?}",
+                f.job_id
+            );
+        }
+        let kernel_ms: f64 = finals
+            .iter()
+            .map(|f| f.stats.mean_us * f.stats.n as f64 / 1e3)
+            .sum();
+        assert!(kernel_ms > 1.0, "{kernel_ms}");
+        assert!(
+            elapsed_ms >= 2.0 * kernel_ms,
+            "{elapsed_ms} ms against {kernel_ms} ms of kernels"
+        );
     }
 
     #[test]

@@ -306,9 +306,9 @@ impl Reader {
             }
             Ok(e) => e,
             Err(e) => match older_header(line) {
-                Some(Ok(h)) => {
+                Some(Ok((h, format))) => {
                     self.add(Entry::Run(Box::new(h)));
-                    self.format = 1;
+                    self.format = format;
                     return Ok(());
                 }
                 Some(Err(why)) => {
@@ -373,12 +373,18 @@ impl Reader {
     }
 }
 
-/// A run header without a `format` field is format 1: migrated, or the
-/// reason it cannot be. `None`: not such a header.
-fn older_header(line: &str) -> Option<Result<super::record::RunHeader, String>> {
+/// A run header of an older format (1: no `format` field; 2), migrated,
+/// with the format the records after it follow; or the reason it cannot be.
+/// `None`: not such a header.
+fn older_header(line: &str) -> Option<Result<(super::record::RunHeader, u32), String>> {
     let value: serde_json::Value = serde_json::from_str(line).ok()?;
-    if value.get("type")?.as_str()? != "run" || value.get("format").is_some() {
+    if value.get("type")?.as_str()? != "run" {
         return None;
+    }
+    match value.get("format").map(|f| f.as_u64()) {
+        None => {}
+        Some(Some(2)) => return Some(super::v2::migrate_header(value).map(|h| (h, 2))),
+        Some(_) => return None,
     }
     let v1: RunHeaderV1 = match serde_json::from_value(value) {
         Ok(h) => h,
@@ -386,6 +392,7 @@ fn older_header(line: &str) -> Option<Result<super::record::RunHeader, String>> 
     };
     Some(
         v1.migrate()
+            .map(|h| (h, 1))
             .map_err(|e| format!("a format-1 run header: {}", e.0)),
     )
 }

@@ -4,6 +4,7 @@
 pub mod journal;
 pub mod record;
 mod v1;
+mod v2;
 
 pub use journal::{Journal, StoreError, JOURNAL, PACKED_JOURNAL};
 pub use record::*;

@@ -118,6 +118,7 @@ impl RunHeaderV1 {
             max_gpu_ms: p.max_gpu_ms,
             max_wall_ms: p.max_wall_ms,
             finalists: p.finalists,
+            retime_rest: 0.0,
             timeout_s: p.timeout_s,
             seed: p.seed,
         };

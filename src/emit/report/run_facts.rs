@@ -475,8 +475,9 @@ pub(super) fn protocol(a: &Analysis<'_, '_, '_>) -> Vec<Row> {
             "Finalists",
             if p.finalists > 0 {
                 format!(
-                    "top {} per (shape, method) re-timed interleaved",
-                    p.finalists
+                    "top {} per (shape, method) re-timed interleaved{}",
+                    p.finalists,
+                    rest_text(p.retime_rest)
                 )
             } else {
                 "none".into()
@@ -517,6 +518,19 @@ pub(super) fn tolerance(t: &crate::manifest::Tolerance) -> String {
         DASH.into()
     } else {
         parts.join(", ")
+    }
+}
+
+/// How the finalists' re-timing rested the GPU (`protocol.retime_rest`);
+/// empty for back to back, as every run before 2026-11-24 re-timed.
+pub fn rest_text(rest: f64) -> String {
+    if rest > 0.0 {
+        format!(
+            ", the GPU idle {}× each batch's kernel time after it",
+            trim_float(rest)
+        )
+    } else {
+        String::new()
     }
 }
 

@@ -285,8 +285,9 @@ fn protocol_bullet(a: &Analysis<'_, '_, '_>) -> String {
     );
     if p.finalists > 0 {
         text.push_str(&format!(
-            "; the best {} configs of each (shape, method) re-timed interleaved, and those times rank",
-            p.finalists
+            "; the best {} configs of each (shape, method) re-timed interleaved{}, and those times rank",
+            p.finalists,
+            run_facts::rest_text(p.retime_rest)
         ));
     }
     if !p.retime_with.is_empty() {
