@@ -1428,7 +1428,8 @@ def _parse_args(argv):
     )
     parser.add_argument(
         "--target",
-        help="compile role only: compile for this GPU (cuda:90:32, hip:gfx942:64) without touching one",
+        help="compile for this GPU (cuda:90:32, hip:gfx942:64) without touching one and without torch: a "
+        "compile worker, or a lane whose inputs the native worker builds (inputs: native)",
     )
     parser.add_argument(
         "--mode",

@@ -4,7 +4,9 @@
 //! times `kind: cuda|hip` methods and Triton methods with `launch: native`.
 //!
 //! A native job's check: compile (the pool usually has), share the shape's
-//! tensors once (the Python worker exports them, the native worker maps them),
+//! tensors once (the Python worker exports them, the native worker maps them;
+//! with `inputs: native` the Python worker, without torch, only describes
+//! them and the native worker builds them),
 //! launch once into the poisoned shared output, then the Python worker
 //! compares it with the reference under the same tolerance rule as every
 //! method. Warm-up and samples then go to the native worker, in the same
