@@ -52,6 +52,13 @@ def stand_ins_active() -> bool:
     return _STAND_INS is not None
 
 
+def torch_name(name: str) -> str:
+    """torch's name for a manifest dtype ("bf16" -> "bfloat16"), without torch."""
+    if name not in _NAMES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_NAMES)}")
+    return _NAMES[name]
+
+
 def torch_dtype(name: str):
     if name not in _NAMES:
         raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_NAMES)}")

@@ -24,11 +24,10 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from tunelab.dtypes import element_size, torch_dtype
+from tunelab.dtypes import element_size, torch_dtype, torch_name
 
-# The element types the native worker fills and compares, by manifest spelling.
-_TORCH_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-# One element of NaN, as the Python worker poisons outputs (tunelab.native.poison_pattern).
+# One element of NaN, as the Python worker poisons outputs (tunelab.native.poison_pattern), for
+# each element type the native worker fills and compares, by manifest spelling.
 _POISON = {"fp16": "007e", "bf16": "c07f", "fp32": "0000c07f"}
 # Stand-in addresses: far apart and 16-byte aligned, as Triton specialises
 # pointers by their alignment; never dereferenced.
@@ -64,8 +63,8 @@ def _numel(shape: Sequence[int]) -> int:
 
 
 def _check_tensor(t: dict, what: str):
-    if t.get("dtype") not in _TORCH_NAMES:
-        raise NativeDataError(f"{what} is {t.get('dtype')!r}; the native worker builds {sorted(_TORCH_NAMES)}")
+    if t.get("dtype") not in _POISON:
+        raise NativeDataError(f"{what} is {t.get('dtype')!r}; the native worker builds {sorted(_POISON)}")
     shape = t.get("shape")
     if not isinstance(shape, list) or not shape or not all(isinstance(s, int) and s > 0 for s in shape):
         raise NativeDataError(f"{what} has shape {shape!r}; it needs positive sizes")
@@ -125,7 +124,7 @@ def layout(description: dict, seed: int) -> dict:
 def _tensor(name: str, dtype: str, shape: list, fill) -> dict:
     return {
         "name": name,
-        "dtype": _TORCH_NAMES[dtype],
+        "dtype": torch_name(dtype),
         "shape": list(shape),
         "bytes": _numel(shape) * element_size(dtype),
         "fill": fill,

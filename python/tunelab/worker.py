@@ -977,7 +977,7 @@ class Worker:
         """`_shared_inputs` in a lane without torch (`inputs: native`): stand-ins
         of the tensors the native worker built, whose made-up addresses name
         them (tunelab.native_data)."""
-        key = (job.problem, json.dumps(job.shape, sort_keys=True), seed)
+        key = _shape_of("recipe", {"problem": job.problem, "shape": job.shape, "seed": seed})[3]
         if self._native_data is None or self._native_data[0] != key:
             raise bad_request("this shape's data is not described; send 'native_data' first")
         from tunelab import native_data

@@ -90,13 +90,7 @@ impl Strategy for Surrogate {
             return; // unmeasured configs stay unrecorded and run on resume
         }
         for p in picks {
-            // A median that is not a positive time says nothing about speed.
-            let y = passed
-                .get(&pool[p])
-                .copied()
-                .filter(|t| t.is_finite() && *t > 0.0)
-                .map(f64::ln);
-            seen.push((p, y));
+            seen.push((p, ln_time(passed.get(&pool[p]).copied())));
         }
         while chosen.len() < budget && !trials.interrupted() {
             let next = {
@@ -113,12 +107,7 @@ impl Strategy for Surrogate {
             };
             rest.retain(|&i| i != next);
             chosen.push(next);
-            // A median that is not a positive time says nothing about speed.
-            let y = trials
-                .measure(pool[next])
-                .filter(|t| t.is_finite() && *t > 0.0)
-                .map(f64::ln);
-            seen.push((next, y));
+            seen.push((next, ln_time(trials.measure(pool[next]))));
         }
         if trials.interrupted() {
             return; // unmeasured configs stay unrecorded and run on resume
@@ -127,6 +116,13 @@ impl Strategy for Surrogate {
             trials.skip(pool[i]);
         }
     }
+}
+
+/// The model's observation of a measured median: its log, or none for a
+/// failure (or a median that is not a positive time, which says nothing
+/// about speed).
+fn ln_time(median_us: Option<f64>) -> Option<f64> {
+    median_us.filter(|t| t.is_finite() && *t > 0.0).map(f64::ln)
 }
 
 #[cfg(test)]
