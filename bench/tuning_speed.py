@@ -20,7 +20,8 @@ docs/native-backend.md; the manifest file is not changed or copied), and
 `native-inputs-grid` / `native-inputs-halving` (also `--set inputs=native`:
 the native worker builds the inputs and the reference itself, so the lane's
 Python worker never imports torch; docs/native-backend.md, "Inputs built
-natively").
+natively"), and `native-inputs-raced-grid` (also `--set protocol.race=0.05`:
+racing, README's protocol table).
 
 What the native contenders need at run time, all of it found by tunelab
 itself (nothing to pass, no build feature: the default `cargo build
@@ -73,7 +74,7 @@ HELPERS_SOURCE = REPO / "src" / "native" / "helpers.cu"
 EXPECTED_CONFIGS = 48
 HOPPER_SMEM_BYTES = 227 * 1024  # the per-block opt-in maximum on H100/H200
 CONTENDERS = ("autotune", "grid", "halving", "native-grid", "native-halving", "native-inputs-grid",
-              "native-inputs-halving")
+              "native-inputs-halving", "native-inputs-raced-grid")
 # Contenders launched natively (every name after the first three), and those whose inputs are built natively too.
 NATIVE_CONTENDERS = CONTENDERS[3:]
 NATIVE_INPUTS_PREFIX = "native-inputs-"
@@ -81,10 +82,15 @@ NATIVE_INPUTS_OVERRIDE = "inputs=native"
 # A contender named native-<strategy> is that strategy with the Triton method launched natively.
 NATIVE_PREFIX = "native-"
 NATIVE_OVERRIDE = "methods.triton.launch=native"
+# A contender with -raced- in its name also races (protocol.race, README): a config clearly slower than the best
+# so far stops sampling at min_samples.
+RACED_INFIX = "-raced-"
+RACE_OVERRIDE = "protocol.race=0.05"
 LABELS = {"autotune": "triton.autotune", "grid": "tunelab grid", "halving": "tunelab halving",
           "native-grid": "tunelab grid, native launches", "native-halving": "tunelab halving, native launches",
           "native-inputs-grid": "tunelab grid, native launches and inputs",
-          "native-inputs-halving": "tunelab halving, native launches and inputs"}
+          "native-inputs-halving": "tunelab halving, native launches and inputs",
+          "native-inputs-raced-grid": "tunelab grid, native launches and inputs, racing"}
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 # Host launch cost: launches queued back to back without a sync. A small
@@ -178,6 +184,10 @@ def is_native(name):
 
 def has_native_inputs(name):
     return name.startswith(NATIVE_INPUTS_PREFIX)
+
+
+def is_raced(name):
+    return RACED_INFIX in name
 
 
 def strategy_of(name):
@@ -602,6 +612,8 @@ def tunelab_command(tunelab, name, results_dir):
         cmd += ["--set", NATIVE_OVERRIDE]
     if has_native_inputs(name):
         cmd += ["--set", NATIVE_INPUTS_OVERRIDE]
+    if is_raced(name):
+        cmd += ["--set", RACE_OVERRIDE]
     return cmd
 
 
@@ -1021,6 +1033,10 @@ def render_markdown(f):
             "no torch and sees no GPU (it describes the shape's data and answers `recipe` over stand-in tensors); "
             "the native worker builds the inputs with its seeded generator and the fp32 reference with its own "
             "matmul kernel (`build`), then compares each job's output with it.")
+    if any(is_raced(n) for n in f["contenders"]):
+        add(f"- racing: also `--set {RACE_OVERRIDE}`: a config whose median is, with 95 % confidence, more than 5 % "
+            "slower than the best its run has recorded so far stops sampling at `min_samples` (flagged OUTPACED) "
+            "instead of refining its figure to ±0.5 %; it keeps its median and can still be a finalist.")
     add("- wall after start-up: tunelab's wall time from its lane worker's first answer (torch imported, CUDA "
         "up; for native inputs, no torch) to the end of the run, from the trace; the same starting point as "
         "autotune's figure. For autotune the two columns are the same figure.")

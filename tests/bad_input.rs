@@ -465,3 +465,9 @@ bad_input!(
     "protocol_cap.yaml",
     "protocol_cap.yaml:11:16"
 );
+
+bad_input!(
+    protocol_race_out_of_range,
+    "protocol_race.yaml",
+    "protocol_race.yaml:11:9"
+);

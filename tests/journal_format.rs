@@ -1,4 +1,4 @@
-//! The journal's on-disk format: what format 3 writes (pinned), how a
+//! The journal's on-disk format: what format 4 writes (pinned), how a
 //! format-1 journal is read, what happens to a newer one, a torn line, a
 //! packed journal and a journal resumed beside its packed part.
 
@@ -70,6 +70,7 @@ fn header() -> RunHeader {
             max_wall_ms: 1500.0,
             finalists: 5,
             retime_rest: 1.0,
+            race: 0.05,
             timeout_s: 60.0,
             seed: 0,
         },
@@ -120,7 +121,7 @@ fn job(id: &str) -> JobRecord {
             q3_us: 10.1,
             mean_us: 10.0,
             cv: 0.01,
-            flags: vec![Flag::Drift, Flag::CapHit],
+            flags: vec![Flag::Drift, Flag::Outpaced],
             timer: Timer::CudaEvent,
             sm_clock_mhz: Some(1980.0),
             gpu_ms: 0.2,
@@ -153,13 +154,13 @@ fn write_lines(dir: &Path, lines: &[String]) {
 /// A change here is a change of the on-disk format: bump FORMAT_VERSION and
 /// keep a reader for the old one (see `store/v1.rs`), then update the snapshot.
 #[test]
-fn format_3_entries_serialise_as_pinned() {
+fn format_4_entries_serialise_as_pinned() {
     let run = serde_json::to_string_pretty(&Entry::Run(Box::new(header()))).unwrap();
-    insta::assert_snapshot!("format_3_run_header", run);
+    insta::assert_snapshot!("format_4_run_header", run);
     let job = serde_json::to_string_pretty(&Entry::Job(Box::new(job("j1")))).unwrap();
-    insta::assert_snapshot!("format_3_job_record", job);
+    insta::assert_snapshot!("format_4_job_record", job);
     let retired = serde_json::to_string_pretty(&Entry::LaneRetired(retired())).unwrap();
-    insta::assert_snapshot!("format_3_lane_retired", retired);
+    insta::assert_snapshot!("format_4_lane_retired", retired);
 }
 
 fn retired() -> LaneRetired {
@@ -240,12 +241,35 @@ fn a_committed_format_2_journal_reads_as_re_timed_back_to_back() {
     assert!(!results.runs.is_empty());
     for run in &results.runs {
         assert_eq!(
-            (run.format, run.protocol.retime_rest),
-            (FORMAT_VERSION, 0.0)
+            (run.format, run.protocol.retime_rest, run.protocol.race),
+            (FORMAT_VERSION, 0.0, 0.0)
         );
     }
     // Its records after the header read as format 2 wrote them, timings and all.
     assert!(!results.finals.is_empty() && !results.jobs.is_empty());
+}
+
+/// A format-3 journal committed with the retime_rest evidence (H100,
+/// 2026-11-24): read with racing off, its jobs as they were.
+#[test]
+fn a_committed_format_3_journal_reads_with_racing_off() {
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("results/bench/NVIDIA_H100_80GB_HBM3/retime_rest/rest1-run1.journal.jsonl.gz");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(&committed, dir.path().join(journal::PACKED_JOURNAL)).unwrap();
+    let (results, warnings) = journal::read(dir.path()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let run = results.header.expect("a header");
+    assert_eq!(
+        (run.format, run.protocol.retime_rest, run.protocol.race),
+        (FORMAT_VERSION, 1.0, 0.0)
+    );
+    assert_eq!(results.jobs.len(), 48);
+    assert!(results
+        .jobs
+        .iter()
+        .filter_map(|j| j.stats.as_ref())
+        .all(|s| !s.flags.contains(&Flag::Outpaced)));
 }
 
 #[test]

@@ -265,6 +265,11 @@ def test_native_contenders_run_the_same_manifest_with_an_override(ts, tmp_path):
     assert inputs[-4:] == ["--set", "methods.triton.launch=native", "--set", "inputs=native"]
     assert "search.strategy=halving" in inputs
     assert "inputs=native" not in grid
+    raced = ts.tunelab_command("tunelab", "native-inputs-raced-grid", tmp_path)
+    assert raced[-6:] == ["--set", "methods.triton.launch=native", "--set", "inputs=native",
+                          "--set", "protocol.race=0.05"]
+    assert not any(a.startswith("search.strategy") for a in raced)
+    assert all("protocol.race" not in a for a in inputs)
 
 
 def _row(ts, winner, wall_s, retimed_us, **extra):

@@ -277,6 +277,13 @@ pub struct RawProtocol {
     /// Cap on wall time spent sampling one job.
     #[serde(default = "d_max_wall_ms")]
     pub max_wall_ms: Spanned<f64>,
+    /// Racing: a job whose median is, with 95 % confidence, more than this
+    /// fraction slower than the best its group has measured so far stops
+    /// sampling at `min_samples` (flagged OUTPACED). 0 (the default): off.
+    /// Left out of the canonical form when off, so that manifests written
+    /// before it keep their hash.
+    #[serde(default = "d_race", skip_serializing_if = "is_off")]
+    pub race: Spanned<f64>,
     /// Best configs per shape re-timed interleaved at the end.
     #[serde(default = "d_finalists")]
     pub finalists: u32,
@@ -321,6 +328,7 @@ impl Default for RawProtocol {
             target_ci: d_target_ci(),
             max_gpu_ms: d_max_gpu_ms(),
             max_wall_ms: d_max_wall_ms(),
+            race: d_race(),
             finalists: d_finalists(),
             retime_rest: d_retime_rest(),
             timing: d_timing(),
@@ -466,6 +474,12 @@ fn d_max_wall_ms() -> Spanned<f64> {
 }
 fn d_finalists() -> u32 {
     5
+}
+fn d_race() -> Spanned<f64> {
+    unspanned(0.0)
+}
+fn is_off(race: &Spanned<f64>) -> bool {
+    race.value == 0.0
 }
 fn d_retime_rest() -> Spanned<f64> {
     unspanned(1.0)

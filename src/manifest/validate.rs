@@ -1127,6 +1127,16 @@ fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic
         )
         .help("1 rests as long as each batch ran; 0 re-times back to back"));
     }
+    if !(0.0..=10.0).contains(&p.race.value) {
+        return Err(Diagnostic::at(
+            at(p.race.span),
+            format!(
+                "`race` is a fraction of the best median so far, between 0 and 10; found {}",
+                p.race.value
+            ),
+        )
+        .help("0.05 stops refining a config once it is clearly over 5 % slower than the best so far; 0 turns racing off"));
+    }
     if p.warmup_ms.is_nan() || p.warmup_ms.value < 0.0 {
         return Err(Diagnostic::at(
             at(p.warmup_ms.span),
@@ -1152,6 +1162,7 @@ fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic
         target_ci: p.target_ci.value,
         max_gpu_ms: p.max_gpu_ms.value,
         max_wall_ms: p.max_wall_ms.value,
+        race: p.race.value,
         finalists: p.finalists,
         retime_rest: p.retime_rest.value,
         timeout_s: p.timeout_s.value,

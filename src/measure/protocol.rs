@@ -35,6 +35,13 @@ pub struct Protocol {
     pub max_gpu_ms: f64,
     /// Cap on wall time spent sampling one job.
     pub max_wall_ms: f64,
+    /// Racing: a job whose median is, with 95 % confidence, more than this
+    /// fraction slower than the best median its group has measured so far
+    /// stops sampling at `min_samples` (flagged `OUTPACED`) instead of
+    /// refining a figure that cannot win. 0: off, every job samples to
+    /// `target_ci`. It never drops a config: an outpaced job keeps its
+    /// median, and is a finalist if that median ranks it one.
+    pub race: f64,
     /// Best configs per shape re-timed interleaved at the end.
     pub finalists: u32,
     /// In the finalists' re-timing, the GPU idles after each batch for this
@@ -109,6 +116,19 @@ impl Protocol {
             target_ci: self.target_ci,
             max_gpu_ms: self.max_gpu_ms,
             max_wall_ms: self.max_wall_ms,
+            outpaced_above_us: None,
+        }
+    }
+
+    /// The stopping rule of a job whose group has measured `best_us` as its
+    /// best median so far: with racing on, it also stops once the job is
+    /// outpaced (see [`Protocol::race`]).
+    pub fn racing_rule(&self, best_us: Option<f64>) -> super::StopRule {
+        super::StopRule {
+            outpaced_above_us: best_us
+                .filter(|b| self.race > 0.0 && b.is_finite() && *b > 0.0)
+                .map(|b| b * (1.0 + self.race)),
+            ..self.stop_rule()
         }
     }
 

@@ -50,6 +50,10 @@ pub enum Flag {
     TimerLimited,
     /// A cap (samples, GPU time, wall time) stopped sampling before the median converged.
     CapHit,
+    /// Racing (`protocol.race`) stopped sampling at `min_samples`: the job
+    /// was clearly slower than its group's best so far, and its median's
+    /// confidence interval may be wider than `target_ci`.
+    Outpaced,
 }
 
 impl Flag {
@@ -62,6 +66,7 @@ impl Flag {
             Flag::Throttled => "THROTTLED",
             Flag::TimerLimited => "TIMER_LIMITED",
             Flag::CapHit => "CAP_HIT",
+            Flag::Outpaced => "OUTPACED",
         }
     }
 }
@@ -113,6 +118,11 @@ pub struct StopRule {
     pub max_gpu_ms: f64,
     #[serde(with = "cap")]
     pub max_wall_ms: f64,
+    /// Racing's threshold: once there are `min_samples`, stop when the lower
+    /// end of the median's 95 % confidence interval is above this
+    /// (microseconds; `Protocol::racing_rule`). None: no racing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outpaced_above_us: Option<f64>,
 }
 
 /// A cap as JSON carries it: a number, or `null` for none (infinity).
@@ -150,6 +160,9 @@ pub enum Decision {
     Converged,
     /// A cap (samples, GPU time, wall time) was reached first.
     Capped,
+    /// Clearly slower than the group's best so far (racing): no need to
+    /// refine its figure.
+    Outpaced,
 }
 
 impl Sampling {
@@ -163,14 +176,17 @@ impl Sampling {
     }
 
     /// The stopping rule: at least `min_samples`, then stop when the 95 % CI
-    /// of the median is within `target_ci` of it; cap samples, GPU time and
-    /// wall time.
+    /// of the median is within `target_ci` of it, or (racing) lies wholly
+    /// above `outpaced_above_us`; cap samples, GPU time and wall time.
     pub fn decide_by(&self, rule: &StopRule) -> Decision {
         let n = self.samples_us.len();
         if n >= rule.min_samples as usize {
             let (median, lo, hi) = median_ci(&sorted(&self.samples_us));
             if median > 0.0 && (hi - lo) / 2.0 <= rule.target_ci * median {
                 return Decision::Converged;
+            }
+            if rule.outpaced_above_us.is_some_and(|above| lo > above) {
+                return Decision::Outpaced;
             }
         }
         if n >= rule.max_samples as usize
@@ -182,14 +198,26 @@ impl Sampling {
         Decision::Continue
     }
 
-    /// The statistics of what was sampled; `capped` says a cap stopped it.
-    pub fn stats(&self, capped: bool) -> Stats {
+    /// The statistics of a full measurement, flagged with what stopped its
+    /// sampling where that was a cap or racing.
+    pub fn stats_stopped_by(&self, stopped: Decision) -> Stats {
+        let mut stats = self.stats();
+        let flag = match stopped {
+            Decision::Capped => Some(Flag::CapHit),
+            Decision::Outpaced => Some(Flag::Outpaced),
+            Decision::Continue | Decision::Converged => None,
+        };
+        if let Some(flag) = flag.filter(|f| !stats.flags.contains(f)) {
+            stats.flags.push(flag);
+        }
+        stats
+    }
+
+    /// The statistics of what was sampled.
+    pub fn stats(&self) -> Stats {
         let mut stats = summarize(&self.samples_us, self.timer.unwrap_or(Timer::CudaEvent));
         stats.wall_ms = self.wall_ms;
         stats.sm_clock_mhz = self.clocks_mhz.iter().cloned().reduce(f64::min);
-        if capped && !stats.flags.contains(&Flag::CapHit) {
-            stats.flags.push(Flag::CapHit);
-        }
         if let (Some(lo), Some(hi)) = (
             self.clocks_mhz.iter().cloned().reduce(f64::min),
             self.clocks_mhz.iter().cloned().reduce(f64::max),
@@ -380,6 +408,7 @@ mod tests {
             max_wall_ms: 1500.0,
             finalists: 5,
             retime_rest: 1.0,
+            race: 0.0,
             timeout_s: 60.0,
             seed: 0,
         }
@@ -415,8 +444,10 @@ mod tests {
             target_ci: 0.005,
             max_gpu_ms: f64::INFINITY,
             max_wall_ms: 1500.0,
+            outpaced_above_us: None,
         };
         let text = serde_json::to_string(&rule).unwrap();
+        assert!(!text.contains("outpaced"), "no racing, no field: {text}");
         assert!(text.contains(r#""max_gpu_ms":null"#), "{text}");
         let back: StopRule = serde_json::from_str(&text).unwrap();
         assert_eq!(back, rule);
@@ -453,6 +484,59 @@ mod tests {
             Decision::Capped,
             "100 ms of GPU time caps a slow kernel"
         );
+    }
+
+    /// 20 samples spread ±4 % around `centre`: too wide for a 0.5 % target.
+    fn spread(centre: f64) -> Sampling {
+        Sampling {
+            samples_us: (0..20)
+                .map(|i| centre * (0.96 + 0.08 * f64::from(i) / 19.0))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn racing_stops_a_job_whose_interval_lies_wholly_above_the_threshold() {
+        let mut p = protocol();
+        assert_eq!(
+            p.racing_rule(Some(100.0)).outpaced_above_us,
+            None,
+            "race 0: off"
+        );
+        p.race = 0.05;
+        let rule = p.racing_rule(Some(100.0));
+        assert_eq!(rule.outpaced_above_us, Some(105.0));
+        assert_eq!(
+            p.racing_rule(None).outpaced_above_us,
+            None,
+            "nothing to race"
+        );
+        // Its CI's low end (about 1.5 % under 120) is above 105: outpaced.
+        let slow = spread(120.0);
+        assert_eq!(slow.decide_by(&p.stop_rule()), Decision::Continue);
+        assert_eq!(slow.decide_by(&rule), Decision::Outpaced);
+        // Over 5 % slower at the median, but its CI reaches below 105: go on.
+        assert_eq!(spread(106.0).decide_by(&rule), Decision::Continue);
+        // Never before min_samples.
+        let early = Sampling {
+            samples_us: slow.samples_us[..10].to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(early.decide_by(&rule), Decision::Continue);
+        // A converged job is converged, however slow.
+        let steady = Sampling {
+            samples_us: vec![200.0; 20],
+            ..Default::default()
+        };
+        assert_eq!(steady.decide_by(&rule), Decision::Converged);
+        // The rule travels to a native worker with its threshold.
+        let back: StopRule = serde_json::from_str(&serde_json::to_string(&rule).unwrap()).unwrap();
+        assert_eq!(back, rule);
+        // Its statistics say so.
+        let stats = slow.stats_stopped_by(Decision::Outpaced);
+        assert!(stats.flags.contains(&Flag::Outpaced), "{:?}", stats.flags);
+        assert!(!slow.stats().flags.contains(&Flag::Outpaced));
     }
 
     #[test]

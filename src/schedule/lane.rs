@@ -171,10 +171,14 @@ struct Measured {
     /// What the compiler made of the job's kernels, from its check.
     kernels: Vec<crate::store::KernelResources>,
     started: Instant,
+    /// When its full measurement has enough samples: the protocol's rule,
+    /// with racing's threshold as it stood when the measurement began (the
+    /// worker that takes its batches is given the same rule).
+    rule: StopRule,
 }
 
 impl Measured {
-    fn new(job: Job) -> Measured {
+    fn new(job: Job, rule: StopRule) -> Measured {
         Measured {
             job,
             sampling: Sampling::default(),
@@ -182,6 +186,7 @@ impl Measured {
             compile_s: None,
             kernels: Vec::new(),
             started: Instant::now(),
+            rule,
         }
     }
 
@@ -195,7 +200,7 @@ enum Slot {
     /// Not started.
     Waiting(Job),
     /// Checked and screened (halving), not yet recorded.
-    Screened(Measured),
+    Screened(Box<Measured>),
     /// Recorded.
     Done,
 }
@@ -328,8 +333,8 @@ impl Lane<'_, '_> {
     /// checked or sampled yet).
     fn take(&mut self, i: usize) -> (Measured, bool) {
         match std::mem::replace(&mut self.slots[i], Slot::Done) {
-            Slot::Waiting(job) => (Measured::new(job), true),
-            Slot::Screened(m) => (m, false),
+            Slot::Waiting(job) => (Measured::new(job, self.ctx.protocol.stop_rule()), true),
+            Slot::Screened(m) => (*m, false),
             Slot::Done => panic!("candidate {i} was already recorded"),
         }
     }
@@ -554,12 +559,15 @@ impl Lane<'_, '_> {
             FirstBatches::One => (true, None),
             // With no wall cap a worker's sampling would have no time bound
             // the call's timeout could be stretched by: the lane drives it.
-            FirstBatches::UntilStopped => (
-                true,
-                Some(self.ctx.protocol.stop_rule()).filter(|r| r.max_wall_ms.is_finite()),
-            ),
+            FirstBatches::UntilStopped => {
+                (true, Some(m.rule).filter(|r| r.max_wall_ms.is_finite()))
+            }
         };
-        let first = with_first.then_some((self.ctx.sampling, self.ctx.protocol.batch));
+        let count = match first {
+            FirstBatches::UntilStopped => first_count(self.ctx, &m.rule),
+            FirstBatches::None | FirstBatches::One => self.ctx.protocol.batch,
+        };
+        let first = with_first.then_some((self.ctx.sampling, count));
         prepare(
             self.ctx,
             self.backend,
@@ -611,12 +619,13 @@ impl Lane<'_, '_> {
         self.conclude(m, result)
     }
 
-    /// A full measurement's record: ok with its statistics (`capped`: a cap
-    /// stopped it), or its failure. Returns the median of one that passed.
-    fn conclude(&mut self, m: Measured, result: Result<bool, JobFailure>) -> Option<f64> {
+    /// A full measurement's record: ok with its statistics (`stopped`: what
+    /// stopped its sampling), or its failure. Returns the median of one that
+    /// passed.
+    fn conclude(&mut self, m: Measured, result: Result<Decision, JobFailure>) -> Option<f64> {
         match result {
-            Ok(capped) => {
-                let stats = m.sampling.stats(capped);
+            Ok(stopped) => {
+                let stats = m.sampling.stats_stopped_by(stopped);
                 let median = stats.median_us;
                 self.finish(&m, JobStatus::Ok, None, Some(stats));
                 self.measured.push(m);
@@ -635,16 +644,18 @@ impl Lane<'_, '_> {
     /// protocol's wall cap to bound the call, as `prepare` says.
     fn send_ahead(&mut self, m: &Measured, ask: Ask) -> Result<SentAhead, JobFailure> {
         let ctx = self.ctx;
-        let full = ctx.protocol.stop_rule();
-        let rule = match ask {
-            Ask::Measure => full,
+        let (rule, count) = match ask {
+            Ask::Measure => (m.rule, first_count(ctx, &m.rule)),
             Ask::Screen(0) => return Ok(SentAhead::Declined),
-            Ask::Screen(batches) => screening_rule(batches, ctx.protocol.batch, full.max_wall_ms),
+            Ask::Screen(batches) => (
+                screening_rule(batches, ctx.protocol.batch, ctx.protocol.max_wall_ms),
+                ctx.protocol.batch,
+            ),
         };
         if ctx.run_mode == RunMode::Check || !rule.max_wall_ms.is_finite() {
             return Ok(SentAhead::Declined);
         }
-        let first = first_batch(ctx, ctx.sampling, ctx.protocol.batch, Some(rule));
+        let first = first_batch(ctx, ctx.sampling, count, Some(rule));
         let tol = ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
         self.backend.send_measurement(
             &m.job,
@@ -695,7 +706,7 @@ impl Lane<'_, '_> {
                 Some(Ok(taken)) => {
                     if taken >= batches {
                         let median = m.median();
-                        self.slots[i] = Slot::Screened(m);
+                        self.slots[i] = Slot::Screened(Box::new(m));
                         each.passed.insert(i, median);
                     } else {
                         self.ask_again(each, i, m, Ask::Screen(batches - taken));
@@ -712,7 +723,7 @@ impl Lane<'_, '_> {
             // already under way, so none can be asked for); the trace
             // counts such disagreements.
             Some(Ok(taken)) if taken > 0 => {
-                let decision = m.sampling.decide(&self.ctx.protocol);
+                let decision = m.sampling.decide_by(&m.rule);
                 if decision == Decision::Continue {
                     crate::trace::span(
                         self.track,
@@ -721,7 +732,11 @@ impl Lane<'_, '_> {
                         serde_json::json!({"job": m.job.id, "samples": m.sampling.samples_us.len()}),
                     );
                 }
-                self.conclude(m, Ok(decision == Decision::Capped));
+                let stopped = match decision {
+                    Decision::Continue => Decision::Converged,
+                    d => d,
+                };
+                self.conclude(m, Ok(stopped));
             }
             Some(Err(f)) => {
                 self.conclude(m, Err(f));
@@ -765,6 +780,7 @@ impl Lane<'_, '_> {
             if ask == Ask::Measure {
                 // A full measurement starts from fresh samples, whatever screening took.
                 m.sampling = Sampling::default();
+                m.rule = self.racing_rule(&m.job);
             }
             if fresh {
                 if let Err(f) = self.wait_for_compile(&mut m) {
@@ -836,7 +852,7 @@ impl Lane<'_, '_> {
         self.slots[i] = if m.sampling.samples_us.is_empty() || ask == Ask::Measure {
             Slot::Waiting(m.job)
         } else {
-            Slot::Screened(m)
+            Slot::Screened(Box::new(m))
         };
     }
 
@@ -867,7 +883,7 @@ impl Lane<'_, '_> {
         match result {
             Ok(()) => {
                 let median = m.median();
-                self.slots[i] = Slot::Screened(m);
+                self.slots[i] = Slot::Screened(Box::new(m));
                 Some(median)
             }
             Err(f) => {
@@ -877,20 +893,39 @@ impl Lane<'_, '_> {
         }
     }
 
-    /// Batches until the stopping rule says enough, the first already taken
-    /// when `have_first`; returns whether a cap stopped it.
-    fn sample_adaptive(&mut self, m: &mut Measured, have_first: bool) -> Result<bool, JobFailure> {
-        let mut take = !have_first;
+    /// Batches until the job's stopping rule says enough, the first already
+    /// taken when `have_first`; returns what stopped it.
+    fn sample_adaptive(
+        &mut self,
+        m: &mut Measured,
+        have_first: bool,
+    ) -> Result<Decision, JobFailure> {
+        if !have_first {
+            let count = first_count(self.ctx, &m.rule);
+            take_batch_as(self.backend, m, self.ctx.sampling, count)?;
+        }
         loop {
-            if take {
-                self.take_batch(m)?;
+            match m.sampling.decide_by(&m.rule) {
+                Decision::Continue => self.take_batch(m)?,
+                stopped => return Ok(stopped),
             }
-            take = true;
-            match m.sampling.decide(&self.ctx.protocol) {
-                Decision::Continue => {}
-                Decision::Converged => return Ok(false),
-                Decision::Capped => return Ok(true),
-            }
+        }
+    }
+
+    /// A full measurement's stopping rule, from what the group has measured
+    /// so far: racing against the best median recorded ok (`protocol.race`).
+    /// A baseline is never raced: every result is compared with it.
+    fn racing_rule(&self, job: &Job) -> StopRule {
+        let best = self
+            .measured
+            .iter()
+            .map(Measured::median)
+            .filter(|m| m.is_finite())
+            .reduce(f64::min);
+        if job.baseline {
+            self.ctx.protocol.stop_rule()
+        } else {
+            self.ctx.protocol.racing_rule(best)
         }
     }
 }
@@ -900,6 +935,7 @@ impl Trials for Lane<'_, '_> {
         let (mut m, fresh) = self.take(i);
         // A full measurement starts from fresh samples, whatever screening took.
         m.sampling = Sampling::default();
+        m.rule = self.racing_rule(&m.job);
         if fresh {
             if let Err(f) = self.wait_for_compile(&mut m) {
                 self.finish(&m, JobStatus::Failed, Some(f), None);
@@ -941,7 +977,7 @@ impl Trials for Lane<'_, '_> {
     fn prune(&mut self, i: usize) {
         let (m, fresh) = self.take(i);
         assert!(!fresh, "candidate {i} was pruned without being screened");
-        let stats = m.sampling.stats(false);
+        let stats = m.sampling.stats();
         self.finish(&m, JobStatus::Pruned, None, Some(stats));
     }
 
@@ -1011,6 +1047,18 @@ fn prepare(
         )?;
     }
     Ok(false)
+}
+
+/// Samples in the first batch of a full measurement stopped by `rule`:
+/// the protocol's batch, or where racing may stop it, `min_samples` (so
+/// that an outpaced job stops there rather than at a whole batch).
+fn first_count(ctx: &LaneContext<'_>, rule: &StopRule) -> u32 {
+    let batch = ctx.protocol.batch;
+    if rule.outpaced_above_us.is_some() {
+        batch.min(rule.min_samples.max(1))
+    } else {
+        batch
+    }
 }
 
 /// The warm-up and first batch a check goes on to, as the protocol says.
@@ -1095,6 +1143,7 @@ fn screening_rule(batches: usize, batch: u32, max_wall_ms: f64) -> StopRule {
         target_ci: 0.0,
         max_gpu_ms: f64::INFINITY,
         max_wall_ms,
+        outpaced_above_us: None,
     }
 }
 
@@ -1393,7 +1442,7 @@ fn retime(
         .filter_map(|m| {
             samples
                 .get(&m.job.id)
-                .map(|s| (m.job.id.clone(), s.stats(false)))
+                .map(|s| (m.job.id.clone(), s.stats()))
         })
         .collect();
     let Some(best) = stats
@@ -1428,9 +1477,14 @@ mod tests {
     use serde_json::json;
 
     /// Time of a config: |B - 5| * 10 + 100 us, so B = 5 is best; B = 9 does not compile.
+    /// With a `spread`, samples cycle through 13 values within ± that
+    /// fraction of it, so that a job needs many to converge.
     struct Fake {
         prepared: Option<Job>,
         unavailable: IndexMap<String, String>,
+        spread: f64,
+        /// Samples taken so far, across jobs: where the cycle stands.
+        taken: usize,
     }
 
     /// A worker that dies on every check of a job `dies` picks.
@@ -1518,6 +1572,8 @@ mod tests {
         let mut backend = Dying {
             inner: Fake {
                 prepared: None,
+                spread: 0.0,
+                taken: 0,
                 unavailable: IndexMap::new(),
             },
             dies,
@@ -1629,8 +1685,14 @@ mod tests {
                 .filter(|j| j.id == job_id)
                 .expect("sampled job is prepared");
             let b = job.config["B"].as_f64().unwrap();
+            let time = (b - 5.0).abs() * 10.0 + 100.0;
+            let spread = self.spread;
+            let first = self.taken;
+            self.taken += count as usize;
             Ok(SampleBatch {
-                us: vec![(b - 5.0).abs() * 10.0 + 100.0; count as usize],
+                us: (first..self.taken)
+                    .map(|k| time * (1.0 + spread * ((k * 7 % 13) as f64 / 6.0 - 1.0)))
+                    .collect(),
                 timer: Timer::CudaEvent,
                 sm_clock_mhz: None,
             })
@@ -1711,6 +1773,8 @@ mod tests {
         let ctx = context(&strategies, &prior, compile, 2);
         let mut backend = Fake {
             prepared: None,
+            spread: 0.0,
+            taken: 0,
             unavailable: IndexMap::new(),
         };
         let (mut jobs, mut finals) = (Vec::new(), Vec::new());
@@ -1823,6 +1887,8 @@ mod tests {
             &ctx,
             &mut Fake {
                 prepared: None,
+                spread: 0.0,
+                taken: 0,
                 unavailable: IndexMap::new(),
             },
             g,
@@ -1850,6 +1916,8 @@ mod tests {
         unavailable.insert("k".to_string(), "vLLM is not installed".to_string());
         let mut backend = Fake {
             prepared: None,
+            spread: 0.0,
+            taken: 0,
             unavailable,
         };
         let mut jobs = Vec::new();
@@ -1937,6 +2005,25 @@ mod tests {
     );
 
     impl Folding {
+        /// A worker that checks, then goes on until the rule in the same
+        /// call, as the native worker does; taking measurements sent ahead
+        /// where `pipelines`.
+        fn going_on(inner: Fake, pipelines: bool) -> Folding {
+            Folding {
+                inner,
+                fold: true,
+                then_fails: false,
+                goes_on: true,
+                calls: HashMap::new(),
+                looked_ahead: Vec::new(),
+                pipelines,
+                dies_once: None,
+                needs_idle: |_| false,
+                under_way: VecDeque::new(),
+                log: Vec::new(),
+            }
+        }
+
         /// `check_then_sample`'s answer, as the fake worker gives it.
         fn answer(
             &mut self,
@@ -2153,6 +2240,8 @@ mod tests {
         let mut backend = Folding {
             inner: Fake {
                 prepared: None,
+                spread: 0.0,
+                taken: 0,
                 unavailable: IndexMap::new(),
             },
             fold,
@@ -2382,20 +2471,17 @@ mod tests {
             ctx.protocol.max_wall_ms = cap;
         }
         let mut backend = Folding {
-            inner: Fake {
-                prepared: None,
-                unavailable: IndexMap::new(),
-            },
-            fold: true,
-            then_fails: false,
-            goes_on: true,
-            calls: HashMap::new(),
-            looked_ahead: Vec::new(),
-            pipelines,
             dies_once: dies_once.map(str::to_string),
             needs_idle,
-            under_way: VecDeque::new(),
-            log: Vec::new(),
+            ..Folding::going_on(
+                Fake {
+                    prepared: None,
+                    spread: 0.0,
+                    taken: 0,
+                    unavailable: IndexMap::new(),
+                },
+                pipelines,
+            )
         };
         let (mut jobs, mut finals) = (Vec::new(), Vec::new());
         run_group(&ctx, &mut backend, group(), &mut |e| match e {
@@ -2424,6 +2510,86 @@ mod tests {
                 (j.job_id.clone(), (j.status, s, j.kernels.len()))
             })
             .collect()
+    }
+
+    /// The group under racing (5 %), its samples spread ±3 % so that an
+    /// unraced job needs over a hundred to converge: measured by the plain
+    /// fake (each call waited for), or by a folding one that goes on until
+    /// the rule and takes measurements sent ahead (`pipelines`). Returns
+    /// the records by job: samples, and whether flagged OUTPACED.
+    fn run_raced(folding: Option<bool>) -> std::collections::BTreeMap<String, (u64, bool)> {
+        let strategies = Strategies::single(Box::new(Grid));
+        let prior = HashMap::new();
+        let mut ctx = context(&strategies, &prior, None, 2);
+        ctx.protocol.race = 0.05;
+        let inner = Fake {
+            prepared: None,
+            spread: 0.03,
+            taken: 0,
+            unavailable: IndexMap::new(),
+        };
+        let mut plain;
+        let mut folded;
+        let backend: &mut dyn Backend = match folding {
+            None => {
+                plain = inner;
+                &mut plain
+            }
+            Some(pipelines) => {
+                ctx.protocol.batch = 8;
+                folded = Folding::going_on(inner, pipelines);
+                &mut folded
+            }
+        };
+        let mut jobs = Vec::new();
+        run_group(&ctx, backend, group(), &mut |e| {
+            if let Event::Job(r) = e {
+                jobs.push(*r);
+            }
+        });
+        jobs.iter()
+            .filter_map(|j| {
+                let s = j.stats.as_ref()?;
+                Some((
+                    j.job_id.clone(),
+                    (s.n, s.flags.contains(&measure::Flag::Outpaced)),
+                ))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn racing_stops_jobs_clearly_slower_than_the_best_so_far_at_min_samples() {
+        let outpaced = |runs: &std::collections::BTreeMap<String, (u64, bool)>| -> Vec<String> {
+            runs.iter()
+                .filter(|(_, (_, o))| *o)
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        // Each call waited for: the grid meets B = 5 (100 us) before 6, 7
+        // and 8 (110 to 130 us, over 105), which stop at min_samples (20,
+        // the first batch under racing). The baseline (B = 0, 150 us) is never
+        // raced, and 1 to 4 were each the best so far, or within 5 % of it.
+        let waited = run_raced(None);
+        assert_eq!(outpaced(&waited), ["job6", "job7", "job8"]);
+        for (id, (n, o)) in &waited {
+            if *o {
+                assert_eq!(*n, 20, "{id}");
+            } else {
+                assert!(*n > 50, "{id} converged on its own: {n} samples");
+            }
+        }
+        // A worker that goes on by the rule (batches of 8) stops where the
+        // lane would, at the first batch past min_samples.
+        let folded = run_raced(Some(false));
+        assert_eq!(outpaced(&folded), ["job6", "job7", "job8"]);
+        assert!(folded.values().all(|(n, o)| !*o || *n == 24), "{folded:?}");
+        // Sent ahead, a job races against what was read before it was sent:
+        // job6 went before job5's answer (B = 4's 110 us the best then, and
+        // job6 within 5 % of it); job7 and job8 after.
+        let ahead = run_raced(Some(true));
+        assert_eq!(outpaced(&ahead), ["job7", "job8"]);
+        assert!(ahead["job6"].0 > 50);
     }
 
     #[test]

@@ -373,7 +373,7 @@ impl Reader {
     }
 }
 
-/// A run header of an older format (1: no `format` field; 2), migrated,
+/// A run header of an older format (1: no `format` field; 2; 3), migrated,
 /// with the format the records after it follow; or the reason it cannot be.
 /// `None`: not such a header.
 fn older_header(line: &str) -> Option<Result<(super::record::RunHeader, u32), String>> {
@@ -384,6 +384,7 @@ fn older_header(line: &str) -> Option<Result<(super::record::RunHeader, u32), St
     match value.get("format").map(|f| f.as_u64()) {
         None => {}
         Some(Some(2)) => return Some(super::v2::migrate_header(value).map(|h| (h, 2))),
+        Some(Some(3)) => return Some(super::v3::migrate_header(value).map(|h| (h, 3))),
         Some(_) => return None,
     }
     let v1: RunHeaderV1 = match serde_json::from_value(value) {

@@ -5,6 +5,7 @@ pub mod journal;
 pub mod record;
 mod v1;
 mod v2;
+mod v3;
 
 pub use journal::{Journal, StoreError, JOURNAL, PACKED_JOURNAL};
 pub use record::*;

@@ -1,4 +1,4 @@
-//! What the journal holds, format 3: one header per run, one record per
+//! What the journal holds, format 4: one header per run, one record per
 //! finished job, one record per finalist re-timing. Every output and the
 //! report are made from these records alone (`tunelab report` regenerates
 //! them).
@@ -7,7 +7,7 @@
 //! defaults), so a changed default elsewhere cannot change what a journal
 //! says; a change to any of these types is a new format: bump
 //! [`FORMAT_VERSION`], keep the old reader in its own module (as `v1.rs`) and
-//! migrate (`v1.rs` reads format 1, `v2.rs` format 2). `tests/journal_format.rs`
+//! migrate (`v1.rs` reads format 1, `v2.rs` format 2, `v3.rs` format 3). `tests/journal_format.rs`
 //! pins the serialised form.
 
 use indexmap::IndexMap;
@@ -22,7 +22,7 @@ use crate::plan::{Mode, RunMode};
 use crate::search::{Search, StrategyName};
 
 /// The journal format this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Why a job has no timing. Failed jobs are never chosen as best.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -119,6 +119,7 @@ impl RunHeaderV1 {
             max_wall_ms: p.max_wall_ms,
             finalists: p.finalists,
             retime_rest: 0.0,
+            race: 0.0,
             timeout_s: p.timeout_s,
             seed: p.seed,
         };

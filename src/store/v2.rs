@@ -3,14 +3,15 @@
 //! protocol. Format 3 records `protocol.retime_rest`, how long the GPU idled
 //! after each batch of the finalists' re-timing; format 2 re-timed them back
 //! to back and did not say so, which is `retime_rest: 0`. Job, finalist and
-//! lane records are the same in both.
+//! lane records are the same in both. A format-2 header is made format 3
+//! here, then read as format 3 is (`v3.rs`).
 
 use serde_json::Value as Json;
 
-use super::record::{RunHeader, FORMAT_VERSION};
+use super::record::RunHeader;
 
 /// A format-2 run header (a parsed `{"type": "run", "format": 2, ...}` line)
-/// as format 3 reads it, or why it is not one.
+/// as this build reads it, or why it is not one.
 pub fn migrate_header(mut value: Json) -> Result<RunHeader, String> {
     let protocol = value
         .get_mut("protocol")
@@ -20,29 +21,19 @@ pub fn migrate_header(mut value: Json) -> Result<RunHeader, String> {
         return Err("a format-2 run header with `retime_rest`, which format 3 added".into());
     }
     protocol.insert("retime_rest".into(), Json::from(0.0));
-    value["format"] = Json::from(FORMAT_VERSION);
-    value
-        .as_object_mut()
-        .expect("an object: it has a protocol")
-        .remove("type");
-    serde_json::from_value(value).map_err(|e| format!("a format-2 run header: {e}"))
+    value["format"] = Json::from(3);
+    super::v3::migrate_header(value).map_err(|e| e.replace("format-3", "format-2"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Entry;
+    use crate::store::{Entry, FORMAT_VERSION};
 
     /// A format-3 header line written as format 2 wrote it: no `retime_rest`.
-    fn format_2_line(retime_rest: f64) -> Json {
-        let mut line: Json = serde_json::from_str(
-            include_str!("../../tests/snapshots/journal_format__format_3_run_header.snap")
-                .split("---\n")
-                .nth(2)
-                .expect("the snapshot's body"),
-        )
-        .expect("the pinned header is JSON");
-        assert_eq!(line["protocol"]["retime_rest"], Json::from(retime_rest));
+    fn format_2_line() -> Json {
+        let mut line = crate::store::v3::tests::format_3_line();
+        assert_eq!(line["protocol"]["retime_rest"], Json::from(1.0));
         line["protocol"]
             .as_object_mut()
             .unwrap()
@@ -53,17 +44,20 @@ mod tests {
 
     #[test]
     fn a_format_2_header_reads_as_re_timed_back_to_back() {
-        let line = format_2_line(1.0);
-        // Format 3's reader refuses it as it is...
+        let line = format_2_line();
+        // This build's reader refuses it as it is...
         assert!(serde_json::from_value::<Entry>(line.clone()).is_err());
         // ...and reads it migrated.
         let h = migrate_header(line).unwrap();
-        assert_eq!((h.format, h.protocol.retime_rest), (FORMAT_VERSION, 0.0));
+        assert_eq!(
+            (h.format, h.protocol.retime_rest, h.protocol.race),
+            (FORMAT_VERSION, 0.0, 0.0)
+        );
     }
 
     #[test]
     fn a_format_2_header_that_names_retime_rest_is_not_one() {
-        let mut line = format_2_line(1.0);
+        let mut line = format_2_line();
         line["protocol"]["retime_rest"] = Json::from(1.0);
         assert!(migrate_header(line).unwrap_err().contains("format 3 added"));
     }

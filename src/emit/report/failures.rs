@@ -17,6 +17,7 @@ pub(super) fn meaning(f: Flag) -> &'static str {
         Flag::Throttled => "the SM clock fell over 8 % below its peak",
         Flag::TimerLimited => "the median is within a few µs of the timer's overhead",
         Flag::CapHit => "a cap stopped sampling before the median converged",
+        Flag::Outpaced => "racing stopped sampling: clearly slower than the best so far",
     }
 }
 

@@ -454,8 +454,9 @@ pub(super) fn protocol(a: &Analysis<'_, '_, '_>) -> Vec<Row> {
         row(
             "Stop when",
             format!(
-                "the 95 % CI of the median is within ±{} % of it",
-                trim_float(p.target_ci * 100.0)
+                "the 95 % CI of the median is within ±{} % of it{}",
+                trim_float(p.target_ci * 100.0),
+                race_text(p.race)
             ),
         ),
         row(
@@ -518,6 +519,19 @@ pub(super) fn tolerance(t: &crate::manifest::Tolerance) -> String {
         DASH.into()
     } else {
         parts.join(", ")
+    }
+}
+
+/// Racing's rule (`protocol.race`); empty when off, as every run before
+/// 2026-11-24 was.
+pub fn race_text(race: f64) -> String {
+    if race > 0.0 {
+        format!(
+            ", or (racing) at the minimum once it lies wholly over {} % above the best median so far: OUTPACED",
+            trim_float(race * 100.0)
+        )
+    } else {
+        String::new()
     }
 }
 

@@ -275,11 +275,12 @@ fn protocol_bullet(a: &Analysis<'_, '_, '_>) -> String {
         );
     }
     let mut text = format!(
-        "**Timing**: {}; {}–{} samples a job, until the median's 95 % CI is within ±{} % (caps: {} ms GPU, {} ms wall: CAP_HIT)",
+        "**Timing**: {}; {}–{} samples a job, until the median's 95 % CI is within ±{} %{} (caps: {} ms GPU, {} ms wall: CAP_HIT)",
         run_facts::timing_text(p.timing, p, h.device.l2_bytes),
         p.min_samples,
         p.max_samples,
         run_facts::trim_float(p.target_ci * 100.0),
+        run_facts::race_text(p.race),
         run_facts::trim_float(p.max_gpu_ms),
         run_facts::trim_float(p.max_wall_ms),
     );
