@@ -6,6 +6,10 @@
 //! job no compile worker has reached yet is claimed by the lane, which then
 //! compiles it as part of its check.
 //!
+//! A lane asked for several jobs at once (a grid, a screening round) takes
+//! whichever of them the pool has finished first (`first_ready`), so it
+//! never idles on one slow compile while later jobs are ready.
+//!
 //! Jobs are queued by group, in the order the lanes are dealt the groups.
 //! With several lanes, the first groups of the queue run at the same time,
 //! one on each lane, so the workers take jobs round-robin from the first
@@ -274,6 +278,28 @@ impl CompileBoard {
             .collect()
     }
 
+    /// Which of `jobs` (in the lane's order) the lane takes next: the first
+    /// whose compile has finished; else the first, where the pool is not
+    /// compiling it (the lane then compiles it itself, as `wait` says);
+    /// else, waiting until one of them finishes. So a lane never idles on a
+    /// slow compile while a later job is ready.
+    pub fn first_ready(&self, jobs: &[&str]) -> usize {
+        let mut inner = self.inner.lock().expect("compile board");
+        loop {
+            let finished = jobs
+                .iter()
+                .position(|id| matches!(inner.states.get(*id), Some(State::Done(_))));
+            if let Some(k) = finished {
+                return k;
+            }
+            match jobs.first().map(|id| inner.states.get(*id)) {
+                None | Some(Some(State::Queued | State::Claimed) | None) => return 0,
+                Some(Some(State::Compiling | State::Done(_))) => {}
+            }
+            inner = self.changed.wait(inner).expect("compile board");
+        }
+    }
+
     /// For the lane: the compile result if the pool compiled it (waiting while
     /// it is being compiled), or `None` after claiming a job the pool had not reached.
     pub fn wait(&self, job_id: &str) -> Option<Result<f64, JobFailure>> {
@@ -306,6 +332,41 @@ mod tests {
             config: IndexMap::new(),
             baseline: false,
         }
+    }
+
+    #[test]
+    fn the_lane_takes_the_first_job_compiled_and_waits_only_when_none_is() {
+        let board = Arc::new(CompileBoard::default());
+        for id in ["a", "b", "c"] {
+            board.push(job(id), "k", "triton");
+        }
+        // Nothing taken by the pool: the lane starts on the first itself.
+        assert_eq!(board.first_ready(&["a", "b", "c"]), 0);
+        let (a, b) = (board.next().unwrap().0, board.next().unwrap().0);
+        board.finish(&b.id, Ok(0.1));
+        // a is still compiling and b is done: b first.
+        assert_eq!(board.first_ready(&["a", "b", "c"]), 1);
+        // Only a, compiling: the lane waits for it.
+        let finisher = {
+            let board = Arc::clone(&board);
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                board.finish(
+                    &a.id,
+                    Err(JobFailure::new(
+                        crate::store::FailureClass::CompileError,
+                        "no",
+                    )),
+                );
+            })
+        };
+        let waited = std::time::Instant::now();
+        assert_eq!(board.first_ready(&["a", "c"]), 0);
+        assert!(waited.elapsed() >= std::time::Duration::from_millis(40));
+        finisher.join().unwrap();
+        // A failed compile is finished too; c, queued, comes first when first.
+        assert_eq!(board.first_ready(&["c", "a"]), 1);
+        assert_eq!(board.first_ready(&["c"]), 0);
     }
 
     #[test]

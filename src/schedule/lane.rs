@@ -772,10 +772,12 @@ impl Lane<'_, '_> {
     /// passed (none for full measurements, which are recorded).
     fn ask_each(&mut self, order: &[usize], ask: Ask) -> HashMap<usize, f64> {
         let mut each = Each::default();
-        for &i in order {
+        let mut pending: Vec<usize> = order.to_vec();
+        while !pending.is_empty() {
             if self.ctx.stopping() || self.ctx.retired() {
                 break;
             }
+            let i = pending.remove(self.next_ready(&pending));
             let (mut m, fresh) = self.take(i);
             if ask == Ask::Measure {
                 // A full measurement starts from fresh samples, whatever screening took.
@@ -843,6 +845,25 @@ impl Lane<'_, '_> {
             self.ask_now(i, m, ask, &mut each);
         }
         each.passed
+    }
+
+    /// Which of `pending` (candidates in the strategy's order) to ask next:
+    /// with a compile pool, the first whose compile has finished, waiting
+    /// for one only when none has (`CompileBoard::first_ready`); else the
+    /// first. The strategy gets every answer whatever the order.
+    fn next_ready(&self, pending: &[usize]) -> usize {
+        let Some(board) = self.ctx.compile else {
+            return 0;
+        };
+        let ids: Vec<&str> = pending
+            .iter()
+            .map(|&i| match &self.slots[i] {
+                Slot::Waiting(job) => job.id.as_str(),
+                Slot::Screened(m) => m.job.id.as_str(),
+                Slot::Done => "",
+            })
+            .collect();
+        board.first_ready(&ids)
     }
 
     /// A candidate left unrecorded when the lane stops or retires: the
@@ -2384,6 +2405,41 @@ mod tests {
                 assert!(j.stats.is_none());
             }
         }
+    }
+
+    #[test]
+    fn a_lane_measures_the_jobs_compiled_first_rather_than_wait_in_order() {
+        let board = std::sync::Arc::new(CompileBoard::default());
+        for job in group().jobs {
+            board.push(job, "k", "triton");
+        }
+        board.close();
+        // job2 takes long to compile; every other job is compiled already.
+        let mut slow = None;
+        while let Some((job, _, _)) = board.next() {
+            if job.id == "job2" {
+                slow = Some(job.id);
+            } else {
+                board.finish(&job.id, Ok(0.1));
+            }
+        }
+        let finisher = {
+            let board = std::sync::Arc::clone(&board);
+            let slow = slow.expect("job2 was queued");
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                board.finish(&slow, Ok(2.0));
+            })
+        };
+        let (jobs, _) = run(Box::new(Grid), Some(&board));
+        finisher.join().unwrap();
+        let order: Vec<&str> = jobs.iter().map(|j| j.job_id.as_str()).collect();
+        assert_eq!(
+            order,
+            ["job0", "job1", "job3", "job4", "job5", "job6", "job7", "job8", "job9", "job2"]
+        );
+        let two = jobs.iter().find(|j| j.job_id == "job2").unwrap();
+        assert_eq!((two.status, two.compile_s), (JobStatus::Ok, Some(2.0)));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `grid`: every config that passes the constraints, each measured with the
-//! full protocol, in plan order. Adaptive stopping makes this cheap: most
+//! full protocol, asked for in plan order (a lane with a compile pool takes
+//! them as their compiles finish). Adaptive stopping makes this cheap: most
 //! configs converge in one sample batch.
 
 use super::{Candidate, Strategy, Trials};
