@@ -1044,7 +1044,20 @@ fn spawn_planner<'scope, 'env>(
             };
             if let (Some(board), true) = (board, compiled_ahead) {
                 board.begin_group();
-                for job in &group.jobs {
+                // A strategy that measures what it was planned takes its jobs
+                // as they compile: cheap ones first, then the longest first
+                // (`compile_order`). The surrogate picks its jobs one by one,
+                // in no order a compile cost can foresee: plan order.
+                let measures_all = !matches!(
+                    exp.search_for(method).kind,
+                    crate::search::SearchKind::Surrogate { .. }
+                );
+                let queued: Vec<&plan::Job> = if method.kind == MethodKind::Triton && measures_all {
+                    compile::compile_order(&group.jobs, run.opts.compile_workers)
+                } else {
+                    group.jobs.iter().collect()
+                };
+                for job in queued {
                     board.push(job.clone(), &method.kernel, method.kind.as_str());
                 }
             }
