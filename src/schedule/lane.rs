@@ -863,7 +863,19 @@ impl Lane<'_, '_> {
                 Slot::Done => "",
             })
             .collect();
-        board.first_ready(&ids)
+        let waited = Instant::now();
+        let next = board.first_ready(&ids);
+        // A wait for the pool, not the runner's time (bench/trace_breakdown.py
+        // counts these spans apart); a pick that found one ready is not traced.
+        if waited.elapsed() > std::time::Duration::from_micros(100) {
+            crate::trace::span(
+                self.track,
+                "wait for compile",
+                waited,
+                serde_json::json!({"job": null, "any_of": ids.len()}),
+            );
+        }
+        next
     }
 
     /// A candidate left unrecorded when the lane stops or retires: the
