@@ -778,6 +778,10 @@ impl Lane<'_, '_> {
                 break;
             }
             let i = pending.remove(self.next_ready(&pending));
+            // The wait for a compile may have outlasted the run (an interrupt).
+            if self.ctx.stopping() || self.ctx.retired() {
+                break;
+            }
             let (mut m, fresh) = self.take(i);
             if ask == Ask::Measure {
                 // A full measurement starts from fresh samples, whatever screening took.
