@@ -250,6 +250,7 @@ pub fn run_group(
         bytes,
         slots: jobs.into_iter().map(Slot::Waiting).collect(),
         measured: Vec::new(),
+        best_us: None,
         prior,
         track: &track,
         emit,
@@ -322,6 +323,8 @@ struct Lane<'l, 'c> {
     slots: Vec<Slot>,
     /// Measured fully and recorded ok: the finalists are chosen among these.
     measured: Vec<Measured>,
+    /// The best median among `measured`: what racing measures against.
+    best_us: Option<f64>,
     prior: &'l [PriorObservation],
     track: &'l str,
     emit: &'l mut dyn FnMut(Event),
@@ -629,6 +632,7 @@ impl Lane<'_, '_> {
                 let median = stats.median_us;
                 self.finish(&m, JobStatus::Ok, None, Some(stats));
                 self.measured.push(m);
+                self.best_us = Some(self.best_us.map_or(median, |b| b.min(median)));
                 Some(median)
             }
             Err(f) => {
@@ -784,9 +788,7 @@ impl Lane<'_, '_> {
             }
             let (mut m, fresh) = self.take(i);
             if ask == Ask::Measure {
-                // A full measurement starts from fresh samples, whatever screening took.
-                m.sampling = Sampling::default();
-                m.rule = self.racing_rule(&m.job);
+                self.start_measurement(&mut m);
             }
             if fresh {
                 if let Err(f) = self.wait_for_compile(&mut m) {
@@ -949,30 +951,24 @@ impl Lane<'_, '_> {
         }
     }
 
-    /// A full measurement's stopping rule, from what the group has measured
-    /// so far: racing against the best median recorded ok (`protocol.race`).
-    /// A baseline is never raced: every result is compared with it.
-    fn racing_rule(&self, job: &Job) -> StopRule {
-        let best = self
-            .measured
-            .iter()
-            .map(Measured::median)
-            .filter(|m| m.is_finite())
-            .reduce(f64::min);
-        if job.baseline {
+    /// A full measurement starts from fresh samples, whatever screening
+    /// took, under a stopping rule that races against the best median the
+    /// group has recorded so far (`protocol.race`). A baseline is never
+    /// raced: every result is compared with it.
+    fn start_measurement(&self, m: &mut Measured) {
+        m.sampling = Sampling::default();
+        m.rule = if m.job.baseline {
             self.ctx.protocol.stop_rule()
         } else {
-            self.ctx.protocol.racing_rule(best)
-        }
+            self.ctx.protocol.racing_rule(self.best_us)
+        };
     }
 }
 
 impl Trials for Lane<'_, '_> {
     fn measure(&mut self, i: usize) -> Option<f64> {
         let (mut m, fresh) = self.take(i);
-        // A full measurement starts from fresh samples, whatever screening took.
-        m.sampling = Sampling::default();
-        m.rule = self.racing_rule(&m.job);
+        self.start_measurement(&mut m);
         if fresh {
             if let Err(f) = self.wait_for_compile(&mut m) {
                 self.finish(&m, JobStatus::Failed, Some(f), None);
