@@ -253,6 +253,9 @@ def breakdown(path):
                 "calls": _ops(nat_calls),
                 # Jobs whose check the native worker ran: launched natively.
                 "jobs": len(native_job_ids),
+                # Triton jobs whose launch recipe the compile worker made with the compile
+                # (`inputs: native`, runners since 2026-11-24): no `recipes` call for them.
+                "recipes_from_pool": sum(1 for e in waits if e.get("args", {}).get("recipe")),
                 "protocol_us_per_call": statistics.mean(nat_protocol) if nat_protocol else None,
                 "calls_per_job": len(nat_protocol) / jobs if jobs else None,
                 "requests_met": _met(nat_calls, "worker_met"),
@@ -323,6 +326,9 @@ def render(b):
                          f"{nat['startup_in_groups_s'] * 1e3:.0f} ms of it inside the groups (not runner overhead), "
                          f"ready at {nat['ready_s'] or 0:.2f} s; "
                          f"calls: {_render_ops(nat['calls'])}")
+            if nat.get("recipes_from_pool"):
+                lines.append(f"  launch recipes made by the compile pool with the compile: "
+                             f"{nat['recipes_from_pool']} of {lane['jobs']} jobs")
             if nat.get("checks_sent_ahead"):
                 idle = nat.get("sent_ahead_idle_us")
                 lines.append(f"  checks sent ahead (before the answer ahead of them was read): "

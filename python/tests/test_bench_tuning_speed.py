@@ -205,7 +205,7 @@ def test_a_wait_for_a_compile_with_a_check_under_way_is_not_protocol(tb, tmp_pat
     t.call("native0", "check", 1000, 100, 90, job="A")  # 10
     # B's check was sent, then the lane waited 1000 µs for C's compile and read B's answer after it.
     t.call("native0", "check", 1100, 1200, 95, job="B")  # 1200 - 95 - 1000 = 105
-    t.span("lane0 jobs", "wait for compile", 1200, 1000, job="C")
+    t.span("lane0 jobs", "wait for compile", 1200, 1000, job="C", recipe=True)
     # C's check went out ahead after that wait; the worker had idled 1100 µs, 1000 of them in the wait.
     t.span("native0", "check", 2300, 100, job="C", worker_us=90, outcome="ok", sent_ahead=True,
            worker_idle_us=1100)  # 100
@@ -219,6 +219,9 @@ def test_a_wait_for_a_compile_with_a_check_under_way_is_not_protocol(tb, tmp_pat
     assert lane["rest_s"] == pytest.approx(0.0004)
     assert lane["runner_between_calls_s"] == pytest.approx(0.0012)
     assert "GPU resting between the finalists' re-timing batches" in tb.render(b)
+    # C's recipe came with its compile (a wait saying so); A's and B's did not.
+    assert lane["native"]["recipes_from_pool"] == 1
+    assert "launch recipes made by the compile pool with the compile: 1 of 3 jobs" in tb.render(b)
 
 
 def test_native_overhead_adds_the_journal_and_names_its_parts(ts, tb, tmp_path):

@@ -634,6 +634,47 @@ def test_a_lane_without_torch_describes_the_data_and_binds_recipes_to_it(spawn_w
     assert worker.proc.wait(timeout=30) == 0
 
 
+def test_a_compile_worker_makes_the_recipe_the_lane_would(spawn_worker, tmp_path):
+    """`inputs: native`: a compile worker asked for the job's recipe with its
+    compile answers the very recipe the torch-free lane gives (same tensor
+    indices, same cubin), so the lane need not ask its own worker. A recipe
+    it cannot make is that answer's failure, not the compile's."""
+    cache = tmp_path / "triton-cache"
+    env = {"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)}
+    compiler = spawn_worker("--role", "compile", "--target", "cuda:90:32", env_overrides=env)
+    lane = spawn_worker("--role", "lane", "--target", "cuda:90:32", env_overrides=env)
+    shape = {"M": 96, "N": 80, "K": 64, "dtype": "bf16"}
+    job = dict(gemm_job(dtype="bf16", BLOCK_SIZE_M=64), shape=shape)
+    ask = {"seed": 7, "cache_dir": str(tmp_path / "pool")}
+    compiled = compiler.request("compile", job=job, recipe=ask)
+    assert compiled["ok"] and compiled["compiled"], compiled
+    made = compiled["recipe"]
+    assert made["ok"], made
+
+    assert lane.request("native_data", problem="gemm", shape=shape, seed=7)["ok"]
+    theirs = lane.request("recipes", jobs=[job], seed=7, cache_dir=str(tmp_path / "lane"))["recipes"][0]
+    assert theirs["ok"], theirs
+    mine = {k: v for k, v in made.items() if k != "image"}
+    assert mine == {k: v for k, v in theirs.items() if k != "image"}
+    assert mine["grid"] == [2 * 3, 1, 1]  # 64 x 32 tiles over 96 x 80
+    assert pathlib.Path(made["image"]).parent == tmp_path / "pool"
+    assert pathlib.Path(made["image"]).read_bytes() == pathlib.Path(theirs["image"]).read_bytes()
+
+    # Another seed, another shape: described again from the job alone.
+    other = dict(job, shape=dict(shape, M=192))
+    again = compiler.request("compile", job=other, recipe=dict(ask, seed=8))["recipe"]
+    assert again["ok"] and again["grid"] == [3 * 3, 1, 1], again
+
+    # A problem without a native description: the compile answers, its recipe is refused.
+    fp8 = dict(gemm_job(dtype="fp8"), shape={"M": 16, "N": 256, "K": 512, "dtype": "fp8"})
+    answer = compiler.request("compile", job=fp8, recipe=ask)
+    assert answer["ok"], answer
+    assert (answer["recipe"]["ok"], answer["recipe"]["class"]) == (False, "problem_error")
+    assert "inputs: python" in answer["recipe"]["message"]
+    assert_failed(compiler.request("compile", job=job, recipe={"seed": 7}), "bad_request")
+    assert compiler.request("shutdown")["ok"] and lane.request("shutdown")["ok"]
+
+
 # ---------------------------------------------------------------- timing modes (protocol 2)
 
 

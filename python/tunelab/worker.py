@@ -673,8 +673,33 @@ class Worker:
         started = time.perf_counter()
         compiled = self._compile(job, problem, method, ctx)
         seconds = time.perf_counter() - started
-        return {"compiled": True if compiled is None else bool(compiled), "seconds": seconds,
-                "kernels": [jit.resources(k) for k in ctx.kernels.values()]}
+        answer = {"compiled": True if compiled is None else bool(compiled), "seconds": seconds,
+                  "kernels": [jit.resources(k) for k in ctx.kernels.values()]}
+        ask = request.get("recipe")
+        if ask is not None:
+            answer["recipe"] = self._recipe_after_compile(job, ctx, ask)
+        return answer
+
+    def _recipe_after_compile(self, job: Job, ctx, ask) -> dict:
+        """The job's native launch recipe, made by the compile worker that has
+        just compiled it (`compile` with `recipe: {seed, cache_dir}`), so the
+        lane need not ask its own worker. Only over stand-ins of the data the
+        native worker builds (`inputs: native`): the tensors are named by the
+        same indices in every worker. Answered as in `recipes`: `ok` and the
+        recipe, or the failure, which is not the compile's (the lane asks
+        again and the job's check records it)."""
+        if not isinstance(ask, dict):
+            raise bad_request("'recipe' must be an object with 'seed' and 'cache_dir'")
+        cache_dir = ask.get("cache_dir")
+        if not isinstance(cache_dir, str) or not cache_dir:
+            raise bad_request("'recipe' needs 'cache_dir', where the cubin goes")
+        if self.target is None:
+            return {"ok": False, "class": BAD_REQUEST,
+                    "message": "only a worker without a GPU (--target) makes recipes when it compiles"}
+        try:
+            return {"ok": True, **self._recipe(job, ask.get("seed", 0), cache_dir, ctx)}
+        except WorkerError as err:
+            return {"ok": False, "class": err.failure_class, "message": err.message}
 
     def keep_ir(self, request: dict) -> dict:
         """Compile one job (or find it in the cache) and write its kernels' IR
@@ -905,9 +930,12 @@ class Worker:
         every tensor, how it is filled, and the reference operator
         (tunelab.native_data.layout)."""
         self._require_lane("native_data")
-        name, shape, seed, key = _shape_of("native_data", request)
+        return self._describe(*_shape_of("native_data", request))[1]
+
+    def _describe(self, name: str, shape: dict, seed, key) -> tuple[dict, dict]:
+        """(the problem's description, its layout) of a shape's data, kept for the shape."""
         if self._native_data is not None and self._native_data[0] == key:
-            return self._native_data[2]
+            return self._native_data[1:]
         from tunelab import native_data
 
         with stage("problem"):
@@ -923,7 +951,7 @@ class Worker:
                 raise WorkerError(PROBLEM_ERROR, f"problem {name!r} cannot have its data built natively at this "
                                                  f"shape: {exc}; run it with inputs: python") from exc
         self._native_data = (key, description, layout)
-        return layout
+        return description, layout
 
     def recipe(self, request: dict) -> dict:
         """How to launch a Triton job natively: its cubin, symbol, grid, block,
@@ -934,16 +962,21 @@ class Worker:
         cache_dir = request.get("cache_dir")
         if not isinstance(cache_dir, str) or not cache_dir:
             raise bad_request("recipe needs 'cache_dir', where the cubin goes")
-        seed = request.get("seed", 0)
+        return self._recipe(job, request.get("seed", 0), cache_dir)
+
+    def _recipe(self, job: Job, seed, cache_dir: str, ctx=None) -> dict:
+        """`recipe`'s answer; `ctx`: the job's JIT context where this worker
+        has just compiled the job under it (else compiled, or found, here)."""
         if self.target is None:
             inputs, tensors, out_index = self._shared_inputs(job, seed)
         else:
             inputs, tensors, out_index = self._described_inputs(job, seed)
         problem, method = self._problem_and_method(job)
-        # The same JIT context as a Python check: the config's compile options
-        # and an `ir:` method's IR apply to the kernel launched natively too.
-        ctx = self._job_context(job)
-        self._compile(job, problem, method, ctx)
+        if ctx is None:
+            # The same JIT context as a Python check: the config's compile options
+            # and an `ir:` method's IR apply to the kernel launched natively too.
+            ctx = self._job_context(job)
+            self._compile(job, problem, method, ctx)
         with stage("bind"), jit.active(ctx):
             launch = method.bind(problem, inputs, job.config)
         _require_ir_applied(job, ctx)
@@ -977,11 +1010,16 @@ class Worker:
         """`_shared_inputs` in a lane without torch (`inputs: native`): stand-ins
         of the tensors the native worker built, whose made-up addresses name
         them (tunelab.native_data)."""
-        key = _shape_of("recipe", {"problem": job.problem, "shape": job.shape, "seed": seed})[3]
-        if self._native_data is None or self._native_data[0] != key:
+        shape = _shape_of("recipe", {"problem": job.problem, "shape": job.shape, "seed": seed})
+        if self.role == "compile":
+            # Deterministic from the shape and seed: the description the
+            # lane's worker gives the native worker, made here again.
+            self._describe(*shape)
+        elif self._native_data is None or self._native_data[0] != shape[3]:
             raise bad_request("this shape's data is not described; send 'native_data' first")
         from tunelab import native_data
 
+        assert self._native_data is not None  # described above
         _, description, layout = self._native_data
         inputs, addresses = native_data.stand_ins(description)
         return inputs, addresses, layout["out"]

@@ -32,6 +32,26 @@ impl JobFailure {
     }
 }
 
+/// A compile worker's answer for one job.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub seconds: f64,
+    /// The job's native launch recipe (a Triton job under `inputs: native`)
+    /// as `recipes` answers one: `ok` and the recipe, or why not. Made by
+    /// the compile worker that compiled the job, so the lane's worker is not
+    /// asked for it (`Backend::offer_recipe`).
+    pub recipe: Option<serde_json::Value>,
+}
+
+impl Compiled {
+    pub fn in_seconds(seconds: f64) -> Compiled {
+        Compiled {
+            seconds,
+            recipe: None,
+        }
+    }
+}
+
 /// The problem at one shape, as a worker describes it.
 #[derive(Debug, Clone, Default)]
 pub struct ShapeFacts {
@@ -203,6 +223,13 @@ pub trait Backend {
     /// compile is done, in the group's order. The default takes none.
     fn look_ahead(&mut self, job: &Job, ahead: &mut dyn FnMut(usize) -> Vec<Job>) {
         let _ = (job, ahead);
+    }
+    /// The job's native launch recipe as the compile pool made it
+    /// ([`Compiled::recipe`]), before its check: a backend that launches
+    /// Triton jobs natively keeps it rather than ask its own worker. The
+    /// default has no use for it.
+    fn offer_recipe(&mut self, job_id: &str, recipe: serde_json::Value) {
+        let _ = (job_id, recipe);
     }
     /// A full measurement or a screening (`check_then_sample` with
     /// `first.until` set) sent without waiting for its answer, where the

@@ -9,7 +9,8 @@ use serde_json::{json, Value as Json};
 
 use super::worker::{Answer, CallError, Worker, WorkerSpec};
 use super::{
-    Backend, Checked, FirstBatch, JobFailure, SampleBatch, SampleMode, ShapeFacts, TimedBatch,
+    Backend, Checked, Compiled, FirstBatch, JobFailure, SampleBatch, SampleMode, ShapeFacts,
+    TimedBatch,
 };
 use indexmap::IndexMap;
 
@@ -99,6 +100,9 @@ struct DescribeReply {
 #[derive(Deserialize)]
 struct CompileReply {
     seconds: f64,
+    /// Only when asked for (`compile_with_recipe`).
+    #[serde(default)]
+    recipe: Option<Json>,
 }
 
 #[derive(Deserialize)]
@@ -419,6 +423,24 @@ impl PythonBackend {
     /// `share`, `compare`, `recipe`), with this backend's timeout.
     pub fn request(&mut self, op: &str, body: Json) -> Result<Json, JobFailure> {
         self.call(op, body, self.timeout)
+    }
+
+    /// A compile worker's `compile` of a Triton job that also makes the
+    /// job's native launch recipe (`ask`: `{seed, cache_dir}`, as the lane
+    /// asks `recipes`). Only a worker compiling for a target makes one.
+    pub fn compile_with_recipe(
+        &mut self,
+        job: &Job,
+        kernel: &str,
+        kind: &str,
+        ask: &Json,
+    ) -> Result<Compiled, JobFailure> {
+        let body = json!({"job": self.job_json(job, kernel, kind), "recipe": ask});
+        let r: CompileReply = self.call_for("compile", body, self.timeout)?;
+        Ok(Compiled {
+            seconds: r.seconds,
+            recipe: r.recipe,
+        })
     }
 
     /// The problem this backend's worker builds.

@@ -16,12 +16,12 @@
 //! [`CompileBoard::set_width`] groups that still have jobs queued: each lane
 //! finds its next jobs compiled, rather than one lane's whole group first.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::backend::native::NativeCompiler;
-use crate::backend::{Backend, JobFailure, PythonBackend};
+use crate::backend::{Backend, Compiled, JobFailure, PythonBackend};
 use crate::manifest::{Method, MethodKind};
 use crate::plan::Job;
 
@@ -42,8 +42,23 @@ pub struct NativePool {
     pub threads: usize,
 }
 
+/// Triton methods launched natively over data the native worker builds
+/// (`inputs: native`): their compile workers make each job's launch recipe
+/// as they compile it, so the lane's own worker is not asked (a call per
+/// batch of jobs on the lane's path, each finding the kernel in the cache
+/// again).
+pub struct RecipeAsk {
+    pub methods: HashSet<String>,
+    /// `{seed, cache_dir}`, as the lane asks for `recipes`.
+    pub ask: serde_json::Value,
+}
+
 impl CompilePool {
-    pub fn start(workers: Vec<PythonBackend>, native: Option<NativePool>) -> CompilePool {
+    pub fn start(
+        workers: Vec<PythonBackend>,
+        native: Option<NativePool>,
+        recipes: Option<RecipeAsk>,
+    ) -> CompilePool {
         let board = Arc::new(CompileBoard::default());
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         if let Some(native) = native {
@@ -63,7 +78,10 @@ impl CompilePool {
                             break;
                         }
                         let result = match native.methods.get(&job.method) {
-                            Some(m) => native.compiler.compile(m, &job).map(|a| a.seconds),
+                            Some(m) => native
+                                .compiler
+                                .compile(m, &job)
+                                .map(|a| Compiled::in_seconds(a.seconds)),
                             None => Err(JobFailure::new(
                                 crate::store::FailureClass::ProblemError,
                                 format!("no native method `{}`", job.method),
@@ -74,8 +92,10 @@ impl CompilePool {
                 });
             }));
         }
+        let recipes = recipes.map(Arc::new);
         threads.extend(workers.into_iter().map(|mut backend| {
             let board = Arc::clone(&board);
+            let recipes = recipes.clone();
             std::thread::spawn(move || {
                 // A worker that cannot start is retried at its first job,
                 // where the failure is recorded against that job.
@@ -86,7 +106,14 @@ impl CompilePool {
                         board.requeue(&job.id);
                         break;
                     }
-                    let result = backend.compile(&job, &kernel, &kind);
+                    let result = match recipes.as_deref() {
+                        Some(r) if r.methods.contains(&job.method) => {
+                            backend.compile_with_recipe(&job, &kernel, &kind, &r.ask)
+                        }
+                        _ => backend
+                            .compile(&job, &kernel, &kind)
+                            .map(Compiled::in_seconds),
+                    };
                     board.finish(&job.id, result);
                 }
                 backend.shutdown();
@@ -167,7 +194,7 @@ pub fn compile_order(jobs: &[Job], first_wave: usize) -> Vec<&Job> {
 enum State {
     Queued,
     Compiling,
-    Done(Result<f64, JobFailure>),
+    Done(Result<Compiled, JobFailure>),
     /// The lane got there first.
     Claimed,
 }
@@ -316,7 +343,7 @@ impl CompileBoard {
         self.changed.notify_all();
     }
 
-    pub fn finish(&self, job_id: &str, result: Result<f64, JobFailure>) {
+    pub fn finish(&self, job_id: &str, result: Result<Compiled, JobFailure>) {
         let mut inner = self.inner.lock().expect("compile board");
         inner.states.insert(job_id.to_string(), State::Done(result));
         self.changed.notify_all();
@@ -360,7 +387,7 @@ impl CompileBoard {
 
     /// For the lane: the compile result if the pool compiled it (waiting while
     /// it is being compiled), or `None` after claiming a job the pool had not reached.
-    pub fn wait(&self, job_id: &str) -> Option<Result<f64, JobFailure>> {
+    pub fn wait(&self, job_id: &str) -> Option<Result<Compiled, JobFailure>> {
         let mut inner = self.inner.lock().expect("compile board");
         loop {
             match inner.states.get(job_id) {
@@ -401,7 +428,7 @@ mod tests {
         // Nothing taken by the pool: the lane starts on the first itself.
         assert_eq!(board.first_ready(&["a", "b", "c"]), 0);
         let (a, b) = (board.next().unwrap().0, board.next().unwrap().0);
-        board.finish(&b.id, Ok(0.1));
+        board.finish(&b.id, Ok(Compiled::in_seconds(0.1)));
         // a is still compiling and b is done: b first.
         assert_eq!(board.first_ready(&["a", "b", "c"]), 1);
         // c is queued and a compiling: the lane waits for a rather than

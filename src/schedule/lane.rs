@@ -526,15 +526,19 @@ impl Lane<'_, '_> {
         };
         let waited = Instant::now();
         let compiled = board.wait(&m.job.id);
+        let recipe = matches!(&compiled, Some(Ok(c)) if c.recipe.is_some());
         crate::trace::span(
             self.track,
             "wait for compile",
             waited,
-            serde_json::json!({"job": m.job.id}),
+            serde_json::json!({"job": m.job.id, "recipe": recipe}),
         );
         match compiled {
-            Some(Ok(s)) => {
-                m.compile_s = Some(s);
+            Some(Ok(c)) => {
+                m.compile_s = Some(c.seconds);
+                if let Some(r) = c.recipe {
+                    self.backend.offer_recipe(&m.job.id, r);
+                }
                 Ok(())
             }
             // The compiler's verdict is the job's. Anything else (a compile worker
@@ -1502,7 +1506,7 @@ mod tests {
     //! config, running the real strategies.
 
     use super::*;
-    use crate::backend::SampleBatch;
+    use crate::backend::{Compiled, SampleBatch};
     use crate::manifest::ToleranceFor;
     use crate::measure::Timer;
     use crate::search::{Halving, Surrogate};
@@ -1982,7 +1986,7 @@ mod tests {
             let result = match job.id.as_str() {
                 "job3" => Err(JobFailure::new(FailureClass::Crash, "worker died")),
                 "job4" => Err(JobFailure::new(FailureClass::CompileError, "ptxas said no")),
-                _ => Ok(0.1),
+                _ => Ok(Compiled::in_seconds(0.1)),
             };
             board.finish(&job.id, result);
         }
@@ -2216,6 +2220,14 @@ mod tests {
             let seen = ahead(3).into_iter().map(|j| j.id).collect();
             self.looked_ahead.push((job.id.clone(), seen));
         }
+        fn offer_recipe(&mut self, job_id: &str, recipe: serde_json::Value) {
+            assert_eq!(recipe, json!({"ok": true, "for": job_id}));
+            assert!(
+                self.inner.prepared.as_ref().map(|j| j.id.as_str()) != Some(job_id),
+                "a recipe offered after its job's check"
+            );
+            *self.calls.entry("offer_recipe").or_default() += 1;
+        }
         fn warmup(&mut self, id: &str, n: u32, ms: f64) -> Result<(), JobFailure> {
             assert!(
                 self.under_way.is_empty(),
@@ -2432,7 +2444,7 @@ mod tests {
             if job.id == "job2" {
                 slow = Some(job.id);
             } else {
-                board.finish(&job.id, Ok(0.1));
+                board.finish(&job.id, Ok(Compiled::in_seconds(0.1)));
             }
         }
         let finisher = {
@@ -2440,7 +2452,7 @@ mod tests {
             let slow = slow.expect("job2 was queued");
             std::thread::spawn(move || {
                 std::thread::sleep(std::time::Duration::from_millis(100));
-                board.finish(&slow, Ok(2.0));
+                board.finish(&slow, Ok(Compiled::in_seconds(2.0)));
             })
         };
         let (jobs, _) = run(Box::new(Grid), Some(&board));
@@ -2454,6 +2466,8 @@ mod tests {
         assert_eq!((two.status, two.compile_s), (JobStatus::Ok, Some(2.0)));
     }
 
+    /// The backend also gets, before each job's check, the recipe the pool
+    /// made with its compile (two jobs here), and nothing for the others.
     #[test]
     fn a_backend_looks_ahead_at_the_jobs_the_pool_compiled() {
         let board = CompileBoard::default();
@@ -2465,11 +2479,16 @@ mod tests {
             let result = match job.id.as_str() {
                 "job3" => Err(JobFailure::new(FailureClass::Crash, "worker died")),
                 "job4" => Err(JobFailure::new(FailureClass::CompileError, "ptxas said no")),
-                _ => Ok(0.1),
+                "job1" | "job6" => Ok(Compiled {
+                    seconds: 0.1,
+                    recipe: Some(json!({"ok": true, "for": job.id})),
+                }),
+                _ => Ok(Compiled::in_seconds(0.1)),
             };
             board.finish(&job.id, result);
         }
-        let (_, _, _, looked) = run_folding(Box::new(Grid), true, false, Some(&board));
+        let (_, _, calls, looked) = run_folding(Box::new(Grid), true, false, Some(&board));
+        assert_eq!(calls.get("offer_recipe"), Some(&2));
         let after = |id: &str| -> Vec<&str> {
             let (_, seen) = looked.iter().find(|(j, _)| j == id).expect(id);
             seen.iter().map(String::as_str).collect()

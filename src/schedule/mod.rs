@@ -222,7 +222,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         exp.method(&g.method)
             .is_some_and(|m| m.launch == LaunchPath::Native)
     });
-    let workers = Workers::start(&opts, &dir, timeout, native_planned);
+    let workers = Workers::start(&opts, &dir, timeout, native_planned, protocol.seed);
     let tolerance = match (opts.mode, &exp.interpreter) {
         (Mode::Interpreter, Some(i)) => {
             i.tolerance.clone().unwrap_or_else(|| exp.tolerance.clone())
@@ -451,6 +451,7 @@ impl Workers {
         dir: &Path,
         timeout: Duration,
         native_planned: bool,
+        seed: u64,
     ) -> Workers {
         let exp = opts.exp;
         let devices: Vec<Option<String>> = if opts.mode == Mode::Interpreter || opts.gpus.is_empty()
@@ -507,7 +508,22 @@ impl Workers {
                     threads: opts.compile_workers,
                 });
             native_compiles = native_pool.is_some();
-            let pool = compile::CompilePool::start(workers, native_pool);
+            // `inputs: native`: the compile workers compile for the lane's
+            // target without torch, as its worker does, so they make each
+            // Triton job's native recipe too, over the same described data.
+            let recipes = native
+                .as_ref()
+                .filter(|n| n.lane_target.is_some() && target.is_some())
+                .map(|n| compile::RecipeAsk {
+                    methods: n
+                        .methods
+                        .values()
+                        .filter(|m| m.kind == MethodKind::Triton)
+                        .map(|m| m.name.clone())
+                        .collect(),
+                    ask: serde_json::json!({"seed": seed, "cache_dir": n.cache_dir()}),
+                });
+            let pool = compile::CompilePool::start(workers, native_pool, recipes);
             pool.board().set_width(devices.len());
             pool
         });

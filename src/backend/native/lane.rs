@@ -22,7 +22,7 @@
 //! GPU while the native worker times.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -99,6 +99,11 @@ impl NativeSetup {
     /// Whether any method of the run is launched natively.
     pub fn any(&self) -> bool {
         !self.methods.is_empty()
+    }
+
+    /// Where Triton methods' cubins go for native launches.
+    pub fn cache_dir(&self) -> &Path {
+        &self.cache_dir
     }
 
     /// The helper kernels' image, compiled once.
@@ -184,6 +189,10 @@ struct NativeLane {
     /// Triton recipes of the shared shape by job id, read once and kept for
     /// the finalists' checks (cleared when the shape is shared again).
     recipes: HashMap<String, Arc<TritonRecipe>>,
+    /// Triton recipes the compile pool made (`inputs: native`), by job id:
+    /// over the data the native worker builds from the job's shape and the
+    /// run's seed, the same tensors whenever it is built, so kept across shapes.
+    from_pool: HashMap<String, Arc<TritonRecipe>>,
     /// The jobs likely to follow a check (the job's id, then the jobs), whose
     /// recipes come with its own.
     ahead: Option<(String, Vec<Job>)>,
@@ -282,6 +291,11 @@ fn native_check_request<'a>(
 }
 
 impl NativeLane {
+    /// Whether the job's Triton recipe is at hand: read, or made by the pool.
+    fn has_recipe(&self, job_id: &str) -> bool {
+        self.recipes.contains_key(job_id) || self.from_pool.contains_key(job_id)
+    }
+
     /// The shape the native worker now holds (mapped or built), for the
     /// workers of these generations. Recipes name its tensors by index:
     /// another shape, new recipes.
@@ -460,6 +474,7 @@ impl LaneBackend {
                 process,
                 shared: None,
                 recipes: HashMap::new(),
+                from_pool: HashMap::new(),
                 ahead: None,
                 broken: None,
                 under_way: VecDeque::new(),
@@ -673,7 +688,7 @@ impl LaneBackend {
                 && s.python_generation == self.python.generation()
                 && s.native_generation == n.process.generation()
         });
-        shared && (method.kind.is_native() || n.recipes.contains_key(&job.id))
+        shared && (method.kind.is_native() || n.has_recipe(&job.id))
     }
 
     /// `Backend::send_measurement` for a native job whose reference is
@@ -780,7 +795,7 @@ impl LaneBackend {
         cache: PathBuf,
     ) -> Result<Arc<TritonRecipe>, JobFailure> {
         let n = self.native.as_mut().expect("a native lane");
-        if let Some(r) = n.recipes.get(&job.id) {
+        if let Some(r) = n.recipes.get(&job.id).or_else(|| n.from_pool.get(&job.id)) {
             return Ok(r.clone());
         }
         // Offered for this job only: a check that stopped before its recipe
@@ -790,9 +805,11 @@ impl LaneBackend {
             _ => Vec::new(),
         };
         let batch: Vec<&Job> = std::iter::once(job)
-            .chain(ahead.iter().filter(|j| {
-                j.method == job.method && j.id != job.id && !n.recipes.contains_key(&j.id)
-            }))
+            .chain(
+                ahead
+                    .iter()
+                    .filter(|j| j.method == job.method && j.id != job.id && !n.has_recipe(&j.id)),
+            )
             .take(RECIPE_BATCH)
             .collect();
         let jobs: Vec<Json> = batch
@@ -1267,8 +1284,28 @@ impl Backend for LaneBackend {
             return;
         };
         n.ahead = None;
-        if triton_native && n.broken.is_none() && !n.recipes.contains_key(&job.id) {
+        if triton_native && n.broken.is_none() && !n.has_recipe(&job.id) {
             n.ahead = Some((job.id.clone(), ahead(RECIPE_BATCH - 1)));
+        }
+    }
+
+    fn offer_recipe(&mut self, job_id: &str, recipe: Json) {
+        // Only where the lane's worker would make the same one: over the
+        // data the native worker builds, not tensors a Python worker shares.
+        let Some(n) = self
+            .native
+            .as_mut()
+            .filter(|n| n.setup.lane_target.is_some())
+        else {
+            return;
+        };
+        // A recipe the pool could not make is asked for again at the job's
+        // check, where its failure is recorded.
+        if recipe.get("ok").and_then(Json::as_bool) != Some(true) {
+            return;
+        }
+        if let Ok(r) = TritonRecipe::read(recipe) {
+            n.from_pool.insert(job_id.to_string(), Arc::new(r));
         }
     }
 
