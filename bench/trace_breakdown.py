@@ -13,8 +13,10 @@ compile pool), the journal's appends and the planner. From those this reports:
 - runner overhead per job: lane time inside groups that is not a worker call
   (scheduling, statistics, building records), plus the protocol's own cost
   (round trip minus worker time; for a check sent ahead, the native worker's
-  own wait before it) of every call but `hello` and `shutdown`,
-  divided by the lane's jobs; journal appends happen on another thread and
+  own wait before it) of every call made inside a group but `shutdown`,
+  divided by the lane's jobs (`hello` and `probe`, once per run before the
+  first group, are start-up: traces before 2026-11-24 counted the probe's
+  protocol too, a one-off of 5 to 15 ms over 48 jobs); journal appends happen on another thread and
   are reported separately. A call's worker time (`worker_us`) runs from the
   worker reading the request to its reply being text, so the protocol is the
   pipe's two hand-offs and the runner's own encoding and parsing;
@@ -102,6 +104,11 @@ def _union_us(intervals):
     if cur_hi is not None:
         total += cur_hi - cur_lo
     return total
+
+
+def _in_groups(calls, groups):
+    """The calls made while the lane ran a group (begun inside one)."""
+    return [e for e in calls if any(g["ts"] <= e["ts"] < _end(g) for g in groups)]
 
 
 def _inside(spans, groups):
@@ -219,7 +226,8 @@ def breakdown(path):
         job_ids = {e["args"].get("job") for e in calls if e["name"] == "check" and e["args"].get("job")}
         native_job_ids = {e["args"].get("job") for e in nat_calls if e["name"] == "check" and e["args"].get("job")}
         jobs = len(job_ids)
-        py_protocol, nat_protocol = _protocol_us(py_calls), _protocol_us(nat_calls, waits)
+        py_protocol = _protocol_us(_in_groups(py_calls, groups))
+        nat_protocol = _protocol_us(_in_groups(nat_calls, groups), waits)
         protocol = py_protocol + nat_protocol
         runner_us = group_us - covered_us
         out["lanes"][lane] = {

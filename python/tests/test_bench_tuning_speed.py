@@ -142,6 +142,8 @@ def test_a_python_lane_is_unchanged_by_the_native_accounting(tb, tmp_path):
     t = Trace()
     t.span("lane0", "start-up", 0, 5000, pid=1)
     t.call("lane0", "hello", 100, 4800, 200)
+    # The probe before the first group is start-up, as hello is: its 400 µs are not any job's.
+    t.call("lane0", "probe", 5000, 500, 100)
     t.span("lane0 jobs", "group", 6000, 1000, jobs=2)
     t.call("lane0", "describe", 6010, 100, 90)  # 10
     for job, at in (("A", 6200), ("B", 6600)):
