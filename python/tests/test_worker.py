@@ -672,6 +672,13 @@ def test_a_compile_worker_makes_the_recipe_the_lane_would(spawn_worker, tmp_path
     assert (answer["recipe"]["ok"], answer["recipe"]["class"]) == (False, "problem_error")
     assert "inputs: python" in answer["recipe"]["message"]
     assert_failed(compiler.request("compile", job=job, recipe={"seed": 7}), "bad_request")
+    # A recipe that fails unexpectedly (its cubin cannot be written) leaves the compile's answer whole.
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    answer = compiler.request("compile", job=job, recipe={"seed": 7, "cache_dir": str(blocked / "native")})
+    assert answer["ok"] and answer["compiled"] and answer["seconds"] >= 0, answer
+    assert (answer["recipe"]["ok"], answer["recipe"]["class"]) == (False, "problem_error")
+    assert "internal worker error" in answer["recipe"]["message"]
     assert compiler.request("shutdown")["ok"] and lane.request("shutdown")["ok"]
 
 

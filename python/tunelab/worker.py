@@ -669,18 +669,22 @@ class Worker:
         # still catches a bad shape early.
         if compile_method is None or self.mode == "interpreter":
             return {"compiled": False, "seconds": 0.0, "kernels": []}
+        ask = request.get("recipe")
+        if ask is not None and (not isinstance(ask, dict) or not isinstance(ask.get("cache_dir"), str)
+                                or not ask["cache_dir"]):
+            raise bad_request("'recipe' must be an object with 'seed' and 'cache_dir', where the cubin goes")
         ctx = self._job_context(job)
         started = time.perf_counter()
         compiled = self._compile(job, problem, method, ctx)
         seconds = time.perf_counter() - started
         answer = {"compiled": True if compiled is None else bool(compiled), "seconds": seconds,
                   "kernels": [jit.resources(k) for k in ctx.kernels.values()]}
-        ask = request.get("recipe")
         if ask is not None:
+            # Not in `seconds`: that is the compile's alone.
             answer["recipe"] = self._recipe_after_compile(job, ctx, ask)
         return answer
 
-    def _recipe_after_compile(self, job: Job, ctx, ask) -> dict:
+    def _recipe_after_compile(self, job: Job, ctx, ask: dict) -> dict:
         """The job's native launch recipe, made by the compile worker that has
         just compiled it (`compile` with `recipe: {seed, cache_dir}`), so the
         lane need not ask its own worker. Only over stand-ins of the data the
@@ -688,18 +692,17 @@ class Worker:
         same indices in every worker. Answered as in `recipes`: `ok` and the
         recipe, or the failure, which is not the compile's (the lane asks
         again and the job's check records it)."""
-        if not isinstance(ask, dict):
-            raise bad_request("'recipe' must be an object with 'seed' and 'cache_dir'")
-        cache_dir = ask.get("cache_dir")
-        if not isinstance(cache_dir, str) or not cache_dir:
-            raise bad_request("'recipe' needs 'cache_dir', where the cubin goes")
         if self.target is None:
             return {"ok": False, "class": BAD_REQUEST,
                     "message": "only a worker without a GPU (--target) makes recipes when it compiles"}
         try:
-            return {"ok": True, **self._recipe(job, ask.get("seed", 0), cache_dir, ctx)}
+            return {"ok": True, **self._recipe(job, ask.get("seed", 0), ask["cache_dir"], ctx)}
         except WorkerError as err:
             return {"ok": False, "class": err.failure_class, "message": err.message}
+        except Exception as exc:  # noqa: BLE001 - the recipe's bug, not the compile's, as in `recipes`
+            print("tunelab worker: internal error making a recipe after a compile:", file=sys.stderr)
+            traceback.print_exception(exc, file=sys.stderr)
+            return {"ok": False, "class": PROBLEM_ERROR, "message": "internal worker error: " + summarize(exc)}
 
     def keep_ir(self, request: dict) -> dict:
         """Compile one job (or find it in the cache) and write its kernels' IR

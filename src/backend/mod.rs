@@ -50,6 +50,15 @@ impl Compiled {
             recipe: None,
         }
     }
+
+    /// Whether the compile worker made the job's recipe (not only tried).
+    pub fn has_recipe(&self) -> bool {
+        self.recipe
+            .as_ref()
+            .and_then(|r| r.get("ok"))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
+    }
 }
 
 /// The problem at one shape, as a worker describes it.

@@ -349,13 +349,18 @@ impl CompileBoard {
         self.changed.notify_all();
     }
 
-    /// The first `n` of `jobs` that the pool has compiled without error.
+    /// The first `n` of `jobs` that the pool has compiled without error and
+    /// made no launch recipe for: those a backend may prepare ahead (a job
+    /// with the pool's recipe gets it at its own turn, `Compiled::recipe`).
     pub fn compiled<'j>(&self, jobs: impl Iterator<Item = &'j Job>, n: usize) -> Vec<Job> {
         let inner = self.inner.lock().expect("compile board");
-        jobs.filter(|j| matches!(inner.states.get(&j.id), Some(State::Done(Ok(_)))))
-            .take(n)
-            .cloned()
-            .collect()
+        jobs.filter(|j| match inner.states.get(&j.id) {
+            Some(State::Done(Ok(c))) => !c.has_recipe(),
+            _ => false,
+        })
+        .take(n)
+        .cloned()
+        .collect()
     }
 
     /// Which of `jobs` (in the lane's order) the lane takes next: the first

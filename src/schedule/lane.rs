@@ -526,7 +526,7 @@ impl Lane<'_, '_> {
         };
         let waited = Instant::now();
         let compiled = board.wait(&m.job.id);
-        let recipe = matches!(&compiled, Some(Ok(c)) if c.recipe.is_some());
+        let recipe = matches!(&compiled, Some(Ok(c)) if c.has_recipe());
         crate::trace::span(
             self.track,
             "wait for compile",
@@ -536,7 +536,9 @@ impl Lane<'_, '_> {
         match compiled {
             Some(Ok(c)) => {
                 m.compile_s = Some(c.seconds);
-                if let Some(r) = c.recipe {
+                // One the pool could not make is the backend's to ask for
+                // (its failure is then recorded at the check).
+                if let (true, Some(r)) = (recipe, c.recipe) {
                     self.backend.offer_recipe(&m.job.id, r);
                 }
                 Ok(())
@@ -2467,7 +2469,8 @@ mod tests {
     }
 
     /// The backend also gets, before each job's check, the recipe the pool
-    /// made with its compile (two jobs here), and nothing for the others.
+    /// made with its compile (two jobs here; a third's failed), and nothing
+    /// for the others; those two are not among the jobs it may prepare ahead.
     #[test]
     fn a_backend_looks_ahead_at_the_jobs_the_pool_compiled() {
         let board = CompileBoard::default();
@@ -2483,6 +2486,11 @@ mod tests {
                     seconds: 0.1,
                     recipe: Some(json!({"ok": true, "for": job.id})),
                 }),
+                // A recipe the pool could not make: neither offered nor kept from look-ahead.
+                "job7" => Ok(Compiled {
+                    seconds: 0.1,
+                    recipe: Some(json!({"ok": false, "class": "problem_error"})),
+                }),
                 _ => Ok(Compiled::in_seconds(0.1)),
             };
             board.finish(&job.id, result);
@@ -2494,8 +2502,9 @@ mod tests {
             seen.iter().map(String::as_str).collect()
         };
         // Jobs not started, in the group's order, that compiled without error.
-        assert_eq!(after("job0"), ["job1", "job2", "job5"]);
-        assert_eq!(after("job2"), ["job5", "job6", "job7"]);
+        // Not job1 and job6: they bring the pool's recipe at their own turn.
+        assert_eq!(after("job0"), ["job2", "job5", "job7"]);
+        assert_eq!(after("job2"), ["job5", "job7", "job8"]);
         assert_eq!(after("job8"), ["job9"]);
         assert!(after("job9").is_empty());
         // The compile error fails before its check: it looks at nothing.
