@@ -681,10 +681,10 @@ class Worker:
                   "kernels": [jit.resources(k) for k in ctx.kernels.values()]}
         if ask is not None:
             # Not in `seconds`: that is the compile's alone.
-            answer["recipe"] = self._recipe_after_compile(job, ctx, ask)
+            answer["recipe"] = self._recipe_after_compile(job, (problem, method, ctx), ask)
         return answer
 
-    def _recipe_after_compile(self, job: Job, ctx, ask: dict) -> dict:
+    def _recipe_after_compile(self, job: Job, compiled: tuple, ask: dict) -> dict:
         """The job's native launch recipe, made by the compile worker that has
         just compiled it (`compile` with `recipe: {seed, cache_dir}`), so the
         lane need not ask its own worker. Only over stand-ins of the data the
@@ -696,7 +696,7 @@ class Worker:
             return {"ok": False, "class": BAD_REQUEST,
                     "message": "only a worker without a GPU (--target) makes recipes when it compiles"}
         try:
-            return {"ok": True, **self._recipe(job, ask.get("seed", 0), ask["cache_dir"], ctx)}
+            return {"ok": True, **self._recipe(job, ask.get("seed", 0), ask["cache_dir"], compiled)}
         except WorkerError as err:
             return {"ok": False, "class": err.failure_class, "message": err.message}
         except Exception as exc:  # noqa: BLE001 - the recipe's bug, not the compile's, as in `recipes`
@@ -967,15 +967,17 @@ class Worker:
             raise bad_request("recipe needs 'cache_dir', where the cubin goes")
         return self._recipe(job, request.get("seed", 0), cache_dir)
 
-    def _recipe(self, job: Job, seed, cache_dir: str, ctx=None) -> dict:
-        """`recipe`'s answer; `ctx`: the job's JIT context where this worker
-        has just compiled the job under it (else compiled, or found, here)."""
+    def _recipe(self, job: Job, seed, cache_dir: str, compiled: Optional[tuple] = None) -> dict:
+        """`recipe`'s answer; `compiled`: (problem, method, JIT context) where
+        this worker has just compiled the job (else compiled, or found, here)."""
         if self.target is None:
             inputs, tensors, out_index = self._shared_inputs(job, seed)
         else:
             inputs, tensors, out_index = self._described_inputs(job, seed)
-        problem, method = self._problem_and_method(job)
-        if ctx is None:
+        if compiled is not None:
+            problem, method, ctx = compiled
+        else:
+            problem, method = self._problem_and_method(job)
             # The same JIT context as a Python check: the config's compile options
             # and an `ir:` method's IR apply to the kernel launched natively too.
             ctx = self._job_context(job)

@@ -234,9 +234,9 @@ pub trait Backend {
         let _ = (job, ahead);
     }
     /// The job's native launch recipe as the compile pool made it
-    /// ([`Compiled::recipe`]), before its check: a backend that launches
-    /// Triton jobs natively keeps it rather than ask its own worker. The
-    /// default has no use for it.
+    /// ([`Compiled::recipe`], only one made: [`Compiled::has_recipe`]),
+    /// before its check: a backend that launches Triton jobs natively keeps
+    /// it rather than ask its own worker. The default has no use for it.
     fn offer_recipe(&mut self, job_id: &str, recipe: serde_json::Value) {
         let _ = (job_id, recipe);
     }

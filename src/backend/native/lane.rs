@@ -1299,11 +1299,6 @@ impl Backend for LaneBackend {
         else {
             return;
         };
-        // A recipe the pool could not make is asked for again at the job's
-        // check, where its failure is recorded.
-        if recipe.get("ok").and_then(Json::as_bool) != Some(true) {
-            return;
-        }
         if let Ok(r) = TritonRecipe::read(recipe) {
             n.from_pool.insert(job_id.to_string(), Arc::new(r));
         }
