@@ -20,6 +20,15 @@ compile pool), the journal's appends and the planner. From those this reports:
   are reported separately. A call's worker time (`worker_us`) runs from the
   worker reading the request to its reply being text, so the protocol is the
   pipe's two hand-offs and the runner's own encoding and parsing;
+- what the GPU waited for the runner per job: time inside groups that the
+  worker that times (the native worker on a native lane) sat idle while a
+  job was ready for it (compiled and not yet begun, or, once every job has
+  begun, anything: the rest waits on the runner alone), from when each
+  worker read each request (`worker_at_us`, runners since 2026-11-24). The
+  overhead above is the lane's side of it and bounds it from above: it also
+  counts lane work done while the worker was busy with a job sent ahead, or
+  while no compiled job was waiting (a group's `describe` before the first
+  compile ends), which delay nothing;
 - how the lane met each reply (`met`, runners since the spin-then-sleep
   waits of docs/worker-protocol.md), and each worker its requests
   (`worker_met`, from the reply's `met`): spinning, asleep, or already there.
@@ -103,6 +112,68 @@ def _union_us(intervals):
             cur_hi = max(cur_hi, hi)
     if cur_hi is not None:
         total += cur_hi - cur_lo
+    return total
+
+
+def _merged(intervals):
+    """(start, end) intervals as a sorted list of disjoint ones covering the same time."""
+    out = []
+    for lo, hi in sorted(intervals):
+        if hi <= lo:
+            continue
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _minus_us(intervals, taken):
+    """Total length of the union of `intervals` outside the union of `taken`."""
+    total, taken = 0.0, _merged(taken)
+    for lo, hi in _merged(intervals):
+        covered = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in taken if a < hi and b > lo)
+        total += hi - lo - covered
+    return total
+
+
+def _gpu_waited_us(groups, timing_calls, other_calls, compiles, other_idle):
+    """Time inside `groups` that the worker that times (the native worker on a native lane, else the
+    lane's Python worker) sat idle while a job was ready for it: what the GPU waited for the runner,
+    as the goal "runner overhead per job" means it. None for traces whose workers do not say when
+    they read each request (`worker_at_us`, runners since 2026-11-24).
+
+    A worker's own time is [worker_at_us, + worker_us] of each of its calls (either worker's: a
+    Python worker's `compare` or `recipe` is the job's work, not the runner's). A job is ready from
+    the end of its compile in the pool (`compiles`: job id to the end of its last compile span; a
+    job with none, from the group's start) until the worker reads its first call; once every job of
+    the group has had its first call, what is left (samples, finalists' re-timing, halving's later
+    rounds) waits on nothing but the runner, so the rest of the group counts, less `other_idle`
+    (the protocol's rests between re-timing batches, worker start-up inside a group). So: lane
+    work or a slow wake-up while the worker is busy, or while no compiled job is waiting for it
+    (the group's `describe` before the first compile ends), is not counted; the worker's idle
+    between jobs with the next one compiled is, whatever the lane was doing."""
+    calls = timing_calls + other_calls
+    if not any(_in_groups(timing_calls, groups)):
+        return None
+    total = 0.0
+    for g in groups:
+        lo, hi = g["ts"], _end(g)
+        inside = [e for e in calls if lo <= e["ts"] < hi and e["name"] not in NOT_CALLS]
+        if any(not _number(e["args"].get("worker_at_us")) or not _number(e["args"].get("worker_us"))
+               for e in inside):
+            return None
+        busy = [(e["args"]["worker_at_us"], e["args"]["worker_at_us"] + e["args"]["worker_us"]) for e in inside]
+        first_read = {}
+        for e in sorted(inside, key=lambda e: e["args"]["worker_at_us"]):
+            job = e["args"].get("job")
+            if job and job not in first_read:
+                first_read[job] = e["args"]["worker_at_us"]
+        ready = [(max(lo, compiles.get(job, lo)), read) for job, read in first_read.items()]
+        if first_read:
+            ready.append((max(first_read.values()), hi))
+        clipped = [(max(lo, a), min(hi, b)) for a, b in ready]
+        total += _minus_us(clipped, busy + [(max(lo, e["ts"]), min(hi, _end(e))) for e in other_idle])
     return total
 
 
@@ -230,6 +301,13 @@ def breakdown(path):
         nat_protocol = _protocol_us(_in_groups(nat_calls, groups), waits)
         protocol = py_protocol + nat_protocol
         runner_us = group_us - covered_us
+        compile_ends = {}
+        for e in compiles:
+            job = e.get("args", {}).get("job")
+            if job:
+                compile_ends[job] = max(compile_ends.get(job, 0.0), _end(e))
+        timing, helper = (nat_calls, py_calls) if _in_groups(nat_calls, groups) else (py_calls, [])
+        gpu_waited_us = _gpu_waited_us(groups, timing, helper, compile_ends, rests + nat_start)
         out["lanes"][lane] = {
             "ready_s": _end(start[0]) / 1e6 if start else None,
             "first_group_s": groups[0]["ts"] / 1e6 if groups else None,
@@ -246,6 +324,8 @@ def breakdown(path):
             # The calls whose protocol is counted (every call but hello and shutdown), per job.
             "calls_per_job": len(protocol) / jobs if jobs else None,
             "protocol_ms_per_job": _ms(sum(protocol) / jobs) if jobs and protocol else None,
+            # The worker that times idle while a job was ready for it (_gpu_waited_us), per job.
+            "gpu_waited_ms_per_job": _ms(gpu_waited_us / jobs) if jobs and gpu_waited_us is not None else None,
             "python_protocol_us_per_call": statistics.mean(py_protocol) if py_protocol else None,
             "python_calls_per_job": len(py_protocol) / jobs if jobs else None,
             # Whether the lane was spinning (no CPU to wake) when each reply came, both workers.
@@ -305,6 +385,12 @@ def overhead_per_job_ms(b):
     if not lane or not lane["jobs"] or lane["protocol_ms_per_job"] is None:
         return None
     return lane["runner_ms_per_job"] + lane["protocol_ms_per_job"]
+
+
+def gpu_waited_ms_per_job(b):
+    """What the GPU waited for the runner per job on a lane (_gpu_waited_us), or None for older traces."""
+    lane = next(iter(b["lanes"].values()), None)
+    return lane.get("gpu_waited_ms_per_job") if lane else None
 
 
 def _render_met(met):
@@ -367,6 +453,10 @@ def render(b):
     per_job = overhead_per_job_ms(b)
     if per_job is not None:
         lines.append(f"runner overhead per job (between calls + protocol): {per_job:.3f} ms")
+    waited = gpu_waited_ms_per_job(b)
+    if waited is not None:
+        lines.append(f"GPU waited for the runner per job (the worker that times idle while a compiled job was "
+                     f"ready for it): {waited:.3f} ms")
     if b["journal"]:
         j = b["journal"]
         lines.append(f"journal: {j['appends']} appends, {j['ms_mean']:.2f} ms mean, {j['ms_max']:.2f} ms max "

@@ -29,6 +29,9 @@ struct Span {
 
 struct Trace {
     origin: Instant,
+    /// `origin` on the host's monotonic clock ([`monotonic_ns`]), to place
+    /// the times workers report on that clock on this trace's.
+    origin_monotonic_ns: u64,
     spans: Mutex<Vec<Span>>,
 }
 
@@ -36,9 +39,33 @@ struct Trace {
 pub fn enable() {
     TRACE.get_or_init(|| Trace {
         origin: Instant::now(),
+        origin_monotonic_ns: monotonic_ns(),
         spans: Mutex::new(Vec::new()),
     });
     ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// Now on the host's monotonic clock (`CLOCK_MONOTONIC`), in nanoseconds:
+/// one clock for every process on the host (Python's `time.monotonic_ns`
+/// reads it too), unlike an `Instant`, which cannot leave its process. A
+/// worker says when it read each request on it (`at_ns`), so the trace
+/// shows where the worker's own time lies inside a call's round trip.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    debug_assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// A time on the host's monotonic clock as this trace's microseconds (what
+/// spans' `ts` count), or `None` when not tracing.
+pub fn trace_us(monotonic: u64) -> Option<f64> {
+    let trace = TRACE.get()?;
+    Some((monotonic as f64 - trace.origin_monotonic_ns as f64) / 1e3)
 }
 
 pub fn enabled() -> bool {

@@ -194,6 +194,7 @@ fn native_worker_session(env: &[(&str, &str)], input: &[&[u8]]) -> Vec<serde_jso
 
 #[test]
 fn the_native_worker_answers_each_request_with_its_time_last() {
+    let before = tunelab::trace::monotonic_ns();
     let replies = native_worker_session(
         &[],
         &[
@@ -229,6 +230,20 @@ fn the_native_worker_answers_each_request_with_its_time_last() {
     for r in &replies[1..] {
         let idle = r["idle_us"].as_f64().unwrap_or_else(|| panic!("{r}"));
         assert!((20e3..10e6).contains(&idle), "{r}");
+    }
+    // When it read each request, on the clock this process reads too: inside
+    // the session, in order, and as far apart as the writes (30 ms).
+    let after = tunelab::trace::monotonic_ns();
+    let read_at: Vec<u64> = replies
+        .iter()
+        .map(|r| r["at_ns"].as_u64().unwrap_or_else(|| panic!("{r}")))
+        .collect();
+    assert!(
+        read_at.iter().all(|t| (before..after).contains(t)),
+        "{read_at:?} not in {before}..{after}"
+    );
+    for pair in read_at.windows(2) {
+        assert!(pair[1] - pair[0] >= 20_000_000, "{read_at:?}");
     }
 }
 

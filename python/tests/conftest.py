@@ -107,7 +107,7 @@ class WorkerProcess:
             pytest.fail(f"worker stdout carried a non-protocol line: {line!r}")
 
     def request(self, op, **fields):
-        """One request; the response without `worker_us` and `met`, which are checked here."""
+        """One request; the response without `worker_us`, `met` and `at_ns`, which are checked here."""
         request_id = self._next_id
         self._next_id += 1
         self.send_raw((json.dumps({"id": request_id, "op": op, **fields}) + "\n").encode())
@@ -116,6 +116,7 @@ class WorkerProcess:
         worker_us = response.pop("worker_us")
         assert isinstance(worker_us, float) and worker_us >= 0, response
         assert response.pop("met") in ("ready", "spinning", "asleep"), response
+        assert isinstance(response.pop("at_ns"), int), response
         return response
 
     def at_eof(self, timeout=RESPONSE_TIMEOUT_S) -> bool:

@@ -226,6 +226,66 @@ def test_a_wait_for_a_compile_with_a_check_under_way_is_not_protocol(tb, tmp_pat
     assert "launch recipes made by the compile pool with the compile: 1 of 3 jobs" in tb.render(b)
 
 
+def gpu_wait_trace(at=True):
+    """A native lane timing jobs beside the compile pool (`inputs: native`), its workers saying when
+    they read each request (`worker_at_us`; dropped with at=False, as older runners wrote). µs."""
+    t = Trace()
+
+    def call(track, op, ts, dur, worker_us, read_at, job=None, **args):
+        extra = {"worker_at_us": read_at} if at else {}
+        t.span(track, op, ts, dur, job=job, worker_us=worker_us, outcome="ok", **args, **extra)
+
+    t.span("lane0", "start-up", 0, 500, pid=1)
+    t.call("lane0", "hello", 10, 480, 100)
+    for job, end in (("A", 1500), ("B", 2000), ("C", 3000)):
+        t.span("compile0", "compile", end - 400, 400, job=job)
+    t.span("lane0 jobs", "group", 1000, 4000, jobs=3)
+    # A slow describe (a worker slow to wake) while nothing is compiled yet: it delays nothing.
+    call("lane0", "describe", 1010, 400, 10, 1200)
+    call("native0", "build", 1420, 50, 40, 1425)
+    t.span("lane0 jobs", "wait for compile", 1470, 30, job="A", recipe=True)
+    # A compiled at 1500, read at 1520: 20. The lane read A's answer 80 µs late, with B's check
+    # already queued: the worker went on to B 10 µs after answering A (B compiled at 2000): 10.
+    call("native0", "check", 1500, 600, 500, 1520, job="A")
+    call("native0", "check", 2100, 400, 300, 2030, job="B", sent_ahead=True, worker_idle_us=10)
+    t.span("lane0 jobs", "wait for compile", 2500, 500, job="C", recipe=True)
+    # C compiled at 3000, read at 3050: 50.
+    call("native0", "check", 3000, 300, 200, 3050, job="C")
+    # Every job begun: the rest of the group waits on the runner alone, but for the protocol's rest.
+    # Idle 3250-3310, 3490-3500, 4500-4510 and 4790-5000: 290.
+    call("native0", "check", 3300, 200, 180, 3310, job="A")
+    t.span("lane0 jobs", "rest", 3500, 1000)
+    call("native0", "check", 4500, 300, 280, 4510, job="B")
+    return t
+
+
+def test_the_gpu_waited_for_the_runner_only_while_a_compiled_job_waited(tb, tmp_path):
+    b = tb.breakdown(gpu_wait_trace().write(tmp_path / "trace.json"))
+    lane = b["lanes"]["lane0"]
+    assert lane["jobs"] == 3
+    assert lane["gpu_waited_ms_per_job"] == pytest.approx((20 + 10 + 50 + 290) / 3 / 1e3)
+    assert tb.gpu_waited_ms_per_job(b) == lane["gpu_waited_ms_per_job"]
+    # The lane's side counts the slow describe and A's late answer: more.
+    assert tb.overhead_per_job_ms(b) > lane["gpu_waited_ms_per_job"] + 0.3 / 3
+    assert ("GPU waited for the runner per job (the worker that times idle while a compiled job was ready "
+            "for it): 0.123 ms") in tb.render(b)
+    # Traces whose workers do not say when they read each request: not known.
+    b = tb.breakdown(gpu_wait_trace(at=False).write(tmp_path / "older.json"))
+    assert b["lanes"]["lane0"]["gpu_waited_ms_per_job"] is None and tb.gpu_waited_ms_per_job(b) is None
+    assert "GPU waited" not in tb.render(b)
+
+
+def test_on_a_python_lane_the_python_worker_is_the_one_that_times(tb, tmp_path):
+    t = Trace()
+    t.span("lane0", "start-up", 0, 500, pid=1)
+    t.span("lane0 jobs", "group", 1000, 1000, jobs=2)
+    # No compile spans: both jobs ready from the group's start. Idle 1000-1050, 1300-1400, 1700-2000.
+    t.span("lane0", "check", 1040, 300, job="A", worker_us=250, outcome="ok", worker_at_us=1050)
+    t.span("lane0", "check", 1390, 320, job="B", worker_us=300, outcome="ok", worker_at_us=1400)
+    b = tb.breakdown(t.write(tmp_path / "trace.json"))
+    assert b["lanes"]["lane0"]["gpu_waited_ms_per_job"] == pytest.approx((50 + 100 + 300) / 2 / 1e3)
+
+
 def test_native_overhead_adds_the_journal_and_names_its_parts(ts, tb, tmp_path):
     out = ts.overhead_from_trace(tb.breakdown(native_lane_trace().write(tmp_path / "trace.json")))
     journal_ms = 0.4  # mean of the 500 and 300 µs appends
@@ -333,6 +393,20 @@ def test_native_goals_need_the_winner_and_the_overhead(ts):
     # 0.25 ms per job is over 0.2 ms.
     overhead = [g for k, g in _native_goals(ts, goals).items() if k.startswith(ts.GOALS[5])]
     assert len(overhead) == 1 and not overhead[0]["met"]
+
+
+def test_the_native_overhead_goal_counts_what_the_gpu_waited_where_the_trace_says(ts):
+    # The lane's side is 0.25 ms a job, but the native worker waited 0.12 ms a job for the runner: met,
+    # with the lane's figure shown beside it.
+    rows = _rows(ts, 3.0, 0.25)
+    rows["native-grid"]["gpu_waited_ms_per_job"] = 0.12
+    overhead = [g for k, g in _native_goals(ts, ts.goal_status(rows)).items() if k.startswith(ts.GOALS[5])]
+    assert len(overhead) == 1 and overhead[0]["met"]
+    assert "what the GPU waited for the runner" in overhead[0]["goal"]
+    assert overhead[0]["measured"].startswith("0.120 ms per job; the lane's side, 0.250 (between calls 0.050")
+    rows["native-grid"]["gpu_waited_ms_per_job"] = 0.21
+    overhead = [g for k, g in _native_goals(ts, ts.goal_status(rows)).items() if k.startswith(ts.GOALS[5])]
+    assert not overhead[0]["met"]
 
 
 def test_the_markdown_shows_native_contenders_and_their_goals(ts, tb, tmp_path):

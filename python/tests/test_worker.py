@@ -7,6 +7,7 @@ interpreter and times with the wall clock; with one it runs the GPU paths.
 
 import ctypes.util
 import json
+import time
 import math
 import pathlib
 
@@ -301,11 +302,15 @@ def test_requests_come_whole_however_the_pipe_splits_them(spin_s):
 
 def test_worker_us_covers_the_encoding_and_ends_the_line(shared_worker):
     worker = shared_worker
+    sent = time.monotonic_ns()
     worker.send_raw(b'{"id": 5, "op": "release"}\n')
     line = worker._lines.get(timeout=60)
+    answered = time.monotonic_ns()
     assert line.startswith(b'{"id":5,"ok":true') and line.endswith(b"}\n")
     response = json.loads(line)
-    assert list(response)[-2:] == ["met", "worker_us"] and response["worker_us"] >= 0
+    assert list(response)[-3:] == ["at_ns", "met", "worker_us"] and response["worker_us"] >= 0
+    # When the worker read the request, on the clock every process on the host shares.
+    assert sent <= response["at_ns"] <= answered
 
 
 def test_a_worker_that_never_spins_serves_the_same(spawn_worker):

@@ -528,10 +528,15 @@ class Worker:
         response is text, its encoding included, so the runner, subtracting
         it from the round trip, sees what the pipe and the runner's side
         cost and nothing the worker did. Before it, `met`: how the request
-        was met (`_Requests.met`), when given.
+        was met (`_Requests.met`), when given, and before that `at_ns`: when
+        the request was read, on the host's monotonic clock.
         """
         started = time.perf_counter()
+        # When this request was read, on the host's monotonic clock (the runner's trace places the
+        # worker's own time inside the round trip with it; docs/worker-protocol.md).
+        at_ns = time.monotonic_ns()
         text = _encode(self._handle(raw))  # a JSON object: ends with "}"
+        text = b'%s,"at_ns":%d}' % (text[:-1], at_ns)
         if met is not None:
             text = b'%s,"met":"%s"}' % (text[:-1], met.encode())
         us = (time.perf_counter() - started) * 1e6

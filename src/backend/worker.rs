@@ -28,6 +28,10 @@ pub trait Answer: DeserializeOwned {
     /// The worker's wait between its previous answer and this request
     /// (workers that say: the native worker's `idle_us`).
     fn worker_idle_us(&self) -> Option<f64>;
+    /// When the worker read this request, on the host's monotonic clock
+    /// (`at_ns`; workers that say), so a trace can place the worker's own
+    /// time inside the round trip.
+    fn worker_at_ns(&self) -> Option<u64>;
     /// A failed answer's failure class and message.
     fn class(&self) -> Option<&str>;
     fn message(&self) -> Option<&str>;
@@ -48,6 +52,9 @@ impl Answer for Json {
     }
     fn worker_idle_us(&self) -> Option<f64> {
         self.get("idle_us").and_then(Json::as_f64)
+    }
+    fn worker_at_ns(&self) -> Option<u64> {
+        self.get("at_ns").and_then(Json::as_u64)
     }
     fn class(&self) -> Option<&str> {
         self.get("class").and_then(Json::as_str)
@@ -71,6 +78,7 @@ macro_rules! answer_envelope {
             ok: bool,
             worker_us: Option<f64>,
             idle_us: Option<f64>,
+            at_ns: Option<u64>,
             met: Option<String>,
             class: Option<String>,
             message: Option<String>,
@@ -92,6 +100,9 @@ macro_rules! answer_envelope {
             }
             fn worker_idle_us(&self) -> Option<f64> {
                 self.idle_us
+            }
+            fn worker_at_ns(&self) -> Option<u64> {
+                self.at_ns
             }
             fn class(&self) -> Option<&str> {
                 self.class.as_deref()
@@ -413,7 +424,9 @@ impl Worker {
                    "met": answer.is_some().then(|| self.lines.met().as_str()),
                    // How the worker met the request (workers that say).
                    "worker_met": answer.and_then(Answer::worker_met),
-                   "worker_idle_us": answer.and_then(Answer::worker_idle_us)}),
+                   "worker_idle_us": answer.and_then(Answer::worker_idle_us),
+                   // Where the worker's own time began, on this trace's clock.
+                   "worker_at_us": answer.and_then(Answer::worker_at_ns).and_then(crate::trace::trace_us)}),
         );
     }
 

@@ -320,6 +320,7 @@ pub fn main(backend: &str) -> i32 {
             continue;
         }
         let started = Instant::now();
+        let started_at_ns = crate::trace::monotonic_ns();
         let idle_us = answered.map(|a| started.duration_since(a).as_secs_f64() * 1e6);
         let (id, response) = match serde_json::from_str::<Json>(&line) {
             Ok(request) => {
@@ -364,6 +365,7 @@ pub fn main(backend: &str) -> i32 {
         if let Some(idle) = idle_us {
             text.push_str(&format!(",\"idle_us\":{idle:.1}"));
         }
+        text.push_str(&format!(",\"at_ns\":{started_at_ns}"));
         let met = requests.met().as_str();
         let us = started.elapsed().as_secs_f64() * 1e6;
         text.push_str(&format!(",\"met\":\"{met}\",\"worker_us\":{us:.1}}}\n"));
