@@ -20,6 +20,8 @@ pub struct Settings {
     pub device_profile: String,
     /// CPU compile workers; 0 = the cores the lanes leave, 1 to 64.
     pub compile_workers: usize,
+    /// How the compile workers are scheduled beside the lanes.
+    pub compile_priority: CompilePriority,
     /// Force interpreter mode even when a GPU is present.
     pub interpret: bool,
 }
@@ -31,9 +33,28 @@ impl Default for Settings {
             results_dir: PathBuf::from("results"),
             device_profile: "h100".into(),
             compile_workers: 0,
+            compile_priority: CompilePriority::Idle,
             interpret: false,
         }
     }
+}
+
+/// How the compile workers are scheduled (`compile_priority`).
+///
+/// With `idle` (the default) they run under Linux's `SCHED_IDLE` policy: they
+/// take whatever CPU the lanes leave, and a lane's worker or the runner, when
+/// it wakes, takes a CPU from them at once. At `normal` priority, with as many
+/// compile workers as free cores, a native worker woken for its next job waited
+/// for a core: up to 4 ms, and 0.47-0.68 ms a job over a run, of GPU idle with
+/// a compiled job ready (H100, 2026-11-24,
+/// results/bench/NVIDIA_H100_80GB_HBM3/compile-priority/README.md).
+/// `normal` leaves them at the runner's priority, for a host where other work
+/// would starve background compiles.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CompilePriority {
+    Idle,
+    Normal,
 }
 
 /// The Python of the environment tunelab is installed in: set by the

@@ -304,6 +304,7 @@ fn compile_worker(python: &Path, dir: &Path) -> WorkerImages {
         target: Some("cuda:90:32".into()),
         triton_cache: Some(dir.join("triton-cache")),
         log: dir.join("compile.log"),
+        background: false,
     };
     WorkerImages::new(
         PythonBackend::new(spec, "gemm", Duration::from_secs(600)),

@@ -41,6 +41,40 @@ fn each_layer_overrides_the_one_below_and_is_named() {
         "{text}"
     );
     assert!(line("results_dir").contains("built-in default"), "{text}");
+    assert!(
+        line("compile_priority").contains("idle")
+            && line("compile_priority").contains("built-in default"),
+        "{text}"
+    );
+}
+
+#[test]
+fn compile_priority_is_idle_or_normal() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tunelab"))
+            .current_dir(dir.path())
+            .arg("config")
+            .env("TUNELAB_COMPILE_PRIORITY", value)
+            .output()
+            .unwrap()
+    };
+    let out = config("normal");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.lines().any(|l| l.starts_with("compile_priority")
+            && l.contains("normal")
+            && l.contains("TUNELAB_COMPILE_PRIORITY")),
+        "{text}"
+    );
+    let out = config("low");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("COMPILE_PRIORITY") && err.contains("`idle` or `normal`"),
+        "{err}"
+    );
 }
 
 #[test]

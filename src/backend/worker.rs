@@ -151,6 +151,9 @@ pub struct WorkerSpec {
     pub triton_cache: Option<PathBuf>,
     /// Worker stderr goes here (appended), so a crash can be explained.
     pub log: PathBuf,
+    /// Run under `SCHED_IDLE` (a compile pool's worker beside timing lanes,
+    /// `compile_priority: idle`): any other thread that wakes takes its CPU.
+    pub background: bool,
 }
 
 #[derive(Debug)]
@@ -253,6 +256,19 @@ impl Worker {
         let compile = spec.role == "compile";
         if compile {
             cmd.env(lines::SPIN_VAR, "0");
+        }
+        if spec.background {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec, one async-signal-safe system call
+            // on this process alone. Lowering one's own policy needs no
+            // privilege; where it is refused the worker runs as before.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let param = libc::sched_param { sched_priority: 0 };
+                    libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+                    Ok(())
+                });
+            }
         }
         let name = spec
             .log
@@ -571,6 +587,42 @@ pub fn tail(path: &Path, n: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scheduling policy of process `pid` (/proc/PID/stat, field 41).
+    fn policy(pid: u32) -> i32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        // The command name (field 2) is in parentheses and may hold spaces.
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        after_name.split(' ').nth(41 - 3).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_background_worker_runs_under_sched_idle_and_a_lane_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        for background in [true, false] {
+            let spec = WorkerSpec {
+                python: "python3".into(),
+                python_path: vec![],
+                role: "compile".into(),
+                interpret: false,
+                visible_device: None,
+                visible_var: "CUDA_VISIBLE_DEVICES",
+                target: Some("cuda:90:32".into()),
+                triton_cache: None,
+                log: dir.path().join("worker.log"),
+                background,
+            };
+            // The policy is set before exec, so it holds from the first
+            // instruction (the worker need not even import).
+            let worker = Worker::spawn(&spec).unwrap();
+            let expected = if background {
+                libc::SCHED_IDLE
+            } else {
+                libc::SCHED_OTHER
+            };
+            assert_eq!(policy(worker.pid()), expected, "background: {background}");
+        }
+    }
 
     #[test]
     fn a_request_line_leads_with_its_id_and_op() {

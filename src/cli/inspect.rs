@@ -177,6 +177,7 @@ fn probe_user_problem(exp: &Experiment, settings: &Settings) -> Result<Option<St
         target: None,
         triton_cache: None,
         log: log.clone(),
+        background: false,
     };
     let mut worker = PythonBackend::new(spec, &exp.problem, Duration::from_secs(120));
     let result = match worker.hello() {

@@ -337,6 +337,7 @@ fn run_experiment(
         python_path,
         results_dir: settings.results_dir.clone(),
         compile_workers,
+        compile_priority: settings.compile_priority,
         only_jobs,
         progress,
     };
@@ -458,6 +459,7 @@ fn keep_ir(
         target: compile_target,
         triton_cache: Some(dir.join(".cache").join("triton")),
         log: dir.join("logs").join("keep-ir.log"),
+        background: false,
     };
     let started = std::time::Instant::now();
     let kept = crate::workbench::keep_ir(
@@ -537,6 +539,7 @@ fn export_aot(exp: &Experiment, target: &Target, dir: &Path, python: &str) -> Re
                 .filter(|_| exp.builtin_problem()),
             triton_cache: Some(dir.join(".cache").join("triton")),
             log: dir.join("logs").join("aot.log"),
+            background: false,
         };
         let timeout = std::time::Duration::from_secs_f64(exp.protocol.timeout_s.max(120.0));
         let worker = crate::backend::PythonBackend::new(spec, &exp.problem, timeout)

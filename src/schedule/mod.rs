@@ -91,6 +91,8 @@ pub struct RunOptions<'a> {
     pub python_path: Vec<PathBuf>,
     pub results_dir: PathBuf,
     pub compile_workers: usize,
+    /// How the compile pool's workers are scheduled (settings: `compile_priority`).
+    pub compile_priority: crate::config::CompilePriority,
     /// Only these job ids (from `--use-best`), besides baselines.
     pub only_jobs: Option<HashSet<String>>,
     pub progress: bool,
@@ -476,6 +478,7 @@ impl Workers {
             target: None,
             triton_cache: Some(triton_cache.clone()),
             log: logs.join(name),
+            background: false,
         };
         let native = native_setup(opts, dir);
         let mut native_compiles = false;
@@ -490,6 +493,7 @@ impl Workers {
                 .map(|i| {
                     let mut s = spec("compile", devices[0].clone(), format!("compile{i}.log"));
                     s.target = target.clone();
+                    s.background = opts.compile_priority == crate::config::CompilePriority::Idle;
                     PythonBackend::new(s, &exp.problem, timeout).with_ir_files(exp.ir_files())
                 })
                 .collect();
