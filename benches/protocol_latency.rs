@@ -140,6 +140,7 @@ fn main() {
         target: None,
         triton_cache: Some(logs.path().join("triton")),
         log: logs.path().join("lane0.log"),
+        background: false,
     };
     let mut w = Worker::spawn(&spec).expect("the Python worker starts");
     let hello = w.call("hello", json!({}), TIMEOUT).expect("hello");
