@@ -24,11 +24,13 @@ compile pool), the journal's appends and the planner. From those this reports:
   worker that times (the native worker on a native lane) sat idle while a
   job was ready for it (compiled and not yet begun, or, once every job has
   begun, anything: the rest waits on the runner alone), from when each
-  worker read each request (`worker_at_us`, runners since 2026-11-24). The
-  overhead above is the lane's side of it and bounds it from above: it also
-  counts lane work done while the worker was busy with a job sent ahead, or
-  while no compiled job was waiting (a group's `describe` before the first
-  compile ends), which delay nothing;
+  worker began on each request (`worker_at_us`, runners since 2026-11-24).
+  It and the overhead above are different measures, neither a bound on the
+  other: the lane's side counts lane work done while the worker was busy
+  with a job sent ahead, or while no compiled job was waiting (a group's
+  `describe` before the first compile ends), which delay nothing; it misses
+  the worker's own waits, for a core when woken or to finish writing a
+  reply, which this counts;
 - how the lane met each reply (`met`, runners since the spin-then-sleep
   waits of docs/worker-protocol.md), and each worker its requests
   (`worker_met`, from the reply's `met`): spinning, asleep, or already there.
@@ -56,8 +58,9 @@ so its protocol cost is the worker's own wait between the two (`idle_us` in
 its answer, since 2026-11-23), not the round trip minus the worker's time,
 which also counts the lane's reading the answer late (asleep when it came)
 though the worker was already on the next job then. Both are reported. The
-overhead per job is then what the GPU waited for the runner; lane work done
-while the worker measured is not counted.
+overhead per job then leaves out lane work done while the worker measured;
+what the GPU waited for the runner is the figure above that counts from the
+worker's side.
 
 Used by bench/tuning_speed.py; standalone for any run.
 """
@@ -141,7 +144,8 @@ def _gpu_waited_us(groups, timing_calls, other_calls, compiles, other_idle):
     """Time inside `groups` that the worker that times (the native worker on a native lane, else the
     lane's Python worker) sat idle while a job was ready for it: what the GPU waited for the runner,
     as the goal "runner overhead per job" means it. None for traces whose workers do not say when
-    they read each request (`worker_at_us`, runners since 2026-11-24).
+    they read each request (`worker_at_us`, runners since 2026-11-24); a call with no answer (lost
+    to a timeout or a crash) counts as busy over its whole span.
 
     A worker's own time is [worker_at_us, + worker_us] of each of its calls (either worker's: a
     Python worker's `compare` or `recipe` is the job's work, not the runner's). A job is ready from
@@ -152,7 +156,12 @@ def _gpu_waited_us(groups, timing_calls, other_calls, compiles, other_idle):
     (the protocol's rests between re-timing batches, worker start-up inside a group). So: lane
     work or a slow wake-up while the worker is busy, or while no compiled job is waiting for it
     (the group's `describe` before the first compile ends), is not counted; the worker's idle
-    between jobs with the next one compiled is, whatever the lane was doing."""
+    between jobs with the next one compiled is, whatever the lane was doing.
+
+    Not counted: the time of calls to the other worker (a group's `native_data`, a `compare`) and
+    the native worker's `build`, which are work, not waiting; and, before every job has begun, idle
+    between two calls of a job already begun when no other compiled job waits (on today's native
+    path a job's first `check` carries its measurement, so there is none)."""
     calls = timing_calls + other_calls
     if not any(_in_groups(timing_calls, groups)):
         return None
@@ -160,12 +169,14 @@ def _gpu_waited_us(groups, timing_calls, other_calls, compiles, other_idle):
     for g in groups:
         lo, hi = g["ts"], _end(g)
         inside = [e for e in calls if lo <= e["ts"] < hi and e["name"] not in NOT_CALLS]
+        answered = [e for e in inside if e["args"].get("outcome") != "lost"]
         if any(not _number(e["args"].get("worker_at_us")) or not _number(e["args"].get("worker_us"))
-               for e in inside):
+               for e in answered):
             return None
-        busy = [(e["args"]["worker_at_us"], e["args"]["worker_at_us"] + e["args"]["worker_us"]) for e in inside]
+        busy = [(e["args"]["worker_at_us"], e["args"]["worker_at_us"] + e["args"]["worker_us"]) for e in answered]
+        busy += [(e["ts"], _end(e)) for e in inside if e["args"].get("outcome") == "lost"]
         first_read = {}
-        for e in sorted(inside, key=lambda e: e["args"]["worker_at_us"]):
+        for e in sorted(answered, key=lambda e: e["args"]["worker_at_us"]):
             job = e["args"].get("job")
             if job and job not in first_read:
                 first_read[job] = e["args"]["worker_at_us"]
@@ -307,7 +318,9 @@ def breakdown(path):
             if job:
                 compile_ends[job] = max(compile_ends.get(job, 0.0), _end(e))
         timing, helper = (nat_calls, py_calls) if _in_groups(nat_calls, groups) else (py_calls, [])
-        gpu_waited_us = _gpu_waited_us(groups, timing, helper, compile_ends, rests + nat_start)
+        # Not waiting for the runner: the protocol's rests, and either worker starting (again) inside
+        # a group.
+        gpu_waited_us = _gpu_waited_us(groups, timing, helper, compile_ends, rests + nat_start + start)
         out["lanes"][lane] = {
             "ready_s": _end(start[0]) / 1e6 if start else None,
             "first_group_s": groups[0]["ts"] / 1e6 if groups else None,

@@ -48,8 +48,11 @@ impl Default for Settings {
 /// for a core: up to 4 ms, and 0.47-0.68 ms a job over a run, of GPU idle with
 /// a compiled job ready (H100, 2026-11-24,
 /// results/bench/NVIDIA_H100_80GB_HBM3/compile-priority/README.md).
-/// `normal` leaves them at the runner's priority, for a host where other work
-/// would starve background compiles.
+/// Only the Python compile workers: the NVRTC threads that compile CUDA C++
+/// methods run at the runner's priority. `normal` leaves them at the runner's
+/// priority too, for a host where other work keeps the CPUs busy: there
+/// idle-class compiles get little CPU and could run past `protocol.timeout_s`,
+/// and be recorded as timeouts.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum CompilePriority {

@@ -65,7 +65,8 @@ pub fn monotonic_ns() -> u64 {
 /// spans' `ts` count), or `None` when not tracing.
 pub fn trace_us(monotonic: u64) -> Option<f64> {
     let trace = TRACE.get()?;
-    Some((monotonic as f64 - trace.origin_monotonic_ns as f64) / 1e3)
+    // Subtracted as integers: exact, where two f64s of ~1e18 ns would not be.
+    Some((monotonic as i64 - trace.origin_monotonic_ns as i64) as f64 / 1e3)
 }
 
 pub fn enabled() -> bool {
