@@ -105,17 +105,7 @@ NOT_PROTOCOL = ("hello", "shutdown")
 
 def _union_us(intervals):
     """Total length of the union of (start, end) intervals."""
-    total, cur_lo, cur_hi = 0.0, None, None
-    for lo, hi in sorted(intervals):
-        if cur_hi is None or lo > cur_hi:
-            if cur_hi is not None:
-                total += cur_hi - cur_lo
-            cur_lo, cur_hi = lo, hi
-        else:
-            cur_hi = max(cur_hi, hi)
-    if cur_hi is not None:
-        total += cur_hi - cur_lo
-    return total
+    return sum(hi - lo for lo, hi in _merged(intervals))
 
 
 def _merged(intervals):
@@ -132,10 +122,16 @@ def _merged(intervals):
 
 
 def _minus_us(intervals, taken):
-    """Total length of the union of `intervals` outside the union of `taken`."""
-    total, taken = 0.0, _merged(taken)
+    """Total length of the union of `intervals` outside the union of `taken`: one sweep over both,
+    merged and sorted (a run's calls number in the tens of thousands)."""
+    total, taken, t = 0.0, _merged(taken), 0
     for lo, hi in _merged(intervals):
-        covered = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in taken if a < hi and b > lo)
+        while t < len(taken) and taken[t][1] <= lo:
+            t += 1  # ends before this interval, so before every later one
+        covered, k = 0.0, t
+        while k < len(taken) and taken[k][0] < hi:
+            covered += min(hi, taken[k][1]) - max(lo, taken[k][0])
+            k += 1
         total += hi - lo - covered
     return total
 
@@ -282,6 +278,13 @@ def breakdown(path):
             "last_compile_end_s": max(_end(e) for e in compiles) / 1e6 if compiles else None,
         }
 
+    # Each job's compile end, for what the GPU waited (the last, where a job compiled twice).
+    compile_ends = {}
+    for e in compiles:
+        job = e.get("args", {}).get("job")
+        if job:
+            compile_ends[job] = max(compile_ends.get(job, 0.0), _end(e))
+
     for lane in lanes:
         native_track = "native" + lane[len("lane"):]
         py_calls = [e for e in spans[lane] if e["name"] not in NOT_CALLS]
@@ -309,15 +312,11 @@ def breakdown(path):
         native_job_ids = {e["args"].get("job") for e in nat_calls if e["name"] == "check" and e["args"].get("job")}
         jobs = len(job_ids)
         py_protocol = _protocol_us(_in_groups(py_calls, groups))
-        nat_protocol = _protocol_us(_in_groups(nat_calls, groups), waits)
+        nat_in_groups = _in_groups(nat_calls, groups)
+        nat_protocol = _protocol_us(nat_in_groups, waits)
         protocol = py_protocol + nat_protocol
         runner_us = group_us - covered_us
-        compile_ends = {}
-        for e in compiles:
-            job = e.get("args", {}).get("job")
-            if job:
-                compile_ends[job] = max(compile_ends.get(job, 0.0), _end(e))
-        timing, helper = (nat_calls, py_calls) if _in_groups(nat_calls, groups) else (py_calls, [])
+        timing, helper = (nat_calls, py_calls) if nat_in_groups else (py_calls, [])
         # Not waiting for the runner: the protocol's rests, and either worker starting (again) inside
         # a group.
         gpu_waited_us = _gpu_waited_us(groups, timing, helper, compile_ends, rests + nat_start + start)

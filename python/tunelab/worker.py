@@ -536,9 +536,8 @@ class Worker:
         # worker's own time inside the round trip with it; docs/worker-protocol.md).
         at_ns = time.monotonic_ns()
         text = _encode(self._handle(raw))  # a JSON object: ends with "}"
-        text = b'%s,"at_ns":%d}' % (text[:-1], at_ns)
-        if met is not None:
-            text = b'%s,"met":"%s"}' % (text[:-1], met.encode())
+        met_field = b'' if met is None else b',"met":"%s"' % met.encode()
+        text = b'%s,"at_ns":%d%s}' % (text[:-1], at_ns, met_field)
         us = (time.perf_counter() - started) * 1e6
         return b"%s,\"worker_us\":%.1f}\n" % (text[:-1], us)
 
