@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value as Json};
 
@@ -59,6 +59,18 @@ pub fn monotonic_ns() -> u64 {
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     debug_assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// A time on the host's monotonic clock (a worker's `at_ns`) as an
+/// `Instant` of this process, which reads the same clock.
+pub fn instant_of(monotonic: u64) -> Instant {
+    let (now, now_ns) = (Instant::now(), monotonic_ns());
+    if monotonic <= now_ns {
+        let ago = Duration::from_nanos(now_ns - monotonic);
+        now.checked_sub(ago).unwrap_or(now)
+    } else {
+        now + Duration::from_nanos(monotonic - now_ns)
+    }
 }
 
 /// A time on the host's monotonic clock as this trace's microseconds (what
@@ -162,5 +174,17 @@ mod tests {
             .iter()
             .filter(|e| e["ph"] == "X")
             .all(|e| e["dur"].as_f64().unwrap() >= 0.0));
+    }
+
+    #[test]
+    fn a_monotonic_time_becomes_the_instant_of_that_moment() {
+        let (before, ns, after) = (Instant::now(), monotonic_ns(), Instant::now());
+        let at = instant_of(ns);
+        // Two readings of one clock, a few microseconds apart at most.
+        let slack = Duration::from_millis(1);
+        assert!(at + slack >= before && at <= after + slack);
+        let earlier = instant_of(ns - 5_000_000);
+        let gap = at.duration_since(earlier);
+        assert!(gap.abs_diff(Duration::from_millis(5)) < slack, "{gap:?}");
     }
 }

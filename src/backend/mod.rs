@@ -193,6 +193,14 @@ pub trait Backend {
     /// here. A lane backend also builds the shape's inputs and reference for
     /// `seed` here, ahead of its first check.
     fn describe(&mut self, shape: &serde_json::Value, seed: u64) -> Result<ShapeFacts, JobFailure>;
+    /// A group of `method` at `shape` begins, its jobs not yet compiled: a
+    /// backend may make ready what all of them need while the lane waits for
+    /// the first compile (the native lane's data for `shape`, built by the
+    /// native worker). Its failure is not the group's: the first job meets
+    /// it again, where it is recorded. The default does nothing.
+    fn begin_group(&mut self, method: &str, shape: &crate::manifest::Shape, seed: u64) {
+        let _ = (method, shape, seed);
+    }
     /// Compile without timing; returns seconds spent.
     fn compile(&mut self, job: &Job, kernel: &str, kind: &str) -> Result<f64, JobFailure>;
     /// Correctness gate; on success the job stays prepared for warmup and sampling.
@@ -263,6 +271,13 @@ pub trait Backend {
     /// Only called after a `send_measurement` that answered `Sent`.
     fn receive_measurement(&mut self) -> Received {
         unreachable!("a backend that sends nothing ahead has nothing to receive")
+    }
+    /// When the worker that answered last finished that answer, on this
+    /// process's clock ([`worker::Worker::last_done`]): the GPU has been idle
+    /// since, so a rest after a batch counts from it. `None` where the
+    /// backend cannot tell (the rest then counts from when it begins).
+    fn last_done(&self) -> Option<std::time::Instant> {
+        None
     }
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure>;
     fn sample(

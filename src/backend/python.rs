@@ -621,6 +621,10 @@ impl Backend for PythonBackend {
         std::mem::take(&mut self.kernels)
     }
 
+    fn last_done(&self) -> Option<std::time::Instant> {
+        self.worker.as_ref().and_then(Worker::last_done)
+    }
+
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure> {
         self.call(
             "warmup",

@@ -208,6 +208,8 @@ pub struct Worker {
     /// When the last answer was read: a request sent before it could not
     /// start before it.
     last_answer: Option<Instant>,
+    /// When the worker finished its last answer (see [`Worker::last_done`]).
+    last_done: Option<Instant>,
     /// Requests sent whose answers have not been read.
     pending: usize,
     log: PathBuf,
@@ -310,10 +312,18 @@ impl Worker {
             expected: HashMap::new(),
             next_id: 1,
             last_answer: None,
+            last_done: None,
             pending: 0,
             log: log.to_path_buf(),
             name,
         })
+    }
+
+    /// When the worker finished its last answer: when it read the request
+    /// (`at_ns`) plus its own time, for workers that say both; else when the
+    /// answer was read. The GPU has been idle since (a rest counts from it).
+    pub fn last_done(&self) -> Option<Instant> {
+        self.last_done
     }
 
     pub fn pid(&self) -> u32 {
@@ -463,6 +473,7 @@ impl Worker {
         );
         let read = self.lines.next_line(wait);
         self.last_answer = Some(Instant::now());
+        self.last_done = self.last_answer;
         self.pending = self.pending.saturating_sub(1);
         match read {
             Ok(Some(text)) => {
@@ -474,6 +485,14 @@ impl Worker {
                 // requests were sent: any other id is a protocol error.
                 match response.id() {
                     Some(got) if got == id => {
+                        if let (Some(at), Some(us)) =
+                            (response.worker_at_ns(), response.worker_us())
+                        {
+                            if us.is_finite() && us >= 0.0 {
+                                let done = crate::trace::instant_of(at + (us * 1e3) as u64);
+                                self.last_done = self.last_answer.map(|read| done.min(read));
+                            }
+                        }
                         if let (true, Some(us)) = (response.ok(), response.worker_us()) {
                             if us.is_finite() && us >= 0.0 && us < timeout.as_secs_f64() * 1e6 {
                                 let us = Duration::from_secs_f64(us / 1e6);
@@ -679,5 +698,35 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let _ = third;
+    }
+
+    #[test]
+    fn last_done_is_when_the_worker_finished_its_answer_where_it_says() {
+        let dir = tempfile::tempdir().unwrap();
+        // Reads the request, works 1 ms (its `worker_us`), then idles
+        // 100 ms before the answer goes out: it finished 100 ms before the
+        // lane read the answer.
+        let script = "import json, sys, time\nfor line in sys.stdin:\n    at = time.monotonic_ns()\n    r = json.loads(line)\n    time.sleep(0.1)\n    print(json.dumps({'id': r['id'], 'ok': True, 'at_ns': at, 'worker_us': 1000.0}), flush=True)\n";
+        let mut cmd = Command::new("python3");
+        cmd.args(["-c", script]);
+        let mut w = Worker::start(cmd, &dir.path().join("w.log"), "w".into()).unwrap();
+        assert_eq!(w.last_done(), None);
+        let sent = Instant::now();
+        let _: Json = w.call("check", json!({}), Duration::from_secs(10)).unwrap();
+        let read = Instant::now();
+        let done = w.last_done().unwrap();
+        assert!(done >= sent, "done before the request was sent");
+        assert!(
+            done + Duration::from_millis(50) < read,
+            "done {:?} before the answer was read",
+            read - done
+        );
+        // A worker that does not say when it read the request: done when read.
+        let mut echo = echo_worker(0.0, dir.path());
+        let before = Instant::now();
+        let _: Json = echo
+            .call("check", json!({}), Duration::from_secs(10))
+            .unwrap();
+        assert!(echo.last_done().unwrap() >= before);
     }
 }

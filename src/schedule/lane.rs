@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use indexmap::IndexMap;
 
@@ -222,6 +222,7 @@ pub fn run_group(
     let facts = backend
         .describe(&shape, ctx.protocol.seed)
         .unwrap_or_default();
+
     let (flops, bytes) = (facts.flops, facts.bytes);
     let prior = ctx
         .prior
@@ -263,6 +264,9 @@ pub fn run_group(
         // The method cannot run here: every job is recorded as skipped,
         // with the reason, and runs again on a later resume.
         lane.skip_all(why);
+    } else if lane.slots.iter().any(|s| !matches!(s, Slot::Done)) {
+        lane.backend
+            .begin_group(&group.method, &group.shape, ctx.protocol.seed);
     }
     match ctx.run_mode {
         _ if lane.slots.iter().all(|s| matches!(s, Slot::Done)) => {}
@@ -1235,12 +1239,21 @@ fn retime_finalists(
     backend: &mut dyn Backend,
     kernel: &str,
     kind: MethodKind,
-    mut alive: Vec<Measured>,
+    measured: Vec<Measured>,
     track: &str,
     emit: &mut dyn FnMut(Event),
 ) {
-    alive.sort_by(|a, b| a.median().total_cmp(&b.median()));
-    alive.truncate(ctx.protocol.finalists as usize);
+    // Each median once: sorting a job's samples in every comparison cost
+    // 0.4 ms of GPU idle between a 48-config grid's last job and its
+    // re-timing (H200 trace, 2026-11-24).
+    let mut by_median: Vec<(f64, Measured)> =
+        measured.into_iter().map(|m| (m.median(), m)).collect();
+    by_median.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut alive: Vec<Measured> = by_median
+        .into_iter()
+        .take(ctx.protocol.finalists as usize)
+        .map(|(_, m)| m)
+        .collect();
     let timings =
         std::iter::once(ctx.protocol.timing).chain(ctx.protocol.retime_with.iter().copied());
     for timing in timings {
@@ -1317,7 +1330,7 @@ fn retime_round(
                 if let Some(sampling) =
                     retime_now(ctx, backend, kernel, kind, &mut alive[i], mode, count)
                 {
-                    rest_after(&sampling, mode, rest, track);
+                    rest_after(&sampling, mode, rest, track, backend.last_done());
                     got.push((i, sampling));
                 }
             }
@@ -1334,7 +1347,7 @@ fn retime_round(
     }
     for i in again {
         if let Some(sampling) = retime_now(ctx, backend, kernel, kind, &mut alive[i], mode, count) {
-            rest_after(&sampling, mode, rest, track);
+            rest_after(&sampling, mode, rest, track, backend.last_done());
             got.push((i, sampling));
         }
     }
@@ -1348,7 +1361,20 @@ fn retime_round(
 /// best configs, 3 % apart there, came out within 1 % and in either order;
 /// resting as long as each batch ran kept 1770-1920 MHz and their order
 /// (results/bench/NVIDIA_H100_80GB_HBM3/retime_rest/README.md).
-fn rest_after(sampling: &Sampling, mode: SampleMode, rest: f64, track: &str) {
+///
+/// The rest counts from `done`, when the worker finished the batch (the
+/// GPU has been idle since), not from when the lane read the answer: in
+/// H200 and H100 traces (2026-11-24) the lane began resting 70-77 µs after
+/// the worker had finished, and a sleep's wake-up came 40-60 µs late, so
+/// the GPU idled 0.1-0.15 ms a batch beyond the rest. The last
+/// [`REST_SPUN`] is spun, not slept.
+fn rest_after(
+    sampling: &Sampling,
+    mode: SampleMode,
+    rest: f64,
+    track: &str,
+    done: Option<Instant>,
+) {
     if rest <= 0.0 {
         return;
     }
@@ -1358,8 +1384,18 @@ fn rest_after(sampling: &Sampling, mode: SampleMode, rest: f64, track: &str) {
         1.0
     };
     let kernel_ms = sampling.samples_us.iter().sum::<f64>() * calls / 1e3;
-    let started = Instant::now();
-    std::thread::sleep(std::time::Duration::from_secs_f64(rest * kernel_ms / 1e3));
+    let now = Instant::now();
+    let started = done.filter(|d| *d <= now).unwrap_or(now);
+    let until = started + Duration::from_secs_f64(rest * kernel_ms / 1e3);
+    if let Some(sleep) = until
+        .checked_duration_since(now)
+        .and_then(|left| left.checked_sub(REST_SPUN))
+    {
+        std::thread::sleep(sleep);
+    }
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
     crate::trace::span(
         track,
         "rest",
@@ -1367,6 +1403,10 @@ fn rest_after(sampling: &Sampling, mode: SampleMode, rest: f64, track: &str) {
         serde_json::json!({"kernel_ms": kernel_ms}),
     );
 }
+
+/// The end of a rest, spun rather than slept: a sleeping thread wakes up to
+/// Linux's timer slack (50 µs by default) late, plus its wake-up.
+const REST_SPUN: Duration = Duration::from_micros(200);
 
 /// The oldest re-timing answer under way, finalist `i`'s, into the round:
 /// its batch, or `i` to ask again; a failure gives nothing.
@@ -1973,6 +2013,124 @@ mod tests {
                 .is_some_and(|f| f.class == FailureClass::Unavailable
                     && f.message == "vLLM is not installed")));
         assert!(backend.prepared.is_none(), "nothing was checked");
+    }
+
+    /// Logs `begin_group` and each check, in order; else the fake.
+    struct Beginning {
+        inner: Fake,
+        log: Vec<String>,
+    }
+
+    impl Backend for Beginning {
+        fn describe(
+            &mut self,
+            shape: &serde_json::Value,
+            seed: u64,
+        ) -> Result<crate::backend::ShapeFacts, JobFailure> {
+            self.inner.describe(shape, seed)
+        }
+        fn begin_group(&mut self, method: &str, _: &crate::manifest::Shape, seed: u64) {
+            self.log.push(format!("begin {method} {seed}"));
+        }
+        fn compile(&mut self, job: &Job, k: &str, kind: &str) -> Result<f64, JobFailure> {
+            self.inner.compile(job, k, kind)
+        }
+        fn check(
+            &mut self,
+            job: &Job,
+            k: &str,
+            kind: &str,
+            tol: ToleranceFor,
+            seed: u64,
+        ) -> Result<CheckResult, JobFailure> {
+            self.log.push("check".into());
+            self.inner.check(job, k, kind, tol, seed)
+        }
+        fn warmup(&mut self, id: &str, n: u32, ms: f64) -> Result<(), JobFailure> {
+            self.inner.warmup(id, n, ms)
+        }
+        fn sample(
+            &mut self,
+            id: &str,
+            count: u32,
+            mode: SampleMode,
+        ) -> Result<SampleBatch, JobFailure> {
+            self.inner.sample(id, count, mode)
+        }
+    }
+
+    /// The backend hears of a group once, before its first check (the
+    /// native lane builds the shape's data then, while the first compile
+    /// runs), and not at all for a method that cannot run here.
+    #[test]
+    fn a_group_begins_once_before_its_first_check_unless_it_cannot_run() {
+        let strategies = Strategies::single(Box::new(Grid));
+        let prior = HashMap::new();
+        let ctx = context(&strategies, &prior, None, 2);
+        for unavailable in [false, true] {
+            let mut backend = Beginning {
+                inner: Fake {
+                    prepared: None,
+                    spread: 0.0,
+                    taken: 0,
+                    unavailable: IndexMap::new(),
+                },
+                log: Vec::new(),
+            };
+            if unavailable {
+                backend
+                    .inner
+                    .unavailable
+                    .insert("k".into(), "not here".into());
+            }
+            run_group(&ctx, &mut backend, group(), &mut |_| {});
+            if unavailable {
+                assert!(backend.log.is_empty(), "{:?}", backend.log);
+            } else {
+                let seed = ctx.protocol.seed;
+                assert_eq!(backend.log[0], format!("begin m {seed}"));
+                assert_eq!(
+                    backend
+                        .log
+                        .iter()
+                        .filter(|l| l.starts_with("begin"))
+                        .count(),
+                    1
+                );
+                assert!(backend.log.len() > 10, "every job was checked after it");
+            }
+        }
+    }
+
+    /// A finalist's rest counts from when the worker finished its batch,
+    /// not from when the lane read the answer.
+    #[test]
+    fn a_rest_counts_from_when_the_worker_finished_the_batch() {
+        // One 10 ms sample: a rest of 1 lasts 10 ms.
+        let sampling = Sampling {
+            samples_us: vec![10_000.0],
+            ..Sampling::default()
+        };
+        let rest = |done: Option<Duration>| {
+            let now = Instant::now();
+            rest_after(
+                &sampling,
+                SampleMode::PLAIN,
+                1.0,
+                "t",
+                done.map(|ago| now - ago),
+            );
+            now.elapsed()
+        };
+        assert!(rest(None) >= Duration::from_millis(10));
+        // Finished 4 ms ago: 6 ms more.
+        assert!(rest(Some(Duration::from_millis(4))) >= Duration::from_millis(6));
+        // Finished 10 ms ago: the rest is over (else it would last 10 ms more).
+        assert!(rest(Some(Duration::from_millis(10))) < Duration::from_millis(10));
+        // No rest asked for: none.
+        let now = Instant::now();
+        rest_after(&sampling, SampleMode::PLAIN, 0.0, "t", None);
+        assert!(now.elapsed() < Duration::from_millis(10));
     }
 
     /// The compiler's verdict from the pool is the job's; a compile worker

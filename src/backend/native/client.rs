@@ -81,6 +81,11 @@ impl NativeProcess {
         self.generation
     }
 
+    /// When the running worker finished its last answer (`Worker::last_done`).
+    pub fn last_done(&self) -> Option<std::time::Instant> {
+        self.worker.as_ref().and_then(Worker::last_done)
+    }
+
     pub fn hello(&self) -> Option<&NativeHello> {
         self.hello.as_ref()
     }

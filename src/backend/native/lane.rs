@@ -37,7 +37,7 @@ use crate::backend::{
     Backend, Checked, FirstBatch, JobFailure, PythonBackend, Received, SampleBatch, SampleMode,
     SentAhead, ShapeFacts, TimedBatch,
 };
-use crate::manifest::{KernelArg, LaunchPath, Method, ScalarType, ToleranceFor};
+use crate::manifest::{KernelArg, LaunchPath, Method, ScalarType, Shape, ToleranceFor};
 use crate::plan::Job;
 use crate::store::{CheckResult, FailureClass, KernelResources};
 
@@ -236,10 +236,10 @@ impl ReadyLaunch {
 }
 
 /// Which shape and inputs a sharing is of.
-fn share_key(job: &Job, seed: u64) -> String {
+fn share_key(shape: &Shape, seed: u64) -> String {
     format!(
         "{}\u{1}{}",
-        serde_json::to_string(&job.shape).expect("shape"),
+        serde_json::to_string(shape).expect("shape"),
         seed
     )
 }
@@ -658,14 +658,14 @@ impl LaneBackend {
         if method.kind.is_native() {
             let n = self.native.as_ref().expect("a native lane");
             let artifact = n.setup.compiler.compile(method, job)?;
-            self.share(job, seed)?;
+            self.share(&job.shape, seed)?;
             let n = self.native.as_ref().expect("a native lane");
             let shared = &n.shared.as_ref().expect("shared").reply;
             let launch = resolve(method, job, shared, &n.setup.device)?
                 .with_image(artifact.image, artifact.symbol);
             return Ok(ReadyLaunch::Resolved(launch));
         }
-        self.share(job, seed)?;
+        self.share(&job.shape, seed)?;
         let cache = self
             .native
             .as_ref()
@@ -684,7 +684,7 @@ impl LaneBackend {
             return false;
         };
         let shared = n.shared.as_ref().is_some_and(|s| {
-            s.key == share_key(job, seed)
+            s.key == share_key(&job.shape, seed)
                 && s.python_generation == self.python.generation()
                 && s.native_generation == n.process.generation()
         });
@@ -865,7 +865,7 @@ impl LaneBackend {
             // Another job's fault is that job's, at its own check: this one
             // is shared again (with a new worker) and asked for alone.
             self.native.as_mut().expect("a native lane").shared = None;
-            self.share(job, seed)?;
+            self.share(&job.shape, seed)?;
             return self.recipe_alone(method, job, seed, cache);
         }
         let n = self.native.as_mut().expect("a native lane");
@@ -931,8 +931,8 @@ impl LaneBackend {
 
     /// Makes the shape's tensors shared with, and mapped by, the native
     /// worker (again after either worker restarted).
-    fn share(&mut self, job: &Job, seed: u64) -> Result<(), JobFailure> {
-        let key = share_key(job, seed);
+    fn share(&mut self, shape: &Shape, seed: u64) -> Result<(), JobFailure> {
+        let key = share_key(shape, seed);
         let py_gen = self.python.generation();
         let n = self.native.as_mut().expect("a native lane");
         let current = n.shared.as_ref().is_some_and(|s| {
@@ -945,11 +945,11 @@ impl LaneBackend {
         }
         n.shared = None;
         if n.setup.lane_target.is_some() {
-            return self.build(job, seed, key);
+            return self.build(shape, seed, key);
         }
         let reply = self.python.request(
             "share",
-            json!({"problem": self.python.problem(), "shape": job.shape, "seed": seed}),
+            json!({"problem": self.python.problem(), "shape": shape, "seed": seed}),
         )?;
         let py_gen = self.python.generation();
         let reply: ShareReply = serde_json::from_value(reply).map_err(|e| {
@@ -983,10 +983,10 @@ impl LaneBackend {
     /// `share` for `inputs: native`: the Python worker describes the shape's
     /// data (`native_data`, no torch) and the native worker builds it
     /// (`build`: allocations, the seeded generator, the reference operator).
-    fn build(&mut self, job: &Job, seed: u64, key: String) -> Result<(), JobFailure> {
+    fn build(&mut self, shape: &Shape, seed: u64, key: String) -> Result<(), JobFailure> {
         let mut described = self.python.request(
             "native_data",
-            json!({"problem": self.python.problem(), "shape": job.shape, "seed": seed}),
+            json!({"problem": self.python.problem(), "shape": shape, "seed": seed}),
         )?;
         let py_gen = self.python.generation();
         let reference = described.get_mut("reference_op").map(Json::take);
@@ -1216,6 +1216,21 @@ impl Backend for LaneBackend {
         Ok(facts)
     }
 
+    fn begin_group(&mut self, method: &str, shape: &Shape, seed: u64) {
+        // The shape's data shared with (or built by) the native worker now,
+        // while the lane waits for the group's first compile, rather than at
+        // the first job's turn with the compiled jobs waiting: 0.4-0.6 ms a
+        // group on the GPU's path (H200 and H100 traces, 2026-11-24).
+        let launched_here = self
+            .native
+            .as_ref()
+            .is_some_and(|n| n.setup.methods.contains_key(method));
+        if launched_here && self.native_reason().is_none() {
+            // A failure is met again, and recorded, at the first job's share.
+            let _ = self.share(shape, seed);
+        }
+    }
+
     fn compile(&mut self, job: &Job, kernel: &str, kind: &str) -> Result<f64, JobFailure> {
         match self.native.as_ref().and_then(|n| {
             n.setup
@@ -1309,6 +1324,13 @@ impl Backend for LaneBackend {
             std::mem::take(&mut self.native_kernels)
         } else {
             self.python.take_kernels()
+        }
+    }
+
+    fn last_done(&self) -> Option<std::time::Instant> {
+        match &self.native {
+            Some(n) if self.native_prepared => n.process.last_done(),
+            _ => self.python.last_done(),
         }
     }
 
