@@ -1243,9 +1243,10 @@ fn retime_finalists(
     track: &str,
     emit: &mut dyn FnMut(Event),
 ) {
-    // Each median once: sorting a job's samples in every comparison cost
-    // 0.4 ms of GPU idle between a 48-config grid's last job and its
-    // re-timing (H200 trace, 2026-11-24).
+    // Each median once, not a sort of a job's samples in every comparison
+    // (some 500 for 48 jobs): the GPU is idle from the last job's answer
+    // to the first re-timing check (0.59 ms before this, 0.36 ms after, in
+    // two H200 runs: results/bench/NVIDIA_H200/native-idle-56a495b).
     let mut by_median: Vec<(f64, Measured)> =
         measured.into_iter().map(|m| (m.median(), m)).collect();
     by_median.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -1363,11 +1364,11 @@ fn retime_round(
 /// (results/bench/NVIDIA_H100_80GB_HBM3/retime_rest/README.md).
 ///
 /// The rest counts from `done`, when the worker finished the batch (the
-/// GPU has been idle since), not from when the lane read the answer: in
-/// H200 and H100 traces (2026-11-24) the lane began resting 70-77 µs after
-/// the worker had finished, and a sleep's wake-up came 40-60 µs late, so
-/// the GPU idled 0.1-0.15 ms a batch beyond the rest. The last
-/// [`REST_SPUN`] is spun, not slept.
+/// GPU has been idle since), not from when the lane read the answer, and
+/// its last [`REST_SPUN`] is spun, not slept: in H200 and H100 traces
+/// (2026-11-24, commit ca31224) the lane began resting 70-77 µs after the
+/// worker had finished, and the sleep's wake-up made each rest 72-138 µs
+/// longer than asked (results/bench/NVIDIA_H200/native-idle-56a495b).
 fn rest_after(
     sampling: &Sampling,
     mode: SampleMode,

@@ -1219,8 +1219,10 @@ impl Backend for LaneBackend {
     fn begin_group(&mut self, method: &str, shape: &Shape, seed: u64) {
         // The shape's data shared with (or built by) the native worker now,
         // while the lane waits for the group's first compile, rather than at
-        // the first job's turn with the compiled jobs waiting: 0.4-0.6 ms a
-        // group on the GPU's path (H200 and H100 traces, 2026-11-24).
+        // the first job's turn with the compiled jobs waiting: the first
+        // check began 9.2 ms after the first compile had ended, 8.6 of them
+        // the native worker's `build` (H200 trace, 2026-11-24,
+        // results/bench/NVIDIA_H200/native-idle-56a495b).
         let launched_here = self
             .native
             .as_ref()
