@@ -87,13 +87,17 @@ pub fn enabled() -> bool {
 
 /// Record a span on `track` that began at `start` and ends now.
 pub fn span(track: &str, name: &str, start: Instant, args: Json) {
+    span_to(track, name, start, Instant::now(), args);
+}
+
+/// A span that ended at `end` rather than now.
+pub fn span_to(track: &str, name: &str, start: Instant, end: Instant, args: Json) {
     if !enabled() {
         return;
     }
     let Some(trace) = TRACE.get() else { return };
-    let now = Instant::now();
     let start_us = start.saturating_duration_since(trace.origin).as_secs_f64() * 1e6;
-    let dur_us = now.saturating_duration_since(start).as_secs_f64() * 1e6;
+    let dur_us = end.saturating_duration_since(start).as_secs_f64() * 1e6;
     trace.spans.lock().expect("trace").push(Span {
         track: track.to_string(),
         name: name.to_string(),

@@ -195,9 +195,11 @@ pub trait Backend {
     fn describe(&mut self, shape: &serde_json::Value, seed: u64) -> Result<ShapeFacts, JobFailure>;
     /// A group of `method` at `shape` begins, its jobs not yet compiled: a
     /// backend may make ready what all of them need while the lane waits for
-    /// the first compile (the native lane's data for `shape`, built by the
-    /// native worker). Its failure is not the group's: the first job meets
-    /// it again, where it is recorded. The default does nothing.
+    /// the first compile (the native lane's data for `shape`, shared with or
+    /// built by the native worker). Its failure is not the group's: the
+    /// first job tries again and records its own failure (one that does not
+    /// recur shows only in the trace, as a failed or lost call). The
+    /// default does nothing.
     fn begin_group(&mut self, method: &str, shape: &crate::manifest::Shape, seed: u64) {
         let _ = (method, shape, seed);
     }
@@ -272,7 +274,7 @@ pub trait Backend {
     fn receive_measurement(&mut self) -> Received {
         unreachable!("a backend that sends nothing ahead has nothing to receive")
     }
-    /// When the worker that answered last finished that answer, on this
+    /// When the worker that took the last batch finished its answer, on this
     /// process's clock ([`worker::Worker::last_done`]): the GPU has been idle
     /// since, so a rest after a batch counts from it. `None` where the
     /// backend cannot tell (the rest then counts from when it begins).

@@ -489,8 +489,15 @@ impl Worker {
                             (response.worker_at_ns(), response.worker_us())
                         {
                             if us.is_finite() && us >= 0.0 {
-                                let done = crate::trace::instant_of(at + (us * 1e3) as u64);
-                                self.last_done = self.last_answer.map(|read| done.min(read));
+                                let done =
+                                    crate::trace::instant_of(at.saturating_add((us * 1e3) as u64));
+                                // Not before the worker could start on the request, nor
+                                // after its answer was read: a worker on another clock
+                                // (a wrapper in another time namespace) cannot cut a rest
+                                // short or stretch it.
+                                self.last_done = self
+                                    .last_answer
+                                    .map(|read| done.clamp(started.min(read), read));
                             }
                         }
                         if let (true, Some(us)) = (response.ok(), response.worker_us()) {
@@ -703,10 +710,10 @@ mod tests {
     #[test]
     fn last_done_is_when_the_worker_finished_its_answer_where_it_says() {
         let dir = tempfile::tempdir().unwrap();
-        // Reads the request, works 1 ms (its `worker_us`), then idles
-        // 100 ms before the answer goes out: it finished 100 ms before the
+        // Reads the request, says it worked 30 ms (its `worker_us`), and
+        // answers 100 ms after reading it: it finished about 70 ms before the
         // lane read the answer.
-        let script = "import json, sys, time\nfor line in sys.stdin:\n    at = time.monotonic_ns()\n    r = json.loads(line)\n    time.sleep(0.1)\n    print(json.dumps({'id': r['id'], 'ok': True, 'at_ns': at, 'worker_us': 1000.0}), flush=True)\n";
+        let script = "import json, sys, time\nfor line in sys.stdin:\n    at = time.monotonic_ns()\n    r = json.loads(line)\n    time.sleep(0.1)\n    print(json.dumps({'id': r['id'], 'ok': True, 'at_ns': at, 'worker_us': 30000.0}), flush=True)\n";
         let mut cmd = Command::new("python3");
         cmd.args(["-c", script]);
         let mut w = Worker::start(cmd, &dir.path().join("w.log"), "w".into()).unwrap();
@@ -715,18 +722,23 @@ mod tests {
         let _: Json = w.call("check", json!({}), Duration::from_secs(10)).unwrap();
         let read = Instant::now();
         let done = w.last_done().unwrap();
-        assert!(done >= sent, "done before the request was sent");
+        // Its own 30 ms counted from when it read the request.
+        assert!(
+            done >= sent + Duration::from_millis(30),
+            "{:?}",
+            done - sent
+        );
         assert!(
             done + Duration::from_millis(50) < read,
             "done {:?} before the answer was read",
             read - done
         );
         // A worker that does not say when it read the request: done when read.
-        let mut echo = echo_worker(0.0, dir.path());
+        let mut echo = echo_worker(0.05, dir.path());
         let before = Instant::now();
         let _: Json = echo
             .call("check", json!({}), Duration::from_secs(10))
             .unwrap();
-        assert!(echo.last_done().unwrap() >= before);
+        assert!(echo.last_done().unwrap() >= before + Duration::from_millis(50));
     }
 }

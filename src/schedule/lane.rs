@@ -264,7 +264,7 @@ pub fn run_group(
         // The method cannot run here: every job is recorded as skipped,
         // with the reason, and runs again on a later resume.
         lane.skip_all(why);
-    } else if lane.slots.iter().any(|s| !matches!(s, Slot::Done)) {
+    } else if !ctx.stopping() {
         lane.backend
             .begin_group(&group.method, &group.shape, ctx.protocol.seed);
     }
@@ -1397,10 +1397,14 @@ fn rest_after(
     while Instant::now() < until {
         std::hint::spin_loop();
     }
-    crate::trace::span(
+    // The rest is the protocol's up to `until`; the GPU's idle past it (the
+    // lane read the answer later, or woke late) is the runner's, and the
+    // trace shows it so.
+    crate::trace::span_to(
         track,
         "rest",
         started,
+        until,
         serde_json::json!({"kernel_ms": kernel_ms}),
     );
 }
@@ -2107,11 +2111,12 @@ mod tests {
     /// not from when the lane read the answer.
     #[test]
     fn a_rest_counts_from_when_the_worker_finished_the_batch() {
-        // One 10 ms sample: a rest of 1 lasts 10 ms.
+        // One 50 ms sample: a rest of 1 lasts 50 ms.
         let sampling = Sampling {
-            samples_us: vec![10_000.0],
+            samples_us: vec![50_000.0],
             ..Sampling::default()
         };
+        let ms = Duration::from_millis;
         let rest = |done: Option<Duration>| {
             let now = Instant::now();
             rest_after(
@@ -2123,15 +2128,16 @@ mod tests {
             );
             now.elapsed()
         };
-        assert!(rest(None) >= Duration::from_millis(10));
-        // Finished 4 ms ago: 6 ms more.
-        assert!(rest(Some(Duration::from_millis(4))) >= Duration::from_millis(6));
-        // Finished 10 ms ago: the rest is over (else it would last 10 ms more).
-        assert!(rest(Some(Duration::from_millis(10))) < Duration::from_millis(10));
+        assert!(rest(None) >= ms(50));
+        // Finished 20 ms ago: 30 ms more.
+        let left = rest(Some(ms(20)));
+        assert!(left >= ms(30), "{left:?}");
+        // Finished 50 ms ago: the rest is over (else it would last 50 ms more).
+        assert!(rest(Some(ms(50))) < ms(50));
         // No rest asked for: none.
         let now = Instant::now();
         rest_after(&sampling, SampleMode::PLAIN, 0.0, "t", None);
-        assert!(now.elapsed() < Duration::from_millis(10));
+        assert!(now.elapsed() < ms(50));
     }
 
     /// The compiler's verdict from the pool is the job's; a compile worker
