@@ -1395,6 +1395,10 @@ class _Requests:
             self._buf += chunk
 
     def _wait(self) -> str:
+        # A request already in the pipe (sent ahead) is read at once, before
+        # any look at /proc/loadavg, and met "ready".
+        if self._poll.poll(0):
+            return "ready"
         if self._spin_s > 0:
             poll, clock = self._poll.poll, time.perf_counter
             now = clock()
