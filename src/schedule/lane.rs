@@ -1571,10 +1571,12 @@ mod tests {
         taken: usize,
     }
 
-    /// A worker that dies on every check of a job `dies` picks.
+    /// A worker that dies on every check of a job `dies` picks; `log` has
+    /// each `begin_group` and check, in order.
     struct Dying<F: Fn(&Job) -> bool> {
         inner: Fake,
         dies: F,
+        log: Vec<String>,
     }
 
     impl<F: Fn(&Job) -> bool> Backend for Dying<F> {
@@ -1596,10 +1598,14 @@ mod tests {
             tol: ToleranceFor,
             seed: u64,
         ) -> Result<CheckResult, JobFailure> {
+            self.log.push("check".into());
             if (self.dies)(job) {
                 return Err(JobFailure::new(FailureClass::Crash, "worker died"));
             }
             self.inner.check(job, k, kind, tol, seed)
+        }
+        fn begin_group(&mut self, method: &str, _: &crate::manifest::Shape, seed: u64) {
+            self.log.push(format!("begin {method} {seed}"));
         }
         fn warmup(&mut self, id: &str, n: u32, ms: f64) -> Result<(), JobFailure> {
             self.inner.warmup(id, n, ms)
@@ -1661,6 +1667,7 @@ mod tests {
                 unavailable: IndexMap::new(),
             },
             dies,
+            log: Vec::new(),
         };
         let mut jobs = Vec::new();
         let rest = run_group(&ctx, &mut backend, group(), &mut |e| {
@@ -2020,50 +2027,6 @@ mod tests {
         assert!(backend.prepared.is_none(), "nothing was checked");
     }
 
-    /// Logs `begin_group` and each check, in order; else the fake.
-    struct Beginning {
-        inner: Fake,
-        log: Vec<String>,
-    }
-
-    impl Backend for Beginning {
-        fn describe(
-            &mut self,
-            shape: &serde_json::Value,
-            seed: u64,
-        ) -> Result<crate::backend::ShapeFacts, JobFailure> {
-            self.inner.describe(shape, seed)
-        }
-        fn begin_group(&mut self, method: &str, _: &crate::manifest::Shape, seed: u64) {
-            self.log.push(format!("begin {method} {seed}"));
-        }
-        fn compile(&mut self, job: &Job, k: &str, kind: &str) -> Result<f64, JobFailure> {
-            self.inner.compile(job, k, kind)
-        }
-        fn check(
-            &mut self,
-            job: &Job,
-            k: &str,
-            kind: &str,
-            tol: ToleranceFor,
-            seed: u64,
-        ) -> Result<CheckResult, JobFailure> {
-            self.log.push("check".into());
-            self.inner.check(job, k, kind, tol, seed)
-        }
-        fn warmup(&mut self, id: &str, n: u32, ms: f64) -> Result<(), JobFailure> {
-            self.inner.warmup(id, n, ms)
-        }
-        fn sample(
-            &mut self,
-            id: &str,
-            count: u32,
-            mode: SampleMode,
-        ) -> Result<SampleBatch, JobFailure> {
-            self.inner.sample(id, count, mode)
-        }
-    }
-
     /// The backend hears of a group once, before its first check (the
     /// native lane builds the shape's data then, while the first compile
     /// runs), and not at all for a method that cannot run here.
@@ -2073,13 +2036,14 @@ mod tests {
         let prior = HashMap::new();
         let ctx = context(&strategies, &prior, None, 2);
         for unavailable in [false, true] {
-            let mut backend = Beginning {
+            let mut backend = Dying {
                 inner: Fake {
                     prepared: None,
                     spread: 0.0,
                     taken: 0,
                     unavailable: IndexMap::new(),
                 },
+                dies: |_: &Job| false,
                 log: Vec::new(),
             };
             if unavailable {
