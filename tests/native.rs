@@ -156,20 +156,25 @@ fn compile_errors_carry_the_compilers_message() {
     );
 }
 
-/// Drives `tunelab native-worker` over its pipes as a lane does. Without a
-/// GPU it still answers every request (a `problem_error` saying why), so
-/// the transport is tested on any machine.
-fn native_worker_session(env: &[(&str, &str)], input: &[&[u8]]) -> Vec<serde_json::Value> {
-    use std::io::{BufRead, BufReader, Write};
+/// `tunelab native-worker` (CUDA) with `env` set, its stdin and stdout piped.
+fn native_worker(env: &[(&str, &str)]) -> std::process::Child {
     use std::process::{Command, Stdio};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+    Command::new(env!("CARGO_BIN_EXE_tunelab"))
         .args(["native-worker", "--backend", "cuda"])
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("the native worker starts");
+        .expect("the native worker starts")
+}
+
+/// Drives `tunelab native-worker` over its pipes as a lane does. Without a
+/// GPU it still answers every request (a `problem_error` saying why), so
+/// the transport is tested on any machine.
+fn native_worker_session(env: &[(&str, &str)], input: &[&[u8]]) -> Vec<serde_json::Value> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = native_worker(env);
     let mut stdin = child.stdin.take().unwrap();
     for part in input {
         stdin.write_all(part).unwrap();
@@ -266,16 +271,8 @@ fn a_request_split_across_writes_is_one_request_spinning_or_not() {
 #[test]
 fn the_native_worker_says_how_it_met_each_request() {
     use std::io::{BufRead, BufReader, Write};
-    use std::process::{Command, Stdio};
     for (spin, waited) in [("5000000", "spinning"), ("0", "asleep")] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tunelab"))
-            .args(["native-worker", "--backend", "cuda"])
-            .env("TUNELAB_SPIN_US", spin)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the native worker starts");
+        let mut child = native_worker(&[("TUNELAB_SPIN_US", spin)]);
         let mut stdin = child.stdin.take().unwrap();
         let mut replies = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut met = |stdin: &mut std::process::ChildStdin, requests: &[u8], answers: usize| {

@@ -1563,6 +1563,7 @@ mod tests {
     /// Time of a config: |B - 5| * 10 + 100 us, so B = 5 is best; B = 9 does not compile.
     /// With a `spread`, samples cycle through 13 values within ± that
     /// fraction of it, so that a job needs many to converge.
+    #[derive(Default)]
     struct Fake {
         prepared: Option<Job>,
         unavailable: IndexMap<String, String>,
@@ -2037,12 +2038,7 @@ mod tests {
         let ctx = context(&strategies, &prior, None, 2);
         for unavailable in [false, true] {
             let mut backend = Dying {
-                inner: Fake {
-                    prepared: None,
-                    spread: 0.0,
-                    taken: 0,
-                    unavailable: IndexMap::new(),
-                },
+                inner: Fake::default(),
                 dies: |_: &Job| false,
                 log: Vec::new(),
             };

@@ -498,8 +498,9 @@ impl LaneBackend {
     /// imports torch for seconds; the native worker took 0.15-0.55 s on an
     /// H200 and used to start inside the first native group, after the Python
     /// worker was up. Without `native_too` it starts when the first group of
-    /// a natively launched method begins (`begin_group`). A native worker that cannot start is this lane's
-    /// reason, reported at the jobs that need it.
+    /// a natively launched method begins (`begin_group`). A native worker
+    /// that cannot start is this lane's reason, reported at the jobs that
+    /// need it.
     pub fn start(&mut self, native_too: bool) -> Result<Hello, JobFailure> {
         let LaneBackend { python, native, .. } = self;
         std::thread::scope(|scope| {
