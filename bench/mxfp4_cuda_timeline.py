@@ -118,6 +118,9 @@ def main(argv=None) -> int:
     parser.add_argument("--source", action="append", type=Path,
                         help="a version of the kernel's source to time (repeat to compare versions on one "
                              f"machine, each config of each in turn); default {SOURCE.relative_to(REPO)}")
+    parser.add_argument("--standard-order", action="store_true",
+                        help="pass the weights in standard order (w1, w2), as kernels before pair order "
+                             "(version 8) read them; default: w1_pairs, w2_pairs")
     args = parser.parse_args(argv)
     sources = args.source or [SOURCE]
 
@@ -146,7 +149,8 @@ def main(argv=None) -> int:
         inputs = problem.inputs(0, "cuda")
         reference = problem.reference(inputs)
         out = torch.empty_like(reference)
-        names = ("x", "topk_ids", "topk_weights", "w1", "w1_scale", "w2", "w2_scale", "b1", "b2")
+        w1, w2 = ("w1", "w2") if args.standard_order else ("w1_pairs", "w2_pairs")
+        names = ("x", "topk_ids", "topk_weights", w1, "w1_scale", w2, "w2_scale", "b1", "b2")
         kernel_args = [("p", inputs[n].data_ptr()) for n in names] + [("p", out.data_ptr()), ("i", M), ("i", N),
                                                                        ("i", 2880)]
         for source, config_text in ((s, c) for c in args.configs.split(",") for s in sources):

@@ -8,29 +8,29 @@
 //
 // Why outside Triton: at M=1 the Triton one-token kernels are held by their
 // work on each weight once it is on chip, not by their loads
-// (docs/quantisation.md, "What limits MXFP4 at M=1"). Here a weight costs
-// about 2.4 instructions:
-//   - two E2M1 magnitude lookups of four codes each from an 8-byte table of
-//     f16 high bytes (`prmt`, the selector's nibbles being the codes);
-//   - one `prmt` per f16 pair to place two looked-up bytes as the high bytes
-//     of the pair's halves (the low bytes are zero: every E2M1 magnitude is
-//     an f16 with a zero low byte), then the pair's two sign bits or'ed in;
-//   - one `fma.rn.f16x2` per pair into f16 accumulators, the group's 32
-//     products in two accumulators of eight products a lane;
+// (docs/quantisation.md, "What limits MXFP4 at M=1"). Here eight weights (one
+// 32-bit word) cost twelve instructions:
+//   - the weights come in pair order (tunelab.quant.to_pair_order: each
+//     word's bits rearranged when the weights are loaded, the same bytes), in
+//     which four rotations and four masked XORs give the word's eight codes
+//     as four f16 pairs worth the codes' values times 2^-14 (a code's sign at
+//     bit 15, its exponent and mantissa at bits 11-9 of its half);
+//   - one `fma.rn.f16x2` per pair into f16 accumulators, a group's 32
+//     products in two accumulators of eight products a lane, added at the end;
 // and the activations of GEMM 1 stay in registers: a lane always takes the
 // same 32-value scale groups of a row, so it holds its share of the token's
 // activations as f16 pairs, each group scaled by a power of two that puts
-// its largest value in [256, 512) (a lane-half's eight products with E2M1
-// values, at most 6, stay below f16's 65504), the power taken back with the
-// group's E8M0 scale when the group's sum is added in fp32.
-//
+// its largest value in [2^14, 2^15) (a lane's sixteen products with decoded
+// values, at most 6 * 2^-14, stay below 16 * 12), the power taken back with
+// the group's E8M0 scale when the group's sum is added in fp32.
 // Work: each block stages the token's activations, scaled, in shared memory
 // once (asked for before anything else, so they do not queue behind the
 // weights); a warp copies its groups to registers and takes GEMM 1 units (a
 // routed slot's gate and up rows j, both K long, with their biases), two in
 // flight, and writes the activated value, rounded to the activation type as
-// the reference rounds it, as f16 to a module-scope buffer, unscaled (under
-// gpt-oss's clamps |h| <= 8 * 7 = 56, so eight products stay below 2688),
+// the reference rounds it, as f16 times 2^10 to a module-scope buffer (under
+// gpt-oss's clamps |h| <= 8 * 7 = 56, so 2^10 |h| stays below f16's 65504,
+// and products with the decoded weights stay clear of f16's subnormals),
 // each group in the order the decode pairs it. All blocks then meet at a grid
 // barrier (every block is resident: the grid is the SM count times
 // BLOCKS_PER_SM, and __launch_bounds__ holds the registers to that); GEMM 2's
@@ -96,6 +96,12 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
 __device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
     u32 d;
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
+    u32 d;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
 
@@ -175,30 +181,32 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// f16 high bytes of the E2M1 magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6.
-#define E2M1_F16_HI_LO 0x3E3C3800u
-#define E2M1_F16_HI_HI 0x46444240u
+__device__ __forceinline__ u32 rotr(u32 w, u32 s) {
+    u32 d;
+    asm("shf.r.wrap.b32 %0, %1, %1, %2;" : "=r"(d) : "r"(w), "r"(s));
+    return d;
+}
 
-// d += the products of 8 codes (one word, element i in nibble i) with their
-// activations: pairs[i] holds (a_i, a_{i+4}) as f16x2, the pair the decode
-// gives for positions i and i + 4.
+// A pair-order word's mask and rotations (tunelab.quant.PAIR_MASK, PAIR_ROTATIONS).
+#define PAIR_MASK 0x8E008E00u
+
+// d += the products of 8 codes (one pair-order word) with their activations:
+// pairs[i] holds (a_i, a_{i+4}) as f16x2, the pair the decode gives for
+// codes i and i + 4. Each decoded value is the code's times 2^-14.
 __device__ __forceinline__ u32 dot8(u32 word, const u32 (&pairs)[4], u32 acc) {
-    const u32 mags = word & 0x77777777u;  // selector nibbles: the codes without their sign bits
-    const u32 lo = prmt(E2M1_F16_HI_LO, E2M1_F16_HI_HI, mags);        // byte i: f16 high byte of code i
-    const u32 hi = prmt(E2M1_F16_HI_LO, E2M1_F16_HI_HI, mags >> 16);  // byte i: of code i + 4
-    // Selector nibble 8: the sign of byte 0 replicated, 0x00 (no table byte has its top bit).
-    // Sign of code i (bit 4i + 3) and of code i + 4 (bit 4i + 19) moved to bits 15 and 31.
-    acc = hfma2(prmt(lo, hi, 0x4808u) | ((word << 12) & 0x80008000u), pairs[0], acc);
-    acc = hfma2(prmt(lo, hi, 0x5818u) | ((word << 8) & 0x80008000u), pairs[1], acc);
-    acc = hfma2(prmt(lo, hi, 0x6828u) | ((word << 4) & 0x80008000u), pairs[2], acc);
-    acc = hfma2(prmt(lo, hi, 0x7838u) | (word & 0x80008000u), pairs[3], acc);
+    const u32 r7 = rotr(word, 7);
+    acc = hfma2(word & PAIR_MASK, pairs[0], acc);
+    acc = hfma2(rotr(word, 3) & PAIR_MASK, pairs[1], acc);
+    acc = hfma2((r7 ^ rotr(word, 9)) & PAIR_MASK, pairs[2], acc);
+    acc = hfma2((r7 ^ rotr(word, 12)) & PAIR_MASK, pairs[3], acc);
     return acc;
 }
 
-// 2^(t - 127) as a float: the group's E8M0 scale with the activations' power taken back.
-__device__ __forceinline__ float exp2_biased(int t) {
-    return (t >= 1 && t <= 254) ? __int_as_float(t << 23) : exp2f((float)(t - 127));
-}
+// 2^(s - 127), the E8M0 scale byte s as a float; 0 for s = 0 (2^-127 is a
+// subnormal that times any E2M1 value and activation is far below every
+// tolerance) and infinity for 255 (NaN in the format; quantize_mxfp4 never
+// writes it).
+__device__ __forceinline__ float e8m0_to_float(u32 s) { return __uint_as_float(s << 23); }
 
 // 8 activations from 16 bytes.
 template <int FP16>
@@ -251,14 +259,17 @@ __device__ __forceinline__ void load_group_values(const bits16* src, int col0, i
 
 // A scale group's activations as the decode pairs them (pairs[4 w + i] holds
 // values 8 w + i and 8 w + i + 4), scaled by 2^shift so that the largest
-// lands in [256, 512).
-__device__ __forceinline__ void scale_group(const float (&v)[32], u32* pairs, int& shift) {
+// lands in [2^14, 2^15). `undo` is what the group's sum is multiplied by
+// besides the weights' scale: 2^(14 - shift), which takes back both the
+// activations' power and the decode's 2^-14.
+__device__ __forceinline__ void scale_group(const float (&v)[32], u32* pairs, float& undo) {
     float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(v[k]));
-    int e = 0;  // amax in [2^(e-1), 2^e): scaled by 2^(9 - e) it lands in [256, 512)
+    int e = 0;  // amax in [2^(e-1), 2^e): scaled by 2^(15 - e) it lands in [2^14, 2^15)
     if (amax > 0.f) frexpf(amax, &e);
-    shift = amax > 0.f ? 9 - e : 0;
+    const int shift = amax > 0.f ? 15 - e : 0;
+    undo = exp2f((float)(14 - shift));
     const float f = exp2f((float)shift);
 #pragma unroll
     for (int w = 0; w < 4; ++w)
@@ -282,16 +293,16 @@ __device__ __forceinline__ void load_row(const unsigned char* codes, const unsig
     }
 }
 
-// This lane's share of one row's dot product with the activations, in fp32.
-// One group's dot product with its scaled activations, in fp32, the scales applied.
-__device__ __forceinline__ float group_dot(const Group& group, const u32 (&pairs)[16], int shift) {
+// sum + one group's dot product with its scaled activations, in fp32, the
+// scales applied (`undo`: scale_group's).
+__device__ __forceinline__ float group_dot(const Group& group, const u32 (&pairs)[16], float undo, float sum) {
     u32 a0 = 0, a1 = 0;  // two accumulators: shorter dependent chains, eight products a lane each
     a0 = dot8(group.codes.x, *(const u32(*)[4])(pairs + 0), a0);
     a1 = dot8(group.codes.y, *(const u32(*)[4])(pairs + 4), a1);
     a0 = dot8(group.codes.z, *(const u32(*)[4])(pairs + 8), a0);
     a1 = dot8(group.codes.w, *(const u32(*)[4])(pairs + 12), a1);
-    const float part = (half_lo(a0) + half_hi(a0)) + (half_lo(a1) + half_hi(a1));
-    return part * exp2_biased((int)group.scale - shift);
+    const u32 a = hadd2(a0, a1);
+    return fmaf(half_lo(a) + half_hi(a), e8m0_to_float(group.scale) * undo, sum);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -332,9 +343,11 @@ __device__ __forceinline__ void grid_barrier() {
 }
 
 // Shared memory: activations, one 20-word record a 32-value group (16 f16
-// pairs, the group's power of two, padding). 80-byte records make a quarter
+// pairs, the group's `undo` factor as float bits, padding). 80-byte records make a quarter
 // warp's 16-byte reads of consecutive groups fall in distinct banks.
 #define ACT_RECORD_WORDS 20
+// GEMM 1's output is held times this (see finish1).
+#define H_SCALE 1024.f
 // GEMM 2's staging: records a thread loads before it stores any. At 4 warps
 // (128 threads), 3 records a thread cover gpt-oss's 4 slots x 90 groups (360)
 // in one round trip.
@@ -358,7 +371,7 @@ __device__ __forceinline__ float row_dot(const Group (&row)[GPL], const u32* rec
             u32 pairs[16];
 #pragma unroll
             for (int c = 0; c < 4; ++c) *(uint4*)(pairs + 4 * c) = *(const uint4*)(record + 4 * c);
-            sum += group_dot(row[q], pairs, (int)record[16]);
+            sum = group_dot(row[q], pairs, __uint_as_float(record[16]), sum);
         }
     }
     return sum;
@@ -367,10 +380,10 @@ __device__ __forceinline__ float row_dot(const Group (&row)[GPL], const u32* rec
 // The same with the activations in registers (a lane's groups, copied once from shared memory).
 template <int GPL>
 __device__ __forceinline__ float row_dot_held(const Group (&row)[GPL], const u32 (&pairs)[GPL][16],
-                                              const int (&shift)[GPL]) {
+                                              const float (&undo)[GPL]) {
     float sum = 0.f;
 #pragma unroll
-    for (int q = 0; q < GPL; ++q) sum += group_dot(row[q], pairs[q], shift[q]);
+    for (int q = 0; q < GPL; ++q) sum = group_dot(row[q], pairs[q], undo[q], sum);
     return sum;
 }
 
@@ -441,36 +454,37 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
             load_group_values<FP16>(x + (u64)token * K, 32 * g, K, v);
         }
         u32* record = act + i * ACT_RECORD_WORDS;
-        int shift;
-        scale_group(v, record, shift);
-        record[16] = (u32)shift;
+        float undo;
+        scale_group(v, record, undo);
+        record[16] = __float_as_uint(undo);
     }
     __syncthreads();
     STAMP(1);
 
     if (gemm1_warp) {
         u32 pairs[GPL1][16];
-        int shift[GPL1];
+        float undo[GPL1];
 #pragma unroll
         for (int q = 0; q < GPL1; ++q) {
             const int g = lane + 32 * q;
             const u32* record = act + (token1 * groups1 + (g < groups1 ? g : 0)) * ACT_RECORD_WORDS;
 #pragma unroll
             for (int c = 0; c < 4; ++c) *(uint4*)(pairs[q] + 4 * c) = *(const uint4*)(record + 4 * c);
-            shift[q] = (int)record[16];  // a lane past the row's groups multiplies zero codes
+            undo[q] = __uint_as_float(record[16]);  // a lane past the row's groups multiplies zero codes
         }
         auto finish1 = [&](const Group (&gate)[GPL1], const Group (&up)[GPL1], u32 bias, int unit) {
-            float g = warp_sum(row_dot_held<GPL1>(gate, pairs, shift));
-            float v = warp_sum(row_dot_held<GPL1>(up, pairs, shift));
+            float g = warp_sum(row_dot_held<GPL1>(gate, pairs, undo));
+            float v = warp_sum(row_dot_held<GPL1>(up, pairs, undo));
             if (lane == 0) {
                 const int slot = token1 * TOPK + unit / N, j = unit % N;
                 g += act_to_float<FP16>((bits16)(bias & 0xffffu));
                 v += act_to_float<FP16>((bits16)(bias >> 16));
-                // Rounded to bf16 as the reference rounds it, then held as f16,
-                // unscaled: |h| <= 8 * 7 under the clamps, so a lane's eight
-                // products with E2M1 values (at most 6) stay below 2688.
+                // Rounded to bf16 as the reference rounds it, then held as f16
+                // times H_SCALE (exact): |h| <= 8 * 7 under the clamps, so
+                // 2^10 |h| < 65504, and a lane's sixteen products with the
+                // decoded weights (at most 6 * 2^-14) stay below 16 * 21.
                 const float h = act_to_float<FP16>(float_to_act<FP16>(swiglu_oai(g, v)));
-                store_l2(g_h + slot * MAX_COLS + (j & ~31) + pair_position(j & 31), float_to_f16(h));
+                store_l2(g_h + slot * MAX_COLS + (j & ~31) + pair_position(j & 31), float_to_f16(h * H_SCALE));
             }
         };
         while (u < units1) {
@@ -557,7 +571,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
                         halves[p] = 32 * g + k < N ? __ldcg(src + p) : (bits16)0;
                     }
                 }
-                record[16] = 0;  // unscaled
+                record[16] = __float_as_uint(16384.f / H_SCALE);  // undo the decode's 2^-14 and H_SCALE
             }
         }
     }

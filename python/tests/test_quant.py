@@ -110,3 +110,49 @@ def test_act_quantisation(group, seed):
 def test_bytes_per_weight():
     assert quant.mxfp4_bytes_per_weight() == 0.5 + 1 / 32
     assert quant.mx_padded(360) == 384 and quant.mx_padded(2880) == 2880
+
+
+def _f16(bits: int) -> float:
+    return torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(torch.float16).item()
+
+
+def _pair_values(word: int) -> list[float]:
+    """What the CUDA kernel's decode makes of a pair-order word: eight values, code order."""
+    pairs = quant.decode_pair_order(word)
+    low = [_f16(p & 0xFFFF if p & 0x8000 == 0 else (p & 0xFFFF) - 0x10000) for p in pairs]
+    high = [_f16((p >> 16) if p >> 31 == 0 else (p >> 16) - 0x10000) for p in pairs]
+    return low + high  # pair k holds codes k (low half) and k + 4 (high half)
+
+
+def test_pair_order_decodes_every_code_at_every_position():
+    # Each of the 16 codes at each of the 8 positions of a word, the other
+    # positions holding the other codes in turn: the decode gives the code's
+    # value times 2^-14 exactly, whatever its neighbours.
+    table = [v for v in quant.E2M1_MAGNITUDES] + [-v for v in quant.E2M1_MAGNITUDES]
+    words = []
+    for code in range(16):
+        for pos in range(8):
+            for fill in range(16):
+                codes = [(fill + i) % 16 for i in range(8)]
+                codes[pos] = code
+                words.append(sum(c << (4 * i) for i, c in enumerate(codes)))
+    standard = torch.tensor(words, dtype=torch.int64).to(torch.int32)  # wraps to the same bits
+    paired = quant.to_pair_order(standard.view(torch.uint8)).view(torch.int32)
+    for word, got in zip(words, paired.tolist()):
+        want = [table[(word >> (4 * i)) & 0xF] * 2.0 ** -14 for i in range(8)]
+        assert _pair_values(got & 0xFFFFFFFF) == want, hex(word)
+
+
+def test_pair_order_keeps_bytes_words_and_shape():
+    packed, _ = quant.quantize_mxfp4(torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(3)))
+    paired = quant.to_pair_order(packed)
+    assert paired.shape == packed.shape and paired.dtype == torch.uint8
+    # A word's bits stay in that word: changing one word changes only its own.
+    other = packed.clone()
+    other[1, 2, 4:8] ^= 0x5A
+    changed = (quant.to_pair_order(other) != paired).view(-1, 4).any(dim=1)
+    assert changed.nonzero().flatten().tolist() == [(1 * 5 + 2) * 8 + 1]
+    # Invertible: distinct words stay distinct (the map is a bijection on 32 bits).
+    assert len(set(quant._pair_order_words())) == 32
+    with pytest.raises(ValueError, match="multiple of 4"):
+        quant.to_pair_order(torch.zeros(3, 6, dtype=torch.uint8))

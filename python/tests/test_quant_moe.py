@@ -545,6 +545,8 @@ def test_inputs_layout_and_shared_weights(device):
     a = p.inputs(0, device)
     assert a["w1"].dtype == torch.uint8 and a["w1"].shape == (8, 80, 48) and a["w1_scale"].shape == (8, 80, 3)
     assert a["w2"].shape == (8, 96, 32) and a["w2_scale"].shape == (8, 96, 2)  # N=40 padded to 64
+    # The CUDA kernel's copies: the same codes in pair order.
+    assert torch.equal(a["w1_pairs"], quant.to_pair_order(a["w1"])) and a["w2_pairs"].shape == a["w2"].shape
     assert a["x"].dtype == torch.float16 and a["b1"].dtype == torch.float16
     b = FusedMoE(shape(MXFP4, M=9, N=40)).inputs(0, device)
     assert b["w1"] is a["w1"]  # another M, the same weights: built once

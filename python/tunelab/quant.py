@@ -26,6 +26,8 @@ from the kernels only by summation order and the roundings the kernels make.
 
 from __future__ import annotations
 
+import functools
+
 from tunelab.lazy import torch
 
 FP8_MAX = 448.0
@@ -192,3 +194,110 @@ def dequantize_mxfp4(packed, scales, cols: int):
 def mxfp4_bytes_per_weight() -> float:
     """Bytes an MXFP4 weight takes: half a byte, plus one scale byte per 32."""
     return 0.5 + 1.0 / MX_GROUP
+
+
+# --------------------------------------------------------------------------
+# MXFP4 in pair order: the CUDA one-token kernel's weight words
+#
+# An f16 whose bits are an E2M1 code's sign at bit 15 and its three other bits
+# (exponent, mantissa) at bits 11, 10, 9 is worth exactly the code's value
+# times 2^-14 (the code's exponent lands in the f16 exponent's two low bits,
+# its mantissa bit in the f16 mantissa's top bit; code exponent 0 lands on an
+# f16 subnormal, as E2M1's own subnormal 0.5 needs). So four logic
+# instructions and four rotations turn a 32-bit word of eight codes into four
+# f16 pairs, if the word's bits are arranged for it: pair k is
+# `PAIR_MASK & (rotr(w, a) ^ rotr(w, b) ...)` over the rotations in
+# PAIR_ROTATIONS[k], and holds codes k (low half) and k + 4 (high half) of
+# the eight. Plain shifts cannot do it with fewer: the mask's eight bit
+# positions have no four translates that tile a word, so at least four
+# rotated copies are needed, and the XORs make four of them enough (found by
+# search over GF(2); the map from a word in standard order to one in pair
+# order is linear and invertible, so it is a table lookup a byte).
+#
+# Pair order rearranges bits within each 32-bit word only: the bytes, their
+# count and the scales are those of the standard layout (quantize_mxfp4),
+# as a serving engine rearranges weights when it loads them.
+
+PAIR_MASK = 0x8E008E00
+PAIR_ROTATIONS = ((0,), (3,), (7, 9), (7, 12))
+# Where a code's bits go in its f16 half: sign to 15, bits 0-2 to 9-11.
+_F16_POSITION = (9, 10, 11, 15)
+_MASK_POSITIONS = tuple(p for p in range(32) if PAIR_MASK >> p & 1)
+
+
+def _pair_order_words() -> list[int]:
+    """The pair-order word of each single bit of a standard-order word: entry
+    j is the word whose pairs decode to the codes of `1 << j` (linear: the
+    word of any standard word is the XOR of its bits' entries)."""
+    # A's rows: one per (pair k, mask position p), the W bits that position reads.
+    rows = []
+    for rotations in PAIR_ROTATIONS:
+        for p in _MASK_POSITIONS:
+            row = 0
+            for r in rotations:
+                row ^= 1 << ((p + r) % 32)
+            rows.append(row)
+    # Invert A over GF(2) (Gauss-Jordan on [A | I]).
+    n = len(rows)
+    aug = [(rows[i], 1 << i) for i in range(n)]
+    for col in range(32):
+        pivot = next((i for i in range(col, n) if aug[i][0] >> col & 1), None)
+        if pivot is None:
+            raise AssertionError("PAIR_ROTATIONS do not give an invertible decode")
+        aug[col], aug[pivot] = aug[pivot], aug[col]
+        for i in range(n):
+            if i != col and aug[i][0] >> col & 1:
+                aug[i] = (aug[i][0] ^ aug[col][0], aug[i][1] ^ aug[col][1])
+    # Row col of A^-1 (as bits over targets) is aug[col][1]: W bit col = XOR of the targets it names.
+    inverse_rows = [aug[col][1] for col in range(32)]
+    words = []
+    for j in range(32):
+        code, bit = divmod(j, 4)
+        pair, half = code % 4, code // 4
+        target = pair * len(_MASK_POSITIONS) + _MASK_POSITIONS.index(16 * half + _F16_POSITION[bit])
+        words.append(sum(1 << col for col in range(32) if inverse_rows[col] >> target & 1))
+    return words
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_order_tables() -> tuple:
+    """Four 256-entry tables (int32 bits): table b maps byte b of a standard
+    word to its share of the pair-order word."""
+    unit = _pair_order_words()
+    tables = []
+    for byte in range(4):
+        table = [0] * 256
+        for v in range(256):
+            for b in range(8):
+                if v >> b & 1:
+                    table[v] ^= unit[8 * byte + b]
+        tables.append(tuple(t - (1 << 32) if t >= 1 << 31 else t for t in table))
+    return tuple(tables)
+
+
+def to_pair_order(packed):
+    """MXFP4 codes `packed` (uint8 [..., n], n a multiple of 4, standard
+    order: quantize_mxfp4's) with each 32-bit word's bits in pair order."""
+    if packed.dtype != torch.uint8 or packed.shape[-1] % 4:
+        raise ValueError("pair order needs uint8 codes whose last dimension is a multiple of 4 bytes")
+    words = packed.contiguous().view(torch.int32)
+    out = torch.zeros_like(words)
+    for byte, table in enumerate(_pair_order_tables()):
+        lookup = torch.tensor(table, dtype=torch.int32, device=packed.device)
+        out ^= lookup[((words >> (8 * byte)) & 0xFF).long()]
+    return out.view(torch.uint8)
+
+
+def decode_pair_order(word: int) -> list[int]:
+    """The four f16 pairs (32-bit ints) the kernel makes of one pair-order
+    word: for tests and for reading the layout."""
+    def rotr(w: int, s: int) -> int:
+        return ((w >> s) | (w << (32 - s))) & 0xFFFFFFFF if s else w
+
+    out = []
+    for rotations in PAIR_ROTATIONS:
+        v = 0
+        for r in rotations:
+            v ^= rotr(word, r)
+        out.append(v & PAIR_MASK)
+    return out

@@ -28,7 +28,9 @@ Quantised: w1/w2 hold the quantised values (fp8 [E, rows, cols]; MXFP4 packed
 uint8 [E, rows, cols padded to 32 / 2]) and w1_scale/w2_scale their scales
 (tunelab.quant); the reference uses the dequantised weights and quantises the
 activations as the kernels do (fp8), rounding the intermediate to act_dtype
-where the kernels store it.
+where the kernels store it. MXFP4 inputs also hold w1_pairs and w2_pairs: the
+same codes with each 32-bit word's bits in pair order (quant.to_pair_order),
+the layout the CUDA C++ one-token kernel decodes in fewer instructions.
 
 Routing (topk_ids, topk_weights) is part of the inputs, not of the timed call;
 the token-to-expert alignment is part of the timed call, as in vLLM.
@@ -360,7 +362,10 @@ class FusedMoE:
 
     def _weights(self, seed: int, device) -> dict:
         build = lambda: self._build_weights(seed, device)  # noqa: E731
-        return dict(_WEIGHTS.get(self._weights_key(seed, device), build, device, self.E * self.expert_bytes()))
+        size = self.E * self.expert_bytes()
+        if self.weight_format == "mxfp4":
+            size += self.E * 3 * self.N * self.K * 0.5  # the pair-order copies of the codes
+        return dict(_WEIGHTS.get(self._weights_key(seed, device), build, device, size))
 
     def _build_weights(self, seed: int, device) -> dict:
         """Master weights drawn in fp32 one expert at a time (as `inputs` scales
@@ -372,17 +377,25 @@ class FusedMoE:
         stds = {"w1": GATE_STD[self.activation] / math.sqrt(K),
                 "w2": 1.0 / (math.sqrt(N) * ACT_RMS[self.activation])}
         out = {}
+        mxfp4 = self.weight_format == "mxfp4"
         for name, rows, cols in (("w1", 2 * N, K), ("w2", K, N)):
             q_all: Any = None
             s_all: Any = None
+            pairs_all: Any = None
             for e in range(E):
                 w = torch.randn(rows, cols, generator=gen, device=device, dtype=torch.float32).mul_(stds[name])
                 q, s = self._quantize_weight(w)
                 if q_all is None:
                     q_all = torch.empty((E, *q.shape), dtype=q.dtype, device=device)
                     s_all = torch.empty((E, *s.shape), dtype=s.dtype, device=device)
+                    if mxfp4:
+                        pairs_all = torch.empty_like(q_all)
                 q_all[e], s_all[e] = q, s
+                if mxfp4:
+                    pairs_all[e] = quant.to_pair_order(q)
             out[name], out[name + "_scale"] = q_all, s_all
+            if mxfp4:
+                out[name + "_pairs"] = pairs_all
         if self.bias:
             out["b1"] = (torch.randn(E, 2 * N, generator=gen, device=device, dtype=torch.float32)
                          * (B1_STD * GATE_STD[self.activation])).to(self.dtype)
