@@ -26,21 +26,22 @@
 // Work: each block stages the token's activations, scaled, in shared memory
 // once (asked for before anything else, so they do not queue behind the
 // weights); a warp copies its groups to registers and takes GEMM 1 units (a
-// routed slot's gate and up rows j, both K long, with their biases), two in
-// flight, and writes the activated value, rounded to the activation type as
+// routed slot's gate and up rows j, both K long, with their biases),
+// STAGES - 1 units ahead through a ring of shared memory filled by
+// asynchronous copies (cp.async), and writes the activated value, rounded to the activation type as
 // the reference rounds it, as f16 times 2^10 to a module-scope buffer (under
 // gpt-oss's clamps |h| <= 8 * 7 = 56, so 2^10 |h| stays below f16's 65504,
 // and products with the decoded weights stay clear of f16's subnormals),
 // each group in the order the decode pairs it. All blocks then meet at a grid
 // barrier (every block is resident: the grid is the SM count times
-// BLOCKS_PER_SM, and __launch_bounds__ holds the registers to that); GEMM 2's
+// BLOCKS_PER_SM, __launch_bounds__ holds the registers to that and the
+// manifest's constraints the shared memory); GEMM 2's
 // first rows were asked for before it. Each block copies every slot's
 // activations into shared memory (all of a thread's loads in flight at once,
 // through L1, from a block-dependent first record), and a warp takes GEMM 2
 // units (token, r): row r of each of the token's experts and its bias,
 // weighted by the router and summed in the warp, then written in the
-// activation type. With PREFETCH_W2 a warp asks L2 for its later GEMM 2 rows
-// before the barrier.
+// activation type.
 //
 // The barrier's counter only grows (each launch adds the grid), so no launch
 // needs it reset. A launch that faults or is killed takes the module with it
@@ -177,8 +178,30 @@ __device__ __forceinline__ u32 load_u16(const bits16* p) {
     return v;
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Asynchronous copies into shared memory (cp.async): `bytes` of the copy's
+// size are read, the rest of it is filled with zeros.
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void copy_async4(void* dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Until at most `PENDING` of this thread's committed copy groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void copy_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
 
 __device__ __forceinline__ u32 rotr(u32 w, u32 s) {
@@ -390,10 +413,12 @@ __device__ __forceinline__ float row_dot_held(const Group (&row)[GPL], const u32
 }  // namespace tunelab_mxfp4
 
 // GPL1 = groups per lane of a GEMM 1 row (ceil(K / 1024)); GPL2 of a GEMM 2
-// row (ceil(N / 1024)); TOPK = the shape's topk. Dynamic shared memory:
-// max(M * ceil(K / 32), M * topk * ceil(N / 32)) * 80 bytes (the manifest's
-// `shared_mem:`).
-template <int GPL1, int GPL2, int TOPK, int WARPS, int BLOCKS_PER_SM, int PREFETCH_W2, int FP16>
+// row (ceil(N / 1024)); TOPK = the shape's topk; STAGES = GEMM 1 units in a
+// warp's ring of shared memory (STAGES - 1 in flight while one is
+// computed). Dynamic shared memory: max(M * ceil(K / 32) * 80 + WARPS *
+// STAGES * SLOT1 bytes, M * topk * ceil(N / 32) * 80) (the manifest's
+// `shared_mem:`; SLOT1 = 1088 * GPL1 + 32).
+template <int GPL1, int GPL2, int TOPK, int WARPS, int BLOCKS_PER_SM, int STAGES, int FP16>
 __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     mxfp4_moe_gemv(const bits16* __restrict__ x, const int* __restrict__ topk_ids,
                    const float* __restrict__ topk_weights, const unsigned char* __restrict__ w1,
@@ -401,6 +426,7 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
                    const unsigned char* __restrict__ w2_scale, const bits16* __restrict__ b1,
                    const bits16* __restrict__ b2, bits16* __restrict__ out, int M, int N, int K) {
     using namespace tunelab_mxfp4;
+    static_assert(STAGES >= 2, "a ring needs a unit in flight");
     extern __shared__ __align__(16) u32 act[];
     const int lane = threadIdx.x & 31;
     const int warps = gridDim.x * WARPS;
@@ -411,29 +437,64 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     STAMP(0);
 
     // ---- GEMM 1: units (slot, j), the gate and up rows j of the slot's
-    // expert; a warp keeps one token, its activations in registers. Two
-    // units in flight a warp.
+    // expert; a warp keeps one token, its activations in registers. Each
+    // warp streams its units through a ring of STAGES slots of shared
+    // memory by asynchronous copies, STAGES - 1 units ahead: the bytes in
+    // flight are not held in registers, so there can be more of them (with
+    // two units in registers, GEMM 1 streamed w1 at about 3.1 TB/s).
     const int token1 = warp % M;
     const int warps_per_token = warps / M;
     const bool gemm1_warp = warp < warps_per_token * M;
-    const int units1 = TOPK * N;
-    Group gate0[GPL1], up0[GPL1], gate1[GPL1], up1[GPL1];
-    // Lane 0 also asks for the unit's two biases with its rows, so that their
-    // latency is hidden behind the dot products instead of following them.
-    u32 bias0 = 0, bias1 = 0;  // the unit's gate and up biases, raw bits (gate low)
-    auto issue1 = [&](Group (&gate)[GPL1], Group (&up)[GPL1], u32& bias, int unit) {
-        const int e = topk_ids[token1 * TOPK + unit / N], j = unit % N;
-        const u64 gate_row = (u64)e * 2 * N + 2 * j;  // interleaved: even rows gate, odd up
-        load_row<GPL1>(w1 + gate_row * row1, w1_scale + gate_row * groups1, groups1, lane, gate);
-        load_row<GPL1>(w1 + (gate_row + 1) * row1, w1_scale + (gate_row + 1) * groups1, groups1, lane, up);
-        if (lane == 0) bias = load_u16(b1 + gate_row) | (load_u16(b1 + gate_row + 1) << 16);
+    const int groups_x = M * groups1;
+    // A slot: the unit's codes [row (gate, up)][q][lane] 16 bytes each, then
+    // its 2 * groups1 scale bytes from the 4-byte word holding the first, then
+    // the gate and up biases.
+    constexpr int SCALES1 = 1024 * GPL1, BIAS1 = SCALES1 + 64 * GPL1 + 16, SLOT1 = BIAS1 + 16;
+    constexpr int SCALE_COPIES = (16 * GPL1 + 1 + 31) / 32;  // 4-byte copies a lane, at most
+    unsigned char* const ring =
+        (unsigned char*)act + groups_x * ACT_RECORD_WORDS * 4 + (threadIdx.x >> 5) * STAGES * SLOT1;
+    // A unit is (k, j): row pair j of the warp's token's k-th expert; a warp
+    // steps through them by step1 (no divisions: they cost about a tenth of a
+    // unit's instructions).
+    struct Unit {
+        int k, j;
+    };
+    auto advance = [&](Unit& at, int by) {
+        at.j += by;
+        while (at.j >= N) at.j -= N, ++at.k;
+    };
+    auto gate_row_of = [&](Unit at) {  // interleaved: even rows gate, odd up
+        return (u64)topk_ids[token1 * TOPK + at.k] * 2 * N + 2 * at.j;
+    };
+    auto issue1 = [&](int stage, Unit at) {
+        unsigned char* slot = ring + stage * SLOT1;
+        const u64 gate_row = gate_row_of(at);
+        const unsigned char* lane_codes = w1 + gate_row * row1 + 16 * lane;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int q = 0; q < GPL1; ++q) {
+                // Past the row's groups nothing is read (zeros are written), so
+                // the address needs no clamp: one base and constant offsets.
+                const bool inside = lane + 32 * q < groups1;
+                copy_async16(slot + ((r * GPL1 + q) * 32 + lane) * 16, lane_codes + r * row1 + 512 * q, inside ? 16 : 0);
+            }
+        // The unit's 2 * groups1 scale bytes, from the 4-byte word holding the first.
+        const u64 first = gate_row * groups1;
+        const int lead = (int)(first & 3), bytes = lead + 2 * groups1;
+        const unsigned char* scales = w1_scale + (first - lead);
+#pragma unroll
+        for (int c = 0; c < SCALE_COPIES; ++c) {
+            const int at_byte = 4 * (lane + 32 * c);
+            if (at_byte < bytes) copy_async4(slot + SCALES1 + at_byte, scales + at_byte, min(4, bytes - at_byte));
+        }
+        if (lane == 0) copy_async4(slot + BIAS1, b1 + gate_row, 4);  // gate_row is even: 4-byte aligned
     };
     const int step1 = warps_per_token;
     int u = warp / M;
     // A thread's first group of the tokens' activations is asked for before
     // the weights: after them, it would queue behind every block's first rows.
     // Both are then in flight while the activations are scaled.
-    const int groups_x = M * groups1;
     uint4 x_first[4];
     const bool x_first_held = threadIdx.x < groups_x && group_loads_whole(x, threadIdx.x, groups1, K);
     if (x_first_held) {
@@ -441,7 +502,17 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
 #pragma unroll
         for (int c = 0; c < 4; ++c) x_first[c] = load16_cached(src + 8 * c);
     }
-    if (gemm1_warp && u < units1) issue1(gate0, up0, bias0, u);
+    Unit now{0, u}, ahead{0, u};  // the unit to compute, the next to ask for
+    advance(now, 0);
+    advance(ahead, 0);
+    if (gemm1_warp) {
+#pragma unroll
+        for (int i = 0; i < STAGES - 1; ++i) {
+            if (ahead.k < TOPK) issue1(i, ahead);
+            copy_async_commit();  // empty groups too: the waits below count groups
+            advance(ahead, step1);
+        }
+    }
 
     // Each token's activations into shared memory once a block, scaled per group.
     for (int i = threadIdx.x; i < groups_x; i += WARPS * 32) {
@@ -472,11 +543,24 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
             for (int c = 0; c < 4; ++c) *(uint4*)(pairs[q] + 4 * c) = *(const uint4*)(record + 4 * c);
             undo[q] = __uint_as_float(record[16]);  // a lane past the row's groups multiplies zero codes
         }
-        auto finish1 = [&](const Group (&gate)[GPL1], const Group (&up)[GPL1], u32 bias, int unit) {
+        auto finish1 = [&](int stage, Unit at) {
+            const unsigned char* slot = ring + stage * SLOT1;
+            const int lead = (int)((gate_row_of(at) * groups1) & 3);
+            Group gate[GPL1], up[GPL1];
+#pragma unroll
+            for (int q = 0; q < GPL1; ++q) {
+                const int g = lane + 32 * q;
+                gate[q].codes = *(const uint4*)(slot + (q * 32 + lane) * 16);
+                up[q].codes = *(const uint4*)(slot + ((GPL1 + q) * 32 + lane) * 16);
+                // Past the row's groups the codes are zeros: any finite scale.
+                gate[q].scale = g < groups1 ? slot[SCALES1 + lead + g] : 127u;
+                up[q].scale = g < groups1 ? slot[SCALES1 + lead + groups1 + g] : 127u;
+            }
             float g = warp_sum(row_dot_held<GPL1>(gate, pairs, undo));
             float v = warp_sum(row_dot_held<GPL1>(up, pairs, undo));
             if (lane == 0) {
-                const int slot = token1 * TOPK + unit / N, j = unit % N;
+                const int slot_index = token1 * TOPK + at.k, j = at.j;
+                const u32 bias = *(const u32*)(slot + BIAS1);
                 g += act_to_float<FP16>((bits16)(bias & 0xffffu));
                 v += act_to_float<FP16>((bits16)(bias >> 16));
                 // Rounded to bf16 as the reference rounds it, then held as f16
@@ -484,19 +568,24 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
                 // 2^10 |h| < 65504, and a lane's sixteen products with the
                 // decoded weights (at most 6 * 2^-14) stay below 16 * 21.
                 const float h = act_to_float<FP16>(float_to_act<FP16>(swiglu_oai(g, v)));
-                store_l2(g_h + slot * MAX_COLS + (j & ~31) + pair_position(j & 31), float_to_f16(h * H_SCALE));
+                store_l2(g_h + slot_index * MAX_COLS + (j & ~31) + pair_position(j & 31), float_to_f16(h * H_SCALE));
             }
         };
-        while (u < units1) {
-            if (u + step1 < units1) issue1(gate1, up1, bias1, u + step1);
-            finish1(gate0, up0, bias0, u);
-            u += step1;
-            if (u >= units1) break;
-            if (u + step1 < units1) issue1(gate0, up0, bias0, u + step1);
-            finish1(gate1, up1, bias1, u);
-            u += step1;
+        int stage = 0;
+        while (now.k < TOPK) {
+            // The unit STAGES - 1 ahead goes into the slot the last one left.
+            if (ahead.k < TOPK) issue1(stage == 0 ? STAGES - 1 : stage - 1, ahead);
+            copy_async_commit();
+            advance(ahead, step1);
+            copy_async_wait<STAGES - 1>();  // this unit's group is complete
+            __syncwarp();                   // and so are the other lanes' (scales, biases)
+            finish1(stage, now);
+            __syncwarp();  // every lane is done with the slot before it is asked for again
+            advance(now, step1);
+            stage = stage == STAGES - 1 ? 0 : stage + 1;
         }
     }
+    copy_async_wait<0>();  // nothing in flight into what GEMM 2's staging overwrites
 
     // ---- GEMM 2: units (token, r): row r of each of the token's experts,
     // summed and weighted in the warp.
@@ -515,16 +604,6 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     };
     const int units2 = M * K;
     u = warp;
-    if (PREFETCH_W2) {  // this warp's later GEMM 2 rows, asked of L2 before the barrier
-        for (int v = u + warps; v < units2; v += warps) {
-            const int token = v / K, r = v % K;
-#pragma unroll
-            for (int k = 0; k < TOPK; ++k) {
-                const unsigned char* row = w2 + ((u64)topk_ids[token * TOPK + k] * K + r) * row2;
-                for (int g = lane; g < groups2; g += 32) prefetch_l2(row + 16 * g);
-            }
-        }
-    }
     if (u < units2) issue2(rows0, bias2_0, u);  // weights need no activations: asked before the barrier
     STAMP(2);
     grid_barrier();
