@@ -110,9 +110,9 @@ class Kernel:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="128:2880:1", help="E:N:M,... (K=2880, topk=4, gpt-oss)")
-    parser.add_argument("--configs", default="4:3:4",
-                        help="WARPS:BLOCKS_PER_SM:STAGES,... (the kernel's sixth template parameter: STAGES "
-                             "since version 9, PREFETCH_W2 before)")
+    parser.add_argument("--configs", default="4:3:3:1",
+                        help="WARPS:BLOCKS_PER_SM:STAGES[:STAGE2],... (the kernel's sixth template parameter: "
+                             "STAGES since version 9, PREFETCH_W2 before; STAGE2 since version 10)")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--out", help="also write the markdown here")
     parser.add_argument("--hot", action="store_true",
@@ -156,9 +156,10 @@ def main(argv=None) -> int:
         kernel_args = [("p", inputs[n].data_ptr()) for n in names] + [("p", out.data_ptr()), ("i", M), ("i", N),
                                                                        ("i", 2880)]
         for source, config_text in ((s, c) for c in args.configs.split(",") for s in sources):
-            warps, per_sm, stages = (int(v) for v in config_text.split(":"))
+            warps, per_sm, stages, *stage2 = (int(v) for v in config_text.split(":"))
             gpl1 = -(-2880 // 1024)
-            name = f"mxfp4_moe_gemv<{gpl1}, {-(-N // 1024)}, 4, {warps}, {per_sm}, {stages}, 0>"
+            params = [gpl1, -(-N // 1024), 4, warps, per_sm, stages, *stage2, 0]
+            name = f"mxfp4_moe_gemv<{', '.join(str(v) for v in params)}>"
             grid, block = props.multi_processor_count * per_sm, 32 * warps
             # The manifest's shared_mem (enough for the versions before the ring too).
             smem = max(M * (-(-2880 // 32)) * 80 + warps * stages * (1088 * gpl1 + 32), M * 4 * (-(-N // 32)) * 80)
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
                     row["stamps"] = chosen
             plain_us, verdict = row["plain"]
             version = f" ({source.name})" if len(sources) > 1 else ""
-            lines += [f"## E={E} N={N} M={M}, WARPS {warps}, BLOCKS_PER_SM {per_sm}, STAGES {stages}{version}", "",
+            lines += [f"## E={E} N={N} M={M}, WARPS {warps}, BLOCKS_PER_SM {per_sm}, STAGES {stages}{f', STAGE2 {stage2[0]}' if stage2 else ''}{version}", "",
                       f"events: {plain_us:.2f} µs untraced, {row['traced'][0]:.2f} traced; output "
                       f"{'passed' if verdict.get('passed') else 'FAILED'} (max abs err {verdict.get('max_abs_err')})",
                       "", "| stamp | first warp | median warp | last warp |", "| --- | ---: | ---: | ---: |"]

@@ -383,6 +383,26 @@ __device__ __forceinline__ int pair_position(int k) {
     return 2 * (4 * w + (i & 3)) + (i >> 2);
 }
 
+// The same with the activations read where GEMM 1 left them (g_h, through
+// L1): a slot's values, 32-value groups in decode order, times H_SCALE.
+// Past N a group's stale values meet zero codes (rows are padded with them)
+// and are finite (GEMM 1 only ever writes clamped values), so they add 0.
+template <int GPL>
+__device__ __forceinline__ float row_dot_direct(const Group (&row)[GPL], const bits16* h, int groups, int lane) {
+    float sum = 0.f;
+#pragma unroll
+    for (int q = 0; q < GPL; ++q) {
+        const int g = lane + 32 * q;
+        if (g < groups) {
+            u32 pairs[16];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) *(uint4*)(pairs + 4 * c) = load16_cached(h + 32 * g + 8 * c);
+            sum = group_dot(row[q], pairs, 16384.f / H_SCALE, sum);
+        }
+    }
+    return sum;
+}
+
 template <int GPL>
 __device__ __forceinline__ float row_dot(const Group (&row)[GPL], const u32* records, int groups, int lane) {
     float sum = 0.f;
@@ -415,10 +435,11 @@ __device__ __forceinline__ float row_dot_held(const Group (&row)[GPL], const u32
 // GPL1 = groups per lane of a GEMM 1 row (ceil(K / 1024)); GPL2 of a GEMM 2
 // row (ceil(N / 1024)); TOPK = the shape's topk; STAGES = GEMM 1 units in a
 // warp's ring of shared memory (STAGES - 1 in flight while one is
-// computed). Dynamic shared memory: max(M * ceil(K / 32) * 80 + WARPS *
+// computed); STAGE2 = 1: GEMM 2's activations copied into each block's
+// shared memory first, 0: read where GEMM 1 wrote them. Dynamic shared memory: max(M * ceil(K / 32) * 80 + WARPS *
 // STAGES * SLOT1 bytes, M * topk * ceil(N / 32) * 80) (the manifest's
 // `shared_mem:`; SLOT1 = 1088 * GPL1 + 32).
-template <int GPL1, int GPL2, int TOPK, int WARPS, int BLOCKS_PER_SM, int STAGES, int FP16>
+template <int GPL1, int GPL2, int TOPK, int WARPS, int BLOCKS_PER_SM, int STAGES, int STAGE2, int FP16>
 __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     mxfp4_moe_gemv(const bits16* __restrict__ x, const int* __restrict__ topk_ids,
                    const float* __restrict__ topk_weights, const unsigned char* __restrict__ w1,
@@ -609,52 +630,54 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     grid_barrier();
     STAMP(3);
 
-    // Every slot's activations into shared memory (over GEMM 1's, no longer read).
-    // Every block reads the same few KB at once, so: a thread issues all of its
-    // loads (STAGE_BATCH records) before it stores any, one round trip instead of
-    // one a record; the loads go through L1, which the blocks of an SM share
-    // (safe: L1 holds no line of g_h, which GEMM 1 stored to L2 only and nothing
-    // read before the barrier); and each block starts at its own record, so the
-    // blocks do not all queue on the same L2 lines first.
-    {
-        const int records = slots * groups2;
-        const int full_groups = N / 32;  // groups of 32 values below N
-        const int first = (int)((blockIdx.x * 7u) % (unsigned)records);
-        for (int base = threadIdx.x; base < records; base += STAGE_BATCH * WARPS * 32) {
-            uint4 held[STAGE_BATCH][4];
-#pragma unroll
-            for (int b = 0; b < STAGE_BATCH; ++b) {
-                int i = base + b * WARPS * 32;
-                i = i < records - first ? i + first : i + first - records;
-                if (base + b * WARPS * 32 < records && i % groups2 < full_groups) {
-                    const bits16* src = g_h + (i / groups2) * MAX_COLS + 32 * (i % groups2);
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) held[b][c] = load16_cached(src + 8 * c);
-                }
-            }
-#pragma unroll
-            for (int b = 0; b < STAGE_BATCH; ++b) {
-                if (base + b * WARPS * 32 >= records) break;
-                int i = base + b * WARPS * 32;
-                i = i < records - first ? i + first : i + first - records;
-                const int slot = i / groups2, g = i % groups2;
-                u32* record = act + i * ACT_RECORD_WORDS;
-                if (g < full_groups) {
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) *(uint4*)(record + 4 * c) = held[b][c];
-                } else {  // the last group: zero past N (what a longer shape left there is not this one's)
-                    const bits16* src = g_h + slot * MAX_COLS + 32 * g;
-                    bits16* halves = (bits16*)record;
-                    for (int k = 0; k < 32; ++k) {
-                        const int p = pair_position(k);
-                        halves[p] = 32 * g + k < N ? __ldcg(src + p) : (bits16)0;
+    if (STAGE2) {
+        // Every slot's activations into shared memory (over GEMM 1's, no longer read).
+        // Every block reads the same few KB at once, so: a thread issues all of its
+        // loads (STAGE_BATCH records) before it stores any, one round trip instead of
+        // one a record; the loads go through L1, which the blocks of an SM share
+        // (safe: L1 holds no line of g_h, which GEMM 1 stored to L2 only and nothing
+        // read before the barrier); and each block starts at its own record, so the
+        // blocks do not all queue on the same L2 lines first.
+        {
+            const int records = slots * groups2;
+            const int full_groups = N / 32;  // groups of 32 values below N
+            const int first = (int)((blockIdx.x * 7u) % (unsigned)records);
+            for (int base = threadIdx.x; base < records; base += STAGE_BATCH * WARPS * 32) {
+                uint4 held[STAGE_BATCH][4];
+    #pragma unroll
+                for (int b = 0; b < STAGE_BATCH; ++b) {
+                    int i = base + b * WARPS * 32;
+                    i = i < records - first ? i + first : i + first - records;
+                    if (base + b * WARPS * 32 < records && i % groups2 < full_groups) {
+                        const bits16* src = g_h + (i / groups2) * MAX_COLS + 32 * (i % groups2);
+    #pragma unroll
+                        for (int c = 0; c < 4; ++c) held[b][c] = load16_cached(src + 8 * c);
                     }
                 }
-                record[16] = __float_as_uint(16384.f / H_SCALE);  // undo the decode's 2^-14 and H_SCALE
+    #pragma unroll
+                for (int b = 0; b < STAGE_BATCH; ++b) {
+                    if (base + b * WARPS * 32 >= records) break;
+                    int i = base + b * WARPS * 32;
+                    i = i < records - first ? i + first : i + first - records;
+                    const int slot = i / groups2, g = i % groups2;
+                    u32* record = act + i * ACT_RECORD_WORDS;
+                    if (g < full_groups) {
+    #pragma unroll
+                        for (int c = 0; c < 4; ++c) *(uint4*)(record + 4 * c) = held[b][c];
+                    } else {  // the last group: zero past N (what a longer shape left there is not this one's)
+                        const bits16* src = g_h + slot * MAX_COLS + 32 * g;
+                        bits16* halves = (bits16*)record;
+                        for (int k = 0; k < 32; ++k) {
+                            const int p = pair_position(k);
+                            halves[p] = 32 * g + k < N ? __ldcg(src + p) : (bits16)0;
+                        }
+                    }
+                    record[16] = __float_as_uint(16384.f / H_SCALE);  // undo the decode's 2^-14 and H_SCALE
+                }
             }
         }
+        __syncthreads();
     }
-    __syncthreads();
     STAMP(4);
 
     auto finish2 = [&](const Group (&rows)[TOPK][GPL2], u32 bias, int unit) {
@@ -663,7 +686,9 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
 #pragma unroll
         for (int k = 0; k < TOPK; ++k) {
             const int slot = token * TOPK + k;
-            y = fmaf(topk_weights[slot], row_dot<GPL2>(rows[k], act + slot * groups2 * ACT_RECORD_WORDS, groups2, lane), y);
+            const float dot = STAGE2 ? row_dot<GPL2>(rows[k], act + slot * groups2 * ACT_RECORD_WORDS, groups2, lane)
+                                     : row_dot_direct<GPL2>(rows[k], g_h + slot * MAX_COLS, groups2, lane);
+            y = fmaf(topk_weights[slot], dot, y);
         }
         if (lane < TOPK) y = fmaf(topk_weights[token * TOPK + lane], act_to_float<FP16>((bits16)bias), y);
         y = warp_sum(y);
