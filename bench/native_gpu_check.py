@@ -13,10 +13,12 @@ others still run:
 2. the quickstart (experiments/quickstart.yaml: Triton, the CUDA C++ method,
    torch's cuBLAS) tuned on the GPU into OUT/results, its aot output included;
 3. its journal read back: every method must have ok jobs;
-4. python/tests/test_native.py on the GPU (the native worker, shared
-   tensors, the CUDA GEMM natively, a Triton kernel natively with Python's
-   bits, the aot dispatcher from step 2 built with cc), with pytest from the
-   device's Python or from the wheels in .whl/ (unpacked under OUT);
+4. python/tests/test_native.py and python/tests/test_cuda_gemv.py on the
+   GPU (the native worker, shared tensors, the CUDA GEMM natively, a Triton
+   kernel natively with Python's bits, the aot dispatcher from step 2 built
+   with cc; the CUDA C++ MXFP4 MoE kernel against its reference), with
+   pytest from the device's Python or from the wheels in .whl/ (unpacked
+   under OUT);
 5. bench/native_launch.py: host cost of one launch, Triton's JIT and
    compiled launcher against the native worker.
 
@@ -203,12 +205,13 @@ def main() -> int:
     test_env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO / "python"), extra or ""] if p)
     if summary and summary["aot"]:
         test_env["TUNELAB_AOT_DIR"] = str(summary["aot"][0])
+    label = "python/tests/test_native.py, test_cuda_gemv.py"
     if why_not:
-        steps.note("python/tests/test_native.py", False, why_not)
+        steps.note(label, False, why_not)
     else:
-        steps.run("python/tests/test_native.py", [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                                                  "python/tests/test_native.py"],
-                  "test_native.txt", 150, test_env)
+        steps.run(label, [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                          "python/tests/test_native.py", "python/tests/test_cuda_gemv.py"],
+                  "test_native.txt", 240, test_env)
 
     # 5. Launch cost.
     launch_json = out / "native_launch.json"
@@ -244,7 +247,7 @@ def main() -> int:
             lines += ["", f"aot `{folder}`: prefix `{index['prefix']}`, {len(index['specs'])} specialisations, "
                           f"buckets {', '.join(index['buckets'])}, {len(index['left_out'])} winners left out"]
     tests = tail(out / "test_native.txt", 40)
-    lines += ["", "## python/tests/test_native.py", "", "```", *tests[-15:], "```"]
+    lines += ["", "## python/tests/test_native.py, test_cuda_gemv.py", "", "```", *tests[-15:], "```"]
     lines += ["", "## Launch cost (bench/native_launch.py)", ""]
     if launch_json.exists():
         report = json.loads(launch_json.read_text())
