@@ -28,11 +28,12 @@
 // weights); a warp copies its groups to registers and takes GEMM 1 units (a
 // routed slot's gate and up rows j, both K long, with their biases),
 // STAGES - 1 units ahead through a ring of shared memory filled by
-// asynchronous copies (cp.async), and writes the activated value, rounded to the activation type as
-// the reference rounds it, as f16 times 2^10 to a module-scope buffer (under
-// gpt-oss's clamps |h| <= 8 * 7 = 56, so 2^10 |h| stays below f16's 65504,
-// and products with the decoded weights stay clear of f16's subnormals),
-// each group in the order the decode pairs it. All blocks then meet at a grid
+// asynchronous copies (cp.async), and writes the activated value, rounded
+// to the activation type as the reference rounds it, as f16 times 2^10 to a
+// module-scope buffer (under gpt-oss's clamps |h| <= 8 * 7 = 56, so 2^10 |h|
+// stays below f16's 65504; a product with a decoded weight is an f16
+// subnormal only when |h| times the code is below 2^-10, an absolute error
+// of at most 2^-25 a product), each group in the order the decode pairs it. All blocks then meet at a grid
 // barrier (every block is resident: the grid is the SM count times
 // BLOCKS_PER_SM, __launch_bounds__ holds the registers to that and the
 // manifest's constraints the shared memory); GEMM 2's
@@ -65,7 +66,7 @@ namespace tunelab_mxfp4 {
 __device__ u64 g_arrived;                          // grid barrier: arrivals since the module loaded
 // GEMM 1's activated output as f16 bits, [slot][N], each 32-value group in
 // the order the decode pairs it (`pair_position`).
-__device__ bits16 g_h[MAX_SLOTS * MAX_COLS];
+__device__ __align__(16) bits16 g_h[MAX_SLOTS * MAX_COLS];  // read 16 bytes at a time
 
 #ifdef TRACE
 // bench/mxfp4_cuda_timeline.py: %globaltimer stamps, TRACE_STAMPS a warp.
@@ -291,7 +292,9 @@ __device__ __forceinline__ void scale_group(const float (&v)[32], u32* pairs, fl
     for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(v[k]));
     int e = 0;  // amax in [2^(e-1), 2^e): scaled by 2^(15 - e) it lands in [2^14, 2^15)
     if (amax > 0.f) frexpf(amax, &e);
-    const int shift = amax > 0.f ? 15 - e : 0;
+    // At most 127: 2^shift stays a float (a group below 2^-112 would need more)
+    // and the scaled values stay below 2^15.
+    const int shift = amax > 0.f ? min(15 - e, 127) : 0;
     undo = exp2f((float)(14 - shift));
     const float f = exp2f((float)shift);
 #pragma unroll
@@ -385,8 +388,8 @@ __device__ __forceinline__ int pair_position(int k) {
 
 // The same with the activations read where GEMM 1 left them (g_h, through
 // L1): a slot's values, 32-value groups in decode order, times H_SCALE.
-// Past N a group's stale values meet zero codes (rows are padded with them)
-// and are finite (GEMM 1 only ever writes clamped values), so they add 0.
+// Past N a group's values are zeros (block 0 writes them before the grid
+// barrier) and meet zero codes (rows are padded with them).
 template <int GPL>
 __device__ __forceinline__ float row_dot_direct(const Group (&row)[GPL], const bits16* h, int groups, int lane) {
     float sum = 0.f;
@@ -495,10 +498,11 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
         for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int q = 0; q < GPL1; ++q) {
-                // Past the row's groups nothing is read (zeros are written), so
-                // the address needs no clamp: one base and constant offsets.
+                // Past the row's groups zeros are written and nothing is read;
+                // the address is kept inside the row all the same.
                 const bool inside = lane + 32 * q < groups1;
-                copy_async16(slot + ((r * GPL1 + q) * 32 + lane) * 16, lane_codes + r * row1 + 512 * q, inside ? 16 : 0);
+                copy_async16(slot + ((r * GPL1 + q) * 32 + lane) * 16, lane_codes + r * row1 + (inside ? 512 * q : 0),
+                             inside ? 16 : 0);
             }
         // The unit's 2 * groups1 scale bytes, from the 4-byte word holding the first.
         const u64 first = gate_row * groups1;
@@ -549,6 +553,17 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
         float undo;
         scale_group(v, record, undo);
         record[16] = __float_as_uint(undo);
+    }
+    // GEMM 1's output past N, up to the last whole group, is zero: an earlier
+    // launch with a longer N (the same module serves every N of a template
+    // instance) may have left values there, even a NaN from non-finite inputs,
+    // and GEMM 2 reads whole groups (0 codes times a NaN is a NaN).
+    if (blockIdx.x == 0) {
+        const int tail = 32 * groups2 - N;
+        for (int i = threadIdx.x; i < slots * tail; i += WARPS * 32) {
+            const int j = N + i % tail;
+            store_l2(g_h + (i / tail) * MAX_COLS + (j & ~31) + pair_position(j & 31), (bits16)0);
+        }
     }
     __syncthreads();
     STAMP(1);
@@ -631,49 +646,37 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     STAMP(3);
 
     if (STAGE2) {
-        // Every slot's activations into shared memory (over GEMM 1's, no longer read).
-        // Every block reads the same few KB at once, so: a thread issues all of its
-        // loads (STAGE_BATCH records) before it stores any, one round trip instead of
-        // one a record; the loads go through L1, which the blocks of an SM share
-        // (safe: L1 holds no line of g_h, which GEMM 1 stored to L2 only and nothing
-        // read before the barrier); and each block starts at its own record, so the
-        // blocks do not all queue on the same L2 lines first.
-        {
-            const int records = slots * groups2;
-            const int full_groups = N / 32;  // groups of 32 values below N
-            const int first = (int)((blockIdx.x * 7u) % (unsigned)records);
-            for (int base = threadIdx.x; base < records; base += STAGE_BATCH * WARPS * 32) {
-                uint4 held[STAGE_BATCH][4];
-    #pragma unroll
-                for (int b = 0; b < STAGE_BATCH; ++b) {
-                    int i = base + b * WARPS * 32;
-                    i = i < records - first ? i + first : i + first - records;
-                    if (base + b * WARPS * 32 < records && i % groups2 < full_groups) {
-                        const bits16* src = g_h + (i / groups2) * MAX_COLS + 32 * (i % groups2);
-    #pragma unroll
-                        for (int c = 0; c < 4; ++c) held[b][c] = load16_cached(src + 8 * c);
-                    }
+        // Every slot's activations into shared memory (over GEMM 1's, no
+        // longer read; past N they are zeros, see above). Every block reads
+        // the same few KB at once, so: a thread issues all of its loads
+        // (STAGE_BATCH records) before it stores any, one round trip instead
+        // of one a record; the loads go through L1, which the blocks of an SM
+        // share (safe: L1 holds no line of g_h, which GEMM 1 stored to L2 only
+        // and nothing read before the barrier); and each block starts at its
+        // own record, so the blocks do not all queue on the same L2 lines first.
+        const int records = slots * groups2;
+        const int first = (int)((blockIdx.x * 7u) % (unsigned)records);
+        for (int base = threadIdx.x; base < records; base += STAGE_BATCH * WARPS * 32) {
+            uint4 held[STAGE_BATCH][4];
+#pragma unroll
+            for (int b = 0; b < STAGE_BATCH; ++b) {
+                int i = base + b * WARPS * 32;
+                i = i < records - first ? i + first : i + first - records;
+                if (base + b * WARPS * 32 < records) {
+                    const bits16* src = g_h + (i / groups2) * MAX_COLS + 32 * (i % groups2);
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) held[b][c] = load16_cached(src + 8 * c);
                 }
-    #pragma unroll
-                for (int b = 0; b < STAGE_BATCH; ++b) {
-                    if (base + b * WARPS * 32 >= records) break;
-                    int i = base + b * WARPS * 32;
-                    i = i < records - first ? i + first : i + first - records;
-                    const int slot = i / groups2, g = i % groups2;
-                    u32* record = act + i * ACT_RECORD_WORDS;
-                    if (g < full_groups) {
-    #pragma unroll
-                        for (int c = 0; c < 4; ++c) *(uint4*)(record + 4 * c) = held[b][c];
-                    } else {  // the last group: zero past N (what a longer shape left there is not this one's)
-                        const bits16* src = g_h + slot * MAX_COLS + 32 * g;
-                        bits16* halves = (bits16*)record;
-                        for (int k = 0; k < 32; ++k) {
-                            const int p = pair_position(k);
-                            halves[p] = 32 * g + k < N ? __ldcg(src + p) : (bits16)0;
-                        }
-                    }
-                    record[16] = __float_as_uint(16384.f / H_SCALE);  // undo the decode's 2^-14 and H_SCALE
-                }
+            }
+#pragma unroll
+            for (int b = 0; b < STAGE_BATCH; ++b) {
+                if (base + b * WARPS * 32 >= records) break;
+                int i = base + b * WARPS * 32;
+                i = i < records - first ? i + first : i + first - records;
+                u32* record = act + i * ACT_RECORD_WORDS;
+#pragma unroll
+                for (int c = 0; c < 4; ++c) *(uint4*)(record + 4 * c) = held[b][c];
+                record[16] = __float_as_uint(16384.f / H_SCALE);  // undo the decode's 2^-14 and H_SCALE
             }
         }
         __syncthreads();

@@ -363,8 +363,8 @@ class FusedMoE:
     def _weights(self, seed: int, device) -> dict:
         build = lambda: self._build_weights(seed, device)  # noqa: E731
         size = self.E * self.expert_bytes()
-        if self.weight_format == "mxfp4":
-            size += self.E * 3 * self.N * self.K * 0.5  # the pair-order copies of the codes
+        if self.weight_format == "mxfp4":  # the pair-order copies of the codes, rows padded as stored
+            size += self.E * (2 * self.N * quant.mx_padded(self.K) + self.K * quant.mx_padded(self.N)) * 0.5
         return dict(_WEIGHTS.get(self._weights_key(seed, device), build, device, size))
 
     def _build_weights(self, seed: int, device) -> dict:
