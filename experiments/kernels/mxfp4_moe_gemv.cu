@@ -33,16 +33,17 @@
 // module-scope buffer (under gpt-oss's clamps |h| <= 8 * 7 = 56, so 2^10 |h|
 // stays below f16's 65504; a product with a decoded weight is an f16
 // subnormal only when |h| times the code is below 2^-10, an absolute error
-// of at most 2^-25 a product), each group in the order the decode pairs it. All blocks then meet at a grid
-// barrier (every block is resident: the grid is the SM count times
-// BLOCKS_PER_SM, __launch_bounds__ holds the registers to that and the
-// manifest's constraints the shared memory); GEMM 2's
-// first rows were asked for before it. Each block copies every slot's
-// activations into shared memory (all of a thread's loads in flight at once,
-// through L1, from a block-dependent first record), and a warp takes GEMM 2
-// units (token, r): row r of each of the token's experts and its bias,
-// weighted by the router and summed in the warp, then written in the
-// activation type.
+// of at most 2^-25 a product), each group in the order the decode pairs
+// it; block 0 writes zeros past N up to the last whole group. All blocks
+// then meet at a grid barrier (every block is resident: the grid is the SM
+// count times BLOCKS_PER_SM, __launch_bounds__ holds the registers to that
+// and the manifest's constraints the shared memory); GEMM 2's first rows
+// were asked for before it. With STAGE2, each block then copies every
+// slot's activations into shared memory (all of a thread's loads in flight
+// at once, through L1, from a block-dependent first record); without, GEMM
+// 2 reads them where GEMM 1 wrote them. A warp takes GEMM 2 units (token,
+// r): row r of each of the token's experts and its bias, weighted by the
+// router and summed in the warp, then written in the activation type.
 //
 // The barrier's counter only grows (each launch adds the grid), so no launch
 // needs it reset. A launch that faults or is killed takes the module with it
@@ -386,38 +387,32 @@ __device__ __forceinline__ int pair_position(int k) {
     return 2 * (4 * w + (i & 3)) + (i >> 2);
 }
 
-// The same with the activations read where GEMM 1 left them (g_h, through
-// L1): a slot's values, 32-value groups in decode order, times H_SCALE.
-// Past N a group's values are zeros (block 0 writes them before the grid
-// barrier) and meet zero codes (rows are padded with them).
-template <int GPL>
-__device__ __forceinline__ float row_dot_direct(const Group (&row)[GPL], const bits16* h, int groups, int lane) {
+// This lane's share of a GEMM 2 row's dot product with one slot's
+// activations, in fp32: from the block's staged records (STAGED), or read
+// where GEMM 1 left them (`h`: g_h through L1, 32-value groups in decode
+// order, times H_SCALE; past N they are zeros, which block 0 writes before
+// the grid barrier, and meet zero codes, which pad the rows).
+template <int GPL, int STAGED>
+__device__ __forceinline__ float row_dot(const Group (&row)[GPL], const u32* records, const bits16* h, int groups,
+                                         int lane) {
     float sum = 0.f;
 #pragma unroll
     for (int q = 0; q < GPL; ++q) {
         const int g = lane + 32 * q;
         if (g < groups) {
             u32 pairs[16];
+            float undo;
+            if (STAGED) {
+                const u32* record = records + g * ACT_RECORD_WORDS;
 #pragma unroll
-            for (int c = 0; c < 4; ++c) *(uint4*)(pairs + 4 * c) = load16_cached(h + 32 * g + 8 * c);
-            sum = group_dot(row[q], pairs, 16384.f / H_SCALE, sum);
-        }
-    }
-    return sum;
-}
-
-template <int GPL>
-__device__ __forceinline__ float row_dot(const Group (&row)[GPL], const u32* records, int groups, int lane) {
-    float sum = 0.f;
+                for (int c = 0; c < 4; ++c) *(uint4*)(pairs + 4 * c) = *(const uint4*)(record + 4 * c);
+                undo = __uint_as_float(record[16]);
+            } else {
 #pragma unroll
-    for (int q = 0; q < GPL; ++q) {
-        const int g = lane + 32 * q;
-        if (g < groups) {
-            const u32* record = records + g * ACT_RECORD_WORDS;
-            u32 pairs[16];
-#pragma unroll
-            for (int c = 0; c < 4; ++c) *(uint4*)(pairs + 4 * c) = *(const uint4*)(record + 4 * c);
-            sum = group_dot(row[q], pairs, __uint_as_float(record[16]), sum);
+                for (int c = 0; c < 4; ++c) *(uint4*)(pairs + 4 * c) = load16_cached(h + 32 * g + 8 * c);
+                undo = 16384.f / H_SCALE;
+            }
+            sum = group_dot(row[q], pairs, undo, sum);
         }
     }
     return sum;
@@ -439,9 +434,10 @@ __device__ __forceinline__ float row_dot_held(const Group (&row)[GPL], const u32
 // row (ceil(N / 1024)); TOPK = the shape's topk; STAGES = GEMM 1 units in a
 // warp's ring of shared memory (STAGES - 1 in flight while one is
 // computed); STAGE2 = 1: GEMM 2's activations copied into each block's
-// shared memory first, 0: read where GEMM 1 wrote them. Dynamic shared memory: max(M * ceil(K / 32) * 80 + WARPS *
-// STAGES * SLOT1 bytes, M * topk * ceil(N / 32) * 80) (the manifest's
-// `shared_mem:`; SLOT1 = 1088 * GPL1 + 32).
+// shared memory first, 0: read where GEMM 1 wrote them. Dynamic shared
+// memory: max(M * ceil(K / 32) * 80 + WARPS * STAGES * SLOT1, STAGE2 * M *
+// topk * ceil(N / 32) * 80) bytes (the manifest's `shared_mem:`; SLOT1 =
+// 1088 * GPL1 + 32).
 template <int GPL1, int GPL2, int TOPK, int WARPS, int BLOCKS_PER_SM, int STAGES, int STAGE2, int FP16>
 __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     mxfp4_moe_gemv(const bits16* __restrict__ x, const int* __restrict__ topk_ids,
@@ -463,9 +459,10 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
     // ---- GEMM 1: units (slot, j), the gate and up rows j of the slot's
     // expert; a warp keeps one token, its activations in registers. Each
     // warp streams its units through a ring of STAGES slots of shared
-    // memory by asynchronous copies, STAGES - 1 units ahead: the bytes in
-    // flight are not held in registers, so there can be more of them (with
-    // two units in registers, GEMM 1 streamed w1 at about 3.1 TB/s).
+    // memory by asynchronous copies, STAGES - 1 units ahead, so that the
+    // bytes in flight take no registers (on an H200, two stages were the
+    // fastest and three or more slower: results/bench/NVIDIA_H200/
+    // mxfp4_m1_gemv/cuda_gemv.md, versions 9 and 10).
     const int token1 = warp % M;
     const int warps_per_token = warps / M;
     const bool gemm1_warp = warp < warps_per_token * M;
@@ -689,8 +686,8 @@ __global__ void __launch_bounds__(WARPS * 32, BLOCKS_PER_SM)
 #pragma unroll
         for (int k = 0; k < TOPK; ++k) {
             const int slot = token * TOPK + k;
-            const float dot = STAGE2 ? row_dot<GPL2>(rows[k], act + slot * groups2 * ACT_RECORD_WORDS, groups2, lane)
-                                     : row_dot_direct<GPL2>(rows[k], g_h + slot * MAX_COLS, groups2, lane);
+            const float dot = row_dot<GPL2, STAGE2>(rows[k], act + slot * groups2 * ACT_RECORD_WORDS,
+                                                     g_h + slot * MAX_COLS, groups2, lane);
             y = fmaf(topk_weights[slot], dot, y);
         }
         if (lane < TOPK) y = fmaf(topk_weights[token * TOPK + lane], act_to_float<FP16>((bits16)bias), y);
