@@ -46,14 +46,16 @@ def nvrtc_library():
     raise SystemExit("no NVRTC wheel found next to torch")
 
 
-def compile_cubin(nvrtc, source: Path, name: str, arch: str, defines: list[str]) -> tuple[bytes, str, str | None]:
-    """(cubin, the kernel's lowered name, the trace buffer's lowered name)."""
+def compile_cubin(nvrtc, source: Path, name: str, arch: str, defines: list[str],
+                  options: tuple[str, ...] = ()) -> tuple[bytes, str, str | None, str]:
+    """(cubin, the kernel's lowered name, the trace buffer's lowered name,
+    NVRTC's log) of one template instance; `options` are NVRTC's."""
     prog = ctypes.c_void_p()
     check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.read_bytes(), b"mxfp4_moe_gemv.cu", 0, None, None))
     names = [name.encode()] + ([b"&tunelab_mxfp4::g_trace"] if defines else [])
     for n in names:
         check(nvrtc.nvrtcAddNameExpression(prog, n))
-    opts = [f"-arch={arch}".encode(), b"-std=c++17"] + [d.encode() for d in defines]
+    opts = [f"-arch={arch}".encode(), b"-std=c++17"] + [d.encode() for d in (*defines, *options)]
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()
     nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -69,7 +71,24 @@ def compile_cubin(nvrtc, source: Path, name: str, arch: str, defines: list[str])
     nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
     cubin = ctypes.create_string_buffer(size.value)
     check(nvrtc.nvrtcGetCUBIN(prog, cubin))
-    return cubin.raw, lowered[0], (lowered[1] if defines else None)
+    return cubin.raw, lowered[0], (lowered[1] if defines else None), log.value.decode()
+
+
+def shared_mem_bytes(M: int, K: int, N: int, topk: int, warps: int, stages: int, stage2: int = 1) -> int:
+    """The dynamic shared memory of one launch: experiments/gptoss-mxfp4.yaml's
+    `shared_mem` for `cuda_gemv` (with STAGE2 1 by default, enough for the
+    versions before STAGE2 too)."""
+    gpl1 = -(-K // 1024)
+    return max(M * -(-K // 32) * 80 + warps * stages * (1088 * gpl1 + 32), stage2 * M * topk * -(-N // 32) * 80)
+
+
+def kernel_args(inputs: dict, out, M: int, N: int, K: int, standard_order: bool = False) -> list:
+    """The kernel's arguments over the `moe` problem's inputs, in its
+    signature's order: the weights in pair order, or (`standard_order`) as
+    the kernels before version 8 read them."""
+    w1, w2 = ("w1", "w2") if standard_order else ("w1_pairs", "w2_pairs")
+    names = ("x", "topk_ids", "topk_weights", w1, "w1_scale", w2, "w2_scale", "b1", "b2")
+    return [("p", inputs[n].data_ptr()) for n in names] + [("p", out.data_ptr()), ("i", M), ("i", N), ("i", K)]
 
 
 def check(status):
@@ -151,24 +170,20 @@ def main(argv=None) -> int:
         inputs = problem.inputs(0, "cuda")
         reference = problem.reference(inputs)
         out = torch.empty_like(reference)
-        w1, w2 = ("w1", "w2") if args.standard_order else ("w1_pairs", "w2_pairs")
-        names = ("x", "topk_ids", "topk_weights", w1, "w1_scale", w2, "w2_scale", "b1", "b2")
-        kernel_args = [("p", inputs[n].data_ptr()) for n in names] + [("p", out.data_ptr()), ("i", M), ("i", N),
-                                                                       ("i", 2880)]
+        launch_args = kernel_args(inputs, out, M, N, 2880, args.standard_order)
         for source, config_text in ((s, c) for c in args.configs.split(",") for s in sources):
             warps, per_sm, stages, *stage2 = (int(v) for v in config_text.split(":"))
-            gpl1 = -(-2880 // 1024)
-            params = [gpl1, -(-N // 1024), 4, warps, per_sm, stages, *stage2, 0]
+            params = [-(-2880 // 1024), -(-N // 1024), 4, warps, per_sm, stages, *stage2, 0]
             name = f"mxfp4_moe_gemv<{', '.join(str(v) for v in params)}>"
             grid, block = props.multi_processor_count * per_sm, 32 * warps
-            # The manifest's shared_mem (enough for the versions before the ring too).
-            smem = max(M * (-(-2880 // 32)) * 80 + warps * stages * (1088 * gpl1 + 32), M * 4 * (-(-N // 32)) * 80)
+            smem = shared_mem_bytes(M, 2880, N, 4, warps, stages)
             row = {}
             for traced in (False, True):
-                cubin, symbol, trace_symbol = compile_cubin(nvrtc, source, name, arch, ["-DTRACE=1"] if traced else [])
+                cubin, symbol, trace_symbol, _ = compile_cubin(nvrtc, source, name, arch,
+                                                               ["-DTRACE=1"] if traced else [])
                 kernel = Kernel(cuda, cubin, symbol, trace_symbol, smem)
                 out.fill_(float("nan"))
-                kernel.launch(grid, block, kernel_args, stream)
+                kernel.launch(grid, block, launch_args, stream)
                 torch.cuda.synchronize()
                 verdict = compare(out, reference, atol=2e-2, rtol=2e-2, max_mismatch=0.005)
                 times, stamps = [], []
@@ -181,7 +196,7 @@ def main(argv=None) -> int:
                         flush.fill_(1)
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
-                    kernel.launch(grid, block, kernel_args, stream)
+                    kernel.launch(grid, block, launch_args, stream)
                     end.record()
                     torch.cuda.synchronize()
                     times.append(start.elapsed_time(end) * 1000.0)
@@ -196,7 +211,9 @@ def main(argv=None) -> int:
                     row["stamps"] = chosen
             plain_us, verdict = row["plain"]
             version = f" ({source.name})" if len(sources) > 1 else ""
-            lines += [f"## E={E} N={N} M={M}, WARPS {warps}, BLOCKS_PER_SM {per_sm}, STAGES {stages}{f', STAGE2 {stage2[0]}' if stage2 else ''}{version}", "",
+            stage2_text = f", STAGE2 {stage2[0]}" if stage2 else ""
+            lines += [f"## E={E} N={N} M={M}, WARPS {warps}, BLOCKS_PER_SM {per_sm}, STAGES {stages}{stage2_text}{version}",
+                      "",
                       f"events: {plain_us:.2f} µs untraced, {row['traced'][0]:.2f} traced; output "
                       f"{'passed' if verdict.get('passed') else 'FAILED'} (max abs err {verdict.get('max_abs_err')})",
                       "", "| stamp | first warp | median warp | last warp |", "| --- | ---: | ---: | ---: |"]

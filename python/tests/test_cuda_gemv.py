@@ -43,25 +43,11 @@ def _name(gpl1, gpl2, topk, warps, per_sm, stages, stage2, fp16):
     return f"mxfp4_moe_gemv<{gpl1}, {gpl2}, {topk}, {warps}, {per_sm}, {stages}, {stage2}, {fp16}>"
 
 
-def _compile(timeline, nvrtc, name: str, arch: str) -> tuple[bytes, str, str]:
-    """(cubin, lowered name, ptxas's report) of one instance."""
-    prog = ctypes.c_void_p()
-    source = timeline.SOURCE.read_bytes()
-    timeline.check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, b"mxfp4_moe_gemv.cu", 0, None, None))
-    timeline.check(nvrtc.nvrtcAddNameExpression(prog, name.encode()))
-    opts = [f"-arch={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
-    status = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    assert status == 0, f"NVRTC failed for {name}:\n{log.value.decode()}"
-    lowered = ctypes.c_char_p()
-    timeline.check(nvrtc.nvrtcGetLoweredName(prog, name.encode(), ctypes.byref(lowered)))
-    nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cubin = ctypes.create_string_buffer(size.value)
-    timeline.check(nvrtc.nvrtcGetCUBIN(prog, cubin))
-    return cubin.raw, lowered.value.decode(), log.value.decode()
+def _compile(timeline, name: str, arch: str) -> tuple[bytes, str, str]:
+    """(cubin, lowered name, NVRTC's log with ptxas's report) of one instance."""
+    cubin, symbol, _, log = timeline.compile_cubin(_nvrtc(timeline), timeline.SOURCE, name, arch, [],
+                                                   options=("--ptxas-options=-v",))
+    return cubin, symbol, log
 
 
 @pytest.mark.parametrize("instance", [
@@ -70,8 +56,7 @@ def _compile(timeline, nvrtc, name: str, arch: str) -> tuple[bytes, str, str]:
     (1, 1, 2, 8, 2, 2, 0, 0),  # short rows, topk 2, 8 warps
 ])
 def test_the_kernel_compiles_within_its_register_bound(timeline, instance):
-    nvrtc = _nvrtc(timeline)
-    _, _, log = _compile(timeline, nvrtc, _name(*instance), "sm_90")
+    _, _, log = _compile(timeline, _name(*instance), "sm_90")
     used = re.search(r"Used (\d+) registers", log)
     if used is None:  # seen on a GPU host: a second compile of the same source reported nothing
         pytest.skip("compiled; NVRTC's log has no ptxas statistics, so the registers are not checked")
@@ -90,25 +75,19 @@ def _gpu_arch():
 gpu_only = pytest.mark.skipif(_gpu_arch() is None, reason="needs an NVIDIA GPU of compute capability 9.0 or newer")
 
 
-def _smem(M, K, N, topk, warps, stages, stage2):
-    """The manifest's shared_mem for `cuda_gemv`."""
-    return max(M * -(-K // 32) * 80 + warps * stages * (1088 * -(-K // 1024) + 32),
-               stage2 * M * topk * -(-N // 32) * 80)
-
-
 class _Launch:
     """One template instance loaded once (one module: its globals persist
     from launch to launch), launched on a shape's inputs."""
 
     def __init__(self, timeline, instance, smem):
-        cubin, symbol, _ = _compile(timeline, _nvrtc(timeline), _name(*instance), _gpu_arch())
+        cubin, symbol, _ = _compile(timeline, _name(*instance), _gpu_arch())
         torch.cuda.synchronize()
         self.kernel = timeline.Kernel(ctypes.CDLL("libcuda.so.1"), cubin, symbol, None, smem)
+        self.timeline = timeline
         self.warps, self.per_sm = instance[3], instance[4]
 
     def __call__(self, inputs, out, M, N, K):
-        names = ("x", "topk_ids", "topk_weights", "w1_pairs", "w1_scale", "w2_pairs", "w2_scale", "b1", "b2")
-        args = [("p", inputs[n].data_ptr()) for n in names] + [("p", out.data_ptr()), ("i", M), ("i", N), ("i", K)]
+        args = self.timeline.kernel_args(inputs, out, M, N, K)
         grid = torch.cuda.get_device_properties(0).multi_processor_count * self.per_sm
         out.fill_(float("nan"))
         self.kernel.launch(grid, 32 * self.warps, args, torch.cuda.current_stream().cuda_stream)
@@ -140,7 +119,7 @@ def test_the_kernel_matches_the_reference(timeline, shape, stages, stage2):
     warps, per_sm = 4, 3
     fp16 = 1 if shape["act_dtype"] == "fp16" else 0
     instance = (-(-K // 1024), -(-N // 1024), topk, warps, per_sm, stages, stage2, fp16)
-    launch = _Launch(timeline, instance, _smem(M, K, N, topk, warps, stages, stage2))
+    launch = _Launch(timeline, instance, timeline.shared_mem_bytes(M, K, N, topk, warps, stages, stage2))
     out = torch.empty_like(reference)
     for attempt in range(2):
         launch(inputs, out, M, N, K)
@@ -160,7 +139,7 @@ def test_a_shorter_n_after_a_nan_reads_nothing_left_past_n(timeline, stage2):
     M, K, topk, warps, per_sm, stages = 1, 1000, 4, 4, 3, 2
     _, long_inputs, _, _ = _problem(M=M, E=6, K=K, N=1000)
     _, inputs, reference, _ = _problem(M=M, E=6, K=K, N=200)
-    smem = _smem(M, K, 1000, topk, warps, stages, stage2)
+    smem = timeline.shared_mem_bytes(M, K, 1000, topk, warps, stages, stage2)
     launch = _Launch(timeline, (1, 1, topk, warps, per_sm, stages, stage2, 0), smem)
     b1 = long_inputs["b1"].clone()
     b1[:, 0::2] = float("-inf")  # interleaved: even rows are the gates'
@@ -187,7 +166,8 @@ def test_a_group_of_tiny_activations_stays_in_range(timeline):
     x[0, :32] = 1e-36
     inputs = dict(inputs, x=x)
     reference = problem.reference(inputs)
-    launch = _Launch(timeline, (1, 1, topk, warps, per_sm, stages, 1, 0), _smem(M, K, N, topk, warps, stages, 1))
+    smem = timeline.shared_mem_bytes(M, K, N, topk, warps, stages, 1)
+    launch = _Launch(timeline, (1, 1, topk, warps, per_sm, stages, 1, 0), smem)
     out = torch.empty_like(reference)
     launch(inputs, out, M, N, K)
     verdict = compare(out, reference, **TOLERANCE)
