@@ -383,6 +383,58 @@ def test_a_failing_check_does_not_go_on(shared_worker):
     assert checked["ok"] and not checked["passed"] and "then" not in checked, checked
 
 
+VERDICT = ("passed", "max_abs_err", "max_rel_err", "mismatch_frac", "nan_count", "inf_count", "elements")
+
+
+def test_a_recheck_that_may_reuse_answers_the_kept_verdict(shared_worker):
+    # A finalist's re-timing: checked, another job checked after it, then
+    # checked again with `reuse`: the verdict it gave, marked reused, and
+    # the batch it asks for; both jobs stay prepared.
+    worker = shared_worker
+    a, b = axpy_job("kept-a", "triton"), axpy_job("kept-b", "triton")
+    first = worker.request("check", job=a, seed=0, tolerance=TOLERANCE)
+    assert first["ok"] and first["passed"] and "reused" not in first, first
+    assert worker.request("check", job=b, seed=0, tolerance=TOLERANCE)["passed"]
+    again = worker.request("check", job=a, seed=0, tolerance=TOLERANCE, reuse=True, then=THEN)
+    assert again["ok"] and again["reused"] is True, again
+    assert {k: again[k] for k in VERDICT} == {k: first[k] for k in VERDICT}
+    assert again["then"]["ok"] and len(again["then"]["sample"]["us"]) == 3, again
+    for job in (a, b):
+        assert len(worker.request("sample", job_id=job["job_id"], count=1)["us"]) == 1
+
+
+def test_a_recheck_of_a_job_not_kept_checks_it_anew(shared_worker):
+    # Only a passing job is kept, so `reuse` never turns a failure into a pass.
+    worker = shared_worker
+    wrong = axpy_job("never-kept", "off_by_one")
+    for _ in range(2):
+        checked = worker.request("check", job=wrong, seed=0, tolerance=TOLERANCE, reuse=True, then=THEN)
+        assert checked["ok"] and not checked["passed"], checked
+        assert "reused" not in checked and "then" not in checked
+
+
+def test_kept_jobs_are_bounded_and_dropped_at_a_shape_change(shared_worker):
+    from tunelab.worker import KEEP_PREPARED
+
+    worker = shared_worker
+    jobs = [axpy_job(f"bounded-{i}", "triton") for i in range(KEEP_PREPARED + 1)]
+    for job in jobs:
+        assert worker.request("check", job=job, seed=0, tolerance=TOLERANCE)["passed"]
+    # The least recently checked is dropped; a reused check counts as checked.
+    assert_failed(worker.request("sample", job_id=jobs[0]["job_id"], count=1), "bad_request")
+    assert worker.request("check", job=jobs[1], seed=0, tolerance=TOLERANCE, reuse=True)["reused"] is True
+    assert worker.request("check", job=jobs[0], seed=0, tolerance=TOLERANCE)["passed"]
+    assert_failed(worker.request("sample", job_id=jobs[2]["job_id"], count=1), "bad_request")
+    assert worker.request("sample", job_id=jobs[1]["job_id"], count=1)["ok"]
+    # Another shape's check drops them all: they hold the old shape's inputs.
+    other = axpy_job("other-shape", "triton", n=200)
+    assert worker.request("check", job=other, seed=0, tolerance=TOLERANCE)["passed"]
+    for job in jobs[:2]:
+        assert_failed(worker.request("sample", job_id=job["job_id"], count=1), "bad_request")
+        again = worker.request("check", job=job, seed=0, tolerance=TOLERANCE, reuse=True)
+        assert again["passed"] and "reused" not in again, again
+
+
 def test_a_then_that_fails_keeps_the_checks_verdict(shared_worker):
     bad_sample = {**THEN, "sample": {"count": 0}}
     checked = shared_worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE, then=bad_sample)

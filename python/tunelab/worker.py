@@ -458,10 +458,22 @@ class SmClock:
 # the worker
 
 
-class Prepared:
-    """The one job kept ready between check and warmup/sample."""
+# Passing jobs a lane worker keeps prepared at once (all of one shape), the
+# least recently checked dropped first. A group's finalists are re-timed in
+# interleaved rounds, each a `check` with `"reuse": true` and a batch: with
+# them still prepared, such a check answers the verdict it gave before
+# instead of binding, launching and comparing again, and a graph batch
+# replays the graph it captured before (an H100 gptoss-mxfp4 run,
+# 2026-11-25: 4800 re-timing checks took 162 s of a 316 s run, 113 s of it
+# their batches). Eight covers the finalists (protocol.finalists, 5 by
+# default) among a surrogate group's eight configs and its baseline.
+KEEP_PREPARED = 8
 
-    def __init__(self, job_id, problem, inputs, launch, ctx=None):
+
+class Prepared:
+    """A job kept ready between its check and its warmup/sample calls."""
+
+    def __init__(self, job_id, problem, inputs, launch, ctx=None, verdict=None):
         self.job_id = job_id
         self.problem = problem
         self.inputs = inputs
@@ -472,6 +484,18 @@ class Prepared:
         # graph_calls -> the CUDA graph of that many launches (timing "graph"),
         # freed with the job.
         self.graphs = {}
+        # The passing check's answer (without `then`), given again to a
+        # `check` that asks to reuse it.
+        self.verdict = verdict or {}
+
+    def free(self):
+        """Give back at once the memory pools of the CUDA graphs this job
+        captured (their launches' allocations), whoever else still refers
+        to the graph objects."""
+        for graph in self.graphs.values():
+            if hasattr(graph, "reset"):  # not the CPU emulation's marker
+                graph.reset()
+        self.graphs.clear()
 
 
 class Worker:
@@ -489,7 +513,10 @@ class Worker:
         else:
             self.torch = None
             self.device = None
-        self.prepared: Optional[Prepared] = None
+        # job_id -> a passing job of the current shape, oldest first (KEEP_PREPARED).
+        self._kept: dict[str, Prepared] = {}
+        # The job the last check prepared (None after a failed one).
+        self._last: Optional[str] = None
         # A lane with a target builds nothing itself (`inputs: native`): the
         # native worker builds the shape's data from this description.
         # (key, the problem's description, its layout)
@@ -741,8 +768,10 @@ class Worker:
         rtol = _number_field(tolerance, "rtol")
         max_mismatch = _number_field(tolerance, "max_mismatch", default=0.0)
 
-        # Free the previous job's tensors before allocating this one's.
-        self._drop_prepared()
+        self._last = None
+        if request.get("reuse") is True and job.job_id in self._kept:
+            return self._check_again(job.job_id, request.get("then"))
+        self._forget(job.job_id)
         problem, method = self._problem_and_method(job)
         reason = _unavailable(method, problem)
         if reason:
@@ -774,18 +803,45 @@ class Worker:
             from tunelab.compare import compare
 
             result = compare(out, expected, atol=atol, rtol=rtol, max_mismatch=max_mismatch)
-        if result["passed"]:
-            # Failures are never timed, so only a passing job stays prepared.
-            self.prepared = Prepared(job.job_id, problem, inputs, launch, ctx)
         result.pop("mismatch")  # the protocol reports the fraction
         # What the compiler made of the job's kernels, loaded on the GPU: the
         # driver's registers and spills, Triton's shared memory.
         kernels = [jit.resources(k, load=True) for k in ctx.kernels.values()]
         reply = {**result, "flops": flops, "bytes": nbytes, "kernels": kernels}
+        if result["passed"]:
+            # Failures are never timed, so only a passing job stays prepared.
+            self._keep(Prepared(job.job_id, problem, inputs, launch, ctx, verdict=dict(reply)))
         then = request.get("then")
         if then is not None and result["passed"]:
             reply["then"] = self._then(job.job_id, then)
         return reply
+
+    def _check_again(self, job_id: str, then) -> dict:
+        """A `check` with `"reuse": true` of a job still prepared: the verdict
+        its check gave (its output is not compared again), then `then`."""
+        prepared = self._kept.pop(job_id)
+        self._kept[job_id] = prepared  # the most recently checked now
+        self._last = job_id
+        reply = {**prepared.verdict, "reused": True}
+        if then is not None:
+            reply["then"] = self._then(job_id, then)
+        return reply
+
+    @property
+    def prepared(self) -> Optional[Prepared]:
+        """The job the last check prepared, or None after a failed one."""
+        return self._kept.get(self._last) if self._last is not None else None
+
+    def _keep(self, prepared: Prepared):
+        """`prepared` is kept, the oldest kept jobs dropped down to
+        KEEP_PREPARED, or to it alone where half the GPU's memory is
+        allocated (a large problem's outputs, or its graphs' pools, beside
+        the weights a MoE worker caches: at most a quarter)."""
+        self._kept[prepared.job_id] = prepared
+        self._last = prepared.job_id
+        keep = 1 if self._allocated_over(1 / 2) else KEEP_PREPARED
+        while len(self._kept) > keep:
+            self._forget(next(iter(self._kept)))
 
     def _then(self, job_id: str, then) -> dict:
         """What a passing check's request asks to follow in the same call: the
@@ -839,16 +895,17 @@ class Worker:
         self._drop_prepared()
         return {}
 
+    def _forget(self, job_id: str):
+        prepared = self._kept.pop(job_id, None)
+        if prepared is not None:
+            prepared.free()
+        if self._last == job_id:
+            self._last = None
+
     def _drop_prepared(self):
-        """Forget the prepared job, and give back at once the memory pools of
-        the CUDA graphs it captured (their launches' allocations), whoever
-        else still refers to the graph objects."""
-        if self.prepared is not None:
-            for graph in self.prepared.graphs.values():
-                if hasattr(graph, "reset"):  # not the CPU emulation's marker
-                    graph.reset()
-            self.prepared.graphs.clear()
-        self.prepared = None
+        """Forget every prepared job, their graphs' memory given back at once."""
+        for job_id in list(self._kept):
+            self._forget(job_id)
 
     # ---- native launches (tunelab.native, docs/native-backend.md)
 
@@ -1076,7 +1133,9 @@ class Worker:
         """
         key = (name, json.dumps(shape, sort_keys=True), seed)
         if self._shape_cache is None or self._shape_cache[0] != key:
-            self._shape_cache = None  # free the previous shape's tensors first
+            # Free the previous shape's tensors first, its prepared jobs' too.
+            self._drop_prepared()
+            self._shape_cache = None
             self._collect_if_crowded()
             self._shared = None
             with stage("problem"):
@@ -1138,10 +1197,11 @@ class Worker:
 
     def _prepared_for(self, request: dict) -> Prepared:
         job_id = request.get("job_id")
-        if self.prepared is None or self.prepared.job_id != job_id:
-            have = self.prepared.job_id if self.prepared else "none"
+        prepared = self._kept.get(job_id) if isinstance(job_id, str) else None
+        if prepared is None:
+            have = ", ".join(self._kept) or "none"
             raise bad_request(f"job {job_id!r} is not prepared (prepared: {have}); send a passing check first")
-        return self.prepared
+        return prepared
 
     def _timing(self):
         if self._timer is None:
@@ -1159,12 +1219,16 @@ class Worker:
         at E=128 N=2880). A collection takes tens of milliseconds, so it runs
         only at a shape change with more than an eighth of the GPU allocated.
         """
-        if self.mode != "gpu":
-            return
-        cuda = self.torch.cuda
-        if cuda.memory_allocated() * 8 > cuda.get_device_properties(self.device).total_memory:
+        if self._allocated_over(1 / 8):
             gc.collect()
-            cuda.empty_cache()
+            self.torch.cuda.empty_cache()
+
+    def _allocated_over(self, fraction: float) -> bool:
+        """Whether torch has allocated more than `fraction` of the GPU's memory."""
+        if self.mode != "gpu":
+            return False
+        cuda = self.torch.cuda
+        return cuda.memory_allocated() > fraction * cuda.get_device_properties(self.device).total_memory
 
     def _synchronize(self):
         if self.mode == "gpu":

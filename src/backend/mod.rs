@@ -95,6 +95,11 @@ pub struct FirstBatch {
     /// sent ahead, a rule that counts the round's batches. A worker that
     /// does not answers one batch, and the lane takes the rest.
     pub until: Option<StopRule>,
+    /// The job passed its check earlier in this group (a finalist's
+    /// re-timing): a worker that still holds it prepared may answer that
+    /// verdict again rather than bind, launch and compare anew, and keep
+    /// the CUDA graphs it captured for it (docs/worker-protocol.md, `check`).
+    pub reuse_check: bool,
 }
 
 /// A batch and the wall time its taking cost, in milliseconds (the worker's

@@ -603,6 +603,9 @@ impl Backend for PythonBackend {
     ) -> Result<Checked, JobFailure> {
         let mut body = self.check_body(job, kernel, kind, tol, seed);
         body["then"] = then_request(&first);
+        if first.reuse_check {
+            body["reuse"] = Json::Bool(true);
+        }
         self.kernels.clear();
         let mut reply = self.call("check", body, self.timeout)?;
         let batch = then_reply(&mut reply, first.count);

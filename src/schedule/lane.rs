@@ -589,6 +589,7 @@ impl Lane<'_, '_> {
             m,
             first,
             until,
+            false,
         )
     }
 
@@ -1058,6 +1059,8 @@ enum FirstBatches {
 /// `mode` says) where one is asked for, and more `until` the stopping rule
 /// where given and the backend can: the backend does it all in one round
 /// trip where it can. Returns whether the first batch was taken.
+/// `retiming`: a finalist's re-timing round (`retiming_batch`).
+#[allow(clippy::too_many_arguments)]
 fn prepare(
     ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
@@ -1066,12 +1069,17 @@ fn prepare(
     m: &mut Measured,
     first: Option<(SampleMode, u32)>,
     until: Option<StopRule>,
+    retiming: bool,
 ) -> Result<bool, JobFailure> {
     let tol = ctx.tolerance.for_dtype(shape_dtype(&m.job.shape));
     let timed = ctx.run_mode != RunMode::Check;
     let checked = match first.filter(|_| timed) {
         Some((mode, count)) => {
-            let first = first_batch(ctx, mode, count, until);
+            let first = if retiming {
+                retiming_batch(ctx, mode, count, until)
+            } else {
+                first_batch(ctx, mode, count, until)
+            };
             backend.check_then_sample(&m.job, kernel, kind.as_str(), tol, ctx.protocol.seed, first)
         }
         None => backend
@@ -1083,11 +1091,12 @@ fn prepare(
         return Ok(true);
     }
     if timed {
-        backend.warmup(
-            &m.job.id,
-            ctx.protocol.warmup_launches,
-            ctx.protocol.warmup_ms,
-        )?;
+        let warmup_ms = if retiming {
+            0.0
+        } else {
+            ctx.protocol.warmup_ms
+        };
+        backend.warmup(&m.job.id, ctx.protocol.warmup_launches, warmup_ms)?;
     }
     Ok(false)
 }
@@ -1117,6 +1126,29 @@ fn first_batch(
         count,
         mode,
         until,
+        reuse_check: false,
+    }
+}
+
+/// The warm-up and batch of a finalist's re-timing round. The finalist
+/// passed its check when it was measured, so a worker that still holds it
+/// prepared may give that verdict again (`reuse_check`). It warms up with
+/// `protocol.warmup_launches` alone, not `warmup_ms` too: it was warmed up
+/// and measured in this group, and the GPU has been running the group's
+/// other finalists since, so a re-timing batch meets neither a first
+/// launch nor an idle GPU's clocks. `warmup_ms` (5 ms) would cost each of
+/// the 30 re-timing calls of a group's 5 finalists 5-6 ms of wall time
+/// (an H100 gptoss-mxfp4 run, 2026-11-25).
+fn retiming_batch(
+    ctx: &LaneContext<'_>,
+    mode: SampleMode,
+    count: u32,
+    until: Option<StopRule>,
+) -> FirstBatch {
+    FirstBatch {
+        warmup_ms: 0.0,
+        reuse_check: true,
+        ..first_batch(ctx, mode, count, until)
     }
 }
 
@@ -1288,7 +1320,7 @@ fn retime_round(
     let max_wall_ms = ctx.protocol.stop_rule().max_wall_ms;
     let rest = ctx.protocol.retime_rest;
     let ahead = max_wall_ms.is_finite() && rest == 0.0;
-    let first = first_batch(
+    let first = retiming_batch(
         ctx,
         mode,
         count,
@@ -1473,7 +1505,18 @@ fn retime_now(
     count: u32,
 ) -> Option<Sampling> {
     let before = std::mem::take(&mut m.sampling);
-    let ok = prepare(ctx, backend, kernel, kind, m, Some((mode, count)), None).and_then(|taken| {
+    // A re-timing: see `retiming_batch`.
+    let ok = prepare(
+        ctx,
+        backend,
+        kernel,
+        kind,
+        m,
+        Some((mode, count)),
+        None,
+        true,
+    )
+    .and_then(|taken| {
         if taken {
             Ok(())
         } else {
@@ -2285,6 +2328,12 @@ mod tests {
                 .calls
                 .entry("check_then_sample waited for")
                 .or_default() += 1;
+            if first.reuse_check {
+                *self.calls.entry("offering to reuse the check").or_default() += 1;
+            }
+            // A re-timing warms up by launches alone; a first measurement
+            // by time too (the protocol's 5 ms).
+            assert_eq!(first.warmup_ms == 0.0, first.reuse_check, "{}", job.id);
             if self.dies_once.as_deref() == Some(job.id.as_str()) {
                 self.dies_once = None;
                 return Err(JobFailure::new(FailureClass::Crash, "worker died"));
@@ -2314,6 +2363,12 @@ mod tests {
                 return Ok(SentAhead::WhenIdle);
             }
             self.log.push(format!("send {}", job.id));
+            if first.reuse_check {
+                *self.calls.entry("offering to reuse the check").or_default() += 1;
+            }
+            // A re-timing warms up by launches alone; a first measurement
+            // by time too (the protocol's 5 ms).
+            assert_eq!(first.warmup_ms == 0.0, first.reuse_check, "{}", job.id);
             let answer = if self.dies_once.as_deref() == Some(job.id.as_str()) {
                 self.dies_once = None;
                 Err(JobFailure::new(FailureClass::Crash, "worker died"))
@@ -2923,6 +2978,13 @@ mod tests {
                 .count();
             assert_eq!(sends, 1 + 3, "{}: {log:?}", f.job_id);
         }
+        // The re-timing checks, and only they, offer to reuse the verdict
+        // of the finalist's first check.
+        assert_eq!(
+            count("offering to reuse the check"),
+            3 * finals.len(),
+            "{calls:?}"
+        );
     }
 
     #[test]
@@ -2957,6 +3019,13 @@ mod tests {
                 f.job_id
             );
         }
+        // Each waited-for re-timing check, and no other, offers to reuse
+        // the verdict of the finalist's first check.
+        assert_eq!(
+            count("offering to reuse the check"),
+            3 * finals.len(),
+            "{calls:?}"
+        );
         let kernel_ms: f64 = finals
             .iter()
             .map(|f| f.stats.mean_us * f.stats.n as f64 / 1e3)
