@@ -413,6 +413,17 @@ def test_a_recheck_of_a_job_not_kept_checks_it_anew(shared_worker):
         assert "reused" not in checked and "then" not in checked
 
 
+def test_a_verdict_is_reused_only_for_the_same_seed_and_tolerance(shared_worker):
+    worker = shared_worker
+    job = axpy_job("kept-asked", "triton")
+    assert worker.request("check", job=job, seed=0, tolerance=TOLERANCE)["passed"]
+    looser = {**TOLERANCE, "max_mismatch": 0.5}
+    for seed, tolerance in ((1, TOLERANCE), (0, looser)):
+        again = worker.request("check", job=job, seed=seed, tolerance=tolerance, reuse=True)
+        assert again["ok"] and again["passed"] and "reused" not in again, again
+    assert worker.request("check", job=job, seed=0, tolerance=looser, reuse=True)["reused"] is True
+
+
 def test_kept_jobs_are_bounded_and_dropped_at_a_shape_change(shared_worker):
     from tunelab.worker import KEEP_PREPARED
 

@@ -473,7 +473,7 @@ KEEP_PREPARED = 8
 class Prepared:
     """A job kept ready between its check and its warmup/sample calls."""
 
-    def __init__(self, job_id, problem, inputs, launch, ctx=None, verdict=None):
+    def __init__(self, job_id, problem, inputs, launch, ctx=None, verdict=None, asked=None):
         self.job_id = job_id
         self.problem = problem
         self.inputs = inputs
@@ -487,6 +487,8 @@ class Prepared:
         # The passing check's answer (without `then`), given again to a
         # `check` that asks to reuse it.
         self.verdict = verdict or {}
+        # (seed, atol, rtol, max_mismatch) of that check.
+        self.asked = asked
 
     def free(self):
         """Give back at once the memory pools of the CUDA graphs this job
@@ -769,7 +771,11 @@ class Worker:
         max_mismatch = _number_field(tolerance, "max_mismatch", default=0.0)
 
         self._last = None
-        if request.get("reuse") is True and job.job_id in self._kept:
+        # What the verdict depends on besides the job: a reused one must
+        # have been given for the same.
+        asked = (seed, atol, rtol, max_mismatch)
+        kept = self._kept.get(job.job_id)
+        if request.get("reuse") is True and kept is not None and kept.asked == asked:
             return self._check_again(job.job_id, request.get("then"))
         self._forget(job.job_id)
         problem, method = self._problem_and_method(job)
@@ -810,7 +816,7 @@ class Worker:
         reply = {**result, "flops": flops, "bytes": nbytes, "kernels": kernels}
         if result["passed"]:
             # Failures are never timed, so only a passing job stays prepared.
-            self._keep(Prepared(job.job_id, problem, inputs, launch, ctx, verdict=dict(reply)))
+            self._keep(Prepared(job.job_id, problem, inputs, launch, ctx, verdict=dict(reply), asked=asked))
         then = request.get("then")
         if then is not None and result["passed"]:
             reply["then"] = self._then(job.job_id, then)
@@ -825,6 +831,7 @@ class Worker:
         reply = {**prepared.verdict, "reused": True}
         if then is not None:
             reply["then"] = self._then(job_id, then)
+            self._trim()  # its batch may have captured a graph
         return reply
 
     @property
@@ -833,13 +840,24 @@ class Worker:
         return self._kept.get(self._last) if self._last is not None else None
 
     def _keep(self, prepared: Prepared):
-        """`prepared` is kept, the oldest kept jobs dropped down to
-        KEEP_PREPARED, or to it alone where half the GPU's memory is
-        allocated (a large problem's outputs, or its graphs' pools, beside
-        the weights a MoE worker caches: at most a quarter)."""
+        """`prepared` is kept (see `_trim`)."""
         self._kept[prepared.job_id] = prepared
         self._last = prepared.job_id
-        keep = 1 if self._allocated_over(1 / 2) else KEEP_PREPARED
+        self._trim()
+
+    def _trim(self):
+        """The oldest kept jobs dropped down to KEEP_PREPARED, or down to the
+        newest alone where torch holds three quarters of the GPU's memory. It
+        counts what torch reserves, not what it has allocated: a kept job's
+        CUDA graphs hold their launches' temporaries in private pools, which
+        are reserved once the capture frees them. The weights a MoE worker
+        caches take at most a quarter, and torch's cache of free blocks the
+        rest of what a run reserves, so a normal run keeps all eight."""
+        keep = KEEP_PREPARED
+        if self.mode == "gpu":
+            cuda = self.torch.cuda
+            if cuda.memory_reserved() > 0.75 * cuda.get_device_properties(self.device).total_memory:
+                keep = 1
         while len(self._kept) > keep:
             self._forget(next(iter(self._kept)))
 

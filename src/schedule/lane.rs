@@ -1092,7 +1092,7 @@ fn prepare(
     }
     if timed {
         let warmup_ms = if retiming {
-            0.0
+            retiming_warmup_ms(ctx)
         } else {
             ctx.protocol.warmup_ms
         };
@@ -1132,13 +1132,15 @@ fn first_batch(
 
 /// The warm-up and batch of a finalist's re-timing round. The finalist
 /// passed its check when it was measured, so a worker that still holds it
-/// prepared may give that verdict again (`reuse_check`). It warms up with
-/// `protocol.warmup_launches` alone, not `warmup_ms` too: it was warmed up
-/// and measured in this group, and the GPU has been running the group's
-/// other finalists since, so a re-timing batch meets neither a first
-/// launch nor an idle GPU's clocks. `warmup_ms` (5 ms) would cost each of
-/// the 30 re-timing calls of a group's 5 finalists 5-6 ms of wall time
-/// (an H100 gptoss-mxfp4 run, 2026-11-25).
+/// prepared may give that verdict again (`reuse_check`). Back to back
+/// (`protocol.retime_rest` 0) it warms up with `protocol.warmup_launches`
+/// alone, not `warmup_ms` too: it was warmed up and measured in this group,
+/// and the GPU has been running the group's other finalists since, so the
+/// batch meets neither a first launch nor an idle GPU's clocks. `warmup_ms`
+/// (5 ms) would cost each of the 30 re-timing calls of a group's 5
+/// finalists 5-6 ms of wall time (an H100 gptoss-mxfp4 run, 2026-11-25).
+/// With rests the GPU idles after every batch on purpose, so the whole
+/// warm-up stays.
 fn retiming_batch(
     ctx: &LaneContext<'_>,
     mode: SampleMode,
@@ -1146,9 +1148,18 @@ fn retiming_batch(
     until: Option<StopRule>,
 ) -> FirstBatch {
     FirstBatch {
-        warmup_ms: 0.0,
+        warmup_ms: retiming_warmup_ms(ctx),
         reuse_check: true,
         ..first_batch(ctx, mode, count, until)
+    }
+}
+
+/// A re-timing round's `warmup_ms` (see `retiming_batch`).
+fn retiming_warmup_ms(ctx: &LaneContext<'_>) -> f64 {
+    if ctx.protocol.retime_rest > 0.0 {
+        ctx.protocol.warmup_ms
+    } else {
+        0.0
     }
 }
 
@@ -2331,9 +2342,14 @@ mod tests {
             if first.reuse_check {
                 *self.calls.entry("offering to reuse the check").or_default() += 1;
             }
-            // A re-timing warms up by launches alone; a first measurement
-            // by time too (the protocol's 5 ms).
-            assert_eq!(first.warmup_ms == 0.0, first.reuse_check, "{}", job.id);
+            // A first measurement warms up by time too (the protocol's 5 ms).
+            assert!(first.reuse_check || first.warmup_ms > 0.0, "{}", job.id);
+            if first.reuse_check && first.warmup_ms == 0.0 {
+                *self
+                    .calls
+                    .entry("re-timing warmed up by launches alone")
+                    .or_default() += 1;
+            }
             if self.dies_once.as_deref() == Some(job.id.as_str()) {
                 self.dies_once = None;
                 return Err(JobFailure::new(FailureClass::Crash, "worker died"));
@@ -2366,9 +2382,14 @@ mod tests {
             if first.reuse_check {
                 *self.calls.entry("offering to reuse the check").or_default() += 1;
             }
-            // A re-timing warms up by launches alone; a first measurement
-            // by time too (the protocol's 5 ms).
-            assert_eq!(first.warmup_ms == 0.0, first.reuse_check, "{}", job.id);
+            // A first measurement warms up by time too (the protocol's 5 ms).
+            assert!(first.reuse_check || first.warmup_ms > 0.0, "{}", job.id);
+            if first.reuse_check && first.warmup_ms == 0.0 {
+                *self
+                    .calls
+                    .entry("re-timing warmed up by launches alone")
+                    .or_default() += 1;
+            }
             let answer = if self.dies_once.as_deref() == Some(job.id.as_str()) {
                 self.dies_once = None;
                 Err(JobFailure::new(FailureClass::Crash, "worker died"))
@@ -2979,9 +3000,15 @@ mod tests {
             assert_eq!(sends, 1 + 3, "{}: {log:?}", f.job_id);
         }
         // The re-timing checks, and only they, offer to reuse the verdict
-        // of the finalist's first check.
+        // of the finalist's first check; back to back, they warm up by
+        // launches alone.
         assert_eq!(
             count("offering to reuse the check"),
+            3 * finals.len(),
+            "{calls:?}"
+        );
+        assert_eq!(
+            count("re-timing warmed up by launches alone"),
             3 * finals.len(),
             "{calls:?}"
         );
@@ -3020,10 +3047,16 @@ mod tests {
             );
         }
         // Each waited-for re-timing check, and no other, offers to reuse
-        // the verdict of the finalist's first check.
+        // the verdict of the finalist's first check; resting after each
+        // batch, each keeps the whole warm-up.
         assert_eq!(
             count("offering to reuse the check"),
             3 * finals.len(),
+            "{calls:?}"
+        );
+        assert_eq!(
+            count("re-timing warmed up by launches alone"),
+            0,
             "{calls:?}"
         );
         let kernel_ms: f64 = finals
