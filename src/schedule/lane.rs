@@ -2296,6 +2296,24 @@ mod tests {
         }
     }
 
+    impl Folding {
+        /// Counts a re-timing's offer to reuse its check and its warm-up by
+        /// launches alone; a first measurement warms up by time too (the
+        /// protocol's 5 ms).
+        fn count_warmup(&mut self, job: &Job, first: &FirstBatch) {
+            assert!(first.reuse_check || first.warmup_ms > 0.0, "{}", job.id);
+            if first.reuse_check {
+                *self.calls.entry("offering to reuse the check").or_default() += 1;
+                if first.warmup_ms == 0.0 {
+                    *self
+                        .calls
+                        .entry("re-timing warmed up by launches alone")
+                        .or_default() += 1;
+                }
+            }
+        }
+    }
+
     impl Backend for Folding {
         fn describe(
             &mut self,
@@ -2339,17 +2357,7 @@ mod tests {
                 .calls
                 .entry("check_then_sample waited for")
                 .or_default() += 1;
-            if first.reuse_check {
-                *self.calls.entry("offering to reuse the check").or_default() += 1;
-            }
-            // A first measurement warms up by time too (the protocol's 5 ms).
-            assert!(first.reuse_check || first.warmup_ms > 0.0, "{}", job.id);
-            if first.reuse_check && first.warmup_ms == 0.0 {
-                *self
-                    .calls
-                    .entry("re-timing warmed up by launches alone")
-                    .or_default() += 1;
-            }
+            self.count_warmup(job, &first);
             if self.dies_once.as_deref() == Some(job.id.as_str()) {
                 self.dies_once = None;
                 return Err(JobFailure::new(FailureClass::Crash, "worker died"));
@@ -2379,17 +2387,7 @@ mod tests {
                 return Ok(SentAhead::WhenIdle);
             }
             self.log.push(format!("send {}", job.id));
-            if first.reuse_check {
-                *self.calls.entry("offering to reuse the check").or_default() += 1;
-            }
-            // A first measurement warms up by time too (the protocol's 5 ms).
-            assert!(first.reuse_check || first.warmup_ms > 0.0, "{}", job.id);
-            if first.reuse_check && first.warmup_ms == 0.0 {
-                *self
-                    .calls
-                    .entry("re-timing warmed up by launches alone")
-                    .or_default() += 1;
-            }
+            self.count_warmup(job, &first);
             let answer = if self.dies_once.as_deref() == Some(job.id.as_str()) {
                 self.dies_once = None;
                 Err(JobFailure::new(FailureClass::Crash, "worker died"))
