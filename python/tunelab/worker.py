@@ -850,9 +850,9 @@ class Worker:
         newest alone where torch holds three quarters of the GPU's memory. It
         counts what torch reserves, not what it has allocated: a kept job's
         CUDA graphs hold their launches' temporaries in private pools, which
-        are reserved once the capture frees them. The weights a MoE worker
-        caches take at most a quarter, and torch's cache of free blocks the
-        rest of what a run reserves, so a normal run keeps all eight."""
+        are reserved once the capture frees them. Torch's cache of free blocks
+        counts too, so the limit is high: the weights a MoE worker caches
+        take at most a quarter."""
         keep = KEEP_PREPARED
         if self.mode == "gpu":
             cuda = self.torch.cuda
