@@ -1091,11 +1091,7 @@ fn prepare(
         return Ok(true);
     }
     if timed {
-        let warmup_ms = if retiming {
-            retiming_warmup_ms(ctx)
-        } else {
-            ctx.protocol.warmup_ms
-        };
+        let warmup_ms = warmup_ms(ctx, retiming);
         backend.warmup(&m.job.id, ctx.protocol.warmup_launches, warmup_ms)?;
     }
     Ok(false)
@@ -1148,18 +1144,19 @@ fn retiming_batch(
     until: Option<StopRule>,
 ) -> FirstBatch {
     FirstBatch {
-        warmup_ms: retiming_warmup_ms(ctx),
+        warmup_ms: warmup_ms(ctx, true),
         reuse_check: true,
         ..first_batch(ctx, mode, count, until)
     }
 }
 
-/// A re-timing round's `warmup_ms` (see `retiming_batch`).
-fn retiming_warmup_ms(ctx: &LaneContext<'_>) -> f64 {
-    if ctx.protocol.retime_rest > 0.0 {
-        ctx.protocol.warmup_ms
-    } else {
+/// The warm-up's `warmup_ms`: the protocol's, but none for a re-timing
+/// round back to back (see `retiming_batch`).
+fn warmup_ms(ctx: &LaneContext<'_>, retiming: bool) -> f64 {
+    if retiming && ctx.protocol.retime_rest == 0.0 {
         0.0
+    } else {
+        ctx.protocol.warmup_ms
     }
 }
 
@@ -2967,6 +2964,27 @@ mod tests {
         }
     }
 
+    /// Three re-timing checks per finalist offered to reuse the verdict,
+    /// and `by_launches` of them warmed up by launches alone (`Folding`'s
+    /// counts).
+    fn assert_retiming_calls(
+        calls: &HashMap<&'static str, usize>,
+        finalists: usize,
+        by_launches: usize,
+    ) {
+        let count = |k: &str| calls.get(k).copied().unwrap_or(0);
+        assert_eq!(
+            count("offering to reuse the check"),
+            3 * finalists,
+            "{calls:?}"
+        );
+        assert_eq!(
+            count("re-timing warmed up by launches alone"),
+            by_launches,
+            "{calls:?}"
+        );
+    }
+
     /// Each finalist's (job, samples, median), by job.
     fn final_samples(f: &[FinalRecord]) -> Vec<(String, u64, f64)> {
         let mut v: Vec<_> = f
@@ -3000,16 +3018,7 @@ mod tests {
         // The re-timing checks, and only they, offer to reuse the verdict
         // of the finalist's first check; back to back, they warm up by
         // launches alone.
-        assert_eq!(
-            count("offering to reuse the check"),
-            3 * finals.len(),
-            "{calls:?}"
-        );
-        assert_eq!(
-            count("re-timing warmed up by launches alone"),
-            3 * finals.len(),
-            "{calls:?}"
-        );
+        assert_retiming_calls(&calls, finals.len(), 3 * finals.len());
     }
 
     #[test]
@@ -3047,16 +3056,7 @@ mod tests {
         // Each waited-for re-timing check, and no other, offers to reuse
         // the verdict of the finalist's first check; resting after each
         // batch, each keeps the whole warm-up.
-        assert_eq!(
-            count("offering to reuse the check"),
-            3 * finals.len(),
-            "{calls:?}"
-        );
-        assert_eq!(
-            count("re-timing warmed up by launches alone"),
-            0,
-            "{calls:?}"
-        );
+        assert_retiming_calls(&calls, finals.len(), 0);
         let kernel_ms: f64 = finals
             .iter()
             .map(|f| f.stats.mean_us * f.stats.n as f64 / 1e3)
