@@ -47,14 +47,12 @@ def nvrtc_library():
 
 
 def compile_cubin(nvrtc, source: Path, name: str, arch: str, defines: list[str],
-                  options: tuple[str, ...] = (),
-                  trace_buffer: str = "&tunelab_mxfp4::g_trace") -> tuple[bytes, str, str | None, str]:
+                  options: tuple[str, ...] = ()) -> tuple[bytes, str, str | None, str]:
     """(cubin, the kernel's lowered name, the trace buffer's lowered name,
-    NVRTC's log) of one template instance; `options` are NVRTC's; with
-    `defines`, the source's trace buffer (`trace_buffer`) is looked up too."""
+    NVRTC's log) of one template instance; `options` are NVRTC's."""
     prog = ctypes.c_void_p()
     check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.read_bytes(), source.name.encode(), 0, None, None))
-    names = [name.encode()] + ([trace_buffer.encode()] if defines else [])
+    names = [name.encode()] + ([b"&tunelab_mxfp4::g_trace"] if defines else [])
     for n in names:
         check(nvrtc.nvrtcAddNameExpression(prog, n))
     opts = [f"-arch={arch}".encode(), b"-std=c++17"] + [d.encode() for d in (*defines, *options)]
