@@ -1237,16 +1237,12 @@ class Worker:
         at E=128 N=2880). A collection takes tens of milliseconds, so it runs
         only at a shape change with more than an eighth of the GPU allocated.
         """
-        if self._allocated_over(1 / 8):
-            gc.collect()
-            self.torch.cuda.empty_cache()
-
-    def _allocated_over(self, fraction: float) -> bool:
-        """Whether torch has allocated more than `fraction` of the GPU's memory."""
         if self.mode != "gpu":
-            return False
+            return
         cuda = self.torch.cuda
-        return cuda.memory_allocated() > fraction * cuda.get_device_properties(self.device).total_memory
+        if cuda.memory_allocated() * 8 > cuda.get_device_properties(self.device).total_memory:
+            gc.collect()
+            cuda.empty_cache()
 
     def _synchronize(self):
         if self.mode == "gpu":
