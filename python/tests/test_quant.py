@@ -87,6 +87,21 @@ def test_fp8_per_tensor_and_block_scales():
     assert torch.all((back - w).abs() <= w.abs() * 2.0 ** -4 + 1e-3)
 
 
+def test_activation_scale_factor_is_one_over_448_in_fp32():
+    """The kernels and the reference multiply amax by this one fp32 number."""
+    r = torch.tensor(1.0 / 448.0, dtype=torch.float32).item()
+    assert quant.FP8_MAX_RECIP == r and quant.FP8_MAX_RECIP != 1.0 / 448.0
+
+
+def test_activation_scales_are_the_same_bits_on_any_device():
+    """amax x FP8_MAX_RECIP, not amax / 448: torch divides by a Python number
+    through its reciprocal on a GPU and exactly on a CPU, which differ."""
+    amax = torch.linspace(0.5, 600.0, 100001)
+    q, s = quant.quantize_act_fp8(amax[:, None], 0)
+    assert torch.equal(s, amax * torch.tensor(quant.FP8_MAX_RECIP))
+    assert not torch.equal(s, amax / 448.0)  # some of these differ, or the test proves nothing
+
+
 @pytest.mark.parametrize("group", [0, 32])
 @pytest.mark.parametrize("seed", range(8))
 def test_act_quantisation(group, seed):
@@ -99,7 +114,8 @@ def test_act_quantisation(group, seed):
     else:
         assert s.shape == (4, 3)
         assert math.isclose(s[0, 2].item(), x[0, 64:].abs().max().item() / 448.0, rel_tol=1e-6)
-    assert torch.all(q[3].float() == 0) and torch.all(s[3] == quant.ACT_EPS / 448.0)  # the zero row
+    zero_row_scale = torch.tensor(quant.ACT_EPS, dtype=torch.float32) * quant.FP8_MAX_RECIP
+    assert torch.all(q[3].float() == 0) and torch.all(s[3] == zero_row_scale)  # the zero row
     back = quant.dequantize_act_fp8(q, s, group)
     # Round to nearest E4M3: half a step is 2^-4 of a normal value, and near zero half the
     # subnormal step, 2^-10 in units of the scale (x / scale below 2^-6 is subnormal).
@@ -156,3 +172,11 @@ def test_pair_order_keeps_bytes_words_and_shape():
     assert len(set(quant._pair_order_words())) == 32
     with pytest.raises(ValueError, match="multiple of 4"):
         quant.to_pair_order(torch.zeros(3, 6, dtype=torch.uint8))
+
+
+def test_e8m0_scales_are_exact_powers_of_two():
+    """Every E8M0 byte, 0 (the subnormal 2^-127) and 255 (read as infinity) included."""
+    s = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    f = quant.e8m0_to_float(s)
+    want = [math.ldexp(1.0, int(e) - 127) if e < 255 else math.inf for e in range(256)]
+    assert f.dtype == torch.float32 and f.tolist() == want

@@ -11,8 +11,9 @@ What the Triton kernels read, and what references dequantise
     shape [ceil(rows / block_n), ceil(cols / block_k)]; partial tiles at the
     edges have scales of their own;
   - activations per token (one scale per row) or per 1 x group block along the
-    reduction axis: scale = max(amax, ACT_EPS) / 448, q = clamp(x / scale,
-    -448, 448), the same formula the kernels' quantisation uses.
+    reduction axis: scale = max(amax, ACT_EPS) x FP8_MAX_RECIP (1/448 rounded
+    to fp32), q = clamp(x / scale, -448, 448) with an IEEE-rounded quotient,
+    the same formula and the same bits as the kernels' quantisation.
 - MXFP4 (OCP microscaling, E2M1 values): one E8M0 scale byte e per 32
   consecutive values along the reduction axis, worth 2^(e - 127); values are
   E2M1 (sign, two exponent bits, one mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6),
@@ -27,10 +28,15 @@ from the kernels only by summation order and the roundings the kernels make.
 from __future__ import annotations
 
 import functools
+import struct
 
 from tunelab.lazy import torch
 
 FP8_MAX = 448.0
+# 1/448 rounded to fp32: activation scales are amax times it, in torch and in
+# the kernels alike (torch divides a tensor by a Python number this way on a
+# GPU and not on a CPU, so the reference spells it out).
+FP8_MAX_RECIP = struct.unpack("<f", struct.pack("<f", 1.0 / FP8_MAX))[0]
 # Smallest amax an activation block is scaled by: an all-zero row gets a tiny
 # scale and zeros, never a division by zero.
 ACT_EPS = 1e-10
@@ -101,14 +107,14 @@ def quantize_act_fp8(x, group: int = 0):
     rows, cols = x32.shape
     if group == 0:
         amax = x32.abs().amax(dim=1)
-        scale = torch.clamp(amax, min=ACT_EPS) / FP8_MAX
+        scale = torch.clamp(amax, min=ACT_EPS) * FP8_MAX_RECIP
         full = scale[:, None]
     else:
         nb = cdiv(cols, group)
         padded = torch.zeros(rows, nb * group, dtype=torch.float32, device=x.device)
         padded[:, :cols] = x32
         amax = padded.view(rows, nb, group).abs().amax(dim=2)
-        scale = torch.clamp(amax, min=ACT_EPS) / FP8_MAX
+        scale = torch.clamp(amax, min=ACT_EPS) * FP8_MAX_RECIP
         full = scale.repeat_interleave(group, dim=1)[:, :cols]
     q = (x32 / full).clamp(-FP8_MAX, FP8_MAX).to(fp8_dtype())
     return q, scale.contiguous()
@@ -184,11 +190,21 @@ def unpack_e2m1(packed):
 
 
 def dequantize_mxfp4(packed, scales, cols: int):
-    """fp32 values [..., rows, cols] of an MXFP4 weight."""
+    """fp32 values [..., rows, cols] of an MXFP4 weight, exact."""
     codes = unpack_e2m1(packed)
     vals = _e2m1_table(packed.device)[codes.long()]
-    factor = torch.exp2(scales.float() - 127.0).repeat_interleave(MX_GROUP, dim=-1)
+    factor = e8m0_to_float(scales).repeat_interleave(MX_GROUP, dim=-1)
     return (vals * factor)[..., :cols]
+
+
+def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
+    """2^(s - 127) for E8M0 bytes s, as fp32, built from its bits: exact for
+    every s, including 0, whose 2^-127 is an fp32 subnormal (`torch.exp2` on
+    a GPU returns 5.877470e-39 for it, not 2^-127 = 5.877472e-39). 255, NaN in
+    the format, reads as infinity, as the kernels read it."""
+    s = scales.to(torch.int32)
+    bits = torch.where(s > 0, s << 23, torch.full_like(s, 1 << 22))
+    return bits.view(torch.float32)
 
 
 def mxfp4_bytes_per_weight() -> float:
