@@ -17,10 +17,11 @@ activations), what a kernel that does nothing but read those bytes takes:
   (each expert's bytes contiguous, the most favourable layout), and each
   program first reads its slot's expert id from `topk_ids` (flushed from
   L2 like everything else) and only then loads its tile. No MoE kernel
-  can ask for a weight before it knows which expert it belongs to, so
-  this is the floor for any of them; the difference from `stream` is that
-  one dependent read. (The activations, a few KB, are left out, which
-  only favours the floor.)
+  can ask for a weight before it knows which expert it belongs to, so the
+  fastest configuration is the floor we take for any of them (a real
+  kernel does this and its work besides); the difference from `stream` is
+  that one dependent read. (The activations, a few KB, are left out,
+  which only favours the floor.)
 
 Each is timed three ways, as the runner times jobs:
 - cold, L2 flushed by a write (`flush.fill_`) before each launch, an event
