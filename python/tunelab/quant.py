@@ -160,10 +160,11 @@ def quantize_mxfp4(w):
     amax = groups.abs().amax(dim=-1)
     exp = torch.floor(torch.log2(torch.clamp(amax, min=2.0 ** -127))) - 2
     exp = torch.where(amax > 0, exp, torch.full_like(exp, -127.0)).clamp(-127, 127)
-    scaled = groups / torch.exp2(exp)[..., None]
+    scales = (exp + 127).to(torch.uint8)
+    # Divided by the very scale dequantize_mxfp4 multiplies by (exact at -127 too).
+    scaled = groups / e8m0_to_float(scales)[..., None]
     codes = _nearest_e2m1(scaled).flatten(-2)
     packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
-    scales = (exp + 127).to(torch.uint8)
     return packed.contiguous(), scales.contiguous()
 
 
