@@ -156,14 +156,19 @@ class Timer:
         return statistics.median(times)
 
 
+def grids(tiles: int, sm_count: int) -> list[tuple[int, int]]:
+    """(programs, tiles a program) tried for `tiles` tiles: one tile a
+    program, or a grid-stride loop over 2, 4 or 8 programs an SM."""
+    return [(tiles, 1)] + [(sm_count * per_sm, triton.cdiv(tiles, sm_count * per_sm)) for per_sm in (2, 4, 8)]
+
+
 def stream_launches(buffer: torch.Tensor, sm_count: int):
     """(label, launch) for each stream configuration tried."""
     n_words = buffer.numel()
     for block in (1024, 2048, 4096):
         for warps in (4, 8):
             tiles = triton.cdiv(n_words, block)
-            grids = [(tiles, 1)] + [(sm_count * per_sm, triton.cdiv(tiles, sm_count * per_sm)) for per_sm in (2, 4, 8)]
-            for programs, per_program in grids:
+            for programs, per_program in grids(tiles, sm_count):
                 out = torch.empty(programs, dtype=torch.int32, device="cuda")
 
                 def launch(programs=programs, per_program=per_program, block=block, warps=warps, out=out):
@@ -182,9 +187,7 @@ def routed_launches(experts: torch.Tensor, topk_ids: torch.Tensor, sm_count: int
         for warps in (4, 8):
             tiles_per_slot = triton.cdiv(words_per_expert, block)
             n_tiles = slots * tiles_per_slot
-            grids = [(n_tiles, 1)] + [(sm_count * per_sm, triton.cdiv(n_tiles, sm_count * per_sm))
-                                      for per_sm in (2, 4, 8)]
-            for programs, per_program in grids:
+            for programs, per_program in grids(n_tiles, sm_count):
                 out = torch.empty(programs, dtype=torch.int32, device="cuda")
 
                 def launch(programs=programs, per_program=per_program, block=block, warps=warps, out=out,
