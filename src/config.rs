@@ -24,6 +24,11 @@ pub struct Settings {
     pub compile_priority: CompilePriority,
     /// Force interpreter mode even when a GPU is present.
     pub interpret: bool,
+    /// Folders outside a manifest's repository that manifests may read
+    /// files from (`--allow-read` adds more).
+    pub allow_read: Vec<PathBuf>,
+    /// Times a later run tries again a job that crashed or timed out.
+    pub retries: u32,
 }
 
 impl Default for Settings {
@@ -35,6 +40,8 @@ impl Default for Settings {
             compile_workers: 0,
             compile_priority: CompilePriority::Idle,
             interpret: false,
+            allow_read: Vec::new(),
+            retries: 1,
         }
     }
 }

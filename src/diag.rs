@@ -13,7 +13,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub struct SourceFile {
     pub path: PathBuf,
     pub text: String,
+    /// Whether a diagnostic may quote its lines: a YAML manifest (or a
+    /// `--set` value) of plain text. Other files (a shape CSV, a file that
+    /// is not a manifest) are only pointed at, never quoted: an error must
+    /// not print what a file holds.
+    pub quotable: bool,
 }
+
+/// The longest part of a line a diagnostic quotes.
+const MAX_QUOTED_CHARS: usize = 160;
 
 /// Index into the process-wide source registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -37,9 +45,17 @@ fn registry() -> &'static Mutex<Vec<Arc<SourceFile>>> {
 
 /// Registers a file's text so diagnostics can quote it later.
 pub fn add_source(path: &Path, text: String) -> FileId {
+    // By the name of the file itself, not of a link to it.
+    let real = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let manifest = path.to_string_lossy().starts_with("--set ")
+        || real.extension().is_some_and(|e| e == "yaml" || e == "yml");
+    let plain = !text
+        .chars()
+        .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'));
     let mut files = registry().lock().expect("source registry poisoned");
     files.push(Arc::new(SourceFile {
         path: path.to_path_buf(),
+        quotable: manifest && plain,
         text,
     }));
     FileId((files.len() - 1) as u32)
@@ -117,8 +133,9 @@ impl fmt::Display for Diagnostic {
         match (self.span, &self.path) {
             (Some(span), _) => {
                 writeln!(f, "  --> {span}")?;
-                if let Some(file) = source(span.file) {
-                    if let Some(line) = file.text.lines().nth(span.line.saturating_sub(1)) {
+                if let Some(file) = source(span.file).filter(|f| f.quotable) {
+                    let line = file.text.lines().nth(span.line.saturating_sub(1));
+                    if let Some(line) = line.and_then(|l| quoted(l, span.col)) {
                         let number = span.line.to_string();
                         pad = " ".repeat(number.len());
                         writeln!(f, "{pad} |")?;
@@ -144,6 +161,19 @@ impl fmt::Display for Diagnostic {
 }
 
 impl std::error::Error for Diagnostic {}
+
+/// The start of a line, at most [`MAX_QUOTED_CHARS`]; `None` when the
+/// column lies past that (a caret far off to the right helps nobody).
+fn quoted(line: &str, col: usize) -> Option<String> {
+    if col > MAX_QUOTED_CHARS {
+        return None;
+    }
+    let mut out: String = line.chars().take(MAX_QUOTED_CHARS).collect();
+    if line.chars().nth(MAX_QUOTED_CHARS).is_some() {
+        out.push_str(" ...");
+    }
+    Some(out)
+}
 
 /// Several diagnostics from one stage; validation reports all it finds.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -70,11 +70,21 @@ impl Val {
     }
 }
 
+/// Instructions one template render or one expression evaluation may run
+/// (minijinja's fuel). A constraint or an output path needs a few dozen; a
+/// loop of loops in a path template would otherwise run for hours.
+pub const FUEL: u64 = 100_000;
+
+/// Bytes a rendered template (an output path) may have.
+pub const MAX_RENDERED_BYTES: usize = 4096;
+
 /// The minijinja environment every manifest expression is compiled in. It has
-/// no loader, so templates cannot read files; undefined names are errors.
+/// no loader, so templates cannot read files; undefined names are errors;
+/// every render and evaluation runs on [`FUEL`].
 pub fn environment() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.set_fuel(Some(FUEL));
     env.add_function("min", |args: minijinja::value::Rest<minijinja::Value>| -> Result<minijinja::Value, minijinja::Error> {
         fold_numbers(&args, |a, b| if b < a { b } else { a })
     });
@@ -85,7 +95,14 @@ pub fn environment() -> Environment<'static> {
         "abs",
         |x: minijinja::Value| -> Result<minijinja::Value, minijinja::Error> {
             match i64::try_from(x.clone()) {
-                Ok(i) if x.is_integer() => Ok(minijinja::Value::from(i.abs())),
+                Ok(i) if x.is_integer() => {
+                    i.checked_abs().map(minijinja::Value::from).ok_or_else(|| {
+                        minijinja::Error::new(
+                            minijinja::ErrorKind::InvalidOperation,
+                            format!("integer overflow in abs({i})"),
+                        )
+                    })
+                }
                 _ => Ok(minijinja::Value::from(f64::try_from(x)?.abs())),
             }
         },
@@ -99,12 +116,56 @@ pub fn environment() -> Environment<'static> {
                     "ceil_div by zero",
                 ));
             }
-            Ok((a + b - 1).div_euclid(b))
+            ceil_div(a, b)
+                .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e))
         },
     );
     env.add_function("log2", |x: f64| x.log2());
     env.add_function("is_pow2", |x: i64| x > 0 && (x & (x - 1)) == 0);
     env
+}
+
+/// `ceil_div(a, b)` = (a + b - 1) // b (the ceiling of a / b for b > 0);
+/// overflow is an error, never a wrap or a panic.
+fn ceil_div(a: i64, b: i64) -> Result<i64, String> {
+    if b == 0 {
+        return Err("ceil_div by zero".to_string());
+    }
+    a.checked_add(b)
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|n| n.checked_div_euclid(b))
+        .ok_or_else(|| format!("integer overflow in ceil_div({a}, {b})"))
+}
+
+/// Renders a template into at most [`MAX_RENDERED_BYTES`].
+pub fn render_bounded(
+    tmpl: &minijinja::Template<'_, '_>,
+    ctx: impl serde::Serialize,
+) -> Result<String, String> {
+    struct Capped(Vec<u8>);
+    impl std::io::Write for Capped {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.0.len() + buf.len() > MAX_RENDERED_BYTES {
+                return Err(std::io::Error::other("too long"));
+            }
+            self.0.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut out = Capped(Vec::new());
+    match tmpl.render_captured_to(ctx, &mut out) {
+        Ok(_) => String::from_utf8(out.0).map_err(|e| e.to_string()),
+        Err(e) if e.kind() == minijinja::ErrorKind::WriteFailure => Err(format!(
+            "it renders to more than {MAX_RENDERED_BYTES} bytes"
+        )),
+        Err(e) if e.kind() == minijinja::ErrorKind::OutOfFuel => Err(format!(
+            "it runs more than {FUEL} template instructions (a loop too many?)"
+        )),
+        Err(e) => Err(e.detail().unwrap_or("cannot be rendered").to_string()),
+    }
 }
 
 fn fold_numbers(
@@ -392,13 +453,24 @@ impl Parser<'_, '_> {
     }
 
     fn multiplicative(&mut self) -> Option<Eval> {
-        let mut left = self.unary()?;
+        let mut left = self.power()?;
         loop {
             let op = ["//", "*", "/", "%"].into_iter().find(|op| self.eat_op(op));
             let Some(op) = op else { return Some(left) };
-            let right = self.unary()?;
+            let right = self.power()?;
             left = Box::new(move |s| arith(op, &left(s)?, &right(s)?));
         }
+    }
+
+    // Jinja binds a sign tighter than `**` (`-2 ** 2` is 4, unlike Python),
+    // and minijinja follows it: power := unary ['**' unary].
+    fn power(&mut self) -> Option<Eval> {
+        let base = self.unary()?;
+        if self.eat_op("**") {
+            let exp = self.unary()?;
+            return Some(Box::new(move |s| arith("**", &base(s)?, &exp(s)?)));
+        }
+        Some(base)
     }
 
     fn unary(&mut self) -> Option<Eval> {
@@ -409,16 +481,7 @@ impl Parser<'_, '_> {
         if self.eat_op("+") {
             return self.unary();
         }
-        self.power()
-    }
-
-    fn power(&mut self) -> Option<Eval> {
-        let base = self.primary()?;
-        if self.eat_op("**") {
-            let exp = self.unary()?;
-            return Some(Box::new(move |s| arith("**", &base(s)?, &exp(s)?)));
-        }
-        Some(base)
+        self.primary()
     }
 
     fn primary(&mut self) -> Option<Eval> {
@@ -486,12 +549,14 @@ impl Parser<'_, '_> {
             ("min", n) if n >= 1 => Box::new(move |s| pick(&args, s, |a, b| b < a)),
             ("max", n) if n >= 1 => Box::new(move |s| pick(&args, s, |a, b| b > a)),
             ("abs", 1) => Box::new(move |s| match args[0](s)? {
-                Val::Int(i) => Ok(Val::Int(i.abs())),
+                Val::Int(i) => i
+                    .checked_abs()
+                    .map(Val::Int)
+                    .ok_or_else(|| format!("integer overflow in abs({i})")),
                 v => Ok(Val::Float(v.num().ok_or("abs of a non-number")?.abs())),
             }),
             ("ceil_div", 2) => Box::new(move |s| match (args[0](s)?, args[1](s)?) {
-                (Val::Int(_), Val::Int(0)) => Err("ceil_div by zero".to_string()),
-                (Val::Int(a), Val::Int(b)) => Ok(Val::Int((a + b - 1).div_euclid(b))),
+                (Val::Int(a), Val::Int(b)) => ceil_div(a, b).map(Val::Int),
                 _ => Err("ceil_div takes integers".to_string()),
             }),
             ("log2", 1) => Box::new(move |s| {
@@ -559,8 +624,9 @@ pub(crate) fn arith(op: &str, a: &Val, b: &Val) -> Result<Val, String> {
             "/" if y == 0 => Err("division by zero".into()),
             "/" => Ok(Val::Float(x as f64 / y as f64)),
             "//" | "%" if y == 0 => Err("division by zero".into()),
-            "//" => Ok(Val::Int(x.div_euclid(y))),
-            "%" => Ok(Val::Int(x.rem_euclid(y))),
+            // i64::MIN // -1 has no i64 answer.
+            "//" => x.checked_div_euclid(y).map(Val::Int).ok_or_else(overflow),
+            "%" => x.checked_rem_euclid(y).map(Val::Int).ok_or_else(overflow),
             "**" if y >= 0 => u32::try_from(y)
                 .ok()
                 .and_then(|y| x.checked_pow(y))
@@ -641,6 +707,7 @@ mod tests {
             "is_pow2(N) and not is_pow2(M)",
             "x * 2 - 0.5",
             "-M + abs(-3)",
+            "-M ** 2 + 3",
             "M != 48",
             "(M // 5) * 5 == M - M % 5",
         ] {
@@ -660,6 +727,70 @@ mod tests {
         assert!(compile_fast("M in [1, 2]", &scope).is_none());
         assert!(compile_fast("1 < M < 3", &scope).is_none());
         assert!(compile_fast("unknown + 1", &scope).is_none());
+    }
+
+    /// Random expressions over hostile integers (the extremes of i64, zero,
+    /// minus one) through both evaluators: never a panic; where both give an
+    /// integer or a boolean, the same one. Seeded, a fixed budget of cases.
+    #[test]
+    fn random_expressions_never_panic_and_the_evaluators_agree() {
+        let env = environment();
+        let slots = HashMap::from([("a".to_string(), 0), ("b".to_string(), 1)]);
+        let constants = HashMap::new();
+        let scope = Scope {
+            slots: &slots,
+            constants: &constants,
+        };
+        let atoms = [
+            "a",
+            "b",
+            "0",
+            "1",
+            "-1",
+            "7",
+            "9223372036854775807",
+            "(-9223372036854775807 - 1)",
+        ];
+        let ops = ["+", "-", "*", "//", "%", "**"];
+        // At the top only: a comparison of a boolean with a number is
+        // outside what either evaluator defines the same way.
+        let tops = ["<", "==", ">="];
+        let calls = ["abs", "ceil_div", "min", "max"];
+        let values = [0i64, 1, -1, 3, -7, i64::MAX, i64::MIN];
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for _ in 0..3000 {
+            let mut expr = atoms[next(atoms.len())].to_string();
+            for _ in 0..1 + next(3) {
+                let other = atoms[next(atoms.len())];
+                expr = match next(3) {
+                    0 => format!("({expr} {} {other})", ops[next(ops.len())]),
+                    1 => match calls[next(calls.len())] {
+                        "ceil_div" => format!("ceil_div({expr}, {other})"),
+                        c @ ("min" | "max") => format!("{c}({expr}, {other})"),
+                        c => format!("{c}({expr})"),
+                    },
+                    _ => format!("-({expr})"),
+                };
+            }
+            if next(3) == 0 {
+                expr = format!("{expr} {} {}", tops[next(tops.len())], atoms[next(atoms.len())]);
+            }
+            let (a, b) = (values[next(values.len())], values[next(values.len())]);
+            let fast = compile_fast(&expr, &scope).map(|f| f.eval(&[Val::Int(a), Val::Int(b)]));
+            let mut ctx = serde_json::Map::new();
+            ctx.insert("a".into(), Json::from(a));
+            ctx.insert("b".into(), Json::from(b));
+            let reference = eval_reference(&env, &expr, &ctx);
+            if let (Some(Ok(f @ (Val::Int(_) | Val::Bool(_)))), Ok(r)) = (&fast, &reference) {
+                assert_eq!(f, r, "{expr} at a={a}, b={b}");
+            }
+        }
     }
 
     #[test]

@@ -90,6 +90,9 @@ pub enum Command {
         /// CPU compile workers (0 = the cores the lanes leave, 1 to 64) [settings: compile_workers].
         #[arg(long, value_name = "N")]
         compile_workers: Option<usize>,
+        /// Run again a job that crashed or timed out in an earlier run, up to N times in all (default 1) [settings: retries].
+        #[arg(long, value_name = "N")]
+        retries: Option<u32>,
         /// No progress line.
         #[arg(long)]
         quiet: bool,
@@ -339,6 +342,11 @@ pub struct ManifestArgs {
     /// Only these shapes/methods/params: --only E=32,N=2880,method=triton.
     #[arg(long, value_name = "KEY=VALUE,...")]
     pub only: Option<String>,
+    /// Let the manifest read files in this folder too (repeatable). Without
+    /// it, what a manifest names (`include`, `extends`, `csv`, `source`,
+    /// `ir`, `python_path`) must be in the repository that holds it.
+    #[arg(long = "allow-read", value_name = "DIR")]
+    pub allow_read: Vec<std::path::PathBuf>,
 }
 
 impl From<ModeArg> for crate::plan::RunMode {

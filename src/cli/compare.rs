@@ -26,7 +26,7 @@ pub(super) fn compare(
         )));
     }
     let text = comparison.markdown(threshold);
-    print!("{text}");
+    say_raw!("{text}");
     if let Some(path) = out {
         std::fs::write(path, &text).map_err(|e| {
             Failure::internal(format!("error: cannot write {}: {e}", path.display()))

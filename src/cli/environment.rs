@@ -70,7 +70,7 @@ pub(super) fn config(global: &GlobalArgs) -> Result<i32, Failure> {
     let layered = config::load(global.config.as_ref(), &super::flags(global))
         .map_err(super::settings_error)?;
     for (key, value, origin) in layered.explain() {
-        println!("{key:<16} = {value:<24} # {origin}");
+        say!("{key:<16} = {value:<24} # {origin}");
     }
     Ok(exit::OK)
 }
@@ -78,14 +78,14 @@ pub(super) fn config(global: &GlobalArgs) -> Result<i32, Failure> {
 pub(super) fn devices(json: bool) -> Result<i32, Failure> {
     let found = device::discover();
     if json {
-        println!(
+        say!(
             "{}",
             serde_json::to_string_pretty(&found.devices).expect("devices serialise")
         );
         return Ok(exit::OK);
     }
     for (i, d) in found.devices.iter().enumerate() {
-        println!(
+        say!(
             "{i}: {} ({}, {} SMs, L2 {} MiB, smem/block {} KiB, {:.0} GB/s peak, driver {})",
             d.name,
             d.arch,
@@ -95,7 +95,7 @@ pub(super) fn devices(json: bool) -> Result<i32, Failure> {
             d.peak_gbs,
             d.driver.as_deref().unwrap_or("?")
         );
-        println!(
+        say!(
             "   vLLM name {}, memory {} GiB, memory clock {} MHz x {} bit",
             d.vllm_name,
             d.mem_bytes >> 30,
@@ -104,17 +104,17 @@ pub(super) fn devices(json: bool) -> Result<i32, Failure> {
         );
     }
     if found.devices.is_empty() {
-        println!("no GPU found; `tunelab run` will use Triton's interpreter on the CPU");
+        say!("no GPU found; `tunelab run` will use Triton's interpreter on the CPU");
     }
     for note in &found.notes {
-        println!("note: {note}");
+        say!("note: {note}");
     }
     Ok(exit::OK)
 }
 
 pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
     let mut problems = 0;
-    println!("python      {}", settings.python);
+    say!("python      {}", settings.python);
     let probe = "import json, sys\nout = {'python': sys.version.split()[0]}\ntry:\n    import torch; out['torch'] = torch.__version__; out['cuda'] = torch.cuda.is_available(); out['gpu'] = torch.cuda.get_device_name() if out['cuda'] else None\nexcept Exception as e: out['torch_error'] = str(e)\ntry:\n    import triton; out['triton'] = triton.__version__\nexcept Exception as e: out['triton_error'] = str(e)\ntry:\n    import tunelab.worker; out['worker'] = tunelab.worker.__file__; out['protocol'] = tunelab.PROTOCOL_VERSION\nexcept Exception as e: out['worker_error'] = str(e)\nprint(json.dumps(out))";
     let package = worker_package(&settings.python);
     let mut command = std::process::Command::new(&settings.python);
@@ -131,28 +131,28 @@ pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
     match command.output() {
         Err(e) => {
             problems += 1;
-            println!("  missing: cannot run `{}` ({e})", settings.python);
-            println!("  fix: install Python 3.10+ or point tunelab at one: --python PATH, TUNELAB_PYTHON=PATH, or `python = \"PATH\"` in tunelab.toml");
+            say!("  missing: cannot run `{}` ({e})", settings.python);
+            say!("  fix: install Python 3.10+ or point tunelab at one: --python PATH, TUNELAB_PYTHON=PATH, or `python = \"PATH\"` in tunelab.toml");
         }
         Ok(out) => {
             let facts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            println!("  version   {}", facts["python"].as_str().unwrap_or("?"));
+            say!("  version   {}", facts["python"].as_str().unwrap_or("?"));
             for (pkg, key) in [("torch", "torch_error"), ("triton", "triton_error")] {
                 match facts[pkg].as_str() {
-                    Some(v) => println!("  {pkg:<9} {v}"),
+                    Some(v) => say!("  {pkg:<9} {v}"),
                     None => {
                         problems += 1;
-                        println!(
+                        say!(
                             "  {pkg:<9} missing ({})",
                             facts[key].as_str().unwrap_or("not importable")
                         );
-                        println!("  fix: {} -m pip install torch triton", settings.python);
+                        say!("  fix: {} -m pip install torch triton", settings.python);
                     }
                 }
             }
             match facts["gpu"].as_str() {
-                Some(gpu) => println!("  mode      GPU ({gpu})"),
-                None => println!("  mode      interpreter (torch sees no GPU; kernels run in Triton's interpreter on the CPU)"),
+                Some(gpu) => say!("  mode      GPU ({gpu})"),
+                None => say!("  mode      interpreter (torch sees no GPU; kernels run in Triton's interpreter on the CPU)"),
             }
             let from = match &package {
                 WorkerPackage::Checkout(dir) => format!("the checkout's {}", dir.display()),
@@ -162,34 +162,34 @@ pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
             match facts["worker"].as_str() {
                 Some(file) if speaks != Some(PROTOCOL_VERSION.into()) => {
                     problems += 1;
-                    println!(
+                    say!(
                         "worker      {file} ({from}) speaks worker protocol {}, this tunelab {PROTOCOL_VERSION}",
                         speaks.map_or("?".to_string(), |v| v.to_string())
                     );
-                    println!("  fix: the package and this binary come from different versions of tunelab: run the binary from the same checkout, or reinstall (`pip install .`)");
+                    say!("  fix: the package and this binary come from different versions of tunelab: run the binary from the same checkout, or reinstall (`pip install .`)");
                 }
-                Some(file) => println!("worker      {file} ({from})"),
+                Some(file) => say!("worker      {file} ({from})"),
                 None => {
                     problems += 1;
-                    println!(
+                    say!(
                         "worker      missing: {} cannot import tunelab.worker ({})",
                         settings.python,
                         facts["worker_error"].as_str().unwrap_or("not importable")
                     );
-                    println!("  fix: {} -m pip install PATH/TO/tunelab (the checkout), or run tunelab from a checkout", settings.python);
+                    say!("  fix: {} -m pip install PATH/TO/tunelab (the checkout), or run tunelab from a checkout", settings.python);
                 }
             }
         }
     }
     let found = device::discover();
     for d in &found.devices {
-        println!("device      {} ({})", d.name, d.source);
+        say!("device      {} ({})", d.name, d.source);
     }
     for n in &found.notes {
-        println!("device      {n}");
+        say!("device      {n}");
     }
     if problems == 0 {
-        println!("ok");
+        say!("ok");
         Ok(exit::OK)
     } else {
         Ok(exit::ENVIRONMENT)

@@ -32,7 +32,12 @@ pub(super) fn load_experiment(
     args: &ManifestArgs,
     device: &DeviceInfo,
 ) -> Result<Experiment, Failure> {
-    Ok(manifest::load(path, &args.set, device)?)
+    Ok(manifest::load_allowing(
+        path,
+        &args.set,
+        &args.allow_read,
+        device,
+    )?)
 }
 
 pub(super) fn validate(
@@ -60,7 +65,7 @@ pub(super) fn validate(
         });
         match result {
             Ok((summary, note)) => {
-                println!(
+                say!(
                     "ok  {}  ({}, {})",
                     path.display(),
                     count(summary.shapes, "shape", "shapes"),
@@ -128,31 +133,37 @@ pub(super) fn plan(
         use std::io::Write;
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
+        let mut failed = None;
         plan::plan_groups(&exp, &opts, keep, &mut |job| {
             let line = serde_json::to_string(&job).expect("job serialises");
-            // A closed pipe (`| head`) ends the stream quietly.
             match writeln!(out, "{line}") {
                 Ok(()) => ControlFlow::Continue(()),
-                Err(_) => ControlFlow::Break(()),
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
             }
         })?;
-        let _ = out.flush();
-        return Ok(exit::OK);
+        // A closed pipe (`| head`) ends the stream quietly; a full disk does not.
+        match failed.map_or_else(|| out.flush(), Err) {
+            Ok(()) => return Ok(exit::OK),
+            Err(e) => return Err(super::stdout_failed(e)),
+        }
     }
     let summary = plan::plan_groups(&exp, &opts, keep, &mut |_| ControlFlow::Continue(()))?;
     if let (Some(shard), false) = (shard, json) {
-        println!(
+        say!(
             "shard {shard}: {} of the plan's (shape, method) groups",
             share.as_ref().map_or(0, |s| s.len())
         );
     }
     if json {
-        println!(
+        say!(
             "{}",
             serde_json::to_string_pretty(&summary).expect("summary serialises")
         );
     } else {
-        print!("{}", render_summary(&summary, &device));
+        say_raw!("{}", render_summary(&summary, &device));
     }
     Ok(exit::OK)
 }

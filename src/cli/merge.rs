@@ -31,7 +31,7 @@ pub(super) fn merge(into: &Path, inputs: &[PathBuf], force: bool) -> Result<i32,
     for note in &outcome.notes {
         eprintln!("note: {note}");
     }
-    print!("{}", table(&outcome, files));
+    say_raw!("{}", table(&outcome, files));
     Ok(exit::OK)
 }
 
@@ -45,7 +45,7 @@ fn merge_results(into: &Path, dirs: &[PathBuf], force: bool) -> Result<i32, Fail
         eprintln!("note: {note}");
     }
     let written = super::results::write_outputs(into)?;
-    println!(
+    say!(
         "{}: {} from {} ({} already there, left out); {} in all",
         into.display(),
         crate::emit::num::count(outcome.added_jobs as u64, "job added", "jobs added"),
@@ -54,7 +54,7 @@ fn merge_results(into: &Path, dirs: &[PathBuf], force: bool) -> Result<i32, Fail
         crate::emit::num::count(outcome.total_jobs as u64, "job", "jobs"),
     );
     for p in written {
-        println!("  {}", p.display());
+        say!("  {}", p.display());
     }
     Ok(exit::OK)
 }

@@ -13,6 +13,27 @@
 //! - `workbench.rs`: `ir-pass`, `profile` (their Python halves in
 //!   `tunelab.workbench`).
 
+/// `println!` for a command's output: a failed write to standard output is
+/// the command's failure (exit 1, said on stderr), never a panic and never
+/// exit 0; a reader that stopped reading (`| head`) ends it quietly.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*).map_err($crate::cli::stdout_failed)?;
+    }};
+}
+
+/// `print!` for a command's output, as [`say!`].
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout();
+        write!(out, $($arg)*)
+            .and_then(|()| out.flush())
+            .map_err($crate::cli::stdout_failed)?;
+    }};
+}
+
 pub mod args;
 mod compare;
 mod environment;
@@ -53,9 +74,11 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
     match dispatch(cli) {
         Ok(code) => code,
         Err(failure) => {
-            eprint!("{}", failure.message);
-            if !failure.message.ends_with('\n') {
-                eprintln!();
+            if !failure.message.is_empty() {
+                eprint!("{}", failure.message);
+                if !failure.message.ends_with('\n') {
+                    eprintln!();
+                }
             }
             failure.code
         }
@@ -64,11 +87,17 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
 
 fn dispatch(cli: Cli) -> Result<i32, Failure> {
     let settings = load_settings(&cli.global)?;
+    // The folders tunelab.toml allows, besides those given with --allow-read.
+    let allowed = settings.allow_read.clone();
+    let with_settings = |mut args: args::ManifestArgs| {
+        args.allow_read.extend(allowed.iter().cloned());
+        args
+    };
     match cli.command {
         Command::Validate {
             manifests,
             manifest: args,
-        } => inspect::validate(&manifests, &args, &settings),
+        } => inspect::validate(&manifests, &with_settings(args), &settings),
         Command::Plan {
             manifest,
             manifest_args,
@@ -78,7 +107,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             shard,
         } => inspect::plan(
             &manifest,
-            &manifest_args,
+            &with_settings(manifest_args),
             &settings,
             inspect::PlanOutput { json, jobs },
             interpret,
@@ -91,6 +120,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             use_best,
             interpret,
             compile_workers,
+            retries,
             quiet,
             trace,
             compare_to,
@@ -105,6 +135,10 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             if let Some(n) = compile_workers {
                 settings.compile_workers = n;
             }
+            if let Some(n) = retries {
+                settings.retries = n;
+            }
+            let manifest_args = with_settings(manifest_args);
             let request = run::Request {
                 manifest: &manifest,
                 args: &manifest_args,
@@ -171,7 +205,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Devices { json } => environment::devices(json),
         Command::Doctor => environment::doctor(&settings),
         Command::Schema => {
-            print!("{}", crate::manifest::json_schema());
+            say_raw!("{}", crate::manifest::json_schema());
             Ok(exit::OK)
         }
         Command::Config => environment::config(&cli.global),
@@ -191,6 +225,19 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             native::native_compile(what, &out, arch.as_deref(), &settings)
         }
     }
+}
+
+/// What a failed write to standard output means: a closed pipe (the reader
+/// has what it wanted) ends the command quietly; anything else (a full disk,
+/// an I/O error) fails it.
+pub(crate) fn stdout_failed(e: std::io::Error) -> Failure {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        return Failure {
+            code: exit::OK,
+            message: String::new(),
+        };
+    }
+    Failure::internal(format!("error: cannot write to standard output: {e}"))
 }
 
 /// An error on its way out, with the exit code it maps to.

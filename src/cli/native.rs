@@ -61,7 +61,7 @@ pub fn native_compile(
         Ok(a) => {
             let mut json = serde_json::to_value(&a).expect("artifact serialises");
             json["seconds"] = serde_json::json!(a.seconds);
-            println!("{json}");
+            say!("{json}");
             Ok(exit::OK)
         }
         Err(f) => Err(Failure {

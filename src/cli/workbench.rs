@@ -161,7 +161,7 @@ pub(super) fn profile(settings: &Settings, a: &ProfileArgs<'_>) -> Result<i32, F
     if summary.is_file() {
         // The report links the summary once it exists.
         super::results::write_outputs(a.dir)?;
-        println!("profile: {}", summary.display());
+        say!("profile: {}", summary.display());
     }
     Ok(code)
 }

@@ -5,13 +5,17 @@
 
 use std::path::{Path, PathBuf};
 
+use std::collections::HashMap;
+
+use super::files::Access;
 use super::yaml::{self, Key, Node, Value};
 use crate::diag::Diagnostic;
 
-/// Loads `path`, resolves `extends` and every `include`, then applies `--set` overrides.
-pub fn load_tree(path: &Path, overrides: &[String]) -> Result<Node, Diagnostic> {
+/// Loads `path`, resolves `extends` and every `include` (files `access`
+/// allows), then applies `--set` overrides.
+pub fn load_tree(path: &Path, overrides: &[String], access: &Access) -> Result<Node, Diagnostic> {
     let mut stack = Vec::new();
-    let mut root = load_with_extends(path, &mut stack)?;
+    let mut root = load_with_extends(path, &mut stack, access)?;
     for text in overrides {
         apply_override(&mut root, text)?;
     }
@@ -22,7 +26,11 @@ fn canonical(path: &Path) -> PathBuf {
     path.canonicalize().unwrap_or_else(|_| path.to_path_buf())
 }
 
-fn load_with_extends(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Node, Diagnostic> {
+fn load_with_extends(
+    path: &Path,
+    stack: &mut Vec<PathBuf>,
+    access: &Access,
+) -> Result<Node, Diagnostic> {
     let mut node = yaml::load_file(path)?;
     if !matches!(node.value, Value::Map(_)) {
         return Err(Diagnostic::at(
@@ -32,15 +40,16 @@ fn load_with_extends(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Node, Diag
         .help("start the file with `experiment: NAME`"));
     }
     stack.push(canonical(path));
-    resolve_includes(&mut node, stack)?;
+    resolve_includes(&mut node, stack, access)?;
     let parents = take_key(&mut node, "extends");
     let mut merged: Option<Node> = None;
     if let Some(parents) = parents {
         for (file, span) in string_list(&parents, "extends")? {
             let target = relative_to(&span.path(), &file);
             check_cycle(&target, stack, span)?;
+            access.check(&target, span, "extends")?;
             ensure_exists(&target, span, "extends")?;
-            let base = load_with_extends(&target, stack)?;
+            let base = load_with_extends(&target, stack, access)?;
             merged = Some(match merged {
                 None => base,
                 Some(acc) => merge(acc, base),
@@ -56,22 +65,27 @@ fn load_with_extends(path: &Path, stack: &mut Vec<PathBuf>) -> Result<Node, Diag
 
 /// Replaces every `include:` key inside mappings with the included files' contents,
 /// merged under the mapping's own keys.
-fn resolve_includes(node: &mut Node, stack: &mut Vec<PathBuf>) -> Result<(), Diagnostic> {
+fn resolve_includes(
+    node: &mut Node,
+    stack: &mut Vec<PathBuf>,
+    access: &Access,
+) -> Result<(), Diagnostic> {
     match &mut node.value {
         Value::Seq(items) => {
             for item in items {
-                resolve_includes(item, stack)?;
+                resolve_includes(item, stack, access)?;
             }
         }
         Value::Map(entries) => {
             for (_, value) in entries.iter_mut() {
-                resolve_includes(value, stack)?;
+                resolve_includes(value, stack, access)?;
             }
             if let Some(files) = take_key(node, "include") {
                 let mut base: Option<Node> = None;
                 for (file, span) in string_list(&files, "include")? {
                     let target = relative_to(&span.path(), &file);
                     check_cycle(&target, stack, span)?;
+                    access.check(&target, span, "include")?;
                     ensure_exists(&target, span, "include")?;
                     let mut included = yaml::load_file(&target)?;
                     if !matches!(included.value, Value::Map(_)) {
@@ -82,7 +96,7 @@ fn resolve_includes(node: &mut Node, stack: &mut Vec<PathBuf>) -> Result<(), Dia
                         .help("write the shared keys at the top level of the file"));
                     }
                     stack.push(canonical(&target));
-                    resolve_includes(&mut included, stack)?;
+                    resolve_includes(&mut included, stack, access)?;
                     stack.pop();
                     base = Some(match base {
                         None => included,
@@ -181,16 +195,29 @@ fn string_list(node: &Node, what: &str) -> Result<Vec<(String, crate::diag::Span
 }
 
 /// `overlay` wins; mappings merge key by key, everything else is replaced.
+/// Keys are found through an index, so merging large mappings stays linear.
 pub fn merge(base: Node, overlay: Node) -> Node {
     match (base.value, overlay.value) {
         (Value::Map(mut base_entries), Value::Map(overlay_entries)) => {
+            let mut index: HashMap<String, usize> = base_entries
+                .iter()
+                .enumerate()
+                .map(|(i, (k, _))| (k.name.clone(), i))
+                .collect();
             for (key, value) in overlay_entries {
-                match base_entries.iter().position(|(k, _)| k.name == key.name) {
-                    Some(i) => {
-                        let (_, old) = base_entries.remove(i);
-                        base_entries.insert(i, (key, merge(old, value)));
+                match index.get(&key.name) {
+                    Some(&i) => {
+                        let placeholder = Node {
+                            value: Value::Null,
+                            span: key.span,
+                        };
+                        let old = std::mem::replace(&mut base_entries[i].1, placeholder);
+                        base_entries[i] = (key, merge(old, value));
                     }
-                    None => base_entries.push((key, value)),
+                    None => {
+                        index.insert(key.name.clone(), base_entries.len());
+                        base_entries.push((key, value));
+                    }
                 }
             }
             Node {

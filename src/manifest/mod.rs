@@ -8,6 +8,8 @@
 //!   it into the types of `model.rs`, which is all the rest of the program sees.
 
 mod de;
+mod files;
+pub mod limits;
 mod load;
 mod model;
 mod raw;
@@ -16,7 +18,7 @@ mod validate;
 mod values;
 mod yaml;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use model::*;
 pub use validate::default_protocol;
@@ -25,15 +27,27 @@ use crate::device::DeviceInfo;
 use crate::diag::Diagnostics;
 
 /// Reads, merges, deserialises and validates one manifest. Every
-/// independent error is reported at once.
+/// independent error is reported at once. The files it names must be in
+/// its repository (`files.rs`).
 pub fn load(
     path: &Path,
     overrides: &[String],
     device: &DeviceInfo,
 ) -> Result<Experiment, Diagnostics> {
-    let tree = load::load_tree(path, overrides)?;
+    load_allowing(path, overrides, &[], device)
+}
+
+/// [`load`], also letting the manifest read files in the folders `allow_read`.
+pub fn load_allowing(
+    path: &Path,
+    overrides: &[String],
+    allow_read: &[PathBuf],
+    device: &DeviceInfo,
+) -> Result<Experiment, Diagnostics> {
+    let access = files::Access::for_manifest(path, allow_read);
+    let tree = load::load_tree(path, overrides, &access)?;
     let raw: raw::RawManifest = de::from_node(&tree)?;
-    validate::validate(raw, tree.span, path, device)
+    validate::validate(raw, tree.span, path, &access, device)
 }
 
 /// The JSON schema of a manifest, for editors and `schemas/manifest.schema.json`.

@@ -606,6 +606,38 @@ pub fn device_fields(device: &crate::device::DeviceInfo) -> serde_json::Map<Stri
     }
 }
 
+/// What the runner keeps at the top of a results directory: no output may
+/// be, or be inside, one of these; nor have a name that starts with
+/// `journal.jsonl` (the journal, its packed form, the files they are
+/// written through).
+pub const RUNNER_OWNED: [&str; 5] = ["journal.jsonl", ".lock", "logs", ".cache", "profile"];
+
+/// The runner's name `path` (relative to the results directory, `.` and
+/// `..` resolved) would write over or into, if any.
+pub fn runner_owned(path: &std::path::Path) -> Option<&'static str> {
+    let first = normal_components(path).into_iter().next()?;
+    if first.starts_with("journal.jsonl") {
+        return Some("journal.jsonl");
+    }
+    RUNNER_OWNED.iter().copied().find(|name| *name == first)
+}
+
+/// A relative path's components with `.` dropped and `..` applied.
+pub fn normal_components(path: &std::path::Path) -> Vec<String> {
+    use std::path::Component;
+    let mut parts: Vec<String> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(part) => parts.push(part.to_string_lossy().into_owned()),
+            Component::ParentDir => {
+                parts.pop();
+            }
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+        }
+    }
+    parts
+}
+
 /// Whether a relative output path leaves (or is) the results directory itself.
 pub fn escapes(path: &std::path::Path) -> bool {
     use std::path::Component;

@@ -2,12 +2,13 @@
 //! aiter's `untuned_fmoe.csv`), each completed with `fixed`.
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use indexmap::IndexMap;
 use serde_json::Value as Json;
 
 use super::de::Spanned;
+use super::files::Files;
+use super::limits;
 use super::model::{Shape, DTYPES};
 use super::raw::{RawCsvShapes, RawShapes};
 use super::values::{axis_values, unknown};
@@ -16,7 +17,7 @@ use crate::diag::{add_source, Diagnostic, Span};
 
 /// Expands a shape set: every shape with the same fields, duplicates removed,
 /// in the order written.
-pub fn expand(raw: &Spanned<RawShapes>, base_dir: &Path) -> Result<Vec<Shape>, Diagnostic> {
+pub fn expand(raw: &Spanned<RawShapes>, files: &Files<'_>) -> Result<Vec<Shape>, Diagnostic> {
     let mut shapes: Vec<(Shape, Span)> = Vec::new();
     if let Some(list) = &raw.list {
         for entry in list {
@@ -42,6 +43,21 @@ pub fn expand(raw: &Spanned<RawShapes>, base_dir: &Path) -> Result<Vec<Shape>, D
         for (name, value) in product.iter() {
             axes.push((name.as_str(), axis_values(value, name, true)?));
         }
+        // Counted before it is built.
+        let count = axes
+            .iter()
+            .try_fold(1u64, |n, (_, values)| n.checked_mul(values.len() as u64))
+            .unwrap_or(u64::MAX);
+        if count > limits::MAX_SHAPES {
+            return Err(Diagnostic::at(
+                product.span,
+                format!(
+                    "this product makes {count} shapes, more than the {} a shape set may hold",
+                    limits::MAX_SHAPES
+                ),
+            )
+            .help("tune fewer shapes at once: split the product, or narrow it with `--only`"));
+        }
         let mut partial: Vec<Shape> = vec![Shape::new()];
         for (name, values) in &axes {
             let mut next = Vec::with_capacity(partial.len() * values.len());
@@ -66,7 +82,7 @@ pub fn expand(raw: &Spanned<RawShapes>, base_dir: &Path) -> Result<Vec<Shape>, D
         shapes.extend(partial.into_iter().map(|shape| (shape, product.span)));
     }
     if let Some(csv) = &raw.csv {
-        shapes.extend(read_csv(csv, base_dir)?);
+        shapes.extend(read_csv(csv, files)?);
     }
     if shapes.is_empty() {
         return Err(Diagnostic::at(raw.span, "the shape set is empty")
@@ -164,15 +180,14 @@ pub fn scalar_fields(
 
 /// Reads one shape per row. Shape fields come from `columns` (field -> column)
 /// or from the column of the same name; numbers stay numbers.
-fn read_csv(spec: &RawCsvShapes, base_dir: &Path) -> Result<Vec<(Shape, Span)>, Diagnostic> {
+fn read_csv(spec: &RawCsvShapes, files: &Files<'_>) -> Result<Vec<(Shape, Span)>, Diagnostic> {
     let path_span = spec.path.span;
-    let path = base_dir.join(spec.path.as_str());
-    let text = std::fs::read_to_string(&path).map_err(|e| {
+    let (path, bytes) = files.read(&spec.path, "csv", "shape CSV", limits::MAX_FILE_BYTES)?;
+    let text = String::from_utf8(bytes).map_err(|_| {
         Diagnostic::at(
             path_span,
-            format!("cannot read shape CSV {}: {e}", path.display()),
+            format!("shape CSV {} is not UTF-8 text", path.display()),
         )
-        .help("paths are relative to the manifest")
     })?;
     let file = add_source(&path, text.clone());
     let mut reader = csv::ReaderBuilder::new()
@@ -231,6 +246,17 @@ fn read_csv(spec: &RawCsvShapes, base_dir: &Path) -> Result<Vec<(Shape, Span)>, 
     let mut shapes = Vec::new();
     for (row_index, record) in reader.records().enumerate() {
         let line = row_index + 2;
+        if row_index as u64 >= limits::MAX_SHAPES {
+            return Err(Diagnostic::at(
+                path_span,
+                format!(
+                    "{} has more than {} rows, the most shapes a shape set may hold",
+                    path.display(),
+                    limits::MAX_SHAPES
+                ),
+            )
+            .help("tune fewer shapes at once: split the file"));
+        }
         let record = record.map_err(|e| {
             Diagnostic::at(Span { file, line, col: 1 }, format!("bad CSV row: {e}"))
         })?;
@@ -239,7 +265,7 @@ fn read_csv(spec: &RawCsvShapes, base_dir: &Path) -> Result<Vec<(Shape, Span)>, 
             let cell = record.get(*index).unwrap_or("");
             let col = column_offset(&text, line, *index);
             let value = parse_cell(cell).ok_or_else(|| {
-                Diagnostic::at(Span { file, line, col }, format!("row {line}, column `{}`: `{cell}` is not a number", headers[*index]))
+                Diagnostic::at(Span { file, line, col }, format!("row {line}, column `{}` is not a number", headers[*index]))
                     .help("shape fields read from CSV must be numbers unless they name a dtype, activation or similar word")
             })?;
             shape.insert(field.clone(), value);

@@ -14,11 +14,13 @@ use indexmap::IndexMap;
 use serde_json::Value as Json;
 
 use super::de::Spanned;
+use super::files::{Access, Files};
+use super::limits;
 use super::model::{
-    builtin_baseline, device_fields, escapes, Axis, Baseline, BaselineValue, DtypeOverride,
-    Experiment, Expr, InputSource, InterpreterPlan, KernelArg, LaunchPath, Method, MethodKind,
-    NativeSpec, Output, ScalarType, Shape, Tolerance, BUILTIN_BASELINES, BUILTIN_PROBLEMS, DTYPES,
-    IR_EXTENSIONS,
+    builtin_baseline, device_fields, escapes, normal_components, runner_owned, Axis, Baseline,
+    BaselineValue, DtypeOverride, Experiment, Expr, InputSource, InterpreterPlan, KernelArg,
+    LaunchPath, Method, MethodKind, NativeSpec, Output, ScalarType, Shape, Tolerance,
+    BUILTIN_BASELINES, BUILTIN_PROBLEMS, DTYPES, IR_EXTENSIONS, RUNNER_OWNED,
 };
 use super::raw::{
     FlushWith, RawInterpreter, RawKeys, RawManifest, RawMethod, RawProtocol, RawSearch,
@@ -40,19 +42,23 @@ pub fn validate(
     raw: RawManifest,
     root: Span,
     manifest_path: &Path,
+    access: &Access,
     device: &DeviceInfo,
 ) -> Result<Experiment, Diagnostics> {
     let mut found = Found::default();
-    let base_dir = manifest_path.parent().unwrap_or(Path::new("."));
+    let files = Files {
+        base_dir: manifest_path.parent().unwrap_or(Path::new(".")),
+        access,
+    };
     let env = expr::environment();
 
     found.take(check_name(&raw.experiment));
     found.take(check_problem(&raw.problem));
-    let shapes = found.take(shapes::expand(&raw.shapes, base_dir));
+    let shapes = found.take(shapes::expand(&raw.shapes, &files));
     let interpreter = raw
         .interpreter
         .as_ref()
-        .and_then(|i| found.take(interpreter_plan(i, base_dir, root)));
+        .and_then(|i| found.take(interpreter_plan(i, &files, root)));
     let tolerance = found.take(tolerance(&raw.tolerance, root));
     let protocol = found.take(protocol(&raw.protocol, root));
     let search = found.take(search(&raw.search, root));
@@ -67,8 +73,7 @@ pub fn validate(
     if let Some(shapes) = &shapes {
         let shape_fields: Vec<String> = shapes[0].keys().cloned().collect();
         for (name, m) in raw.methods.iter() {
-            if let Some(method) = found.take(method(name, m, &shape_fields, &env, device, base_dir))
-            {
+            if let Some(method) = found.take(method(name, m, &shape_fields, &env, device, &files)) {
                 methods.push(method);
             }
         }
@@ -76,6 +81,7 @@ pub fn validate(
 
     let method_names: Vec<&str> = raw.methods.keys().map(|k| k.as_str()).collect();
     let mut outputs = Vec::new();
+    let mut claimed = ClaimedPaths::default();
     for o in &raw.outputs {
         let checked = (|| {
             if let Some(m) = &o.method {
@@ -96,8 +102,14 @@ pub fn validate(
             if o.format == super::model::OutputFormat::Aot && methods.len() == raw.methods.len() {
                 check_aot_output(o, &methods)?;
             }
-            if let Some(shapes) = &shapes {
-                check_output_path(&o.path, &env, shapes, device)?;
+            let shape_sets = [
+                shapes.as_deref(),
+                interpreter.as_ref().map(|i| &i.shapes[..]),
+            ];
+            for shapes in shape_sets.into_iter().flatten() {
+                for path in check_output_path(&o.path, &env, shapes, device)? {
+                    claimed.claim(path, &o.path)?;
+                }
             }
             Ok(Output {
                 format: o.format,
@@ -114,7 +126,13 @@ pub fn validate(
 
     let mut companions = Vec::new();
     for c in &raw.companions {
-        let path = base_dir.join(c.as_str());
+        let path = match files.resolve(c, "companions") {
+            Ok(path) => path,
+            Err(d) => {
+                found.push(d);
+                continue;
+            }
+        };
         if !path.is_file() {
             found.push(
                 Diagnostic::at(
@@ -138,7 +156,13 @@ pub fn validate(
 
     let mut python_path = Vec::new();
     for dir in &raw.python_path {
-        let path = base_dir.join(dir.as_str());
+        let path = match files.resolve(dir, "python_path") {
+            Ok(path) => path,
+            Err(d) => {
+                found.push(d);
+                continue;
+            }
+        };
         match path.canonicalize() {
             Ok(p) if p.is_dir() => python_path.push(p),
             _ => found.push(
@@ -290,11 +314,11 @@ fn check_problem(problem: &Spanned<String>) -> Result<(), Diagnostic> {
 
 fn interpreter_plan(
     i: &RawInterpreter,
-    base_dir: &Path,
+    files: &Files<'_>,
     root: Span,
 ) -> Result<InterpreterPlan, Diagnostic> {
     Ok(InterpreterPlan {
-        shapes: shapes::expand(&i.shapes, base_dir)?,
+        shapes: shapes::expand(&i.shapes, files)?,
         max_configs: i.max_configs.max(1),
         tolerance: i
             .tolerance
@@ -313,7 +337,7 @@ fn method(
     shape_fields: &[String],
     env: &minijinja::Environment<'static>,
     device: &DeviceInfo,
-    base_dir: &Path,
+    files: &Files<'_>,
 ) -> Result<Method, Diagnostic> {
     // Every name a config can carry, with where it was declared, to catch clashes.
     let mut declared: IndexMap<String, (Span, &'static str)> = IndexMap::new();
@@ -343,6 +367,7 @@ fn method(
             values,
         });
     }
+    check_space_size(name, &axes)?;
 
     let mut known: Vec<String> = declared.keys().cloned().collect();
     let mut derived = Vec::new();
@@ -395,7 +420,7 @@ fn method(
         }
     }
 
-    let (launch, grid, native, triton_args) = native_parts(name, m, &known, env, device, base_dir)?;
+    let (launch, grid, native, triton_args) = native_parts(name, m, &known, env, device, files)?;
     let mut identity = blake3::Hasher::new();
     identity.update(
         format!(
@@ -413,21 +438,19 @@ fn method(
     let ir = match &m.ir {
         None => None,
         Some(file) => {
-            let (path, bytes) = ir_file(file, m.kind, base_dir)?;
+            let (path, bytes) = ir_file(file, m.kind, files)?;
             identity.update(b"\0ir\0");
             identity.update(&bytes);
             Some(path)
         }
     };
     if let Some(source) = &m.source {
-        let path = base_dir.join(source.as_str());
-        let bytes = std::fs::read(&path).map_err(|e| {
-            Diagnostic::at(
-                source.span,
-                format!("cannot read method source {}: {e}", path.display()),
-            )
-            .help("paths are relative to the manifest")
-        })?;
+        let (_, bytes) = files.read(
+            source,
+            "source",
+            "method source",
+            limits::MAX_METHOD_FILE_BYTES,
+        )?;
         identity.update(&bytes);
     }
     Ok(Method {
@@ -558,7 +581,7 @@ fn native_parts(
     known: &[String],
     env: &minijinja::Environment<'static>,
     device: &DeviceInfo,
-    base_dir: &Path,
+    files: &Files<'_>,
 ) -> Result<LaunchParts, Diagnostic> {
     let kind = m.kind;
     let exprs = |list: &Spanned<Vec<Spanned<String>>>| -> Result<Vec<Expr>, Diagnostic> {
@@ -748,7 +771,7 @@ fn native_parts(
         check_expr(&e, env, known, device)?;
         defines.push((k.value.clone(), e));
     }
-    let path = base_dir.join(source.as_str());
+    let path = files.resolve(source, "source")?;
     let path = std::path::absolute(&path).unwrap_or(path);
     Ok((
         LaunchPath::Native,
@@ -825,7 +848,7 @@ fn kernel_arg(
 fn ir_file(
     file: &Spanned<String>,
     kind: MethodKind,
-    base_dir: &Path,
+    files: &Files<'_>,
 ) -> Result<(std::path::PathBuf, Vec<u8>), Diagnostic> {
     if kind != MethodKind::Triton {
         return Err(Diagnostic::at(
@@ -834,7 +857,7 @@ fn ir_file(
         )
         .help("an IR file stands in for a Triton kernel's compiled stages: set `kind: triton`"));
     }
-    let path = base_dir.join(file.as_str());
+    let path = files.base_dir.join(file.as_str());
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     if !IR_EXTENSIONS.contains(&ext) {
         return Err(Diagnostic::at(
@@ -849,13 +872,11 @@ fn ir_file(
             IR_EXTENSIONS.join(", .")
         )));
     }
-    let bytes = std::fs::read(&path).map_err(|e| {
-        Diagnostic::at(
-            file.span,
-            format!("cannot read IR file {}: {e}", path.display()),
-        )
-        .help("paths are relative to the manifest; `tunelab run --keep-ir` writes IR files")
-    })?;
+    let (path, bytes) = files
+        .read(file, "ir", "IR file", limits::MAX_METHOD_FILE_BYTES)
+        .map_err(|d| {
+            d.help("paths are relative to the manifest; `tunelab run --keep-ir` writes IR files")
+        })?;
     let path = path.canonicalize().unwrap_or(path);
     Ok((path, bytes))
 }
@@ -1207,13 +1228,90 @@ fn search(s: &Spanned<RawSearch>, root: Span) -> Result<Search, Diagnostic> {
     Ok(Search { kind, seed: s.seed })
 }
 
-/// Output paths are templates; a rendered path must stay inside the results directory.
+/// Every strategy walks a method's whole space at each shape (random and
+/// the surrogate choose from what the walk finds), so its size is counted
+/// from the axes before anything is walked.
+fn check_space_size(name: &Spanned<String>, axes: &[Axis]) -> Result<(), Diagnostic> {
+    let points = axes
+        .iter()
+        .try_fold(1u64, |n, a| n.checked_mul(a.values.len() as u64));
+    match points {
+        Some(points) if points <= limits::MAX_SPACE_POINTS => Ok(()),
+        _ => {
+            let sizes: Vec<String> = axes
+                .iter()
+                .map(|a| format!("{} {}", a.name, a.values.len()))
+                .collect();
+            Err(Diagnostic::at(
+                name.span,
+                format!(
+                    "the space of method `{}` has {} points before constraints ({}), more than the {} tunelab walks at each shape",
+                    name.value,
+                    points.map_or_else(|| "over 2^64".to_string(), |p| p.to_string()),
+                    sizes.join(" x "),
+                    limits::MAX_SPACE_POINTS
+                ),
+            )
+            .help("every strategy walks the space to find the configs the constraints allow: give the parameters fewer values, or split the method in two"))
+        }
+    }
+}
+
+/// The paths outputs render to, by which output (its path's place): two
+/// outputs may not write one file, nor one write inside the other's file.
+#[derive(Default)]
+struct ClaimedPaths {
+    /// Each rendered path (components joined by `/`) and its output's span.
+    files: std::collections::HashMap<String, Span>,
+    /// Every folder above a rendered path, and the output that needs it.
+    folders: std::collections::HashMap<String, Span>,
+}
+
+impl ClaimedPaths {
+    fn claim(&mut self, parts: Vec<String>, output: &Spanned<String>) -> Result<(), Diagnostic> {
+        let path = parts.join("/");
+        let clash = |other: Span, what: &str| {
+            Diagnostic::at(
+                output.span,
+                format!(
+                    "output path `{path}` {what} the output at line {}",
+                    other.line
+                ),
+            )
+            .help("give each output a path of its own")
+        };
+        match self.files.get(&path) {
+            Some(other) if *other != output.span => {
+                return Err(clash(*other, "is also written by"))
+            }
+            _ => {}
+        }
+        if let Some(other) = self.folders.get(&path) {
+            if *other != output.span {
+                return Err(clash(*other, "is a folder of a file written by"));
+            }
+        }
+        for end in 1..parts.len() {
+            let folder = parts[..end].join("/");
+            if let Some(other) = self.files.get(&folder) {
+                return Err(clash(*other, "lies inside a file written by"));
+            }
+            self.folders.entry(folder).or_insert(output.span);
+        }
+        self.files.entry(path).or_insert(output.span);
+        Ok(())
+    }
+}
+
+/// Output paths are templates; a rendered path must stay inside the results
+/// directory, away from what the runner keeps there. Returns the distinct
+/// rendered paths, as components.
 fn check_output_path(
     template: &Spanned<String>,
     env: &minijinja::Environment<'static>,
     shapes: &[Shape],
     device: &DeviceInfo,
-) -> Result<(), Diagnostic> {
+) -> Result<Vec<Vec<String>>, Diagnostic> {
     let span = template.span;
     let tmpl = env.template_from_str(template).map_err(|e| {
         Diagnostic::at(
@@ -1231,13 +1329,12 @@ fn check_output_path(
         let mut ctx: serde_json::Map<String, Json> =
             shape.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         ctx.insert("device".into(), Json::Object(device_fields(device)));
-        let rendered = tmpl.render(&ctx).map_err(|e| {
+        let rendered = expr::render_bounded(&tmpl, &ctx).map_err(|why| {
             Diagnostic::at(
                 span,
                 format!(
-                    "path template `{}` cannot be rendered: {}",
+                    "path template `{}` cannot be rendered: {why}",
                     template.value,
-                    e.detail().unwrap_or("unknown error")
                 ),
             )
             .help(format!(
@@ -1248,13 +1345,26 @@ fn check_output_path(
         if !rendered_paths.insert(rendered.clone()) {
             continue;
         }
-        if escapes(Path::new(&rendered)) {
+        if rendered.trim().is_empty() || escapes(Path::new(&rendered)) {
             return Err(Diagnostic::at(
                 span,
                 format!("output path `{rendered}` leaves the results directory"),
             )
             .help("write a relative path without `..`, such as `report.md` or `vllm/{{E}}.json`"));
         }
+        if let Some(owned) = runner_owned(Path::new(&rendered)) {
+            return Err(Diagnostic::at(
+                span,
+                format!("output path `{rendered}` would write over `{owned}`, which the runner keeps in the results directory"),
+            )
+            .help(format!(
+                "the runner owns {} (and every name that starts with `journal.jsonl`); name the output something else, such as `report.md`",
+                RUNNER_OWNED.join(", ")
+            )));
+        }
     }
-    Ok(())
+    Ok(rendered_paths
+        .iter()
+        .map(|p| normal_components(Path::new(p)))
+        .collect())
 }

@@ -4,6 +4,7 @@
 
 use serde_json::Value as Json;
 
+use super::limits;
 use super::yaml::{Node, Value};
 use crate::diag::{did_you_mean, Diagnostic, Span};
 
@@ -68,9 +69,25 @@ pub(super) fn axis_values(
             )
             .help("write {range: [start, end, step]} with step > 0"));
         }
-        (0..)
+        // Counted before it is built: [16, 2^63 - 1, 1] is a few bytes
+        // of YAML and 2^63 values.
+        let count = if end < start {
+            0
+        } else {
+            (end as i128 - start as i128) / step as i128 + 1
+        };
+        if count > limits::MAX_AXIS_VALUES as i128 {
+            return Err(Diagnostic::at(
+                node.span,
+                format!(
+                    "`{name}`: range [{start}, {end}, {step}] has {count} values, more than the {} an axis may hold",
+                    limits::MAX_AXIS_VALUES
+                ),
+            )
+            .help("narrow the range or take a larger step; `{pow2: [from, to]}` gives powers of two"));
+        }
+        (0..count as i64)
             .map(|i| start + i * step)
-            .take_while(|v| *v <= end)
             .map(Json::from)
             .collect()
     } else if let Some(r) = single("pow2") {
@@ -99,6 +116,16 @@ pub(super) fn axis_values(
         )
         .help(format!("for a single value write `{name}: [{written}]`")));
     };
+    if values.len() as u64 > limits::MAX_AXIS_VALUES {
+        return Err(Diagnostic::at(
+            node.span,
+            format!(
+                "`{name}` has {} values, more than the {} an axis may hold",
+                values.len(),
+                limits::MAX_AXIS_VALUES
+            ),
+        ));
+    }
     if values.is_empty() {
         return Err(Diagnostic::at(node.span, format!("`{name}` has no values"))
             .help("give at least one value, or remove the axis"));

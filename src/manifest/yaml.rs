@@ -5,12 +5,13 @@
 //! reads typed values out of this tree (see `de.rs`) and later stages look up
 //! spans of fields to point their errors at the right line.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
+use super::limits;
 use crate::diag::{add_source, Diagnostic, FileId, Span};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -138,13 +139,30 @@ impl Node {
 }
 
 /// Parses one YAML document from a file, registering the text for diagnostics.
+/// The file must be a regular file of at most [`limits::MAX_FILE_BYTES`].
 pub fn load_file(path: &Path) -> Result<Node, Diagnostic> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Diagnostic::in_file(path, format!("cannot read {}: {e}", path.display())))?;
+    let bytes = super::files::read_bounded(path, limits::MAX_FILE_BYTES, "manifest file")?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        Diagnostic::in_file(
+            path,
+            format!(
+                "{} is not UTF-8 text (invalid byte at offset {})",
+                path.display(),
+                e.utf8_error().valid_up_to()
+            ),
+        )
+        .help("a manifest is a YAML text file")
+    })?;
     parse_str(path, text)
 }
 
 pub fn parse_str(path: &Path, text: String) -> Result<Node, Diagnostic> {
+    // Editors on some systems start a UTF-8 file with a byte-order mark; it
+    // is not part of the first key.
+    let text = match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
+    };
     let file = add_source(path, text.clone());
     let mut builder = TreeBuilder {
         file,
@@ -152,6 +170,7 @@ pub fn parse_str(path: &Path, text: String) -> Result<Node, Diagnostic> {
         anchors: HashMap::new(),
         root: None,
         error: None,
+        nodes: 0,
     };
     let mut parser = Parser::new_from_str(&text);
     if let Err(e) = parser.load(&mut builder, false) {
@@ -185,27 +204,72 @@ enum Frame {
     Seq {
         node: Node,
         anchor: usize,
+        /// Values in the list so far, nested ones included (for anchors).
+        size: usize,
     },
     Map {
         node: Node,
         anchor: usize,
         pending_key: Option<Key>,
+        /// The keys so far: a duplicate is found in constant time, so a
+        /// mapping of many keys parses in linear time.
+        keys: HashSet<String>,
+        size: usize,
     },
+}
+
+/// An anchored value and how many values it holds: an alias adds that many
+/// to the document's count without copying anything first.
+struct Anchored {
+    node: Node,
+    size: usize,
 }
 
 struct TreeBuilder {
     file: FileId,
     stack: Vec<Frame>,
-    anchors: HashMap<usize, Node>,
+    anchors: HashMap<usize, Anchored>,
     root: Option<Node>,
     error: Option<Diagnostic>,
+    /// Values in the document, aliases counted as the values they repeat.
+    nodes: usize,
 }
 
 impl TreeBuilder {
-    fn push_value(&mut self, node: Node) {
+    /// Adds `size` values to the document's count; past the limit, the
+    /// error names the place that went over it.
+    fn count(&mut self, size: usize, span: Span, alias: bool) -> bool {
+        self.nodes = self.nodes.saturating_add(size);
+        if self.nodes <= limits::MAX_NODES {
+            return true;
+        }
+        let why = if alias {
+            "this alias repeats its anchor's values, which"
+        } else {
+            "this value"
+        };
+        self.error.get_or_insert(
+            Diagnostic::at(
+                span,
+                format!(
+                    "the manifest holds more than {} values: {why} takes it over the limit",
+                    limits::MAX_NODES
+                ),
+            )
+            .help("a manifest describes an experiment; large shape sets belong in a CSV (`shapes: {csv: FILE}`), and YAML aliases that nest other aliases multiply their size"),
+        );
+        false
+    }
+
+    fn push_value(&mut self, node: Node, size: usize) {
         match self.stack.last_mut() {
             None => self.root = Some(node),
-            Some(Frame::Seq { node: seq, .. }) => {
+            Some(Frame::Seq {
+                node: seq,
+                size: total,
+                ..
+            }) => {
+                *total += size;
                 if let Value::Seq(items) = &mut seq.value {
                     items.push(node);
                 }
@@ -213,6 +277,8 @@ impl TreeBuilder {
             Some(Frame::Map {
                 node: map,
                 pending_key,
+                keys,
+                size: total,
                 ..
             }) => match pending_key.take() {
                 None => {
@@ -230,21 +296,25 @@ impl TreeBuilder {
                             return;
                         }
                     };
-                    if let Value::Map(entries) = &map.value {
-                        if let Some((first, _)) = entries.iter().find(|(k, _)| k.name == name) {
-                            let first_line = first.span.line;
-                            self.error.get_or_insert(
-                                Diagnostic::at(node.span, format!("duplicate key `{name}`"))
-                                    .help(format!("`{name}` is already defined on line {first_line}; keep one of them")),
-                            );
+                    if !keys.insert(name.clone()) {
+                        if let Value::Map(entries) = &map.value {
+                            if let Some((first, _)) = entries.iter().find(|(k, _)| k.name == name) {
+                                let first_line = first.span.line;
+                                self.error.get_or_insert(
+                                    Diagnostic::at(node.span, format!("duplicate key `{name}`"))
+                                        .help(format!("`{name}` is already defined on line {first_line}; keep one of them")),
+                                );
+                            }
                         }
                     }
+                    *total += size;
                     *pending_key = Some(Key {
                         name,
                         span: node.span,
                     });
                 }
                 Some(key) => {
+                    *total += size;
                     if let Value::Map(entries) = &mut map.value {
                         entries.push((key, node));
                     }
@@ -253,9 +323,35 @@ impl TreeBuilder {
         }
     }
 
-    fn record_anchor(&mut self, anchor: usize, node: &Node) {
+    fn record_anchor(&mut self, anchor: usize, node: &Node, size: usize) {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors.insert(
+                anchor,
+                Anchored {
+                    node: node.clone(),
+                    size,
+                },
+            );
+        }
+    }
+
+    /// A new list or mapping, unless it nests deeper than the limit.
+    fn open(&mut self, frame: Frame, span: Span) {
+        if self.stack.len() >= limits::MAX_DEPTH {
+            self.error.get_or_insert(
+                Diagnostic::at(
+                    span,
+                    format!(
+                        "lists and mappings nest more than {} deep here",
+                        limits::MAX_DEPTH
+                    ),
+                )
+                .help("a manifest's values nest a few levels deep; check the indentation"),
+            );
+            return;
+        }
+        if self.count(1, span, false) {
+            self.stack.push(frame);
         }
     }
 }
@@ -268,47 +364,68 @@ impl MarkedEventReceiver for TreeBuilder {
         let span = span_of(self.file, mark);
         match ev {
             Event::Scalar(text, style, anchor, _tag) => {
+                if !self.count(1, span, false) {
+                    return;
+                }
                 let value = if style == TScalarStyle::Plain {
                     plain_scalar(text)
                 } else {
                     Value::Str(text)
                 };
                 let node = Node { value, span };
-                self.record_anchor(anchor, &node);
-                self.push_value(node);
+                self.record_anchor(anchor, &node, 1);
+                self.push_value(node, 1);
             }
-            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
-                node: Node {
-                    value: Value::Seq(Vec::new()),
-                    span,
+            Event::SequenceStart(anchor, _) => self.open(
+                Frame::Seq {
+                    node: Node {
+                        value: Value::Seq(Vec::new()),
+                        span,
+                    },
+                    anchor,
+                    size: 1,
                 },
-                anchor,
-            }),
-            Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
-                node: Node {
-                    value: Value::Map(Vec::new()),
-                    span,
+                span,
+            ),
+            Event::MappingStart(anchor, _) => self.open(
+                Frame::Map {
+                    node: Node {
+                        value: Value::Map(Vec::new()),
+                        span,
+                    },
+                    anchor,
+                    pending_key: None,
+                    keys: HashSet::new(),
+                    size: 1,
                 },
-                anchor,
-                pending_key: None,
-            }),
+                span,
+            ),
             Event::SequenceEnd | Event::MappingEnd => {
-                if let Some(Frame::Seq { node, anchor } | Frame::Map { node, anchor, .. }) =
-                    self.stack.pop()
+                if let Some(
+                    Frame::Seq { node, anchor, size }
+                    | Frame::Map {
+                        node, anchor, size, ..
+                    },
+                ) = self.stack.pop()
                 {
-                    self.record_anchor(anchor, &node);
-                    self.push_value(node);
+                    self.record_anchor(anchor, &node, size);
+                    self.push_value(node, size);
                 }
             }
-            Event::Alias(id) => match self.anchors.get(&id).cloned() {
-                Some(mut node) => {
-                    node.span = span;
-                    self.push_value(node);
-                }
-                None => {
+            Event::Alias(id) => {
+                let Some(size) = self.anchors.get(&id).map(|a| a.size) else {
                     self.error = Some(Diagnostic::at(span, "alias to an unknown anchor"));
+                    return;
+                };
+                // Counted before it is copied: an alias of an alias of ...
+                // is refused without building what it would expand to.
+                if !self.count(size, span, true) {
+                    return;
                 }
-            },
+                let mut node = self.anchors[&id].node.clone();
+                node.span = span;
+                self.push_value(node, size);
+            }
             Event::Nothing
             | Event::StreamStart
             | Event::StreamEnd

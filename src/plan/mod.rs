@@ -274,7 +274,14 @@ pub fn plan_groups(
             }
             match sample {
                 None => {
+                    // Every valid point becomes a job: past the limit the
+                    // plan stops and says how to measure a sample instead.
+                    let mut group_jobs = 0u64;
                     space.walk(&mut counts, &mut |job_slots| {
+                        group_jobs += 1;
+                        if group_jobs > MAX_GROUP_JOBS {
+                            return (ControlFlow::Break(()), false);
+                        }
                         counts_job_skip(
                             &space,
                             job_slots,
@@ -283,6 +290,9 @@ pub fn plan_groups(
                             &mut emit,
                         )
                     })?;
+                    if group_jobs > MAX_GROUP_JOBS {
+                        return Err(too_many_jobs(method, shape));
+                    }
                 }
                 Some((budget, seed)) => {
                     // Seeded reservoir sample: `budget` configs drawn uniformly, without keeping the space.
@@ -418,6 +428,23 @@ fn hex16(bytes: [u8; 8]) -> String {
         out.push(HEX[(b & 15) as usize] as char);
     }
     out
+}
+
+/// Jobs one (shape, method) group may have under a strategy that measures
+/// every config it plans (grid, halving): at tens of milliseconds a job,
+/// more would take days.
+pub const MAX_GROUP_JOBS: u64 = 100_000;
+
+fn too_many_jobs(method: &Method, shape: &Shape) -> Diagnostic {
+    Diagnostic::at(
+        method.span,
+        format!(
+            "method `{}` has more than {MAX_GROUP_JOBS} configs its constraints allow at shape {}, and its strategy measures every one",
+            method.name,
+            shape_label(shape)
+        ),
+    )
+    .help("measure a sample: `search: {strategy: random, budget: 200}` or `{strategy: surrogate, budget: 64}` (under the method or the experiment), or narrow the space")
 }
 
 fn reject_all(method: &Method, counts: &MethodCounts) -> Diagnostic {
