@@ -360,7 +360,7 @@ fn packing_keeps_every_entry_and_a_resumed_run_appends_beside_it() {
     j.append(&Entry::Run(Box::new(header()))).unwrap();
     j.append(&Entry::Job(Box::new(job("j1")))).unwrap();
     drop(j);
-    journal::pack(dir.path()).unwrap();
+    tunelab::store::packed::pack(dir.path()).unwrap();
     assert!(dir.path().join(journal::PACKED_JOURNAL).is_file());
     assert!(!dir.path().join(journal::JOURNAL).exists());
     let (packed, _) = journal::read(dir.path()).unwrap();
@@ -378,7 +378,7 @@ fn packing_keeps_every_entry_and_a_resumed_run_appends_beside_it() {
         "packed entries first, then the live ones"
     );
 
-    journal::pack(dir.path()).unwrap();
+    tunelab::store::packed::pack(dir.path()).unwrap();
     let (repacked, _) = journal::read(dir.path()).unwrap();
     assert_eq!(repacked.jobs, both.jobs);
     assert!(!dir.path().join(journal::JOURNAL).exists());
@@ -389,10 +389,10 @@ fn packing_refuses_a_directory_a_run_holds() {
     let dir = tempfile::tempdir().unwrap();
     let (mut j, _) = Journal::open(dir.path()).unwrap();
     j.append(&Entry::Run(Box::new(header()))).unwrap();
-    let err = journal::pack(dir.path()).unwrap_err();
+    let err = tunelab::store::packed::pack(dir.path()).unwrap_err();
     assert!(matches!(err, StoreError::Locked { .. }), "{err}");
     drop(j);
-    journal::pack(dir.path()).expect("free once the run is done");
+    tunelab::store::packed::pack(dir.path()).expect("free once the run is done");
 }
 
 #[test]

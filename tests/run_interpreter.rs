@@ -270,25 +270,6 @@ fn a_killed_runner_resumes_losing_nothing_and_redoing_nothing() {
 }
 
 #[test]
-fn a_second_run_on_a_locked_journal_is_refused() {
-    let Some(py) = python() else { return };
-    let results = tempfile::tempdir().unwrap();
-    let dir = results.path().join("slow/cpu-interpreter");
-    std::fs::create_dir_all(&dir).unwrap();
-    // A live process holds the lock: this test's own pid.
-    std::fs::write(dir.join(".lock"), std::process::id().to_string()).unwrap();
-    let out = tunelab(
-        &py,
-        results.path(),
-        &["run", "tests/fixtures/runs/slow.yaml"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(4), "{}", show(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("another tunelab run"));
-}
-
-#[test]
 fn gptoss_moe_in_the_interpreter_writes_vllm_files_and_notes_the_aiter_table() {
     let Some(py) = python() else { return };
     let results = tempfile::tempdir().unwrap();

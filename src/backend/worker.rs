@@ -287,13 +287,28 @@ impl Worker {
     /// Starts `cmd` (its arguments and environment set) as a worker speaking
     /// JSON lines, stderr appended to `log`; `name` is its trace track.
     pub fn start(mut cmd: Command, log: &Path, name: String) -> std::io::Result<Worker> {
+        use std::os::unix::fs::OpenOptionsExt;
         if let Some(dir) = log.parent() {
             std::fs::create_dir_all(dir)?;
+            // A results directory's `logs/` that is a link would put the
+            // log (appended to, not replaced) wherever it points.
+            if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(std::io::Error::other(format!(
+                    "{} is a symbolic link: tunelab writes no log through a link",
+                    dir.display()
+                )));
+            }
         }
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(log)?;
+        // The worker ends itself if this process dies without stopping it.
+        cmd.env(
+            crate::native::watchdog::RUNNER_PID_VAR,
+            std::process::id().to_string(),
+        );
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr));

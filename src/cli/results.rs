@@ -14,8 +14,13 @@ pub(super) fn write_outputs(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
     for w in warnings {
         eprintln!("warning: {w}");
     }
-    let written = crate::emit::write_outputs(&results, dir)
-        .map_err(|e| Failure::internal(format!("error: writing outputs: {e}")))?;
+    let written = crate::emit::write_outputs(&results, dir).map_err(|e| match e {
+        // The results directory is not fit to write in: the environment's fault.
+        crate::emit::EmitError::Write(crate::store::results_dir::WriteError::Link { .. }) => {
+            Failure::environment(format!("error: writing outputs: {e}"))
+        }
+        e => Failure::internal(format!("error: writing outputs: {e}")),
+    })?;
     for note in crate::emit::aiter::notes(&results) {
         eprintln!("note: {note}");
     }
@@ -35,7 +40,7 @@ fn require_journal(dir: &Path) -> Result<(), Failure> {
 pub(super) fn report(dir: &Path) -> Result<i32, Failure> {
     require_journal(dir)?;
     for p in write_outputs(dir)? {
-        println!("{}", p.display());
+        say!("{}", p.display());
     }
     Ok(exit::OK)
 }
@@ -46,8 +51,8 @@ pub(super) fn pack(dirs: &[PathBuf]) -> Result<i32, Failure> {
     }
     for dir in dirs {
         let (before, after) =
-            store::journal::pack(dir).map_err(|e| Failure::environment(format!("error: {e}")))?;
-        println!(
+            store::packed::pack(dir).map_err(|e| Failure::environment(format!("error: {e}")))?;
+        say!(
             "{}: {} -> {} ({:.1} MB -> {:.1} MB)",
             dir.display(),
             store::JOURNAL,

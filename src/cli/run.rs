@@ -340,6 +340,7 @@ fn run_experiment(
         compile_priority: settings.compile_priority,
         only_jobs,
         progress,
+        retries: settings.retries,
     };
     let outcome = schedule::run(opts, fingerprint).map_err(|e| match e {
         RunError::Input(d) => Failure::from(d),
@@ -376,7 +377,7 @@ fn run_experiment(
         0 => String::new(),
         n => format!(", {} retired", count(n as u64, "lane", "lanes")),
     };
-    println!(
+    say!(
         "{}{shard} [{lanes}{retired}]: {} run ({} ok, {} failed, {} pruned, {} checked){}, {} already done, {}",
         exp.name,
         count(run, "job", "jobs"),
@@ -404,9 +405,9 @@ fn run_experiment(
             count(run + outcome.skipped_by_search, "job", "jobs")
         );
     }
-    println!("results: {}", outcome.dir.display());
+    say!("results: {}", outcome.dir.display());
     for p in written {
-        println!("  {}", p.display());
+        say!("  {}", p.display());
     }
     Ok(if outcome.interrupted {
         exit::INTERRUPTED
@@ -480,7 +481,7 @@ fn keep_ir(
                 crate::workbench::Which::Winners => ("winner", "winners"),
                 crate::workbench::Which::All => ("job", "jobs"),
             };
-            println!(
+            say!(
                 "ir: kept the kernels of {} in {} ({} files, {})",
                 count(k.jobs as u64, one, many),
                 dir.join(folder).display(),
@@ -564,7 +565,7 @@ fn export_aot(exp: &Experiment, target: &Target, dir: &Path, python: &str) -> Re
         i.shutdown();
     }
     for (folder, lib) in &exported.folders {
-        println!(
+        say!(
             "aot: {} in {} ({})",
             count(lib.specs.len() as u64, "specialisation", "specialisations"),
             folder.display(),

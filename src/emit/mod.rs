@@ -85,11 +85,10 @@ pub enum EmitError {
     },
     #[error("report template: {0}")]
     Template(String),
-    #[error("cannot write {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("output path `{path}` would write over `{owned}`, which the runner keeps in the results directory")]
+    RunnerOwned { path: String, owned: &'static str },
+    #[error(transparent)]
+    Write(#[from] crate::store::results_dir::WriteError),
 }
 
 /// One rendered output file: where it goes (relative to the results directory) and its bytes.
@@ -107,8 +106,7 @@ pub fn write_outputs(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, Emit
     let rendered = render_outputs(results)?;
     let mut written = Vec::with_capacity(rendered.len());
     for out in rendered {
-        let path = dir.join(&out.path);
-        write_file(&path, out.contents.as_bytes())?;
+        let path = crate::store::results_dir::write_file(dir, &out.path, out.contents.as_bytes())?;
         written.push(path);
     }
     Ok(written)
@@ -298,7 +296,12 @@ pub(crate) fn group_by_path<'s, 'a>(
             ctx.extend(shape.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
         ctx.insert("device".into(), device.clone());
-        let path = tmpl.render(&ctx).map_err(template_error)?;
+        let path = crate::expr::render_bounded(&tmpl, &ctx).map_err(|message| {
+            EmitError::PathTemplate {
+                template: spec.path.clone(),
+                message,
+            }
+        })?;
         check_relative(&path)?;
         Ok(path)
     };
@@ -321,28 +324,22 @@ pub(crate) fn group_by_path<'s, 'a>(
     Ok(groups)
 }
 
+/// A rendered path stays inside the results directory and off what the
+/// runner keeps there (validation refuses both first; a journal written by
+/// an older build may still name such a path).
 fn check_relative(path: &str) -> Result<(), EmitError> {
     if path.trim().is_empty() || crate::manifest::escapes(Path::new(path)) {
         return Err(EmitError::PathEscapes {
             path: path.to_string(),
         });
     }
-    Ok(())
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), EmitError> {
-    let io = |source| EmitError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(io)?;
+    if let Some(owned) = crate::manifest::runner_owned(Path::new(path)) {
+        return Err(EmitError::RunnerOwned {
+            path: path.to_string(),
+            owned,
+        });
     }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -358,5 +355,10 @@ mod tests {
         assert!(check_relative("/etc/x").is_err());
         assert!(check_relative("").is_err());
         assert!(check_relative("a/..").is_err());
+        assert!(check_relative("journal.jsonl").is_err());
+        assert!(check_relative("x/../journal.jsonl.gz").is_err());
+        assert!(check_relative("logs/a.csv").is_err());
+        assert!(check_relative(".lock").is_err());
+        assert!(check_relative("logs.csv").is_ok());
     }
 }

@@ -12,3 +12,4 @@ pub mod locate;
 pub mod nvml;
 pub mod rtc;
 pub mod server;
+pub mod watchdog;

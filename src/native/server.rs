@@ -280,6 +280,7 @@ struct Server {
 
 /// Runs the worker until `shutdown` or end of input; returns the exit code.
 pub fn main(backend: &str) -> i32 {
+    super::watchdog::die_with_runner();
     let mut protocol = match claim_stdout() {
         Ok(out) => out,
         Err(e) => {

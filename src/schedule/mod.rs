@@ -11,8 +11,9 @@
 //!    must answer before anything is written; then
 //!    [`preflight::check_problem`]: the problem imports, has its methods, and
 //!    its space values have the types they declare;
-//! 4. [`Journal::open`]: the results directory and its lock, the run header.
-//!    Until here a refused run leaves nothing behind ([`preflight::CreatedDirs`]);
+//! 4. [`Journal::open_claimed`]: the journal and the run header. The results
+//!    directory was claimed (locked) before phase 1; until here a refused
+//!    run leaves nothing behind ([`Claim`]);
 //! 5. [`drain`]: planner, lanes and the journal's single writer until done;
 //! 6. the outputs, regenerated from the journal.
 
@@ -41,9 +42,10 @@ use crate::manifest::{Experiment, InputSource, LaunchPath, MethodKind, Shape, To
 use crate::measure::{L2Flush, Protocol};
 use crate::plan::{self, Filter, Job, Mode, PlanOptions, RunMode, Shard};
 use crate::search::{PriorObservation, Strategies};
+use crate::store::lock::Claim;
 use crate::store::{
-    Entry, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, LaneRetired, MethodRecord,
-    OutputSpec, Results, RunHeader, SearchRecord, StoreError, FORMAT_VERSION,
+    Entry, FailureClass, FinalRecord, Fingerprint, JobRecord, JobStatus, Journal, LaneRetired,
+    MethodRecord, OutputSpec, Results, RunHeader, SearchRecord, StoreError, FORMAT_VERSION,
 };
 
 /// Groups the planner may queue ahead of the lanes (and so the compile pool
@@ -96,6 +98,9 @@ pub struct RunOptions<'a> {
     /// Only these job ids (from `--use-best`), besides baselines.
     pub only_jobs: Option<HashSet<String>>,
     pub progress: bool,
+    /// How many times a later run tries a job again that crashed or timed
+    /// out (settings: `retries`).
+    pub retries: u32,
 }
 
 #[derive(Debug, Default)]
@@ -174,17 +179,27 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     // Halving keeps at least the finalists of the protocol this run uses.
     let strategies = exp.strategies(protocol.finalists);
     let dir = results_dir(&opts.results_dir, exp, &opts.device, opts.mode);
-    let mut created = preflight::CreatedDirs::before(&dir);
 
-    // A directory that holds results is locked and repaired before it is
-    // read, so what is read is what this run appends to and no other run
-    // starts workers against it. A new one is made only once the run starts.
-    let existing = if dir.exists() {
-        Some(open_journal(&dir)?)
-    } else {
-        None
-    };
-    let resume = Resume::read(&dir, &strategies, opts.run_mode, &protocol, exp)?;
+    // The directory is claimed first, before anything is read or started:
+    // of two runs on one experiment, the second stops here, naming the
+    // first, having touched nothing. Its journal is repaired before it is
+    // read, so what is read is what this run appends to. If the run does
+    // not start, the claim removes what it made (`store::lock`).
+    let claim = Claim::take(&dir)?;
+    let live = dir.join(crate::store::JOURNAL);
+    if live.exists() {
+        if let Some(notice) = crate::store::journal::repair_live(&live)? {
+            eprintln!("warning: {notice}");
+        }
+    }
+    let resume = Resume::read(
+        &dir,
+        &strategies,
+        opts.run_mode,
+        &protocol,
+        exp,
+        opts.retries,
+    )?;
     let select = Selection {
         done: &resume.done,
         run_mode: opts.run_mode,
@@ -253,9 +268,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         ..Default::default()
     };
     let opening = Opening {
-        dir: &dir,
-        existing,
-        created: &mut created,
+        claim,
         first_shape: &first_shape,
         previous: resume.previous.header.as_ref(),
         fingerprint: fingerprint_base,
@@ -264,15 +277,6 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     outcome.interrupted = interrupted();
     outcome.wall_s = started.elapsed().as_secs_f64();
     Ok(outcome)
-}
-
-/// Locks and opens a results directory's journal, saying at once what it repaired.
-fn open_journal(dir: &Path) -> Result<Journal, RunError> {
-    let (journal, repaired) = Journal::open(dir)?;
-    if let Some(notice) = repaired {
-        eprintln!("warning: {notice}");
-    }
-    Ok(journal)
 }
 
 /// What a results directory already holds, read before anything is written.
@@ -291,6 +295,7 @@ impl Resume {
         run_mode: RunMode,
         protocol: &Protocol,
         exp: &Experiment,
+        retries: u32,
     ) -> Result<Resume, RunError> {
         // A first run has no journal yet.
         let (previous, warnings) = if crate::store::journal::exists(dir) {
@@ -336,6 +341,16 @@ impl Resume {
         // superseded (an edit reverted) runs again, so that its new record is
         // the current one.
         let superseded = crate::emit::select::superseded_ids(&previous.jobs);
+        // A crash or a timeout may be the machine's fault (a worker killed,
+        // a GPU that hung once), not the config's: such a job runs again, up
+        // to `retries` times over all runs.
+        let retry = |r: &JobRecord| {
+            r.status == JobStatus::Failed
+                && r.failure
+                    .as_ref()
+                    .is_some_and(|f| matches!(f.class, FailureClass::Crash | FailureClass::Timeout))
+                && previous.crashes(r) <= retries as usize
+        };
         let done = previous
             .jobs
             .iter()
@@ -349,7 +364,7 @@ impl Resume {
                         && r.failure.is_none()
                         && strategies.for_method(&r.method).keeps_skipped()
                 }
-                _ => r.status != JobStatus::Checked,
+                _ => r.status != JobStatus::Checked && !retry(r),
             })
             .map(|r| r.job_id.clone())
             .collect();
@@ -655,10 +670,8 @@ pub fn visible_devices_var(device: &DeviceInfo) -> &'static str {
 
 /// What the run needs to open its journal once its first worker answered.
 struct Opening<'a> {
-    dir: &'a Path,
-    /// The journal of a directory that already held results, locked.
-    existing: Option<Journal>,
-    created: &'a mut preflight::CreatedDirs,
+    /// The results directory, locked since the run began.
+    claim: Claim,
     first_shape: &'a Shape,
     /// The journal's last run header, to report what changed since.
     previous: Option<&'a RunHeader>,
@@ -811,11 +824,10 @@ fn drain(
             &opts.python,
         )
         .map_err(RunError::Input)?;
-        let mut journal = match opening.existing {
-            Some(journal) => journal,
-            None => open_journal(opening.dir)?,
-        };
-        opening.created.keep();
+        let (mut journal, repaired) = Journal::open_claimed(opening.claim)?;
+        if let Some(notice) = repaired {
+            eprintln!("warning: {notice}");
+        }
         let mut fingerprint = opening.fingerprint;
         fingerprint.python = Some(hello.python.clone());
         fingerprint.torch = hello.torch.clone();

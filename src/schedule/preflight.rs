@@ -1,11 +1,11 @@
 //! What a run checks before it writes anything: that the plan holds jobs,
 //! that the problem imports and has its methods, that the space values are
 //! of the types the methods declare. Any failure here is bad input (exit 2)
-//! and leaves nothing behind: [`CreatedDirs`] removes the folders the start
-//! of the run made.
+//! and leaves nothing behind: the run's `store::lock::Claim` removes what
+//! its start made.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::backend::{JobFailure, PythonBackend};
 use crate::diag::{Diagnostic, Diagnostics};
@@ -165,74 +165,4 @@ fn unloadable(exp: &Experiment, f: &JobFailure, python: &str) -> Diagnostic {
             "the workers' Python ({python}) must import `{module}`: install it there, or name its folder in `python_path:` (relative to this manifest)"
         )
     })
-}
-
-/// The folders a run's start creates (the results directory and any missing
-/// parent), removed again unless the run gets as far as [`keep`](Self::keep):
-/// a run refused before its first job leaves nothing behind.
-pub struct CreatedDirs {
-    topmost: Option<PathBuf>,
-    keep: bool,
-}
-
-impl CreatedDirs {
-    /// Notes which of `dir` and its parents do not exist yet.
-    pub fn before(dir: &Path) -> CreatedDirs {
-        let topmost = dir
-            .ancestors()
-            .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
-            .last()
-            .map(Path::to_path_buf);
-        CreatedDirs {
-            topmost,
-            keep: false,
-        }
-    }
-
-    /// The run started: what it created stays.
-    pub fn keep(&mut self) {
-        self.keep = true;
-    }
-}
-
-impl Drop for CreatedDirs {
-    fn drop(&mut self) {
-        if let (false, Some(top)) = (self.keep, &self.topmost) {
-            let _ = std::fs::remove_dir_all(top);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_what_a_failed_start_created_is_removed() {
-        let base = tempfile::tempdir().unwrap();
-        let dir = base.path().join("exp/device");
-        {
-            let _guard = CreatedDirs::before(&dir);
-            std::fs::create_dir_all(dir.join("logs")).unwrap();
-        }
-        assert!(
-            !base.path().join("exp").exists(),
-            "a failed start leaves nothing"
-        );
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("journal.jsonl"), "kept\n").unwrap();
-        {
-            let _guard = CreatedDirs::before(&dir);
-        }
-        assert!(
-            dir.join("journal.jsonl").exists(),
-            "an existing results directory stays"
-        );
-        {
-            let mut guard = CreatedDirs::before(&base.path().join("other/device"));
-            std::fs::create_dir_all(base.path().join("other/device")).unwrap();
-            guard.keep();
-        }
-        assert!(base.path().join("other/device").exists());
-    }
 }

@@ -15,14 +15,15 @@ use std::io::{BufRead, BufReader, Read, Write};
 
 use std::path::{Path, PathBuf};
 
+use super::lock::Claim;
 use super::record::{Entry, Results, RunHeader, FORMAT_VERSION};
+use super::results_dir::{self, WriteError};
 use super::v1::{FinalRecordV1, RunHeaderV1};
 
 /// The live journal.
 pub const JOURNAL: &str = "journal.jsonl";
 /// The packed journal: the same lines, gzip-compressed.
 pub const PACKED_JOURNAL: &str = "journal.jsonl.gz";
-const LOCK: &str = ".lock";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -46,6 +47,10 @@ pub enum StoreError {
     },
     #[error("no journal in {0} (journal.jsonl or journal.jsonl.gz)")]
     Missing(PathBuf),
+    #[error("{0} does not exist, or is not a folder")]
+    NoFolder(PathBuf),
+    #[error(transparent)]
+    Write(#[from] WriteError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -67,29 +72,33 @@ pub fn exists(dir: &Path) -> bool {
     dir.join(JOURNAL).is_file() || dir.join(PACKED_JOURNAL).is_file()
 }
 
-/// An open journal with its lock held.
+/// An open journal with its directory's lock held.
 pub struct Journal {
     file: File,
     path: PathBuf,
-    lock: PathBuf,
+    /// Released when the journal is dropped.
+    _claim: Claim,
 }
 
 impl Journal {
-    /// Creates the directory if needed, takes the lock, repairs a torn last
+    /// Claims the directory (making it if needed), repairs a torn last
     /// line, opens for appending. Returns the journal and a notice when it
     /// repaired something.
     pub fn open(dir: &Path) -> Result<(Journal, Option<String>), StoreError> {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let lock = dir.join(LOCK);
-        acquire(&lock, dir)?;
-        let path = dir.join(JOURNAL);
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .read(true)
-            .open(&path)
-            .map_err(io(&path))?;
-        let mut journal = Journal { file, path, lock };
+        Journal::open_claimed(Claim::take(dir)?)
+    }
+
+    /// [`Journal::open`] on a directory already claimed; the claim is kept
+    /// (what it made stays) and its lock is held until the journal drops.
+    pub fn open_claimed(mut claim: Claim) -> Result<(Journal, Option<String>), StoreError> {
+        let path = claim.dir().join(JOURNAL);
+        let file = open_live(&path, true)?;
+        claim.keep();
+        let mut journal = Journal {
+            file,
+            path,
+            _claim: claim,
+        };
         let notice = journal.repair_torn_line()?;
         Ok((journal, notice))
     }
@@ -126,10 +135,27 @@ impl Journal {
     }
 }
 
-impl Drop for Journal {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.lock);
-    }
+/// Opens the live journal for appending and reading, never through a link.
+pub(crate) fn open_live(path: &Path, create: bool) -> Result<File, StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    results_dir::refuse_link(path)?;
+    OpenOptions::new()
+        .create(create)
+        .append(true)
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match results_dir::refuse_link(path) {
+            Err(link) => link.into(),
+            Ok(()) => io(path)(e),
+        })
+}
+
+/// Repairs the live journal at `path` (see [`Journal::repair_torn_line`]),
+/// for a command that holds the directory's lock but no [`Journal`].
+pub(crate) fn repair_live(path: &Path) -> Result<Option<String>, StoreError> {
+    let mut file = open_live(path, false)?;
+    repair_tail(&mut file, path)
 }
 
 /// See [`Journal::repair_torn_line`]; `file` is the live journal, open for appending.
@@ -155,42 +181,6 @@ fn repair_tail(file: &mut File, path: &Path) -> Result<Option<String>, StoreErro
     )))
 }
 
-fn acquire(lock: &Path, dir: &Path) -> Result<(), StoreError> {
-    for _ in 0..2 {
-        match OpenOptions::new().write(true).create_new(true).open(lock) {
-            Ok(mut f) => {
-                let _ = write!(f, "{}", std::process::id());
-                return Ok(());
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let pid: u32 = std::fs::read_to_string(lock)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                    .unwrap_or(0);
-                if pid != 0 && alive(pid) {
-                    return Err(StoreError::Locked {
-                        pid,
-                        dir: dir.to_path_buf(),
-                    });
-                }
-                // The run that held it is gone: the lock is stale.
-                let _ = std::fs::remove_file(lock);
-            }
-            Err(e) => return Err(io(lock)(e)),
-        }
-    }
-    Err(StoreError::Locked {
-        pid: 0,
-        dir: dir.to_path_buf(),
-    })
-}
-
-fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 /// Reads a journal: the packed entries, then the live ones. Later records of
 /// a job id replace earlier ones; unreadable lines are skipped and counted in
 /// the returned warnings; a header of a newer format is an error.
@@ -212,11 +202,16 @@ pub fn read_entries(dir: &Path) -> Result<(Vec<Entry>, Results, Vec<String>), St
 }
 
 fn read_dir(dir: &Path, keep_entries: bool) -> Result<Reader, StoreError> {
+    if !dir.is_dir() {
+        return Err(StoreError::NoFolder(dir.to_path_buf()));
+    }
     let mut sources: Vec<(PathBuf, Box<dyn Read>)> = Vec::new();
+    let mut damage = Vec::new();
     let packed = dir.join(PACKED_JOURNAL);
     if packed.is_file() {
-        let f = File::open(&packed).map_err(read_err(&packed))?;
-        sources.push((packed, Box::new(flate2::read::MultiGzDecoder::new(f))));
+        let (reader, skipped) = super::packed::open(&packed)?;
+        damage = skipped;
+        sources.push((packed, reader));
     }
     let live = dir.join(JOURNAL);
     if live.is_file() {
@@ -228,6 +223,7 @@ fn read_dir(dir: &Path, keep_entries: bool) -> Result<Reader, StoreError> {
     }
     let mut reader = Reader {
         entries: keep_entries.then(Vec::new),
+        warnings: damage,
         ..Reader::default()
     };
     for (path, source) in sources {
@@ -239,13 +235,14 @@ fn read_dir(dir: &Path, keep_entries: bool) -> Result<Reader, StoreError> {
 
 /// Reads one journal file, packed (`.gz`) or not, as [`read`] does a directory.
 pub fn read_file(path: &Path) -> Result<(Results, Vec<String>), StoreError> {
-    let f = File::open(path).map_err(read_err(path))?;
-    let source: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
-        Box::new(flate2::read::MultiGzDecoder::new(f))
-    } else {
-        Box::new(f)
-    };
     let mut reader = Reader::default();
+    let source: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
+        let (source, damage) = super::packed::open(path)?;
+        reader.warnings = damage;
+        source
+    } else {
+        Box::new(File::open(path).map_err(read_err(path))?)
+    };
     reader.read(path, source)?;
     Ok((reader.results, reader.warnings))
 }
@@ -349,7 +346,16 @@ impl Reader {
                 self.results.header = Some(header);
             }
             Entry::Job(j) => match self.index.get(&j.job_id) {
-                Some(&i) => self.results.jobs[i] = *j,
+                Some(&i) => {
+                    let replaced = std::mem::replace(&mut self.results.jobs[i], *j);
+                    if let Some(f) = replaced.failure {
+                        self.results
+                            .replaced_failures
+                            .entry(replaced.job_id)
+                            .or_default()
+                            .push(f.class);
+                    }
+                }
                 None => {
                     self.index.insert(j.job_id.clone(), self.results.jobs.len());
                     self.results.jobs.push(*j);
@@ -403,66 +409,6 @@ fn newer_format(line: &str) -> Option<u32> {
     let value: serde_json::Value = serde_json::from_str(line).ok()?;
     let format = value.get("format")?.as_u64()? as u32;
     (value.get("type")?.as_str()? == "run" && format > FORMAT_VERSION).then_some(format)
-}
-
-/// Compresses a results directory's journal for committing: the packed and
-/// live entries, in order, into a new `journal.jsonl.gz` (written beside and
-/// renamed into place), then removes `journal.jsonl`. Returns the bytes
-/// before and after. Refuses while a run holds the lock.
-pub fn pack(dir: &Path) -> Result<(u64, u64), StoreError> {
-    let lock = dir.join(LOCK);
-    acquire(&lock, dir)?;
-    let result = pack_locked(dir);
-    let _ = std::fs::remove_file(&lock);
-    result
-}
-
-fn pack_locked(dir: &Path) -> Result<(u64, u64), StoreError> {
-    let packed = dir.join(PACKED_JOURNAL);
-    let live = dir.join(JOURNAL);
-    if live.is_file() {
-        // A torn tail must not be frozen into the packed file, where no
-        // repair reaches it.
-        let mut file = OpenOptions::new()
-            .append(true)
-            .read(true)
-            .open(&live)
-            .map_err(io(&live))?;
-        if let Some(notice) = repair_tail(&mut file, &live)? {
-            eprintln!("warning: {notice}");
-        }
-    }
-    if !live.is_file() {
-        return match packed.metadata() {
-            Ok(m) => Ok((m.len(), m.len())),
-            Err(_) => Err(StoreError::Missing(dir.to_path_buf())),
-        };
-    }
-    let mut text = Vec::new();
-    if packed.is_file() {
-        let f = File::open(&packed).map_err(read_err(&packed))?;
-        flate2::read::MultiGzDecoder::new(f)
-            .read_to_end(&mut text)
-            .map_err(read_err(&packed))?;
-        if !text.is_empty() && text.last() != Some(&b'\n') {
-            text.push(b'\n');
-        }
-    }
-    let live_text = std::fs::read(&live).map_err(read_err(&live))?;
-    text.extend_from_slice(&live_text);
-    let tmp = dir.join(format!("{PACKED_JOURNAL}.tmp"));
-    {
-        let f = File::create(&tmp).map_err(io(&tmp))?;
-        let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::best());
-        gz.write_all(&text).map_err(io(&tmp))?;
-        let f = gz.finish().map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-    }
-    std::fs::rename(&tmp, &packed).map_err(io(&packed))?;
-    // Only now, with every entry safely in the packed file, is the live one removed.
-    std::fs::remove_file(&live).map_err(io(&live))?;
-    let after = packed.metadata().map_err(read_err(&packed))?.len();
-    Ok((text.len() as u64, after))
 }
 
 /// The header a journal's outputs are written from is its last run's, plus

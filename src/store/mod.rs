@@ -2,7 +2,10 @@
 //! lock, environment fingerprint, packing for commits.
 
 pub mod journal;
+pub mod lock;
+pub mod packed;
 pub mod record;
+pub mod results_dir;
 mod v1;
 mod v2;
 mod v3;

@@ -325,4 +325,19 @@ pub struct Results {
     /// `tunelab profile` wrote `profile/summary.md` beside the journal (the
     /// report links it). Not in the journal: read from the directory.
     pub profile_summary: bool,
+    /// By job id: the failures of its records that a later record of the
+    /// same job replaced (a job run again after a crash), oldest first.
+    pub replaced_failures: std::collections::HashMap<String, Vec<FailureClass>>,
+}
+
+impl Results {
+    /// How often a job crashed or timed out, over all of its records.
+    pub fn crashes(&self, job: &JobRecord) -> usize {
+        let crashed = |c: &FailureClass| matches!(c, FailureClass::Crash | FailureClass::Timeout);
+        let earlier = self
+            .replaced_failures
+            .get(&job.job_id)
+            .map_or(0, |f| f.iter().filter(|c| crashed(c)).count());
+        earlier + usize::from(job.failure.as_ref().is_some_and(|f| crashed(&f.class)))
+    }
 }

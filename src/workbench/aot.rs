@@ -176,9 +176,8 @@ pub fn export(
                             l.reason
                         ));
                     }
-                    let path = dir.join(&folder);
-                    match write(&path, &lib) {
-                        Ok(()) => out.folders.push((path, lib)),
+                    match write(dir, Path::new(&folder), &lib) {
+                        Ok(path) => out.folders.push((path, lib)),
                         Err(e) => out.failed.push(format!("{folder}: {e}")),
                     }
                 }
@@ -199,11 +198,14 @@ fn exportable(m: &Method) -> bool {
     }
 }
 
-fn write(path: &Path, lib: &Library) -> Result<(), String> {
-    std::fs::create_dir_all(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+/// Writes the library's files into the folder `rel` of the results
+/// directory `dir` (never through a link: `store::results_dir`).
+fn write(dir: &Path, rel: &Path, lib: &Library) -> Result<PathBuf, String> {
+    use crate::store::results_dir;
+    let path = results_dir::create_dirs(dir, rel).map_err(|e| e.to_string())?;
     // Images of an earlier export of this prefix go: their count may differ.
     let stale = format!("{}_", lib.interface.prefix);
-    if let Ok(entries) = std::fs::read_dir(path) {
+    if let Ok(entries) = std::fs::read_dir(&path) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with(&stale) && name.ends_with(".cubin") {
@@ -212,13 +214,9 @@ fn write(path: &Path, lib: &Library) -> Result<(), String> {
         }
     }
     for f in aot::render(lib) {
-        let target = path.join(&f.name);
-        let tmp = path.join(format!(".{}.tmp", f.name));
-        std::fs::write(&tmp, &f.bytes)
-            .and_then(|()| std::fs::rename(&tmp, &target))
-            .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+        results_dir::write_file(&path, Path::new(&f.name), &f.bytes).map_err(|e| e.to_string())?;
     }
-    Ok(())
+    Ok(path)
 }
 
 struct Folder<'a, 'b> {

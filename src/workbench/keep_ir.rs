@@ -96,12 +96,20 @@ pub fn keep_ir(k: KeepIr<'_>, results: &Results) -> Result<Kept, String> {
     let mut worker =
         PythonBackend::new(k.spec.clone(), k.problem, k.timeout).with_ir_files(k.ir_files.clone());
     worker.start().map_err(|f| f.message)?;
-    let root = k.dir.join(k.folder);
     for record in jobs {
         let folder = ir_index::folder(record, k.which == Which::All);
-        let dir = root.join(&folder);
-        // The folder is this job's alone: what an earlier winner left goes.
-        let _ = std::fs::remove_dir_all(&dir);
+        let rel = Path::new(k.folder).join(&folder);
+        // The folder is this job's alone: what an earlier winner left goes
+        // (a link is removed, not followed), and it is made afresh, never
+        // through a link, before the worker writes into it.
+        let _ = std::fs::remove_dir_all(k.dir.join(&rel));
+        let dir = match crate::store::results_dir::create_dirs(k.dir, &rel) {
+            Ok(dir) => dir,
+            Err(e) => {
+                kept.failed.push((folder, e.to_string()));
+                continue;
+            }
+        };
         let job = Job {
             id: record.job_id.clone(),
             shape_index: 0,
@@ -124,7 +132,11 @@ pub fn keep_ir(k: KeepIr<'_>, results: &Results) -> Result<Kept, String> {
                     "kernels": kernels,
                 });
                 let text = serde_json::to_string_pretty(&about).expect("json") + "\n";
-                if let Err(e) = std::fs::write(dir.join("job.json"), text) {
+                if let Err(e) = crate::store::results_dir::write_file(
+                    &dir,
+                    Path::new("job.json"),
+                    text.as_bytes(),
+                ) {
                     kept.failed.push((folder, e.to_string()));
                     continue;
                 }

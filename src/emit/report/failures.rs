@@ -160,6 +160,55 @@ pub(super) fn failures_table(a: &Analysis<'_, '_, '_>) -> Option<Table> {
     ))
 }
 
+/// Jobs that a later run tried again after a crash or a timeout: how many,
+/// how they ended, and the first few by name.
+pub(super) fn retried_line(a: &Analysis<'_, '_, '_>) -> Option<String> {
+    const NAMED: usize = 3;
+    let retried: Vec<&&JobRecord> = a
+        .jobs
+        .iter()
+        .filter(|j| {
+            a.group
+                .results
+                .replaced_failures
+                .get(&j.job_id)
+                .is_some_and(|f| {
+                    f.iter()
+                        .any(|c| matches!(c, FailureClass::Crash | FailureClass::Timeout))
+                })
+        })
+        .collect();
+    if retried.is_empty() {
+        return None;
+    }
+    let passed = retried
+        .iter()
+        .filter(|j| j.status != JobStatus::Failed)
+        .count();
+    let named: Vec<String> = retried
+        .iter()
+        .take(NAMED)
+        .map(|j| {
+            let now = match &j.failure {
+                Some(f) => f.class.as_str(),
+                None => j.status.as_str(),
+            };
+            format!(
+                "{}, {}, {} (now {now})",
+                j.method,
+                a.labels.label(&j.shape),
+                config_text(&j.config)
+            )
+        })
+        .collect();
+    Some(format!(
+        "{} crashed or timed out in an earlier run and ran again ({passed} then passed): {}{}.",
+        num::count(retried.len() as u64, "job", "jobs"),
+        named.join("; "),
+        if retried.len() > NAMED { "; ..." } else { "" }
+    ))
+}
+
 /// Skipped, pruned and checked-only jobs, counted per method and reason.
 pub(super) fn skipped_lines(a: &Analysis<'_, '_, '_>) -> Vec<String> {
     let per = by_method(&a.jobs);

@@ -492,6 +492,7 @@ fn context(a: &Analysis<'_, '_, '_>, paths: &Paths, charts: &[charts::ChartFile]
         problem_notes.push(line);
         failures = None;
     }
+    problem_notes.extend(failures::retried_line(a));
     if skipped {
         // "What was timed" counts them per method; the details say why.
         problem_notes[0].push_str(
