@@ -332,6 +332,27 @@ def test_problem_errors(shared_worker):
     assert_failed(worker.request("check", job=bad_shape, seed=0, tolerance=TOLERANCE), "problem_error")
 
 
+def test_a_reference_with_nan_or_inf_is_named_not_reported_as_a_mismatch(shared_worker):
+    # alpha * x overflows float32 for most x: the reference holds infinities.
+    job = {**axpy_job("axpy-inf", "torch"), "shape": {"N": 100, "alpha": 1e39, "dtype": "fp32"}}
+    response = shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
+    assert_failed(response, "problem_error")
+    assert "the reference output holds" in response["message"], response
+    assert "infinite values (of 100)" in response["message"], response
+    # The worker goes on with a shape whose reference is sound.
+    fine = shared_worker.request("check", job=axpy_job("axpy-fine", "torch"), seed=0, tolerance=TOLERANCE)
+    assert fine["ok"] and fine["passed"], fine
+
+
+def test_reference_fault_names_nan_and_inf():
+    from tunelab.compare import reference_fault
+
+    assert reference_fault(torch.ones(4)) is None
+    assert reference_fault(torch.ones(4, dtype=torch.int32)) is None
+    message = reference_fault(torch.tensor([1.0, float("nan"), float("inf"), float("-inf")]))
+    assert message is not None and "1 NaN and 2 infinite values (of 4)" in message
+
+
 def test_user_problem_end_to_end(shared_worker):
     worker = shared_worker
     described = worker.request("describe", problem="my_problems:Axpy", shape={"N": 100})

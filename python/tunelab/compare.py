@@ -13,6 +13,23 @@ import torch
 _TINY = torch.finfo(torch.float32).tiny
 
 
+def reference_fault(ref) -> str | None:
+    """Why `ref` cannot be a reference, or None: a NaN or an infinity in it
+    would fail every method's check with a mismatch that names no cause."""
+    if not isinstance(ref, torch.Tensor) or not ref.is_floating_point():
+        return None
+    values = ref.detach()
+    nan = int(torch.isnan(values).sum())
+    inf = int(torch.isinf(values).sum())
+    if nan == 0 and inf == 0:
+        return None
+    found = " and ".join(
+        f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "infinite")) if n
+    )
+    return (f"the reference output holds {found} values (of {values.numel()}): the problem's reference or "
+            "its inputs overflow at this shape, so no method can be checked against it")
+
+
 def compare(out, ref, atol: float, rtol: float, max_mismatch: float) -> dict:
     """Compare `out` with `ref` elementwise, both taken as fp32.
 

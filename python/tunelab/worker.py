@@ -1161,6 +1161,11 @@ class Worker:
                 expected = problem.reference(inputs)
                 nbytes = _bytes_for(problem, inputs)
                 self._synchronize()
+            from tunelab.compare import reference_fault
+
+            fault = reference_fault(expected)
+            if fault is not None:
+                raise WorkerError(PROBLEM_ERROR, fault)
             self._shape_cache = (key, inputs, expected, nbytes)
         return self._shape_cache[1:]
 
@@ -1588,8 +1593,46 @@ class _RefuseImport:
         return None
 
 
+RUNNER_PID_VAR = "TUNELAB_RUNNER_PID"
+
+
+def _die_with_runner() -> None:
+    """End this worker when the runner that started it is gone.
+
+    A runner stopped by SIGKILL cannot stop its workers, and a worker busy
+    in a kernel that hangs never reads the closed pipe: it would run on,
+    holding its GPU. A thread checks twice a second whether the runner
+    (named by TUNELAB_RUNNER_PID) is still this process's parent, or, for a
+    worker started through a wrapper that did not exec, still alive.
+    """
+    value = os.environ.get(RUNNER_PID_VAR, "")
+    if not value.isdigit():
+        return
+    runner = int(value)
+    direct = os.getppid() == runner
+
+    def gone() -> bool:
+        if direct:
+            return os.getppid() != runner
+        try:
+            os.kill(runner, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(0.5)
+        os.kill(os.getpid(), 9)
+
+    threading.Thread(target=watch, name="runner-watch", daemon=True).start()
+
+
 def main(argv=None) -> int:
     args = _parse_args(argv)
+    _die_with_runner()
     protocol = _claim_stdout()
     target = None
     if args.target is not None:
