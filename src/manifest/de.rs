@@ -626,3 +626,12 @@ impl<'de> MapAccess<'de> for SpannedAccess<'de> {
         }
     }
 }
+
+/// A span, or `fallback` for a value that was not written (a default).
+pub(super) fn place(span: Span, fallback: Span) -> Span {
+    if span.line == 0 {
+        fallback
+    } else {
+        span
+    }
+}

@@ -4,14 +4,22 @@
 //! - `load.rs` merges `extends`, `include` and `--set` on that tree;
 //! - `de.rs` deserialises the raw mirror (`raw.rs`) from the tree, handing
 //!   spans to [`Spanned`](de::Spanned) fields;
-//! - `validate.rs` (with `shapes.rs` and `values.rs`) checks it and resolves
-//!   it into the types of `model.rs`, which is all the rest of the program sees.
+//! - `validate.rs` checks it and resolves it into the types of `model.rs`,
+//!   which is all the rest of the program sees: the shape set (`shapes.rs`),
+//!   each method (`methods.rs`), tolerance, protocol and search
+//!   (`measurement.rs`), the outputs (`outputs.rs`), axis values
+//!   (`values.rs`);
+//! - `files.rs` reads what a manifest names, only from where it may, and
+//!   `limits.rs` says how much a manifest may ask for (docs/limits.md).
 
 mod de;
 mod files;
 pub mod limits;
 mod load;
+mod measurement;
+mod methods;
 mod model;
+mod outputs;
 mod raw;
 mod shapes;
 mod validate;
