@@ -83,7 +83,7 @@ fn main() {
     let mut source_bytes = 0;
     for _ in 0..ROUNDS {
         let start = Instant::now();
-        let files = aot::render(&lib);
+        let files = aot::render(&lib).unwrap();
         times.push(start.elapsed().as_secs_f64() * 1e3);
         source_bytes = files
             .iter()

@@ -802,7 +802,7 @@ fn the_rendered_files_are_the_committed_ones() {
         ("empty", empty_library()),
     ] {
         let dir = repo().join(RENDER_FIXTURES).join(name);
-        let files = aot::render(&lib);
+        let files = aot::render(&lib).unwrap();
         // The images are the specs' bytes, each distinct one once.
         let cubins: Vec<&aot::File> = files
             .iter()
