@@ -15,19 +15,21 @@ use crate::manifest::shape_label;
 #[derive(Serialize)]
 pub(super) struct Header<'a> {
     about: &'a str,
+    /// The prefix of every C symbol.
     p: &'a str,
     /// `<PREFIX>_H`.
     guard: String,
     upper_prefix: String,
     args: String,
     /// Each specialisation's description, safe in a C comment.
-    specs: Vec<String>,
+    spec_descriptions: Vec<String>,
 }
 
 /// `<prefix>.c`.
 #[derive(Serialize)]
 pub(super) struct Source<'a> {
     about: &'a str,
+    /// The prefix of every C symbol.
     p: &'a str,
     args: String,
     /// The arguments' names, comma-separated, to pass them on.
@@ -40,7 +42,7 @@ pub(super) struct Source<'a> {
     /// C string literals of the kernel symbols.
     symbols: Vec<String>,
     /// C string literals of the specialisations' descriptions.
-    names: Vec<String>,
+    spec_names: Vec<String>,
     /// The integer helpers translated expressions call.
     helpers: String,
     specs: Vec<SourceSpec<'a>>,
@@ -105,6 +107,7 @@ struct Choice {
 #[derive(Serialize)]
 pub(super) struct Index<'a> {
     about: &'a str,
+    /// The prefix of every C symbol.
     p: &'a str,
     args: String,
     buckets: Vec<Bucket<'a>>,
@@ -145,7 +148,7 @@ pub(super) fn header(lib: &Library) -> Header<'_> {
         guard: format!("{}_H", p.to_uppercase()),
         upper_prefix: p.to_uppercase(),
         args: arguments(&lib.interface),
-        specs: lib.specs.iter().map(describe).collect(),
+        spec_descriptions: lib.specs.iter().map(describe).collect(),
     }
 }
 
@@ -177,7 +180,7 @@ pub(super) fn source<'a>(
             .collect(),
         spec_image,
         symbols: lib.specs.iter().map(|s| c_string(&s.symbol)).collect(),
-        names: lib.specs.iter().map(|s| c_string(&describe(s))).collect(),
+        spec_names: lib.specs.iter().map(|s| c_string(&describe(s))).collect(),
         helpers: super::cexpr::helpers(&i.prefix),
         specs: lib.specs.iter().map(source_spec).collect(),
         buckets: buckets(lib),
