@@ -120,6 +120,10 @@ schemas:
 bench-plan:
     cargo bench --bench plan_throughput
 
+# How long the aot output takes to render a 500 KB image (a measurement, not a test).
+bench-aot:
+    cargo bench --bench aot_render
+
 # What a worker call costs beyond the worker's own time (Python and native workers; no GPU needed).
 bench-protocol *ARGS:
     TUNELAB_PYTHON={{python}} cargo bench --bench protocol_latency -- {{ARGS}}

@@ -22,7 +22,7 @@ use tunelab::backend::native::compile::{context, eval};
 use tunelab::backend::native::NativeCompiler;
 use tunelab::backend::{PythonBackend, WorkerSpec};
 use tunelab::device;
-use tunelab::emit::aot::Library;
+use tunelab::emit::aot::{self, Condition, Interface, LeftOut, Library, Param, Spec};
 use tunelab::emit::{triton_mbucket, Selection};
 use tunelab::manifest::{self, device_fields, Experiment, MethodKind};
 use tunelab::plan::Job;
@@ -578,4 +578,325 @@ fn check_small_folder(lib: &Library) {
     );
     let keys: Vec<&str> = lib.buckets.keys().map(String::as_str).collect();
     assert_eq!(keys, ["M_LEQ_32", "M_LEQ_128", "any"]);
+}
+
+/// The committed rendering of two libraries (`tests/fixtures/aot/render/`):
+/// what the files must be, byte for byte, whatever lays them out.
+/// `TUNELAB_BLESS=1` rewrites the fixtures from the code, for a change of
+/// layout meant to be made (then review the diff).
+const RENDER_FIXTURES: &str = "tests/fixtures/aot/render";
+
+/// `{"M": m, "N": 4096, "K": 4096, "dtype": "bf16"}`
+fn gemm_shape(m: i64) -> IndexMap<String, Json> {
+    IndexMap::from_iter(
+        [
+            ("M", json!(m)),
+            ("N", json!(4096)),
+            ("K", json!(4096)),
+            ("dtype", json!("bf16")),
+        ]
+        .map(|(k, v)| (k.to_string(), v)),
+    )
+}
+
+fn config(pairs: &[(&str, Json)]) -> IndexMap<String, Json> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+fn condition(c: &str, text: &str, specialisation: bool) -> Condition {
+    Condition {
+        c: c.into(),
+        text: text.into(),
+        specialisation,
+    }
+}
+
+fn param(name: &str, c_type: &str, value: &str) -> Param {
+    Param {
+        name: name.into(),
+        c_type: c_type.into(),
+        value: value.into(),
+    }
+}
+
+/// Every case the renderer tells apart: a CUDA and two Triton
+/// specialisations, two of them sharing an image (one file, one array);
+/// an image that is not a whole number of 16-byte lines; compiled at
+/// another shape than it won at; no median; no conditions, no parameters;
+/// a method name that needs C string escapes (a quote, a backslash, UTF-8),
+/// `*/` in a config value, a condition's words and a parameter's name
+/// (inside C comments), `|` and a newline in markdown cells; an empty
+/// bucket; `M_LEQ`, `M_GEQ` and `any` buckets; winners left out.
+fn representative_library() -> Library {
+    let p = "fixture_sm_90";
+    let fits = |n: &str| {
+        condition(
+            &format!("({n}) >= INT64_C(-2147483648) && ({n}) <= INT64_C(2147483647)"),
+            &format!("`{n}` fits i32"),
+            false,
+        )
+    };
+    let image_a: Vec<u8> = (0..37u8).map(|b| b.wrapping_mul(7)).collect();
+    let image_b: Vec<u8> = (0..16u8).map(|b| 0xf0 | b).collect();
+    let cuda = Spec {
+        method: "cuda".into(),
+        kind: "cuda".into(),
+        job_id: "cuda-512-4096".into(),
+        config: config(&[
+            ("BLOCK_M", json!(128)),
+            ("BLOCK_N", json!(128)),
+            ("STAGES", json!(3)),
+            ("SMEM", json!(65536)),
+        ]),
+        compiled_at: gemm_shape(512),
+        won_at: gemm_shape(512),
+        median_us: Some(20.0),
+        image: image_a.clone(),
+        symbol: "_Z8gemm_mmaILi128ELi128EEvPKtS1_Ptiii".into(),
+        grid: [
+            format!("{p}_ceil_div(N, INT64_C(128))"),
+            format!("{p}_ceil_div(M, INT64_C(128))"),
+            "INT64_C(1)".into(),
+        ],
+        block: [
+            "INT64_C(256)".into(),
+            "INT64_C(1)".into(),
+            "INT64_C(1)".into(),
+        ],
+        shared: "INT64_C(65536)".into(),
+        params: vec![
+            param("a", "CUdeviceptr", "a"),
+            param("b", "CUdeviceptr", "b"),
+            param("out", "CUdeviceptr", "out"),
+            param("M", "int32_t", "M"),
+            param("N", "int32_t", "N"),
+            param("K", "int32_t", "K"),
+        ],
+        conditions: vec![fits("M"), fits("N"), fits("K")],
+    };
+    let triton = Spec {
+        method: "triton".into(),
+        kind: "triton".into(),
+        job_id: "triton-127".into(),
+        config: config(&[
+            ("BLOCK_SIZE_M", json!(64)),
+            ("GROUP_SIZE_M", json!(8)),
+            ("num_warps", json!(4)),
+            ("layout", json!("a*/b")),
+        ]),
+        compiled_at: gemm_shape(128),
+        won_at: gemm_shape(127),
+        median_us: Some(4.876),
+        image: image_b,
+        symbol: "matmul_kernel".into(),
+        grid: [
+            format!("({p}_ceil_div(M, INT64_C(64)) * {p}_ceil_div(N, INT64_C(64)))"),
+            "INT64_C(1)".into(),
+            "INT64_C(1)".into(),
+        ],
+        block: [
+            "INT64_C(128)".into(),
+            "INT64_C(1)".into(),
+            "INT64_C(1)".into(),
+        ],
+        shared: "INT64_C(0)".into(),
+        params: vec![
+            param("a_ptr", "CUdeviceptr", "a"),
+            param("M */ rows", "int32_t", "M"),
+            param("scale", "float", "0.5f"),
+            param("global_scratch", "CUdeviceptr", "0"),
+        ],
+        conditions: vec![
+            condition("(a % 16) == 0", "`a` is 16-byte aligned", true),
+            fits("M"),
+            condition(
+                &format!("{p}_mod(N, INT64_C(16)) == 0"),
+                "`N` is a multiple of 16 */ | or not",
+                true,
+            ),
+        ],
+    };
+    let bare = Spec {
+        method: "tri\"ton\\µ".into(),
+        kind: "triton".into(),
+        job_id: "odd-9000".into(),
+        config: IndexMap::new(),
+        compiled_at: gemm_shape(9000),
+        won_at: gemm_shape(9000),
+        median_us: None,
+        image: image_a,
+        symbol: "empty_kernel".into(),
+        grid: [
+            "INT64_C(1)".into(),
+            "INT64_C(1)".into(),
+            "INT64_C(1)".into(),
+        ],
+        block: [
+            "INT64_C(32)".into(),
+            "INT64_C(1)".into(),
+            "INT64_C(1)".into(),
+        ],
+        shared: "INT64_C(0)".into(),
+        params: vec![],
+        conditions: vec![],
+    };
+    Library {
+        interface: Interface {
+            prefix: p.into(),
+            tensors: vec!["a".into(), "b".into(), "out".into()],
+            ints: vec!["M".into(), "N".into(), "K".into()],
+        },
+        specs: vec![cuda, triton, bare],
+        buckets: IndexMap::from_iter(
+            [
+                ("M_LEQ_128", vec![1]),
+                ("M_LEQ_512", vec![0]),
+                ("M_LEQ_4096", vec![]),
+                ("M_GEQ_8192", vec![2, 1]),
+                ("any", vec![2]),
+            ]
+            .map(|(k, v)| (k.to_string(), v)),
+        ),
+        left_out: vec![
+            LeftOut {
+                shape: gemm_shape(64),
+                method: "cuda".into(),
+                job_id: "cuda-64-4096".into(),
+                reason: "no image: nvrtc failed | twice\nsee the log".into(),
+            },
+            LeftOut {
+                shape: gemm_shape(2048),
+                method: "triton".into(),
+                job_id: "triton-2048".into(),
+                reason: "`BLOCK_SIZE_M * 2` is not an integer".into(),
+            },
+        ],
+        about: "experiment fixture, NVIDIA H200 (sm_90), run started 2025-06-01T12:00:00Z".into(),
+    }
+}
+
+/// Nothing to export and no `M` among the integers (which the writer
+/// refuses, but the renderer still lays out): empty arrays, no bucket test.
+fn empty_library() -> Library {
+    Library {
+        interface: Interface {
+            prefix: "empty_lib".into(),
+            tensors: vec!["x".into()],
+            ints: vec!["N".into()],
+        },
+        specs: vec![],
+        buckets: IndexMap::from_iter([("any".to_string(), vec![])]),
+        left_out: vec![],
+        about: "experiment empty".into(),
+    }
+}
+
+#[test]
+fn the_rendered_files_are_the_committed_ones() {
+    let bless = std::env::var_os("TUNELAB_BLESS").is_some();
+    for (name, lib) in [
+        ("representative", representative_library()),
+        ("empty", empty_library()),
+    ] {
+        let dir = repo().join(RENDER_FIXTURES).join(name);
+        let files = aot::render(&lib).unwrap();
+        // The images are the specs' bytes, each distinct one once.
+        let cubins: Vec<&aot::File> = files
+            .iter()
+            .filter(|f| f.name.ends_with(".cubin"))
+            .collect();
+        let mut distinct: Vec<&[u8]> = Vec::new();
+        for s in &lib.specs {
+            if !distinct.contains(&s.image.as_slice()) {
+                distinct.push(&s.image);
+            }
+        }
+        assert_eq!(cubins.len(), distinct.len(), "{name}");
+        for (n, (f, image)) in cubins.iter().zip(&distinct).enumerate() {
+            assert_eq!(f.name, format!("{}_{n}.cubin", lib.interface.prefix));
+            assert_eq!(&f.bytes, image, "{name}: {}", f.name);
+        }
+        let texts: Vec<&aot::File> = files
+            .iter()
+            .filter(|f| !f.name.ends_with(".cubin"))
+            .collect();
+        let mut committed: Vec<String> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        committed.sort();
+        if bless {
+            std::fs::create_dir_all(&dir).unwrap();
+            for old in &committed {
+                std::fs::remove_file(dir.join(old)).unwrap();
+            }
+            for f in &texts {
+                std::fs::write(dir.join(&f.name), &f.bytes).unwrap();
+            }
+            continue;
+        }
+        let mut rendered: Vec<String> = texts.iter().map(|f| f.name.clone()).collect();
+        rendered.sort();
+        assert_eq!(
+            rendered, committed,
+            "{name}: the files rendered and committed"
+        );
+        for f in &texts {
+            let want = std::fs::read(dir.join(&f.name)).unwrap();
+            if f.bytes != want {
+                let (got, want) = (
+                    String::from_utf8_lossy(&f.bytes),
+                    String::from_utf8_lossy(&want),
+                );
+                let line = got.lines().zip(want.lines()).position(|(g, w)| g != w);
+                panic!(
+                    "{name}/{} differs from the committed file at line {}:\n  rendered:  {:?}\n  committed: {:?}\n(lines {} and {}; TUNELAB_BLESS=1 rewrites the fixture)",
+                    f.name,
+                    line.map_or("past the end of one".into(), |l| (l + 1).to_string()),
+                    line.and_then(|l| got.lines().nth(l)).unwrap_or(""),
+                    line.and_then(|l| want.lines().nth(l)).unwrap_or(""),
+                    got.lines().count(),
+                    want.lines().count(),
+                );
+            }
+        }
+    }
+}
+
+/// The committed representative source is C that compiles against the
+/// stub driver API with every warning an error.
+#[test]
+fn the_representative_source_compiles() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("cuda.h"), STUB_H).unwrap();
+    for name in ["representative", "empty"] {
+        let dir = repo().join(RENDER_FIXTURES).join(name);
+        let source = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "c"))
+            .unwrap();
+        let cc = Command::new("cc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-c", "-o"])
+            .arg(tmp.path().join(format!("{name}.o")))
+            .arg("-I")
+            .arg(tmp.path())
+            .arg("-I")
+            .arg(&dir)
+            .arg(&source)
+            .output()
+            .expect("cc runs");
+        assert!(
+            cc.status.success(),
+            "cc {name}: {}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+    }
 }

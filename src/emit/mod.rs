@@ -83,8 +83,9 @@ pub enum EmitError {
         path: String,
         message: String,
     },
-    #[error("report template: {0}")]
-    Template(String),
+    /// A template of `report` or `aot` that does not render.
+    #[error("{name} template: {message}")]
+    Template { name: &'static str, message: String },
     #[error("output path `{path}` would write over `{owned}`, which the runner keeps in the results directory")]
     RunnerOwned { path: String, owned: &'static str },
     #[error(transparent)]

@@ -213,7 +213,7 @@ fn write(dir: &Path, rel: &Path, lib: &Library) -> Result<PathBuf, String> {
             }
         }
     }
-    for f in aot::render(lib) {
+    for f in aot::render(lib).map_err(|e| e.to_string())? {
         results_dir::write_file(&path, Path::new(&f.name), &f.bytes).map_err(|e| e.to_string())?;
     }
     Ok(path)

@@ -167,11 +167,17 @@ fn render_template(template: &str, ctx: &impl Serialize) -> Result<String, EmitE
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     env.add_template("t", template)
-        .map_err(|e| EmitError::Template(e.to_string()))?;
+        .map_err(|e| EmitError::Template {
+            name: "report",
+            message: e.to_string(),
+        })?;
     let text = env
         .get_template("t")
         .and_then(|t| t.render(ctx))
-        .map_err(|e| EmitError::Template(format!("{e:#}")))?;
+        .map_err(|e| EmitError::Template {
+            name: "report",
+            message: format!("{e:#}"),
+        })?;
     Ok(tidy(&text))
 }
 
