@@ -492,6 +492,8 @@ class FusedMoE:
         return out.to(self.dtype)
 
     def methods(self) -> dict[str, Method[FusedMoE]]:
+        from tunelab.problems.moe_triton_kernels import TritonKernelsMoE
+
         return {
             "fused_moe": TritonFusedMoE(),
             "fused_moe_vllm": TritonFusedMoEVllm(),
@@ -499,6 +501,7 @@ class FusedMoE:
             "torch": TorchMoE(),
             "vllm": VllmMoE(),
             "aiter": AiterMoE(),
+            "triton_kernels": TritonKernelsMoE(),
         }
 
 
