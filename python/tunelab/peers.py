@@ -121,7 +121,8 @@ def triton_kernels() -> TritonKernels | str:
 
 
 def _peers_source(manifest: dict) -> str:
-    tk = manifest.get("triton_kernels") if isinstance(manifest.get("triton_kernels"), dict) else {}
+    found = manifest.get("triton_kernels")
+    tk: dict = found if isinstance(found, dict) else {}
     return f"`.peers` ({tk.get('from', 'unknown origin')}, sha256 {str(tk.get('sha256', ''))[:12]})"
 
 
@@ -132,7 +133,7 @@ def _find() -> TritonKernels | str:
         peers_path = (pathlib.Path(manifest["dir"]) / str(manifest.get("python_path", "python"))).resolve()
     if "triton_kernels" in sys.modules or _has("triton_kernels"):
         module = importlib.import_module("triton_kernels")
-        where = pathlib.Path(module.__file__).resolve().parent
+        where = pathlib.Path(str(module.__file__)).resolve().parent
         if manifest is not None and peers_path is not None and where.parent == peers_path:
             return TritonKernels(module, _peers_source(manifest), _api_of(module))
         return TritonKernels(module, f"installed at {where}", _api_of(module))
