@@ -514,6 +514,8 @@ pub enum OutputFormat {
     VllmMoeJson,
     /// aiter tuned_fmoe.csv rows.
     AiterFmoeCsv,
+    /// triton_kernels' best opt_flags constraints per M, one file per shape but M.
+    TritonKernelsJson,
     /// Markdown report.
     Report,
     /// Each winner's compiled kernels (ttir, ttgir, llir, ptx, cubin and
@@ -537,6 +539,7 @@ impl OutputFormat {
             OutputFormat::TritonMbucket => "triton_mbucket",
             OutputFormat::VllmMoeJson => "vllm_moe_json",
             OutputFormat::AiterFmoeCsv => "aiter_fmoe_csv",
+            OutputFormat::TritonKernelsJson => "triton_kernels_json",
             OutputFormat::Report => "report",
             OutputFormat::Ir => "ir",
             OutputFormat::Aot => "aot",

@@ -272,6 +272,7 @@ impl<'g, 's, 'a> Analysis<'g, 's, 'a> {
                     o.format,
                     OutputFormat::VllmMoeJson
                         | OutputFormat::AiterFmoeCsv
+                        | OutputFormat::TritonKernelsJson
                         | OutputFormat::TritonMbucket
                 )
             })

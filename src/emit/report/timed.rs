@@ -144,6 +144,7 @@ pub(super) fn timed(a: &Analysis<'_, '_, '_>) -> Timed {
                 o.format,
                 OutputFormat::VllmMoeJson
                     | OutputFormat::AiterFmoeCsv
+                    | OutputFormat::TritonKernelsJson
                     | OutputFormat::TritonMbucket
             )
         })
