@@ -139,13 +139,13 @@ def install(paths: Iterable, module: Any = None, opt_flags: Any = None) -> list[
     """Wrap `module.matmul_ogs` (vLLM's triton_kernels MoE module by default)
     so each call runs with the tuned constraints of these files; returns the
     files loaded. Installing again replaces the earlier files."""
+    import importlib
+
     files = load(paths)
     if module is None:
-        import importlib
-
         module = importlib.import_module(VLLM_MODULE)
     if opt_flags is None:
-        from triton_kernels.matmul_ogs_details import opt_flags
+        opt_flags = importlib.import_module("triton_kernels.matmul_ogs_details.opt_flags")
     original = getattr(module.matmul_ogs, "__wrapped__", module.matmul_ogs)
     module.matmul_ogs = wrap_matmul_ogs(original, files, opt_flags)
     return files
