@@ -129,17 +129,19 @@ class _WeightCache:
 _WEIGHTS = _WeightCache()
 
 
-def vllm_default_config(M: int, E: int, block_shape=None) -> dict:
-    """vLLM's fused-MoE config when no tuned file exists: for bf16/fp16 and
-    per-tensor fp8 the M rule below; for block-quantised fp8 one config whose
-    tiles are the weights' blocks (docs/quantisation.md)."""
+def vllm_default_config(M: int, E: int, block_shape=None, fp8: bool = False) -> dict:
+    """vLLM 0.33's fused-MoE config when no tuned file exists
+    (`get_default_config`): for bf16/fp16 and per-tensor fp8 the M rule below
+    (fp8 takes BLOCK_SIZE_K 128 at every M); for block-quantised fp8 one whose
+    K step and, past M=8, N tile are the weights' block (docs/quantisation.md)."""
     if block_shape:
-        return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": block_shape[0], "BLOCK_SIZE_K": block_shape[1],
-                "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 3}
+        bn, bk = block_shape
+        return {"BLOCK_SIZE_M": 16 if M <= 64 else 64, "BLOCK_SIZE_N": 64 if M <= 8 else bn, "BLOCK_SIZE_K": bk,
+                "GROUP_SIZE_M": 1 if M <= 16 else 32, "num_warps": 4, "num_stages": 4 if M <= 4 else 3}
     return {
         "BLOCK_SIZE_M": 16 if M <= 32 else 32 if M <= 96 else 64 if M <= 512 else 128,
         "BLOCK_SIZE_N": 64 if M <= 64 else 128,
-        "BLOCK_SIZE_K": 128 if M <= 64 else 64,
+        "BLOCK_SIZE_K": 128 if fp8 or M <= 64 else 64,
         "GROUP_SIZE_M": 16 if M // E > 128 else 1,
         "num_warps": 4 if M <= 128 else 8,
         "num_stages": 4 if M <= 32 else 3,
@@ -543,17 +545,23 @@ class TritonFusedMoE:
 
 
 class TritonFusedMoEVllm:
-    """The call exactly as vLLM's `fused_experts` makes it (what its tuned
-    JSON configs are used by): the alignment kernel at every size, GEMM 1
-    writing gate and up ([M*topk, 2N], biases added, no activation), the
-    activation kernel (silu_and_mul or swigluoai_and_mul), GEMM 2 times the
-    routing weights, the top-k sum; five plain launches, no dependent launches
-    and no self-alignment. Same kernels and compile contract as `fused_moe`
-    (tunelab.kernels.fused_moe.vllm_plan), and its config keys less
-    tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX, GEMV, SPLIT_K: vLLM's kernel has no
-    such choices). fp8 weights add vLLM's
-    activation quantisation before each GEMM (tunelab.kernels.quant_moe);
-    MXFP4 weights are not run this way (see `unavailable`)."""
+    """The call exactly as vLLM 0.33's `fused_experts` makes it (what its tuned JSON configs are used by).
+
+    The alignment kernel at every size, GEMM 1 writing gate and up
+    ([M*topk, 2N], biases added, no activation), the activation kernel
+    (silu_and_mul or swigluoai_and_mul), GEMM 2 times the routing weights,
+    the top-k sum; five plain launches, no dependent launches and no
+    self-alignment. Same kernels and compile contract as `fused_moe`
+    (tunelab.kernels.fused_moe.vllm_plan); the config keys are vLLM's file
+    keys: tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX, GEMV, SPLIT_K) are
+    refused, because vLLM decides them itself: SPLIT_K is always 1, and for
+    fp8 w8a8 SWAP_AB is on exactly where vLLM turns it on (a GPU of compute
+    capability 9.0, BLOCK_SIZE_M < 64 and BLOCK_SIZE_N >= 64;
+    quant_moe.vllm_swap_ab). Tensor descriptors are off, vLLM's default on
+    CUDA. fp8 weights add vLLM's activation quantisation before each GEMM
+    (tunelab.kernels.quant_moe); MXFP4 weights are not run this way (see
+    `unavailable`). python/tests/test_vllm_mirror.py holds the GEMMs to vLLM
+    0.33.0's own kernel source bit for bit."""
 
     name = "fused_moe_vllm"
     kind = "triton"
@@ -573,7 +581,7 @@ class TritonFusedMoEVllm:
         if problem.quantised:
             from tunelab.kernels.quant_moe import QuantMoELaunch, make_quant_plan
 
-            return QuantMoELaunch(make_quant_plan(problem, _full_config(problem, config), vllm_structure=True),
+            return QuantMoELaunch(make_quant_plan(problem, _vllm_config(problem, config), vllm_structure=True),
                                   inputs)
         from tunelab.kernels.fused_moe import FusedMoELaunch, vllm_plan
 
@@ -586,7 +594,7 @@ class TritonFusedMoEVllm:
         if problem.quantised:
             from tunelab.kernels.quant_moe import compile_quant_plan, make_quant_plan
 
-            compile_quant_plan(make_quant_plan(problem, _full_config(problem, config), vllm_structure=True))
+            compile_quant_plan(make_quant_plan(problem, _vllm_config(problem, config), vllm_structure=True))
             return True
         from tunelab.kernels.fused_moe import compile_plan, vllm_plan
 
@@ -662,7 +670,7 @@ class TritonPersistentMoE:
 
 
 def _full_config(problem: FusedMoE, config: dict) -> dict:
-    full = vllm_default_config(problem.M, problem.E, problem.block_shape)
+    full = vllm_default_config(problem.M, problem.E, problem.block_shape, fp8=problem.weight_format == "fp8")
     full.update({k: config[k] for k in CONFIG_KEYS if k in config})
     for key in ("DOT_SCALED", "MX_PTX", "GEMV"):
         if problem.weight_format == "mxfp4":
@@ -674,6 +682,13 @@ def _full_config(problem: FusedMoE, config: dict) -> dict:
             full[key] = int(config.get(key, default))
         elif int(config.get(key, default)) != default:
             raise ValueError(f"{key} applies to quantised weights (fp8, mxfp4) only, not {problem.dtype_name}")
+    return full
+
+
+def _vllm_config(problem: FusedMoE, config: dict) -> dict:
+    """The config of vLLM's call: vLLM decides SWAP_AB itself (quant_moe.vllm_swap_ab)."""
+    full = _full_config(problem, config)
+    full.pop("SWAP_AB", None)
     return full
 
 
