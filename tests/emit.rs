@@ -2163,3 +2163,59 @@ fn vllm_files_never_carry_a_key_vllm_rejects() {
     }
     assert_eq!(files, 4);
 }
+
+/// aiter's rules as its source has them (docs/consumer-formats.md): since its
+/// change #4394 the key's act_type never matches, so the first row of a shape
+/// wins whatever its activation; duplicate keys make it rewrite its tables
+/// and raise. tunelab's table has one row per key with act_type left out,
+/// and a run whose shapes would give two is refused.
+#[test]
+fn aiter_tables_have_one_row_per_shape_whatever_the_activation() {
+    let mut results = load("moe.jsonl");
+    on_mi300x(&mut results);
+    with_aiter_method(&mut results);
+    let out = render(&results);
+    let csv = &out["aiter/tuned_fmoe.csv"];
+    let mut keys = std::collections::HashSet::new();
+    for line in csv.lines().skip(1) {
+        let cells: Vec<&str> = line.split(',').take(13).collect();
+        let without_act: Vec<&str> = cells
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 6)
+            .map(|(_, c)| *c)
+            .collect();
+        assert!(keys.insert(without_act), "two rows of one shape: {line}");
+    }
+    assert_eq!(keys.len(), 24);
+
+    // The same shapes again with the other activation: aiter could not tell the rows apart.
+    let extra: Vec<_> = results
+        .jobs
+        .iter()
+        .filter(|j| j.method == "aiter" && j.shape["E"] == 32 && j.shape["N"] == 2880)
+        .map(|j| {
+            let mut t = j.clone();
+            t.job_id = format!("s{}", j.job_id);
+            t.shape
+                .insert("activation".into(), Json::from("swiglu_oai"));
+            t
+        })
+        .collect();
+    let finals: Vec<_> = results
+        .finals
+        .iter()
+        .filter(|f| extra.iter().any(|t| t.job_id == format!("s{}", f.job_id)))
+        .map(|f| {
+            let mut f = f.clone();
+            f.job_id = format!("s{}", f.job_id);
+            f
+        })
+        .collect();
+    assert!(!extra.is_empty());
+    results.jobs.extend(extra);
+    results.finals.extend(finals);
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(err.contains("give aiter one lookup key"), "{err}");
+    assert!(err.contains("takes the first row of a shape"), "{err}");
+}
