@@ -494,6 +494,7 @@ class FusedMoE:
         return out.to(self.dtype)
 
     def methods(self) -> dict[str, Method[FusedMoE]]:
+        from tunelab.problems.moe_libraries import AiterMoE, VllmMoE
         from tunelab.problems.moe_triton_kernels import TritonKernelsMoE
 
         return {
@@ -869,153 +870,10 @@ class TorchMoELaunch:
         self.out.copy_(torch.einsum("me,emk->mk", combine, y.float()))
 
 
-# ---------------------------------------------------------------------------
-# Methods that call the user's installed libraries.
-
-
-def _installed(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-class VllmMoE:
-    """vLLM's own `fused_experts` (vllm.model_executor.layers.fused_moe), with
-    vLLM's own config choice (its tuned JSON files or its default): no config
-    keys. Biases go in through `biased_moe_quant_config` (or the older
-    `w1_bias`/`w2_bias` arguments); gpt-oss's activation is "swigluoai".
-    Usable only where vLLM imports and a GPU runs it."""
-
-    name = "vllm"
-    kind = "library"
-    config_keys = ()
-    config_types: dict = {}
-
-    def unavailable(self, problem: FusedMoE):
-        if not _installed("vllm"):
-            return "vLLM is not installed in the worker's Python environment"
-        if interpreting():
-            return "vLLM's fused_experts needs a GPU (this worker runs Triton's interpreter)"
-        if problem.quantised:
-            return f"tunelab passes only unquantised weights to vLLM's fused_experts, not {problem.weight_format}"
-        entry = _vllm_entry()
-        if isinstance(entry, str):
-            return entry
-        if problem.bias and entry["bias"] is None:
-            return "this vLLM's fused_experts takes no expert biases (no biased_moe_quant_config, no w1_bias)"
-        return None
-
-    def bind(self, problem: FusedMoE, inputs: dict, config: dict):
-        reason = self.unavailable(problem)
-        if reason:
-            raise RuntimeError(f"method vllm cannot run here: {reason}")
-        return _LibraryLaunch(problem, inputs, _vllm_call(problem, inputs, _vllm_entry()))
-
-
-_VLLM = None
-
-
-def _vllm_entry():
-    """{"fn", "bias", "activation"} for the installed vLLM, or a one-line reason it cannot be used."""
-    global _VLLM
-    if _VLLM is None:
-        import inspect
-
-        try:
-            from vllm.model_executor.layers.fused_moe import fused_experts
-        except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"
-            _VLLM = f"vLLM is installed but fused_experts does not import ({type(exc).__name__}: {exc})"
-            return _VLLM
-        params = inspect.signature(fused_experts).parameters
-        bias = None
-        if "quant_config" in params:
-            try:
-                from vllm.model_executor.layers.fused_moe.config import biased_moe_quant_config
-
-                bias = "quant_config"
-            except ImportError:
-                pass
-        if bias is None and "w1_bias" in params:
-            bias = "w1_bias"
-        act = params.get("activation")
-        _VLLM = {"fn": fused_experts, "bias": bias, "activation": None if act is None else act.default}
-    return _VLLM
-
-
-def _vllm_call(problem: FusedMoE, inputs: dict, entry: dict):
-    import enum
-
-    name = "swigluoai" if problem.activation == "swiglu_oai" else "silu"
-    default = entry["activation"]
-    # Newer vLLM takes an Enum whose values are these names; older ones take the string.
-    activation = type(default)(name) if isinstance(default, enum.Enum) else name
-    kwargs = {"activation": activation}
-    if problem.bias:
-        if entry["bias"] == "quant_config":
-            from vllm.model_executor.layers.fused_moe.config import biased_moe_quant_config
-
-            kwargs["quant_config"] = biased_moe_quant_config(inputs["b1"], inputs["b2"])
-        else:
-            kwargs.update(w1_bias=inputs["b1"], w2_bias=inputs["b2"])
-    fn, args = entry["fn"], (inputs["x"], inputs["w1"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"])
-    return lambda: fn(*args, **kwargs)
-
-
-class AiterMoE:
-    """AMD aiter's `fused_moe` (aiter.fused_moe), SiLU-and-mul without biases
-    in fp16/bf16, aiter's own kernel choice: no config keys. aiter runs on
-    ROCm only. gpt-oss's clamped, interleaved SwiGLU with biases is not mapped
-    onto aiter's activation types (tunelab cannot check such a mapping
-    anywhere it runs), so those shapes report themselves unavailable."""
-
-    name = "aiter"
-    kind = "library"
-    config_keys = ()
-    config_types: dict = {}
-
-    def unavailable(self, problem: FusedMoE):
-        if not _installed("aiter"):
-            return "aiter is not installed in the worker's Python environment"
-        if interpreting() or not getattr(torch.version, "hip", None):
-            return "aiter runs on AMD GPUs only (this worker has no ROCm GPU)"
-        if problem.activation != "silu" or problem.bias:
-            return "tunelab maps only SiLU-and-mul without biases onto aiter's fused_moe"
-        if problem.dtype_name not in ("fp16", "bf16"):
-            return f"aiter's fused_moe takes fp16 or bf16, not {problem.dtype_name}"
-        try:
-            from aiter.fused_moe import fused_moe  # noqa: F401
-        except Exception as exc:  # noqa: BLE001
-            return f"aiter is installed but fused_moe does not import ({type(exc).__name__}: {exc})"
-        return None
-
-    def bind(self, problem: FusedMoE, inputs: dict, config: dict):
-        reason = self.unavailable(problem)
-        if reason:
-            raise RuntimeError(f"method aiter cannot run here: {reason}")
-        from aiter import ActivationType, QuantType
-        from aiter.fused_moe import fused_moe
-
-        args = (inputs["x"], inputs["w1"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"])
-        call = lambda: fused_moe(*args, activation=ActivationType.Silu, quant_type=QuantType.No)  # noqa: E731
-        return _LibraryLaunch(problem, inputs, call)
-
-
-class _LibraryLaunch:
-    """A library call that returns its output: copied into the preallocated `out`."""
-
-    def __init__(self, problem: FusedMoE, inputs: dict, call):
-        self.out = torch.empty(problem.M, problem.K, dtype=problem.dtype, device=inputs["x"].device)
-        self._call = call
-
-    def __call__(self):
-        self.out.copy_(self._call())
-        return self.out
-
-
 if TYPE_CHECKING:
+    from tunelab.problems.moe_libraries import AiterMoE, VllmMoE
+    from tunelab.problems.moe_triton_kernels import TritonKernelsMoE
+
     # The contract of tunelab.protocols, checked by mypy (`just typecheck`).
     _problem: ProblemClass = FusedMoE
     _bytes_for: type[ProblemWithBytesFor] = FusedMoE
@@ -1025,4 +883,7 @@ if TYPE_CHECKING:
     _persistent: TypedMethod[FusedMoE] = TritonPersistentMoE()
     _torch: TypedMethod[FusedMoE] = TorchMoE()
     _vllm: AvailabilityMethod[FusedMoE] = VllmMoE()
+    _vllm_typed: TypedMethod[FusedMoE] = VllmMoE()
     _aiter: AvailabilityMethod[FusedMoE] = AiterMoE()
+    _triton_kernels: AvailabilityMethod[FusedMoE] = TritonKernelsMoE()
+    _triton_kernels_typed: TypedMethod[FusedMoE] = TritonKernelsMoE()
