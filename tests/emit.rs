@@ -1522,7 +1522,7 @@ fn the_report_names_what_was_timed() {
     let report = render(&results)["report.md"].clone();
     // A journal without method records: the rule is inferred from the configs.
     assert!(report.contains("`vllm_moe_default` (inferred)"), "{report}");
-    assert!(report.contains("as of vLLM v0.17.0"));
+    assert!(report.contains("the same from vLLM v0.17.0 to v0.33.0"));
     assert!(report.contains("not recorded (older journal)"));
     let header = results.header.as_mut().unwrap();
     header.methods = vec![
