@@ -673,8 +673,9 @@ def _q_acc(
             a_ptrs += BLOCK_SIZE_K
             b_ptrs += BLOCK_SIZE_K
         if WFMT == 1:
+            # vLLM's order (accumulator * a_scale * b_scale): the same bits as its kernel.
             a_s = tl.load(a_scale_ptr + a_rows, mask=a_mask, other=0.0)
-            acc = acc * (a_s[:, None] * tl.load(w_scale_ptr))
+            acc = acc * a_s[:, None] * tl.load(w_scale_ptr)
     return acc
 
 
@@ -759,7 +760,7 @@ def _q_acc_swapped(
             w_ptrs += BLOCK_SIZE_K
         if WFMT == 1:
             a_s = tl.load(a_scale_ptr + a_rows, mask=a_mask, other=0.0)
-            acc = acc * (a_s[None, :] * tl.load(w_scale_ptr))
+            acc = acc * a_s[None, :] * tl.load(w_scale_ptr)
     return acc
 
 
@@ -1077,6 +1078,9 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     wfmt = weight_format_code(problem)
     if vllm_structure and capability is None:
         capability = current_capability()
+    if vllm_structure and wfmt == WFMT_FP8_BLOCK:
+        # vLLM takes BLOCK_SIZE_K = min(BLOCK_SIZE_K, block_n, block_k) for block-scale weights.
+        config = dict(config, BLOCK_SIZE_K=min(int(config["BLOCK_SIZE_K"]), *problem.block_shape))
     bm, bn, bk = (int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
     gemv = int(config.get("GEMV", 0))
     if gemv not in (0, 1, 2):
