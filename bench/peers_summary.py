@@ -27,6 +27,7 @@ import csv
 import gzip
 import json
 import pathlib
+import re
 import sys
 
 TK = "triton_kernels"
@@ -58,8 +59,10 @@ def tiles(record) -> str:
     out = []
     for k in record.get("kernels", []):
         name = k.get("name", "")
-        if "matmul_ogs" in name:
-            out.append(f"{name.rsplit('_', 1)[-1]} w{k.get('num_warps')} s{k.get('num_stages')}")
+        tile = re.search(r"(\d+x\d+x\d+x\d+)", name) if "matmul_ogs" in name else None
+        if tile:
+            persistent = "persistent " if name.startswith("_p_matmul_ogs") else ""
+            out.append(f"{persistent}{tile.group(1)} w{k.get('num_warps')} s{k.get('num_stages')}")
     return "; ".join(out) or "?"
 
 
