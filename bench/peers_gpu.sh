@@ -17,6 +17,8 @@
 #    tunelab's methods (12 shapes x triton, triton_dot_scaled, triton_ptx)
 #    of 9: about 564 jobs, estimated 4-6 minutes (triton_kernels compiles in
 #    the lane: two matmul kernels per new config).
+#    PEERS_METHODS=triton_kernels runs only the two triton_kernels methods
+#    (24 groups; tunelab's own methods keep the M values they have).
 # 3. The comparison table (bench/peers_summary.py, into
 #    results/bench/<device>/peers_summary.md), and the journal packed.
 set -euo pipefail
@@ -30,10 +32,14 @@ cat .peers/manifest.json | head -12
 start=$(date +%s)
 PYTHONPATH=python "$PY" -m pytest -q python/tests/test_vllm_mirror.py python/tests/test_moe_triton_kernels.py
 echo "peers_gpu: tests took $(( $(date +%s) - start )) s"
-"$BIN" plan experiments/gptoss-mxfp4.yaml --only N=2880
+only="N=2880"
+if [ "${PEERS_METHODS:-}" = triton_kernels ]; then
+    only="N=2880,method=triton_kernels,method=triton_kernels_heuristic"
+fi
+"$BIN" plan experiments/gptoss-mxfp4.yaml --only "$only"
 start=$(date +%s)
 status=0
-TUNELAB_PYTHON="$PY" "$BIN" run experiments/gptoss-mxfp4.yaml --only N=2880 || status=$?
+TUNELAB_PYTHON="$PY" "$BIN" run experiments/gptoss-mxfp4.yaml --only "$only" || status=$?
 echo "peers_gpu: run took $(( $(date +%s) - start )) s, exit $status"
 for dir in results/gptoss-mxfp4/*/; do
     [ "$(basename "$dir")" = cpu-interpreter ] && continue
