@@ -74,7 +74,8 @@ B1_STD = 0.25
 B2_STD = 0.1
 
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
-# Quantised weights only (tunelab.kernels.quant_moe), tunelab's call only:
+# Quantised weights only (tunelab.kernels.quant_moe), config keys of tunelab's call only (vLLM's call,
+# fused_moe_vllm, refuses them: vLLM 0.33 sets SWAP_AB itself by its own rule and SPLIT_K to 1):
 # DOT_SCALED (MXFP4): 1 runs tl.dot_scaled (Triton's upcast), 0 tunelab's own dequantisation;
 # SWAP_AB (fp8 and MXFP4): 1 makes the weights the MMA's left operand (tokens its short side).
 # MX_PTX (MXFP4, DOT_SCALED=0, bf16 activations): 1 dequantises with inline PTX, two values an instruction.
