@@ -16,6 +16,14 @@ python := env_var_or_default("TUNELAB_PYTHON", if path_exists(".venv/bin/python"
 # 7 minutes (2026-11-24).
 pytest_workers := `python3 -c 'import os; print(min(4, len(os.sched_getaffinity(0))))'`
 
+# The peers' sources the comparisons run (vLLM's bundled triton_kernels and
+# its fused-MoE kernel source), from vLLM's wheel (downloaded once into
+# $TUNELAB_PEERS_CACHE, default ~/.cache/tunelab/peers) into the git-ignored
+# .peers/ (docs/peers.md). Carry .peers to a GPU machine without network.
+# Unpack the peers' sources into .peers/ (downloads vLLM's wheel once).
+peers *ARGS:
+    python3 scripts/peers.py {{ARGS}}
+
 # Build the release binary.
 build:
     cargo build --release

@@ -1522,7 +1522,7 @@ fn the_report_names_what_was_timed() {
     let report = render(&results)["report.md"].clone();
     // A journal without method records: the rule is inferred from the configs.
     assert!(report.contains("`vllm_moe_default` (inferred)"), "{report}");
-    assert!(report.contains("as of vLLM v0.17.0"));
+    assert!(report.contains("the same from vLLM v0.17.0 to v0.33.0"));
     assert!(report.contains("not recorded (older journal)"));
     let header = results.header.as_mut().unwrap();
     header.methods = vec![
@@ -1967,4 +1967,255 @@ fn rdr_rows_without_kernels(csv_text: &str, except: &str) -> bool {
                 && r[col("n_spills")].is_empty()
                 && r[col("kernels")].is_empty())
     })
+}
+
+// ---------------------------------------------------------------- triton_kernels constraints
+
+/// The moe fixture with a `triton_kernels` method whose configs are opt_flags
+/// constraints made from the triton method's (its times, so its bests at the
+/// same shapes), and a `triton_kernels_json` output of it.
+fn with_triton_kernels_method(results: &mut Results, path: &str) {
+    let extra: Vec<_> = results
+        .jobs
+        .iter()
+        .filter(|j| j.method == "triton")
+        .map(|j| {
+            let mut t = j.clone();
+            t.job_id = format!("k{}", j.job_id);
+            t.method = "triton_kernels".into();
+            t.kind = tunelab::manifest::MethodKind::Python;
+            t.kernel = "triton_kernels".into();
+            // One constraint config per triton config (a config recorded
+            // twice under two ids would supersede the first), of any values.
+            t.config = IndexMap::from([
+                ("w1_block_m".to_string(), j.config["BLOCK_SIZE_M"].clone()),
+                ("w1_block_k".to_string(), j.config["BLOCK_SIZE_K"].clone()),
+                ("w1_num_stages".to_string(), j.config["num_stages"].clone()),
+                ("w1_split_k".to_string(), Json::from(0)),
+                ("w2_block_m".to_string(), j.config["BLOCK_SIZE_N"].clone()),
+                ("w2_num_stages".to_string(), j.config["num_warps"].clone()),
+                (
+                    "w2_epilogue_subtile".to_string(),
+                    j.config["GROUP_SIZE_M"].clone(),
+                ),
+                ("w2_split_k".to_string(), Json::from(1)),
+            ]);
+            t
+        })
+        .collect();
+    let finals: Vec<_> = results
+        .finals
+        .iter()
+        .filter(|f| extra.iter().any(|t| t.job_id == format!("k{}", f.job_id)))
+        .map(|f| {
+            let mut f = f.clone();
+            f.job_id = format!("k{}", f.job_id);
+            f
+        })
+        .collect();
+    results.jobs.extend(extra);
+    results.finals.extend(finals);
+    let header = results.header.as_mut().unwrap();
+    header.methods.push(tunelab::store::MethodRecord {
+        name: "triton_kernels".into(),
+        kind: tunelab::manifest::MethodKind::Python,
+        kernel: "triton_kernels".into(),
+        description: Some(
+            "OpenAI's triton_kernels matmul_ogs MoE (triton_kernels 3.5.1 API)".into(),
+        ),
+        baseline: None,
+        search: None,
+    });
+    let mut spec = header.outputs[0].clone();
+    spec.format = serde_json::from_value(Json::from("triton_kernels_json")).unwrap();
+    spec.path = path.into();
+    spec.method = Some("triton_kernels".into());
+    header.outputs = vec![spec];
+}
+
+const TK_PATH: &str = "triton_kernels/E={{E}},N={{N}},device_name={{device.vllm_name}}.json";
+
+#[test]
+fn triton_kernels_constraints_are_written_per_shape_and_m() {
+    let mut results = load("moe.jsonl");
+    with_triton_kernels_method(&mut results, TK_PATH);
+    let out = render(&results);
+    let names: Vec<&str> = out.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "triton_kernels/E=32,N=1440,device_name=NVIDIA_H200.json",
+            "triton_kernels/E=32,N=2880,device_name=NVIDIA_H200.json",
+            "triton_kernels/E=128,N=1440,device_name=NVIDIA_H200.json",
+            "triton_kernels/E=128,N=2880,device_name=NVIDIA_H200.json",
+        ]
+    );
+    let text = &out["triton_kernels/E=32,N=2880,device_name=NVIDIA_H200.json"];
+    // The bytes the Python applier's test reads (tunelab.triton_kernels_constraints).
+    let committed = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/triton_kernels_constraints.json"),
+    )
+    .unwrap();
+    assert_eq!(text, &committed);
+    let doc: Json = serde_json::from_str(text).unwrap();
+    assert_eq!(doc["format"], "tunelab_triton_kernels_constraints");
+    assert_eq!(doc["version"], 1);
+    assert_eq!(doc["device_name"], "NVIDIA_H200");
+    assert!(doc["triton_kernels"]
+        .as_str()
+        .unwrap()
+        .contains("3.5.1 API"));
+    assert!(doc["shape"].get("M").is_none());
+    assert_eq!(doc["shape"]["E"], 32);
+    let bests = emit::best_per_shape(&results);
+    let entries = doc["M"].as_object().unwrap();
+    let ms: Vec<i64> = entries.keys().map(|k| k.parse().unwrap()).collect();
+    assert!(ms.windows(2).all(|w| w[0] < w[1]), "{ms:?}");
+    for (m, entry) in entries {
+        let m: i64 = m.parse().unwrap();
+        let fields = [("E", 32.into()), ("N", 2880.into()), ("M", m.into())];
+        let triton = best_of(&bests, "triton", &fields);
+        let tk = best_of(&bests, "triton_kernels", &fields);
+        let c = &triton.config;
+        // A 0 is no constraint: left out (w1_split_k).
+        assert_eq!(
+            entry["w1"],
+            serde_json::json!({"block_m": c["BLOCK_SIZE_M"], "block_k": c["BLOCK_SIZE_K"],
+                               "num_stages": c["num_stages"]})
+        );
+        assert_eq!(
+            entry["w2"],
+            serde_json::json!({"block_m": c["BLOCK_SIZE_N"], "num_stages": c["num_warps"],
+                               "epilogue_subtile": c["GROUP_SIZE_M"], "split_k": 1})
+        );
+        assert!((entry["us"].as_f64().unwrap() - tk.time_us).abs() < 1e-3);
+    }
+}
+
+#[test]
+fn a_triton_kernels_file_holds_one_shape_but_m() {
+    let mut results = load("moe.jsonl");
+    with_triton_kernels_method(&mut results, TK_PATH);
+    for j in results
+        .jobs
+        .iter_mut()
+        .filter(|j| j.method == "triton_kernels")
+    {
+        if j.shape["E"] == 32 && j.shape["N"] == 2880 && j.shape["M"] == 4 {
+            j.shape.insert("topk".into(), Json::from(8));
+        }
+    }
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(err.contains("differ in more than M"), "{err}");
+    assert!(
+        err.contains("put the fields that differ in the path"),
+        "{err}"
+    );
+}
+
+#[test]
+fn vllm_files_never_carry_a_key_vllm_rejects() {
+    // vLLM 0.33 passes every key of a config but BLOCK_SIZE_K to its kernel
+    // as a keyword (an unknown one raises, SWAP_AB twice raises) and
+    // overwrites SPLIT_K: tunelab's own keys must never reach its files.
+    let mut results = load("moe.jsonl");
+    for j in results.jobs.iter_mut().filter(|j| j.method == "triton") {
+        for key in [
+            "SWAP_AB",
+            "GEMV",
+            "DOT_SCALED",
+            "MX_PTX",
+            "SPLIT_K",
+            "maxnreg",
+        ] {
+            j.config.insert(key.to_string(), Json::from(1));
+        }
+    }
+    let out = render(&results);
+    let mut files = 0;
+    for (path, text) in out.iter().filter(|(p, _)| p.starts_with("vllm/")) {
+        let doc: Json = serde_json::from_str(text).unwrap();
+        for (m, config) in doc.as_object().unwrap() {
+            if m == "triton_version" {
+                continue;
+            }
+            let keys: Vec<&str> = config
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            assert_eq!(
+                keys,
+                [
+                    "BLOCK_SIZE_M",
+                    "BLOCK_SIZE_N",
+                    "BLOCK_SIZE_K",
+                    "GROUP_SIZE_M",
+                    "num_warps",
+                    "num_stages"
+                ],
+                "{path} M={m}"
+            );
+        }
+        files += 1;
+    }
+    assert_eq!(files, 4);
+}
+
+/// aiter's rules as its source has them (docs/consumer-formats.md): since its
+/// change #4394 the key's act_type never matches, so the first row of a shape
+/// wins whatever its activation; duplicate keys make it rewrite its tables
+/// and raise. tunelab's table has one row per key with act_type left out,
+/// and a run whose shapes would give two is refused.
+#[test]
+fn aiter_tables_have_one_row_per_shape_whatever_the_activation() {
+    let mut results = load("moe.jsonl");
+    on_mi300x(&mut results);
+    with_aiter_method(&mut results);
+    let out = render(&results);
+    let csv = &out["aiter/tuned_fmoe.csv"];
+    let mut keys = std::collections::HashSet::new();
+    for line in csv.lines().skip(1) {
+        let cells: Vec<&str> = line.split(',').take(13).collect();
+        let without_act: Vec<&str> = cells
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 6)
+            .map(|(_, c)| *c)
+            .collect();
+        assert!(keys.insert(without_act), "two rows of one shape: {line}");
+    }
+    assert_eq!(keys.len(), 24);
+
+    // The same shapes again with the other activation: aiter could not tell the rows apart.
+    let extra: Vec<_> = results
+        .jobs
+        .iter()
+        .filter(|j| j.method == "aiter" && j.shape["E"] == 32 && j.shape["N"] == 2880)
+        .map(|j| {
+            let mut t = j.clone();
+            t.job_id = format!("s{}", j.job_id);
+            t.shape
+                .insert("activation".into(), Json::from("swiglu_oai"));
+            t
+        })
+        .collect();
+    let finals: Vec<_> = results
+        .finals
+        .iter()
+        .filter(|f| extra.iter().any(|t| t.job_id == format!("s{}", f.job_id)))
+        .map(|f| {
+            let mut f = f.clone();
+            f.job_id = format!("s{}", f.job_id);
+            f
+        })
+        .collect();
+    assert!(!extra.is_empty());
+    results.jobs.extend(extra);
+    results.finals.extend(finals);
+    let err = emit::render_outputs(&results).unwrap_err().to_string();
+    assert!(err.contains("give aiter one lookup key"), "{err}");
+    assert!(err.contains("takes the first row of a shape"), "{err}");
 }

@@ -389,7 +389,8 @@ def test_registry_methods_and_defaults():
     cls = resolve("moe")
     assert cls is FusedMoE
     p = cls(shape())
-    assert set(p.methods()) == {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch", "vllm", "aiter"}
+    assert set(p.methods()) == {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch", "vllm", "aiter",
+                                "triton_kernels"}
     if os.environ.get("TRITON_INTERPRET") == "1":
         for name in ("fused_moe", "fused_moe_vllm", "fused_moe_persistent"):
             assert p.methods()[name].compile(p, CFG) is False
@@ -866,7 +867,7 @@ def test_vllm_adapter_maps_the_call(activation, enum_activation, monkeypatch, de
     import sys
     import types
 
-    from tunelab.problems import moe
+    from tunelab.problems import moe_libraries as moe
 
     class MoEActivation(enum.Enum):
         SILU = "silu"
@@ -910,3 +911,55 @@ def test_vllm_adapter_maps_the_call(activation, enum_activation, monkeypatch, de
     want = "swigluoai" if activation == "swiglu_oai" else "silu"
     assert seen["activation"] == (MoEActivation(want) if enum_activation else want)
     monkeypatch.setattr(moe, "_VLLM", None)  # forget the stand-in
+
+
+def test_vllm_method_tunes_vllms_kernel_through_its_override(monkeypatch, device):
+    """The vllm method sets its config with vLLM's own `override_config` around
+    each call (a stand-in vLLM records what its config lookup would see), the
+    keys it leaves out from vLLM 0.33's default; an empty config leaves vLLM
+    its own choice; a vLLM without the override refuses a config."""
+    import contextlib
+    import sys
+    import types
+
+    from tunelab.problems import moe_libraries
+    from tunelab.problems.moe import vllm_default_config
+
+    state = {"config": None}
+    seen = []
+
+    @contextlib.contextmanager
+    def override_config(config):
+        old, state["config"] = state["config"], config
+        yield
+        state["config"] = old
+
+    def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, activation="silu"):
+        seen.append(state["config"])
+        return torch.zeros(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+
+    fused = types.ModuleType("vllm.model_executor.layers.fused_moe")
+    fused.fused_experts = fused_experts
+    fused.override_config = override_config
+    for name in ("vllm", "vllm.model_executor", "vllm.model_executor.layers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.fused_moe", fused)
+    monkeypatch.setattr(moe_libraries, "_VLLM", None)
+
+    problem = FusedMoE(shape(activation="silu"))
+    inputs = problem.inputs(0, device)
+    entry = moe_libraries._vllm_entry()
+    config = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "num_stages": 2}
+    override = moe_libraries.vllm_override(problem, config)
+    assert override == dict(vllm_default_config(problem.M, problem.E), **config)
+    launch = moe_libraries._LibraryLaunch(problem, inputs, moe_libraries._vllm_call(problem, inputs, entry, override))
+    launch()
+    assert seen[-1] == override and state["config"] is None
+    assert moe_libraries.vllm_override(problem, {}) is None
+    moe_libraries._LibraryLaunch(problem, inputs, moe_libraries._vllm_call(problem, inputs, entry, None))()
+    assert seen[-1] is None
+    with pytest.raises(RuntimeError, match="no override_config"):
+        moe_libraries._vllm_call(problem, inputs, dict(entry, override=None), override)
+    assert moe_libraries.VllmMoE().config_types == {k: int for k in moe_libraries.CONFIG_KEYS}
+    monkeypatch.setattr(moe_libraries, "_VLLM", None)  # forget the stand-in
+

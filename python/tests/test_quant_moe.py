@@ -620,8 +620,9 @@ def test_flops_do_not_depend_on_the_format():
 
 
 def test_vllm_default_config_for_block_fp8():
-    assert vllm_default_config(4, 8, (128, 128)) == {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128,
-                                                     "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 3}
+    # vLLM 0.33's rule (test_vllm_mirror.py has the rest of it).
+    assert vllm_default_config(4, 8, (128, 128)) == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
+                                                     "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
     assert vllm_default_config(4, 8) == vllm_default_config(4, 8, None)
 
 

@@ -852,11 +852,18 @@ def test_moe_library_methods_are_reported_unavailable(shared_worker):
     shape = {"M": 2, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "fp16"}
     described = shared_worker.request("describe", problem="moe", shape=shape)
     assert described["ok"]
-    assert {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch", "vllm", "aiter"} == set(
+    assert {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch", "vllm", "aiter", "triton_kernels"} == set(
         described["methods"])
     assert not {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch"} & set(described["unavailable"])
     if importlib.util.find_spec("vllm") is None:
         assert "not installed" in described["unavailable"]["vllm"]
+    assert "MXFP4 weights with gpt-oss's swiglu_oai" in described["unavailable"]["triton_kernels"]
+    # A library method's own description (which library it found) is what the run header records.
+    probed = shared_worker.request("probe", problem="moe", shape=shape, methods=["triton_kernels", "fused_moe"])
+    assert probed["ok"]
+    description = probed["methods"]["triton_kernels"]["description"]
+    assert description.startswith("OpenAI's triton_kernels matmul_ogs MoE") and "(" in description
+    assert probed["methods"]["fused_moe"]["description"].startswith("Our Triton fused MoE")
     job = {"job_id": "moe-aiter", "problem": "moe", "shape": shape, "method": {"name": "aiter", "kernel": "aiter"},
            "config": {}}
     if "aiter" in described["unavailable"]:

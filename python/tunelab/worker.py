@@ -662,7 +662,7 @@ class Worker:
             methods[n] = {
                 "found": True,
                 "config_types": types,
-                "description": _first_line(type(available[n]).__doc__),
+                "description": _description(available[n]),
             }
         return {"methods": methods, "available": [str(n) for n in available]}
 
@@ -1264,6 +1264,20 @@ def _shape_of(op: str, request: dict):
         raise bad_request(f"{op} needs 'problem' (a string) and 'shape' (an object)")
     seed = _int_field(request, "seed", default=0)
     return name, shape, seed, (name, json.dumps(shape, sort_keys=True), seed)
+
+
+def _description(method):
+    """What a report calls the method: its `description` where it has one (a
+    library method says which version of the library runs), else its class's
+    docstring's first line. A description that fails to build is left out."""
+    try:
+        own = getattr(method, "description", None)
+    except Exception as exc:  # noqa: BLE001 - the run goes on without it
+        print(f"tunelab worker: a method's description failed: {summarize(exc)}", file=sys.stderr)
+        own = None
+    if isinstance(own, str) and own.strip():
+        return own.strip().splitlines()[0]
+    return _first_line(type(method).__doc__)
 
 
 def _first_line(doc):

@@ -96,7 +96,7 @@ use serde_json::Value as Json;
 
 use super::csv_out::{csv_error, finish};
 use super::num::{json_text, py_float};
-use super::select::{json_int, Selection, ShapeFields, ShapeOutcome, Timed};
+use super::select::{self, json_int, Selection, ShapeFields, ShapeOutcome, Timed};
 use super::{EmitError, Group};
 use crate::device::DeviceInfo;
 use crate::manifest::{MethodKind, OutputFormat};
@@ -407,6 +407,7 @@ pub fn render(group: &Group<'_, '_>) -> Result<Option<String>, EmitError> {
     if rows.is_empty() {
         return Ok(None);
     }
+    check_one_row_per_shape(group, &rows)?;
     let mut w = csv::WriterBuilder::new()
         .terminator(csv::Terminator::Any(b'\n'))
         .from_writer(Vec::new());
@@ -442,6 +443,39 @@ pub fn render(group: &Group<'_, '_>) -> Result<Option<String>, EmitError> {
         w.write_record(&record).map_err(|e| csv_error(group, e))?;
     }
     finish(group, w).map(Some)
+}
+
+/// Where `act_type` sits among the key cells.
+const ACT_TYPE_CELL: usize = 6;
+
+/// One row per lookup key, `act_type` left out. aiter (since its change
+/// #4394) never matches a row's `act_type` (the key holds a pybind enum, the
+/// table a string) and takes the first row of the shape whatever its
+/// activation; and on duplicate keys it rewrites the source tables, deleting
+/// the slower rows, and raises. Two rows that differ only in `act_type` (or
+/// not at all) would therefore be wrong, or fatal, in aiter: refused, naming
+/// the shapes.
+fn check_one_row_per_shape(group: &Group<'_, '_>, rows: &[&Row<'_>]) -> Result<(), EmitError> {
+    let mut seen: std::collections::HashMap<Vec<&str>, &Row<'_>> = std::collections::HashMap::new();
+    for row in rows {
+        let key: Vec<&str> = row
+            .cells
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != ACT_TYPE_CELL)
+            .map(|(_, c)| c.as_str())
+            .collect();
+        if let Some(first) = seen.insert(key, row) {
+            return Err(group.data_error(format!(
+                "shapes {} and {} give aiter one lookup key ({} and {} act_type): aiter matches no act_type and takes the first row of a shape, and on duplicate keys it rewrites its tables and raises; write them to separate files (put the field that differs in the path)",
+                select::shape_key(&first.best.job.shape),
+                select::shape_key(&row.best.job.shape),
+                first.cells[ACT_TYPE_CELL],
+                row.cells[ACT_TYPE_CELL]
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A fraction as aiter spells errors: Python's `f"{x:.1%}"`.

@@ -10,10 +10,11 @@
 //!
 //! Which jobs feed an output (`OutputSpec.method`):
 //! - `jobs_csv`, `jobs_json`, `best_csv`, `report`: the named method, or every method.
-//! - `vllm_moe_json`, `aiter_fmoe_csv`, `triton_mbucket` (tuned configs): the
-//!   named method (a best config without a field the format needs is an
-//!   error); without a method, every method whose kind is not `torch` and
-//!   whose configs carry the fields the format needs, and per shape the
+//! - `vllm_moe_json`, `aiter_fmoe_csv`, `triton_mbucket`, `triton_kernels_json`
+//!   (tuned configs): the named method (a best config without a field the
+//!   format needs is an error); without a method, every method whose kind is
+//!   not `torch` and whose configs carry the fields the format needs (for
+//!   `triton_kernels_json`, any `w1_`/`w2_` constraint), and per shape the
 //!   fastest of those methods' bests.
 //!
 //! The selection rule (time, eligibility, best, baseline, speedup) lives in
@@ -33,7 +34,7 @@
 //!
 //! Formats and their columns are described in each writer's module:
 //! [`csv_out`] (jobs_csv, jobs_json, best_csv), [`vllm`], [`aiter`],
-//! [`triton_mbucket`], [`report`], [`aot`] (whose files the run writes:
+//! [`triton_mbucket`], [`triton_kernels`], [`report`], [`aot`] (whose files the run writes:
 //! they need the manifest and the compiled images, not only the journal).
 
 pub mod aiter;
@@ -46,6 +47,7 @@ pub mod report;
 pub mod select;
 pub mod shipped;
 pub mod svg;
+pub mod triton_kernels;
 pub mod triton_mbucket;
 pub mod vllm;
 
@@ -157,6 +159,7 @@ pub fn render_output(
             OutputFormat::BestCsv => Some(csv_out::best_csv(&group)?),
             OutputFormat::VllmMoeJson => vllm::render(&group)?,
             OutputFormat::AiterFmoeCsv => aiter::render(&group)?,
+            OutputFormat::TritonKernelsJson => triton_kernels::render(&group)?,
             OutputFormat::TritonMbucket => triton_mbucket::render(&group)?,
             // The report, its details file and its charts: several files.
             OutputFormat::Report => {
@@ -206,6 +209,10 @@ fn feeds(spec: &OutputSpec, job: &JobRecord) -> bool {
         }
         OutputFormat::VllmMoeJson => &vllm::REQUIRED,
         OutputFormat::AiterFmoeCsv => &aiter::REQUIRED,
+        OutputFormat::TritonKernelsJson => {
+            return job.kind != MethodKind::Torch
+                && triton_kernels::is_constraint_config(&job.config)
+        }
         OutputFormat::TritonMbucket => &[],
     };
     job.kind != MethodKind::Torch && needs.iter().all(|f| job.config.contains_key(*f))

@@ -514,6 +514,8 @@ pub enum OutputFormat {
     VllmMoeJson,
     /// aiter tuned_fmoe.csv rows.
     AiterFmoeCsv,
+    /// triton_kernels' best opt_flags constraints per M, one file per shape but M.
+    TritonKernelsJson,
     /// Markdown report.
     Report,
     /// Each winner's compiled kernels (ttir, ttgir, llir, ptx, cubin and
@@ -537,6 +539,7 @@ impl OutputFormat {
             OutputFormat::TritonMbucket => "triton_mbucket",
             OutputFormat::VllmMoeJson => "vllm_moe_json",
             OutputFormat::AiterFmoeCsv => "aiter_fmoe_csv",
+            OutputFormat::TritonKernelsJson => "triton_kernels_json",
             OutputFormat::Report => "report",
             OutputFormat::Ir => "ir",
             OutputFormat::Aot => "aot",
@@ -557,7 +560,11 @@ pub struct Output {
 }
 
 /// Builtin baseline rules, written as expressions so they are shown and
-/// evaluated like any other. vLLM's default fused-MoE config for bf16/fp16.
+/// evaluated like any other. `vllm_moe_default`: vLLM 0.33's default
+/// fused-MoE config (`get_default_config`) for bf16/fp16 and per-tensor fp8
+/// weights (fp8 takes BLOCK_SIZE_K 128 at every M); block-quantised fp8 has
+/// a rule of its own there, which the moe problem's `vllm_default_config`
+/// (Python) applies.
 pub fn builtin_baseline(name: &str) -> Option<Vec<(&'static str, &'static str)>> {
     match name {
         "vllm_moe_default" => Some(vec![
@@ -566,7 +573,10 @@ pub fn builtin_baseline(name: &str) -> Option<Vec<(&'static str, &'static str)>>
                 "16 if M <= 32 else (32 if M <= 96 else (64 if M <= 512 else 128))",
             ),
             ("BLOCK_SIZE_N", "64 if M <= 64 else 128"),
-            ("BLOCK_SIZE_K", "128 if M <= 64 else 64"),
+            (
+                "BLOCK_SIZE_K",
+                "128 if M <= 64 or (dtype is defined and dtype == 'fp8') else 64",
+            ),
             ("GROUP_SIZE_M", "16 if M // E > 128 else 1"),
             ("num_warps", "4 if M <= 128 else 8"),
             ("num_stages", "4 if M <= 32 else 3"),

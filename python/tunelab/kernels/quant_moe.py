@@ -673,8 +673,9 @@ def _q_acc(
             a_ptrs += BLOCK_SIZE_K
             b_ptrs += BLOCK_SIZE_K
         if WFMT == 1:
+            # vLLM's order (accumulator * a_scale * b_scale): the same bits as its kernel.
             a_s = tl.load(a_scale_ptr + a_rows, mask=a_mask, other=0.0)
-            acc = acc * (a_s[:, None] * tl.load(w_scale_ptr))
+            acc = acc * a_s[:, None] * tl.load(w_scale_ptr)
     return acc
 
 
@@ -759,7 +760,7 @@ def _q_acc_swapped(
             w_ptrs += BLOCK_SIZE_K
         if WFMT == 1:
             a_s = tl.load(a_scale_ptr + a_rows, mask=a_mask, other=0.0)
-            acc = acc * (a_s[None, :] * tl.load(w_scale_ptr))
+            acc = acc * a_s[None, :] * tl.load(w_scale_ptr)
     return acc
 
 
@@ -1039,15 +1040,47 @@ def weight_format_code(problem) -> int:
     raise ValueError(f"the quantised MoE kernels take fp8 or mxfp4 weights, not {problem.weight_format!r}")
 
 
+def vllm_swap_ab(wfmt: int, block_m: int, block_n: int, capability) -> bool:
+    """vLLM 0.33's rule (`enable_swap_ab` in fused_moe/utils.py, applied to fp8
+    w8a8 in invoke_fused_moe_triton_kernel): the weights are the MMA's left
+    operand on a GPU of compute capability exactly 9.0 when BLOCK_SIZE_M < 64
+    and BLOCK_SIZE_N >= 64. `capability` is (major, minor), None off a GPU."""
+    is_fp8 = wfmt in (WFMT_FP8_TENSOR, WFMT_FP8_BLOCK)
+    return bool(is_fp8 and capability is not None and tuple(capability) == (9, 0)
+                and block_m < 64 and block_n >= 64)
+
+
+def current_capability():
+    """(major, minor) of the NVIDIA GPU the kernels are compiled for, or None
+    (the interpreter, AMD). Asks Triton's active driver, as pdl_supported
+    does, so a compile worker answers for the lane's GPU without touching one."""
+    if interpreting():
+        return None
+    import triton.runtime
+
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend != "cuda":
+        return None
+    arch = int(target.arch)
+    return arch // 10, arch % 10
+
+
 def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self_align_max: int | None = None,
-                    pdl: bool | None = None) -> QuantMoEPlan:
+                    pdl: bool | None = None, capability=None) -> QuantMoEPlan:
     """The launch plan of a quantised problem (FusedMoE with dtype fp8 or mxfp4).
 
     `vllm_structure`: vLLM's call (alignment kernel at every size, GEMM 1
     writing gate and up, the activation kernel, plain launches), as the
     `fused_moe_vllm` method runs; else tunelab's (`fused_moe`). The keyword
-    knobs are for tests and benchmarks, as in fused_moe.make_plan."""
+    knobs are for tests and benchmarks, as in fused_moe.make_plan;
+    `capability` is the GPU's (major, minor) for vLLM's SWAP_AB rule (by
+    default the current GPU's)."""
     wfmt = weight_format_code(problem)
+    if vllm_structure and capability is None:
+        capability = current_capability()
+    if vllm_structure and wfmt == WFMT_FP8_BLOCK:
+        # vLLM takes BLOCK_SIZE_K = min(BLOCK_SIZE_K, block_n, block_k) for block-scale weights.
+        config = dict(config, BLOCK_SIZE_K=min(int(config["BLOCK_SIZE_K"]), *problem.block_shape))
     bm, bn, bk = (int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
     gemv = int(config.get("GEMV", 0))
     if gemv not in (0, 1, 2):
@@ -1085,9 +1118,11 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     swap_ab = int(config.get("SWAP_AB", 0))
     if swap_ab not in (0, 1):
         raise ValueError(f"SWAP_AB must be 0 or 1, got {swap_ab}")
-    if swap_ab and vllm_structure:
-        raise ValueError("SWAP_AB=1 is tunelab's own tile order; vLLM's call structure (fused_moe_vllm) runs "
-                         "vLLM's, which has no such key")
+    if vllm_structure:
+        if "SWAP_AB" in config:
+            raise ValueError("vLLM's call structure (fused_moe_vllm) decides SWAP_AB itself, as vLLM does (a config "
+                             "file's SWAP_AB makes vLLM raise): leave it out of the config")
+        swap_ab = int(vllm_swap_ab(wfmt, bm, bn, capability))
     split_k = int(config.get("SPLIT_K", 1))
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"SPLIT_K must be between 1 and {MAX_SPLIT_K}, got {split_k}")

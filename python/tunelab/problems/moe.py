@@ -74,7 +74,8 @@ B1_STD = 0.25
 B2_STD = 0.1
 
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
-# Quantised weights only (tunelab.kernels.quant_moe), tunelab's call only:
+# Quantised weights only (tunelab.kernels.quant_moe), config keys of tunelab's call only (vLLM's call,
+# fused_moe_vllm, refuses them: vLLM 0.33 sets SWAP_AB itself by its own rule and SPLIT_K to 1):
 # DOT_SCALED (MXFP4): 1 runs tl.dot_scaled (Triton's upcast), 0 tunelab's own dequantisation;
 # SWAP_AB (fp8 and MXFP4): 1 makes the weights the MMA's left operand (tokens its short side).
 # MX_PTX (MXFP4, DOT_SCALED=0, bf16 activations): 1 dequantises with inline PTX, two values an instruction.
@@ -129,17 +130,19 @@ class _WeightCache:
 _WEIGHTS = _WeightCache()
 
 
-def vllm_default_config(M: int, E: int, block_shape=None) -> dict:
-    """vLLM's fused-MoE config when no tuned file exists: for bf16/fp16 and
-    per-tensor fp8 the M rule below; for block-quantised fp8 one config whose
-    tiles are the weights' blocks (docs/quantisation.md)."""
+def vllm_default_config(M: int, E: int, block_shape=None, fp8: bool = False) -> dict:
+    """vLLM 0.33's fused-MoE config when no tuned file exists
+    (`get_default_config`): for bf16/fp16 and per-tensor fp8 the M rule below
+    (fp8 takes BLOCK_SIZE_K 128 at every M); for block-quantised fp8 one whose
+    K step and, past M=8, N tile are the weights' block (docs/quantisation.md)."""
     if block_shape:
-        return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": block_shape[0], "BLOCK_SIZE_K": block_shape[1],
-                "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 3}
+        bn, bk = block_shape
+        return {"BLOCK_SIZE_M": 16 if M <= 64 else 64, "BLOCK_SIZE_N": 64 if M <= 8 else bn, "BLOCK_SIZE_K": bk,
+                "GROUP_SIZE_M": 1 if M <= 16 else 32, "num_warps": 4, "num_stages": 4 if M <= 4 else 3}
     return {
         "BLOCK_SIZE_M": 16 if M <= 32 else 32 if M <= 96 else 64 if M <= 512 else 128,
         "BLOCK_SIZE_N": 64 if M <= 64 else 128,
-        "BLOCK_SIZE_K": 128 if M <= 64 else 64,
+        "BLOCK_SIZE_K": 128 if fp8 or M <= 64 else 64,
         "GROUP_SIZE_M": 16 if M // E > 128 else 1,
         "num_warps": 4 if M <= 128 else 8,
         "num_stages": 4 if M <= 32 else 3,
@@ -492,6 +495,9 @@ class FusedMoE:
         return out.to(self.dtype)
 
     def methods(self) -> dict[str, Method[FusedMoE]]:
+        from tunelab.problems.moe_libraries import AiterMoE, VllmMoE
+        from tunelab.problems.moe_triton_kernels import TritonKernelsMoE
+
         return {
             "fused_moe": TritonFusedMoE(),
             "fused_moe_vllm": TritonFusedMoEVllm(),
@@ -499,6 +505,7 @@ class FusedMoE:
             "torch": TorchMoE(),
             "vllm": VllmMoE(),
             "aiter": AiterMoE(),
+            "triton_kernels": TritonKernelsMoE(),
         }
 
 
@@ -540,17 +547,23 @@ class TritonFusedMoE:
 
 
 class TritonFusedMoEVllm:
-    """The call exactly as vLLM's `fused_experts` makes it (what its tuned
-    JSON configs are used by): the alignment kernel at every size, GEMM 1
-    writing gate and up ([M*topk, 2N], biases added, no activation), the
-    activation kernel (silu_and_mul or swigluoai_and_mul), GEMM 2 times the
-    routing weights, the top-k sum; five plain launches, no dependent launches
-    and no self-alignment. Same kernels and compile contract as `fused_moe`
-    (tunelab.kernels.fused_moe.vllm_plan), and its config keys less
-    tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX, GEMV, SPLIT_K: vLLM's kernel has no
-    such choices). fp8 weights add vLLM's
-    activation quantisation before each GEMM (tunelab.kernels.quant_moe);
-    MXFP4 weights are not run this way (see `unavailable`)."""
+    """The call exactly as vLLM 0.33's `fused_experts` makes it (what its tuned JSON configs are used by).
+
+    The alignment kernel at every size, GEMM 1 writing gate and up
+    ([M*topk, 2N], biases added, no activation), the activation kernel
+    (silu_and_mul or swigluoai_and_mul), GEMM 2 times the routing weights,
+    the top-k sum; five plain launches, no dependent launches and no
+    self-alignment. Same kernels and compile contract as `fused_moe`
+    (tunelab.kernels.fused_moe.vllm_plan); the config keys are vLLM's file
+    keys: tunelab's own (DOT_SCALED, SWAP_AB, MX_PTX, GEMV, SPLIT_K) are
+    refused, because vLLM decides them itself: SPLIT_K is always 1, and for
+    fp8 w8a8 SWAP_AB is on exactly where vLLM turns it on (a GPU of compute
+    capability 9.0, BLOCK_SIZE_M < 64 and BLOCK_SIZE_N >= 64;
+    quant_moe.vllm_swap_ab). Tensor descriptors are off, vLLM's default on
+    CUDA. fp8 weights add vLLM's activation quantisation before each GEMM
+    (tunelab.kernels.quant_moe); MXFP4 weights are not run this way (see
+    `unavailable`). python/tests/test_vllm_mirror.py holds the GEMMs to vLLM
+    0.33.0's own kernel source bit for bit."""
 
     name = "fused_moe_vllm"
     kind = "triton"
@@ -570,7 +583,7 @@ class TritonFusedMoEVllm:
         if problem.quantised:
             from tunelab.kernels.quant_moe import QuantMoELaunch, make_quant_plan
 
-            return QuantMoELaunch(make_quant_plan(problem, _full_config(problem, config), vllm_structure=True),
+            return QuantMoELaunch(make_quant_plan(problem, _vllm_config(problem, config), vllm_structure=True),
                                   inputs)
         from tunelab.kernels.fused_moe import FusedMoELaunch, vllm_plan
 
@@ -583,7 +596,7 @@ class TritonFusedMoEVllm:
         if problem.quantised:
             from tunelab.kernels.quant_moe import compile_quant_plan, make_quant_plan
 
-            compile_quant_plan(make_quant_plan(problem, _full_config(problem, config), vllm_structure=True))
+            compile_quant_plan(make_quant_plan(problem, _vllm_config(problem, config), vllm_structure=True))
             return True
         from tunelab.kernels.fused_moe import compile_plan, vllm_plan
 
@@ -659,7 +672,7 @@ class TritonPersistentMoE:
 
 
 def _full_config(problem: FusedMoE, config: dict) -> dict:
-    full = vllm_default_config(problem.M, problem.E, problem.block_shape)
+    full = vllm_default_config(problem.M, problem.E, problem.block_shape, fp8=problem.weight_format == "fp8")
     full.update({k: config[k] for k in CONFIG_KEYS if k in config})
     for key in ("DOT_SCALED", "MX_PTX", "GEMV"):
         if problem.weight_format == "mxfp4":
@@ -671,6 +684,13 @@ def _full_config(problem: FusedMoE, config: dict) -> dict:
             full[key] = int(config.get(key, default))
         elif int(config.get(key, default)) != default:
             raise ValueError(f"{key} applies to quantised weights (fp8, mxfp4) only, not {problem.dtype_name}")
+    return full
+
+
+def _vllm_config(problem: FusedMoE, config: dict) -> dict:
+    """The config of vLLM's call: vLLM decides SWAP_AB itself (quant_moe.vllm_swap_ab)."""
+    full = _full_config(problem, config)
+    full.pop("SWAP_AB", None)
     return full
 
 
@@ -851,153 +871,10 @@ class TorchMoELaunch:
         self.out.copy_(torch.einsum("me,emk->mk", combine, y.float()))
 
 
-# ---------------------------------------------------------------------------
-# Methods that call the user's installed libraries.
-
-
-def _installed(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-class VllmMoE:
-    """vLLM's own `fused_experts` (vllm.model_executor.layers.fused_moe), with
-    vLLM's own config choice (its tuned JSON files or its default): no config
-    keys. Biases go in through `biased_moe_quant_config` (or the older
-    `w1_bias`/`w2_bias` arguments); gpt-oss's activation is "swigluoai".
-    Usable only where vLLM imports and a GPU runs it."""
-
-    name = "vllm"
-    kind = "library"
-    config_keys = ()
-    config_types: dict = {}
-
-    def unavailable(self, problem: FusedMoE):
-        if not _installed("vllm"):
-            return "vLLM is not installed in the worker's Python environment"
-        if interpreting():
-            return "vLLM's fused_experts needs a GPU (this worker runs Triton's interpreter)"
-        if problem.quantised:
-            return f"tunelab passes only unquantised weights to vLLM's fused_experts, not {problem.weight_format}"
-        entry = _vllm_entry()
-        if isinstance(entry, str):
-            return entry
-        if problem.bias and entry["bias"] is None:
-            return "this vLLM's fused_experts takes no expert biases (no biased_moe_quant_config, no w1_bias)"
-        return None
-
-    def bind(self, problem: FusedMoE, inputs: dict, config: dict):
-        reason = self.unavailable(problem)
-        if reason:
-            raise RuntimeError(f"method vllm cannot run here: {reason}")
-        return _LibraryLaunch(problem, inputs, _vllm_call(problem, inputs, _vllm_entry()))
-
-
-_VLLM = None
-
-
-def _vllm_entry():
-    """{"fn", "bias", "activation"} for the installed vLLM, or a one-line reason it cannot be used."""
-    global _VLLM
-    if _VLLM is None:
-        import inspect
-
-        try:
-            from vllm.model_executor.layers.fused_moe import fused_experts
-        except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"
-            _VLLM = f"vLLM is installed but fused_experts does not import ({type(exc).__name__}: {exc})"
-            return _VLLM
-        params = inspect.signature(fused_experts).parameters
-        bias = None
-        if "quant_config" in params:
-            try:
-                from vllm.model_executor.layers.fused_moe.config import biased_moe_quant_config
-
-                bias = "quant_config"
-            except ImportError:
-                pass
-        if bias is None and "w1_bias" in params:
-            bias = "w1_bias"
-        act = params.get("activation")
-        _VLLM = {"fn": fused_experts, "bias": bias, "activation": None if act is None else act.default}
-    return _VLLM
-
-
-def _vllm_call(problem: FusedMoE, inputs: dict, entry: dict):
-    import enum
-
-    name = "swigluoai" if problem.activation == "swiglu_oai" else "silu"
-    default = entry["activation"]
-    # Newer vLLM takes an Enum whose values are these names; older ones take the string.
-    activation = type(default)(name) if isinstance(default, enum.Enum) else name
-    kwargs = {"activation": activation}
-    if problem.bias:
-        if entry["bias"] == "quant_config":
-            from vllm.model_executor.layers.fused_moe.config import biased_moe_quant_config
-
-            kwargs["quant_config"] = biased_moe_quant_config(inputs["b1"], inputs["b2"])
-        else:
-            kwargs.update(w1_bias=inputs["b1"], w2_bias=inputs["b2"])
-    fn, args = entry["fn"], (inputs["x"], inputs["w1"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"])
-    return lambda: fn(*args, **kwargs)
-
-
-class AiterMoE:
-    """AMD aiter's `fused_moe` (aiter.fused_moe), SiLU-and-mul without biases
-    in fp16/bf16, aiter's own kernel choice: no config keys. aiter runs on
-    ROCm only. gpt-oss's clamped, interleaved SwiGLU with biases is not mapped
-    onto aiter's activation types (tunelab cannot check such a mapping
-    anywhere it runs), so those shapes report themselves unavailable."""
-
-    name = "aiter"
-    kind = "library"
-    config_keys = ()
-    config_types: dict = {}
-
-    def unavailable(self, problem: FusedMoE):
-        if not _installed("aiter"):
-            return "aiter is not installed in the worker's Python environment"
-        if interpreting() or not getattr(torch.version, "hip", None):
-            return "aiter runs on AMD GPUs only (this worker has no ROCm GPU)"
-        if problem.activation != "silu" or problem.bias:
-            return "tunelab maps only SiLU-and-mul without biases onto aiter's fused_moe"
-        if problem.dtype_name not in ("fp16", "bf16"):
-            return f"aiter's fused_moe takes fp16 or bf16, not {problem.dtype_name}"
-        try:
-            from aiter.fused_moe import fused_moe  # noqa: F401
-        except Exception as exc:  # noqa: BLE001
-            return f"aiter is installed but fused_moe does not import ({type(exc).__name__}: {exc})"
-        return None
-
-    def bind(self, problem: FusedMoE, inputs: dict, config: dict):
-        reason = self.unavailable(problem)
-        if reason:
-            raise RuntimeError(f"method aiter cannot run here: {reason}")
-        from aiter import ActivationType, QuantType
-        from aiter.fused_moe import fused_moe
-
-        args = (inputs["x"], inputs["w1"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"])
-        call = lambda: fused_moe(*args, activation=ActivationType.Silu, quant_type=QuantType.No)  # noqa: E731
-        return _LibraryLaunch(problem, inputs, call)
-
-
-class _LibraryLaunch:
-    """A library call that returns its output: copied into the preallocated `out`."""
-
-    def __init__(self, problem: FusedMoE, inputs: dict, call):
-        self.out = torch.empty(problem.M, problem.K, dtype=problem.dtype, device=inputs["x"].device)
-        self._call = call
-
-    def __call__(self):
-        self.out.copy_(self._call())
-        return self.out
-
-
 if TYPE_CHECKING:
+    from tunelab.problems.moe_libraries import AiterMoE, VllmMoE
+    from tunelab.problems.moe_triton_kernels import TritonKernelsMoE
+
     # The contract of tunelab.protocols, checked by mypy (`just typecheck`).
     _problem: ProblemClass = FusedMoE
     _bytes_for: type[ProblemWithBytesFor] = FusedMoE
@@ -1007,4 +884,7 @@ if TYPE_CHECKING:
     _persistent: TypedMethod[FusedMoE] = TritonPersistentMoE()
     _torch: TypedMethod[FusedMoE] = TorchMoE()
     _vllm: AvailabilityMethod[FusedMoE] = VllmMoE()
+    _vllm_typed: TypedMethod[FusedMoE] = VllmMoE()
     _aiter: AvailabilityMethod[FusedMoE] = AiterMoE()
+    _triton_kernels: AvailabilityMethod[FusedMoE] = TritonKernelsMoE()
+    _triton_kernels_typed: TypedMethod[FusedMoE] = TritonKernelsMoE()

@@ -278,6 +278,7 @@ impl<'g, 's, 'a> Analysis<'g, 's, 'a> {
                     o.format,
                     OutputFormat::VllmMoeJson
                         | OutputFormat::AiterFmoeCsv
+                        | OutputFormat::TritonKernelsJson
                         | OutputFormat::TritonMbucket
                 )
             })

@@ -8,9 +8,11 @@ use crate::manifest::BUILTIN_BASELINES;
 use crate::store::{FailureClass, MethodRecord};
 
 /// What `vllm_moe_default` is, checked against vLLM's source: the bf16/fp16
-/// branch of `get_default_config` in the v0.17.0 release (the first with
-/// this rule; v0.16.0 chose between two fixed configs by `M <= E`).
-pub(super) const VLLM_MOE_DEFAULT: &str = "the config vLLM picks for a bf16/fp16 fused MoE on CUDA when it finds no tuned file for the shape (`get_default_config` in vllm/model_executor/layers/fused_moe/fused_moe.py), as of vLLM v0.17.0; releases up to v0.16 used a coarser rule";
+/// branch of `get_default_config` from the v0.17.0 release (the first with
+/// this rule; v0.16.0 chose between two fixed configs by `M <= E`) to
+/// v0.33.0; v0.33.0's per-tensor fp8 branch differs in BLOCK_SIZE_K only
+/// (docs/peers.md), which the rule follows from 2026-12-02.
+pub(super) const VLLM_MOE_DEFAULT: &str = "the config vLLM picks for a bf16/fp16 fused MoE on CUDA when it finds no tuned file for the shape (`get_default_config` in vllm/model_executor/layers/fused_moe/fused_moe.py), the same from vLLM v0.17.0 to v0.33.0 (releases up to v0.16 used a coarser rule); for per-tensor fp8 weights vLLM 0.33.0 takes BLOCK_SIZE_K 128 at every M, which the rule does from 2026-12-02 (each run's baseline configs are in its jobs)";
 
 #[derive(Serialize)]
 pub(super) struct Timed {
@@ -144,6 +146,7 @@ pub(super) fn timed(a: &Analysis<'_, '_, '_>) -> Timed {
                 o.format,
                 OutputFormat::VllmMoeJson
                     | OutputFormat::AiterFmoeCsv
+                    | OutputFormat::TritonKernelsJson
                     | OutputFormat::TritonMbucket
             )
         })
