@@ -2,8 +2,10 @@
 //! statistics of its samples and the rule that says when it has enough.
 //! One implementation for every backend: the Python worker only returns
 //! samples, and the native worker, which goes on sampling within a call,
-//! runs this same rule (`StopRule`, `Sampling::decide_by`).
+//! runs this same rule (`StopRule`, `Sampling::decide_by`). Verdicts with a
+//! noise model (paired rounds, equivalence margins) are in `paired`.
 
+pub mod paired;
 mod protocol;
 mod stats;
 

@@ -352,6 +352,10 @@ pub enum Verdict {
     Same,
     /// Slower, beyond the noise of both timings.
     Slow,
+    /// The interval straddles an edge of the equivalence margin: neither
+    /// the same nor a change can be told (`measure::paired`; never from
+    /// interval overlap).
+    Ambiguous,
 }
 
 impl Verdict {
@@ -360,6 +364,7 @@ impl Verdict {
             Verdict::Fast => "FAST",
             Verdict::Same => "SAME",
             Verdict::Slow => "SLOW",
+            Verdict::Ambiguous => "AMBIGUOUS",
         }
     }
 }
