@@ -11,6 +11,6 @@ mod stats;
 
 pub use protocol::{L2Flush, Protocol, Timing};
 pub use stats::{
-    geomean, median_ci, quantile, sorted, summarize, tied, verdict, Decision, Flag, Sampling,
-    Stats, StopRule, Timer, Verdict,
+    geomean, indistinguishable, median_ci, quantile, sorted, summarize, tied, verdict, Decision,
+    Flag, Sampling, Stats, StopRule, Timer, Verdict,
 };
