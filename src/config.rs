@@ -24,6 +24,10 @@ pub struct Settings {
     pub compile_priority: CompilePriority,
     /// Force interpreter mode even when a GPU is present.
     pub interpret: bool,
+    /// How far apart separate runs of one config come out, as a fraction:
+    /// `tunelab compare`'s verdicts of two runs are against at least this
+    /// margin (docs/ab.md, "Separate runs").
+    pub run_spread: f64,
 }
 
 impl Default for Settings {
@@ -35,6 +39,7 @@ impl Default for Settings {
             compile_workers: 0,
             compile_priority: CompilePriority::Idle,
             interpret: false,
+            run_spread: crate::measure::paired::DEFAULT_RUN_SPREAD,
         }
     }
 }

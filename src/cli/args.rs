@@ -128,10 +128,11 @@ pub enum Command {
         #[arg(long, value_name = "TARGET")]
         ir_target: Option<String>,
     },
-    /// Compare NEW against BASE per shape: FAST / SAME / SLOW by confidence
-    /// intervals, the geometric-mean speedup, the worst shapes, as markdown.
+    /// Compare NEW against BASE per shape: FAST / SAME / SLOW / AMBIGUOUS
+    /// against the run-to-run spread, the geometric-mean speedup, the worst
+    /// shapes, the machines' differences, as markdown.
     #[command(
-        after_help = "BASE and NEW are results directories or journals; BASE may also be a consumer's\nshipped file (a vLLM fused-MoE JSON) whose configs NEW's run timed (run --compare-to).\n\nExamples:\n  tunelab compare results-main/gptoss/NVIDIA_H100_80GB_HBM3 results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare experiments/shipped/vllm/E=128,N=2880,device_name=NVIDIA_H100_80GB_HBM3.json results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare OLD NEW --fail-on-slower 2%   # exit 5 when a shape is over 2 % slower"
+        after_help = "BASE and NEW are results directories or journals of two separate runs: verdicts are\nagainst a margin of the run-to-run spread (setting run_spread, default 5 %, docs/ab.md);\nto time both in one run, use `tunelab ab`. BASE may also be a consumer's shipped file\n(a vLLM fused-MoE JSON) whose configs NEW's run timed (run --compare-to).\n\nExamples:\n  tunelab compare results-main/gptoss/NVIDIA_H100_80GB_HBM3 results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare experiments/shipped/vllm/E=128,N=2880,device_name=NVIDIA_H100_80GB_HBM3.json results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare OLD NEW --fail-on-slower 2%   # exit 5 when a pair is SLOW by over 2 %"
     )]
     Compare {
         /// The base: a results directory, a journal, or a shipped tuned file.
@@ -141,6 +142,10 @@ pub enum Command {
         /// Exit 5 when a shape is SLOW by more than this: `2%` or `0.02`.
         #[arg(long, value_name = "PERCENT")]
         fail_on_slower: Option<String>,
+        /// How far apart separate runs of one config come out: `5%` or
+        /// `0.05` [settings: run_spread, env: TUNELAB_RUN_SPREAD].
+        #[arg(long, value_name = "PERCENT")]
+        run_spread: Option<String>,
         /// Write the markdown here as well as to standard output.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,

@@ -126,8 +126,21 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             base,
             new,
             fail_on_slower,
+            run_spread,
             out,
-        } => compare::compare(&base, &new, fail_on_slower.as_deref(), out.as_deref()),
+        } => {
+            let mut settings = settings;
+            if let Some(spread) = run_spread {
+                settings.run_spread = compare::percentage("--run-spread", &spread)?;
+            }
+            compare::compare(
+                &base,
+                &new,
+                fail_on_slower.as_deref(),
+                out.as_deref(),
+                &settings,
+            )
+        }
         Command::Pack { results } => results::pack(&results),
         Command::Merge { into, files, force } => merge::merge(&into, &files, force),
         Command::IrPass {

@@ -41,6 +41,7 @@ pub mod aot;
 pub mod compare;
 pub mod csv_out;
 pub mod ir_index;
+pub mod machine;
 pub mod num;
 pub mod report;
 pub mod select;

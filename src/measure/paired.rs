@@ -17,6 +17,19 @@ use super::Verdict;
 /// Confidence of every interval here.
 pub const CONFIDENCE: f64 = 0.95;
 
+/// The smallest change a verdict calls FAST or SLOW, unless a noise
+/// measurement (an A/A round, the run-to-run spread) says more: 1 %.
+pub const DEFAULT_THRESHOLD: f64 = 0.01;
+
+/// How far apart separate runs of one config come out, as a fraction: the
+/// default of the `run_spread` setting (`tunelab compare`). Measured on an
+/// H200, the committed gpt-oss run of 2026-11-23 against a whole run of
+/// 2026-11-25 on another instance: over the 385 (shape, method) pairs that
+/// picked the same config in both and were timed at full clock, the
+/// medians differed by 1.35 % (median), 2.9 % (p95), 4.9 % at most
+/// (docs/ab.md, "Separate runs").
+pub const DEFAULT_RUN_SPREAD: f64 = 0.05;
+
 /// A ratio (B over A, new over base) and its 95 % interval: 1.03 is 3 %
 /// slower.
 #[derive(Debug, Clone, Copy, PartialEq)]
