@@ -8,11 +8,13 @@
 //! - `inspect.rs`: `validate`, `plan`;
 //! - `results.rs`: `report`, `pack`;
 //! - `compare.rs`: `compare`;
+//! - `ab.rs`: `ab`, an A/B of two sides in one run (docs/ab.md);
 //! - `environment.rs`: `devices`, `doctor`, `config`, `schema`, and where the
 //!   worker's Python package is;
 //! - `workbench.rs`: `ir-pass`, `profile` (their Python halves in
 //!   `tunelab.workbench`).
 
+mod ab;
 pub mod args;
 mod compare;
 mod environment;
@@ -120,6 +122,47 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 ir_target: ir_target.as_deref(),
             };
             run::run_traced(&request, trace.as_deref())
+        }
+        Command::Ab {
+            manifest,
+            manifest_args,
+            a,
+            b,
+            a_code,
+            b_code,
+            aa_rounds,
+            rounds,
+            threshold,
+            fail_on_slower,
+            plant_slowdown,
+            interpret,
+            gpus,
+            lanes,
+            compile_workers,
+            quiet,
+        } => {
+            let mut settings = settings;
+            settings.interpret |= interpret;
+            if let Some(n) = compile_workers {
+                settings.compile_workers = n;
+            }
+            ab::ab(&ab::Request {
+                manifest: &manifest,
+                args: &manifest_args,
+                settings: &settings,
+                a: a.as_deref(),
+                b: b.as_deref(),
+                a_code: &a_code,
+                b_code: &b_code,
+                aa_rounds,
+                rounds,
+                threshold: threshold.as_deref(),
+                fail_on_slower: fail_on_slower.as_deref(),
+                plant: plant_slowdown.as_deref(),
+                gpus: gpus.as_deref(),
+                lanes: lanes.map(|n| n as usize),
+                progress: !quiet,
+            })
         }
         Command::Report { results } => results::report(&results),
         Command::Compare {

@@ -16,6 +16,7 @@
 //! 5. [`drain`]: planner, lanes and the journal's single writer until done;
 //! 6. the outputs, regenerated from the journal.
 
+pub mod ab;
 pub mod compile;
 pub mod deal;
 pub mod lane;
@@ -67,6 +68,8 @@ pub enum Event {
     Job(Box<JobRecord>),
     Final(FinalRecord),
     Retired(LaneRetired),
+    /// A pair an A/B run timed (`RunMode::Ab`).
+    AbPair(Box<crate::store::AbPair>),
 }
 
 pub struct RunOptions<'a> {
@@ -96,6 +99,9 @@ pub struct RunOptions<'a> {
     /// Only these job ids (from `--use-best`), besides baselines.
     pub only_jobs: Option<HashSet<String>>,
     pub progress: bool,
+    /// An A/B run (`RunMode::Ab`): its pairs, planned by `tunelab ab`
+    /// instead of from the experiment's spaces.
+    pub ab: Option<&'a ab::AbPlan>,
 }
 
 #[derive(Debug, Default)]
@@ -184,7 +190,10 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     } else {
         None
     };
-    let resume = Resume::read(&dir, &strategies, opts.run_mode, &protocol, exp)?;
+    let mut resume = Resume::read(&dir, &strategies, opts.run_mode, &protocol, exp)?;
+    if let Some(plan) = opts.ab {
+        resume.done = ab::recorded(&resume.previous, &plan.setup.id);
+    }
     let select = Selection {
         done: &resume.done,
         run_mode: opts.run_mode,
@@ -207,7 +216,10 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
             .map_or(true, |s| s.contains(&(method.to_string(), shape_index)))
     };
     let in_shard: Option<plan::GroupFilter<'_>> = shard.as_ref().map(|_| &in_shard as _);
-    let counted = count_plan(exp, &plan_opts, &select, in_shard)?;
+    let counted = match opts.ab {
+        Some(plan) => count_pairs(plan, &resume.done),
+        None => count_plan(exp, &plan_opts, &select, in_shard)?,
+    };
     let (planned, skipped) = (counted.planned, counted.skipped);
     let Some(first_shape) = counted.first_shape else {
         let use_best = opts.only_jobs.is_some();
@@ -423,6 +435,18 @@ fn count_plan(
     })
     .map_err(|d| RunError::Input(d.into()))?;
     Ok(c)
+}
+
+/// An A/B run's pairs counted as `count_plan` counts a plan's jobs: a pair
+/// of three jobs, recorded or to run.
+fn count_pairs(plan: &ab::AbPlan, done: &HashSet<String>) -> Counted {
+    let groups = plan.pending(done);
+    Counted {
+        planned: groups.len() as u64,
+        skipped: (plan.pairs.len() - groups.len()) as u64,
+        first_shape: groups.first().map(|g| g.shape.clone()),
+        groups,
+    }
 }
 
 /// A lane's worker, starting on a thread of its own (importing torch takes seconds).
@@ -833,6 +857,9 @@ fn drain(
             fingerprint,
             outcome.planned,
         ))))?;
+        if let Some(plan) = opts.ab {
+            journal.append(&Entry::AbSetup(Box::new(plan.setup.clone())))?;
+        }
 
         let (event_tx, event_rx) = mpsc::channel::<Event>();
         let started = std::iter::once((first.number, first.device, first_backend, Ok(()))).chain(
@@ -863,6 +890,17 @@ fn drain(
                     crate::trace::span("journal", "append", appended, serde_json::json!({}));
                 }
                 Event::Final(f) => journal.append(&Entry::Final(f))?,
+                Event::AbPair(p) => {
+                    if opts.progress {
+                        display.note(&ab_line(&p, outcome.ok + outcome.failed, outcome.planned));
+                    }
+                    if p.failure.is_some() {
+                        outcome.failed += 1;
+                    } else {
+                        outcome.ok += 1;
+                    }
+                    journal.append(&Entry::AbPair(p))?;
+                }
                 Event::Retired(r) => {
                     display.note(&format!(
                         "warning: lane {}{} retired: {}; {} handed to the other lanes",
@@ -890,6 +928,21 @@ fn drain(
     // The compile workers have drained their queue by now; wait for them to exit.
     drop(pool);
     result
+}
+
+/// An A/B pair's progress line: `ab 12/74: M=64 E=32 ... triton: B/A 1.003`.
+fn ab_line(p: &crate::store::AbPair, before: u64, planned: u64) -> String {
+    let shape = crate::manifest::shape_label(&p.shape);
+    let what = match (&p.failure, p.rounds.is_empty()) {
+        (Some(f), _) => format!("failed ({}): {}", f.class.as_str(), f.message),
+        (None, true) => "no rounds".into(),
+        (None, false) => {
+            let logs: Vec<f64> = p.rounds.iter().map(|r| r.log_ratio()).collect();
+            let mean = logs.iter().sum::<f64>() / logs.len() as f64;
+            format!("B/A {:.3} over {} rounds", mean.exp(), logs.len())
+        }
+    };
+    format!("ab {}/{planned}: {shape} {}: {what}", before + 1, p.method)
 }
 
 /// What every lane of a run shares.
@@ -934,6 +987,7 @@ fn spawn_lane<'scope, 'env>(
             last_good: o.last_good,
             retire: o.retire,
         }),
+        ab: run.opts.ab.map(|plan| &plan.timing),
     };
     scope.spawn(move || {
         let retired = |reason: String, failed: &[lane::JobRef], requeued: u64| {
@@ -1043,16 +1097,29 @@ fn spawn_planner<'scope, 'env>(
                 jobs: Vec::new(),
                 unavailable: unavailable_here(method, run.opts.mode),
             };
-            let this = |m: &str, i: usize| m == pending.method && i == pending.shape_index;
-            let planned = plan::plan_groups(exp, run.plan_opts, Some(&this), &mut |job| {
-                if run.select.keep(&job, exp) == Keep::Run {
-                    group.jobs.push(job);
+            if let Some(ab) = run.opts.ab {
+                // An A/B pair's jobs come from its plan, not the method's space.
+                match ab.group(&pending.method, pending.shape_index) {
+                    Some(pair) => {
+                        group = Group {
+                            unavailable: pair.unavailable.or(group.unavailable),
+                            ..pair
+                        }
+                    }
+                    None => continue,
                 }
-                ControlFlow::Continue(())
-            });
-            if let Err(d) = planned {
-                result = Err(d);
-                break;
+            } else {
+                let this = |m: &str, i: usize| m == pending.method && i == pending.shape_index;
+                let planned = plan::plan_groups(exp, run.plan_opts, Some(&this), &mut |job| {
+                    if run.select.keep(&job, exp) == Keep::Run {
+                        group.jobs.push(job);
+                    }
+                    ControlFlow::Continue(())
+                });
+                if let Err(d) = planned {
+                    result = Err(d);
+                    break;
+                }
             }
             if group.jobs.is_empty() {
                 continue;
