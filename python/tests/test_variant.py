@@ -121,3 +121,18 @@ def test_malformed_variants_are_bad_requests(shared_worker):
     job["method"] = {**job["method"], "modules": {"tunelab.kernels.matmul": 3}}
     reply = shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
     assert reply["ok"] is False and reply["class"] == "bad_request", reply
+
+
+@pytest.mark.skipif(MODE != "gpu", reason="plants a spin kernel on a GPU")
+def test_a_gpu_plant_adds_about_what_it_was_asked(shared_worker):
+    # A small GEMM timed cold with and without 50 µs planted: the medians
+    # differ by the plant, give or take a quarter (the kernel gap is
+    # measured, the spin sized at the clock the GPU runs at).
+    medians = []
+    for job_id, plant in (("plain", 0.0), ("planted-50", 50.0)):
+        job = {**gemm_job(job_id), "plant_us": plant}
+        assert shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)["passed"]
+        us = sorted(shared_worker.request("sample", job_id=job_id, count=64)["us"])
+        medians.append(us[len(us) // 2])
+    added = medians[1] - medians[0]
+    assert 37.5 <= added <= 62.5, f"{added:.2f} us added for 50 asked (medians {medians})"

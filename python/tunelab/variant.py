@@ -16,7 +16,7 @@ import hashlib
 import importlib.util
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 # (module name, file, file's digest) -> the module loaded from that file.
 _LOADED: dict[tuple[str, str, str], Any] = {}
@@ -95,6 +95,8 @@ class Planted:
         self._spin = spin
         # What the spin adds to a launch, as calibrated (microseconds).
         self.planted_us = planted_us
+        # Sizes the spin again before a batch (the GPU's clock may have moved).
+        self.before_batch: Callable[[], Any] = lambda: None
 
     def __call__(self):
         result = self._launch()
@@ -117,16 +119,18 @@ def plant_on_cpu(launch: Callable[[], Any], plant_us: float) -> Planted:
     return Planted(launch, spin, plant_us)
 
 
-def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float, samples: int = 64) -> Planted:
-    """The GPU's plant: a spin kernel (`torch.cuda._sleep`, a count of SM
+def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float,
+                 sm_clock_mhz: Callable[[], Optional[float]], samples: int = 64) -> Planted:
+    """The GPU's plant: a spin kernel (`torch.cuda._sleep`, which counts SM
     clock cycles) queued after the launch, sized so that a launch with it
-    takes `plant_us` longer than without it. What it adds is measured here,
-    at the clock the GPU runs now, from event pairs around the launch alone,
-    the launch and an empty spin (the gap between two kernels), and the
-    launch and a spin of a known count (the cycles per microsecond): the
-    spin's count is then (`plant_us` - gap) x cycles per microsecond, none
-    where the gap alone is as long. A spin counts cycles, so when the clock
-    falls under load the spin lengthens with the kernels around it."""
+    takes `plant_us` longer than without it: what queueing one more kernel
+    costs (the gap between two kernels, measured here from event pairs
+    around one and two empty spins, tiny kernels whose medians hardly
+    move), plus the spin's cycles at the SM clock. The clock is read again
+    before each batch (`Planted.before_batch`, which the worker calls), so a
+    GPU that falls under its power cap spins as long as asked; a CUDA graph
+    keeps the count it was captured with. Without a clock reading, the
+    cycles per microsecond are timed once here."""
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None:
         raise RuntimeError("torch.cuda._sleep is missing: this torch cannot plant a slowdown")
@@ -142,17 +146,24 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float, samples: int
         times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
         return times[len(times) // 2]
 
+    one = median_us(lambda: sleep(0))
+    gap = max(0.0, median_us(lambda: (sleep(0), sleep(0))) - one)
     probe_cycles = 200_000  # about 100 µs at 2 GHz
-    launch()  # warm
-    alone = median_us(launch)
-    gap = median_us(lambda: (launch(), sleep(0)))
-    spun = median_us(lambda: (launch(), sleep(probe_cycles)))
-    per_us = probe_cycles / max(spun - gap, 1e-3)
-    cycles = max(0, int(round((plant_us - (gap - alone)) * per_us)))
-    planted = (gap - alone) + cycles / per_us
+    timed_per_us = probe_cycles / max(median_us(lambda: sleep(probe_cycles)) - one, 1e-3)
+    state = {"cycles": 0}
+
+    def size():
+        mhz = sm_clock_mhz()
+        per_us = float(mhz) if mhz else timed_per_us
+        state["cycles"] = max(0, int(round((plant_us - gap) * per_us)))
+        return per_us
+
+    per_us = size()
+    planted = Planted(launch, lambda: sleep(state["cycles"]), max(plant_us, gap))
+    planted.before_batch = size
     print(
-        f"tunelab worker: planted {planted:.2f} us a launch (asked {plant_us:.2f}): "
-        f"launch {alone:.2f} us, kernel gap {gap - alone:.2f} us, {per_us:.0f} cycles/us, spin {cycles} cycles",
+        f"tunelab worker: planted {planted.planted_us:.2f} us a launch (asked {plant_us:.2f}): "
+        f"kernel gap {gap:.2f} us, {per_us:.0f} cycles/us, spin {state['cycles']} cycles",
         file=sys.stderr,
     )
-    return Planted(launch, lambda: sleep(cycles), planted)
+    return planted

@@ -911,6 +911,8 @@ class Worker:
         graph_calls = _int_field(request, "graph_calls", default=10, minimum=1, maximum=_MAX_GRAPH_CALLS)
         timer = self._timing()
         with stage("launch"), jit.active(prepared.ctx):
+            # A planted slowdown sizes its spin at the clock the GPU runs now.
+            getattr(prepared.launch, "before_batch", lambda: None)()
             if timing == "graph":
                 us, clock = timer.sample_graph(prepared, count, graph_calls)
                 name = timer.graph_name
@@ -1194,7 +1196,8 @@ class Worker:
         from tunelab import variant
 
         if self.mode == "gpu":
-            return variant.plant_on_gpu(self.torch, launch, plant_us)
+            timer = self._timing()
+            return variant.plant_on_gpu(self.torch, launch, plant_us, timer._sm_clock)
         return variant.plant_on_cpu(launch, plant_us)
 
     def _compile(self, job: Job, problem, method, ctx):
