@@ -475,3 +475,167 @@ impl ShapeLabels {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{AbJob, AbRound, RunHeader};
+    use serde_json::json;
+
+    fn header() -> RunHeader {
+        let line = include_str!("../../tests/fixtures/journals/format_4_run_header.json");
+        let mut h: serde_json::Value = serde_json::from_str(line).unwrap();
+        h.as_object_mut().unwrap().remove("type");
+        h["format"] = json!(crate::store::FORMAT_VERSION);
+        h["run_mode"] = json!("ab");
+        h["experiment"] = json!("gptoss-ab");
+        serde_json::from_value(h).unwrap()
+    }
+
+    /// A pair at M = `m` whose B is `slower` (a fraction) over A, rounds
+    /// carrying a deterministic wobble of ±`noise`.
+    fn pair(m: i64, slower: f64, noise: f64) -> AbPair {
+        let round = |i: usize, b_over_a: f64| {
+            let wobble = 1.0 + noise * ((i * 7 % 5) as f64 / 2.0 - 1.0);
+            AbRound {
+                b_first: i % 2 == 1,
+                a_us: 100.0,
+                b_us: 100.0 * b_over_a * wobble,
+                a_clock_mhz: Some(1980.0),
+                b_clock_mhz: Some(1980.0),
+            }
+        };
+        let job = |id: &str| AbJob {
+            job_id: id.into(),
+            config: serde_json::from_value(json!({"BLOCK_SIZE_M": 16})).unwrap(),
+            check: None,
+            kernels: Vec::new(),
+        };
+        AbPair {
+            setup: "s".into(),
+            shape: serde_json::from_value(json!({"M": m, "E": 32, "N": 2880})).unwrap(),
+            method: "triton".into(),
+            kind: crate::manifest::MethodKind::Triton,
+            kernel: "fused_moe".into(),
+            a: job(&format!("a{m}")),
+            b: job(&format!("b{m}")),
+            aa_job_id: format!("a2{m}"),
+            plant_us: 0.0,
+            aa: (0..6).map(|i| round(i, 1.0)).collect(),
+            rounds: (0..16).map(|i| round(i, 1.0 + slower)).collect(),
+            lost_rounds: 0,
+            a_stats: None,
+            b_stats: None,
+            failure: None,
+            lane: 0,
+            duration_s: 1.0,
+            finished_at: "2026-12-02T00:00:00Z".into(),
+        }
+    }
+
+    fn results(pairs: Vec<AbPair>) -> Results {
+        Results {
+            header: Some(header()),
+            ab_setups: vec![AbSetup {
+                id: "s".into(),
+                a: AbSide {
+                    picks: "results/gptoss/NVIDIA_H200".into(),
+                    source: PicksSource::Results,
+                    code: Vec::new(),
+                },
+                b: AbSide {
+                    picks: "results/gptoss/NVIDIA_H200".into(),
+                    source: PicksSource::Results,
+                    code: Vec::new(),
+                },
+                aa_rounds: 6,
+                rounds: 16,
+                batch: 32,
+                threshold: 0.01,
+                plant: 0.0,
+            }],
+            ab_pairs: pairs,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pairs_are_judged_against_the_larger_of_the_threshold_and_the_a_a_round() {
+        let (p1, p2) = (pair(1, 0.0, 0.002), pair(2, 0.05, 0.002));
+        let same = judge(&p1, 0.01);
+        assert_eq!(same.verdict, Some(Verdict::Same));
+        assert_eq!(same.margin, 0.01);
+        let slow = judge(&p2, 0.01);
+        assert_eq!(slow.verdict, Some(Verdict::Slow));
+        assert!((slow.change().unwrap() - 0.05).abs() < 0.002);
+        // A/A rounds 4 % apart widen the margin: 3 % is within the noise.
+        let mut noisy = pair(3, 0.03, 0.002);
+        for r in &mut noisy.aa {
+            r.b_us *= 1.04;
+        }
+        let j = judge(&noisy, 0.01);
+        assert!((j.margin - 0.04).abs() < 1e-3, "{}", j.margin);
+        assert_eq!(j.verdict, Some(Verdict::Same));
+        // A failed pair has no verdict.
+        let failed = AbPair {
+            failure: Some(crate::store::Failure {
+                class: crate::store::FailureClass::Mismatch,
+                message: "side B: wrong".into(),
+            }),
+            ..pair(4, 0.0, 0.0)
+        };
+        assert_eq!(judge(&failed, 0.01).verdict, None);
+    }
+
+    #[test]
+    fn the_report_puts_what_is_not_same_within_100_lines_and_every_pair_in_the_fold() {
+        // 74 pairs: 60 SAME, 10 SLOW by 5 %, 4 AMBIGUOUS (too noisy to tell).
+        let mut pairs: Vec<AbPair> = (0..60).map(|m| pair(m, 0.0, 0.001)).collect();
+        pairs.extend((60..70).map(|m| pair(m, 0.05, 0.001)));
+        pairs.extend((70..74).map(|m| pair(m, 0.0, 0.05)));
+        let r = results(pairs);
+        let o = AbOutcome::of(&r).unwrap();
+        assert_eq!(
+            (
+                o.count(Verdict::Same),
+                o.count(Verdict::Slow),
+                o.count(Verdict::Ambiguous)
+            ),
+            (60, 10, 4)
+        );
+        assert_eq!(o.regressions(0.02).len(), 10);
+        assert!(
+            o.regressions(0.10).is_empty(),
+            "SLOW by 5 % passes a 10 % gate"
+        );
+        let text = markdown(&o);
+        let before = text.split("<details>").next().unwrap();
+        assert!(
+            before.lines().count() <= 100,
+            "{} lines",
+            before.lines().count()
+        );
+        assert!(
+            text.starts_with("# A/B: gptoss on NVIDIA H100 80GB HBM3\n"),
+            "{text}"
+        );
+        assert!(
+            before.contains("**B against A over 74 pairs: 60 SAME, 4 AMBIGUOUS, 10 SLOW, 0 FAST")
+        );
+        assert!(before.contains("## Noise floor") && before.contains("## Machine"));
+        assert!(
+            before.contains("Every pair's shape has E=32 N=2880."),
+            "{before}"
+        );
+        // The SLOW first, then the AMBIGUOUS; the SAME only in the fold.
+        let shown: Vec<&str> = before.lines().filter(|l| l.starts_with("| M=")).collect();
+        assert_eq!(shown.len(), 14);
+        assert!(shown[..10].iter().all(|l| l.contains("| SLOW |")));
+        let fold = text.split("<details>").nth(1).unwrap();
+        assert_eq!(fold.lines().filter(|l| l.starts_with("| M=")).count(), 74);
+        // As `tunelab report` writes it.
+        let rendered = render(&r).unwrap();
+        assert_eq!(rendered.path, std::path::PathBuf::from("report.md"));
+        assert_eq!(rendered.contents, text);
+    }
+}
