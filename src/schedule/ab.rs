@@ -105,6 +105,21 @@ pub fn recorded(results: &crate::store::Results, setup: &str) -> HashSet<String>
         .collect()
 }
 
+/// An A/B pair's progress line: `ab 12/74: M=64 E=32 ... triton: B/A 1.003`.
+pub(super) fn progress_line(p: &crate::store::AbPair, before: u64, planned: u64) -> String {
+    let shape = crate::manifest::shape_label(&p.shape);
+    let what = match (&p.failure, p.rounds.is_empty()) {
+        (Some(f), _) => format!("failed ({}): {}", f.class.as_str(), f.message),
+        (None, true) => "no rounds".into(),
+        (None, false) => {
+            let logs: Vec<f64> = p.rounds.iter().map(|r| r.log_ratio()).collect();
+            let mean = logs.iter().sum::<f64>() / logs.len() as f64;
+            format!("B/A {:.3} over {} rounds", mean.exp(), logs.len())
+        }
+    };
+    format!("ab {}/{planned}: {shape} {}: {what}", before + 1, p.method)
+}
+
 const A: usize = 0;
 const A2: usize = 1;
 const B: usize = 2;

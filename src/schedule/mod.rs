@@ -892,7 +892,11 @@ fn drain(
                 Event::Final(f) => journal.append(&Entry::Final(f))?,
                 Event::AbPair(p) => {
                     if opts.progress {
-                        display.note(&ab_line(&p, outcome.ok + outcome.failed, outcome.planned));
+                        display.note(&ab::progress_line(
+                            &p,
+                            outcome.ok + outcome.failed,
+                            outcome.planned,
+                        ));
                     }
                     if p.failure.is_some() {
                         outcome.failed += 1;
@@ -928,21 +932,6 @@ fn drain(
     // The compile workers have drained their queue by now; wait for them to exit.
     drop(pool);
     result
-}
-
-/// An A/B pair's progress line: `ab 12/74: M=64 E=32 ... triton: B/A 1.003`.
-fn ab_line(p: &crate::store::AbPair, before: u64, planned: u64) -> String {
-    let shape = crate::manifest::shape_label(&p.shape);
-    let what = match (&p.failure, p.rounds.is_empty()) {
-        (Some(f), _) => format!("failed ({}): {}", f.class.as_str(), f.message),
-        (None, true) => "no rounds".into(),
-        (None, false) => {
-            let logs: Vec<f64> = p.rounds.iter().map(|r| r.log_ratio()).collect();
-            let mean = logs.iter().sum::<f64>() / logs.len() as f64;
-            format!("B/A {:.3} over {} rounds", mean.exp(), logs.len())
-        }
-    };
-    format!("ab {}/{planned}: {shape} {}: {what}", before + 1, p.method)
 }
 
 /// What every lane of a run shares.
