@@ -15,6 +15,8 @@ use super::compare::percentage;
 use super::inspect::load_experiment;
 use super::{run, Failure};
 use crate::config::Settings;
+use crate::emit::compare::pct;
+use crate::emit::num::count;
 use crate::emit::select::{shape_key, Selection};
 use crate::exit;
 use crate::manifest::{Experiment, FixedConfigs, LaunchPath, Method, Shape};
@@ -358,196 +360,44 @@ fn hash_id(parts: &[&str]) -> String {
     h.finalize().to_hex()[..16].to_string()
 }
 
-/// The pairs of the two sides over the experiment's selected shapes and
-/// methods, in plan order: (shape index, shape, method, A's config, B's).
-type Pair<'e> = (
-    usize,
-    &'e Shape,
-    &'e Method,
-    IndexMap<String, Json>,
-    IndexMap<String, Json>,
-);
+/// A (shape, method) both sides have a config for, in plan order.
+struct Pair<'e> {
+    shape_index: usize,
+    shape: &'e Shape,
+    method: &'e Method,
+    a: IndexMap<String, Json>,
+    b: IndexMap<String, Json>,
+}
 
+/// The two sides as the command line gave them, read.
+struct Sides {
+    a_path: PathBuf,
+    b_path: PathBuf,
+    a: Picks,
+    b: Picks,
+    a_code: Vec<Replaced>,
+    b_code: Vec<Replaced>,
+}
+
+/// How the verdicts and the gate judge, and B's plant (fractions).
+struct Judging {
+    threshold: f64,
+    gate: Option<f64>,
+    plant: f64,
+}
+
+/// `tunelab ab`, phase by phase: what to judge by, where it runs, the two
+/// sides, their pairs, the plan of jobs, the run, the report and the gate.
 pub(super) fn ab(r: &Request<'_>) -> Result<i32, Failure> {
-    let threshold = r
-        .threshold
-        .map(|t| percentage("--threshold", t))
-        .transpose()?
-        .unwrap_or(crate::measure::paired::DEFAULT_THRESHOLD);
-    let gate = r
-        .fail_on_slower
-        .map(|t| percentage("--fail-on-slower", t))
-        .transpose()?;
-    let plant = r
-        .plant
-        .map(|t| percentage("--plant-slowdown", t))
-        .transpose()?
-        .unwrap_or(0.0);
-    let targets = run::targets(r.settings, r.gpus, r.lanes)?;
-    if targets.len() > 1 {
-        return Err(bad(format!(
-            "this host has GPUs of {} models, and an A/B times both sides on one model: choose its GPUs with --gpus",
-            targets.len()
-        )));
-    }
-    let target = &targets[0];
+    let judging = judging(r)?;
+    let target = one_target(r)?;
     let exp = load_experiment(r.manifest, r.args, &target.device)?;
     let filter = Filter::parse(r.args.only.as_deref().unwrap_or(""))?;
-    let shapes = crate::plan::shapes_for(&exp, target.mode);
-    filter.check_keys(&exp, shapes)?;
-
-    let own = schedule::results_dir(&r.settings.results_dir, &exp, &target.device, target.mode);
-    let a_path = r.a.map_or(own, Path::to_path_buf);
-    let b_path = r.b.map_or_else(|| a_path.clone(), Path::to_path_buf);
-    let a = read_picks("--a", &a_path, &exp)?;
-    let b = if b_path == a_path {
-        read_picks("--a", &a_path, &exp)?
-    } else {
-        read_picks("--b", &b_path, &exp)?
-    };
     let roots = super::environment::worker_python_path(&exp, &r.settings.python);
-    let a_code = read_code("--a-code", r.a_code, &roots)?;
-    let b_code = read_code("--b-code", r.b_code, &roots)?;
-
-    let mut pairs: Vec<Pair<'_>> = Vec::new();
-    let mut one_sided = 0;
-    for (i, shape) in shapes.iter().enumerate() {
-        if !filter.keeps_shape(shape) {
-            continue;
-        }
-        for method in exp.methods.iter().filter(|m| filter.keeps_method(&m.name)) {
-            let kept = |c: &IndexMap<String, Json>| c.iter().all(|(k, v)| filter.keeps_value(k, v));
-            match (a.config(shape, &method.name), b.config(shape, &method.name)) {
-                (Some(ca), Some(cb)) if kept(&ca) && kept(&cb) => {
-                    pairs.push((i, shape, method, ca, cb))
-                }
-                (Some(_), None) | (None, Some(_))
-                    if a.covers(&method.name) && b.covers(&method.name) =>
-                {
-                    one_sided += 1
-                }
-                _ => {}
-            }
-        }
-    }
-    if pairs.is_empty() {
-        return Err(bad(format!(
-            "{} and {} have no (shape, method) of {} in common{}",
-            a_path.display(),
-            b_path.display(),
-            exp.name,
-            r.args
-                .only
-                .as_deref()
-                .map(|o| format!(" with --only {o}"))
-                .unwrap_or_default()
-        )));
-    }
-    if one_sided > 0 {
-        eprintln!(
-            "note: {} with a config on one side only are not timed",
-            crate::emit::num::count(
-                one_sided as u64,
-                "(shape, method) pair",
-                "(shape, method) pairs"
-            )
-        );
-    }
-    for (_, _, method, _, _) in &pairs {
-        let native = method.launch == LaunchPath::Native;
-        let changed = !a_code.is_empty() || !b_code.is_empty() || plant > 0.0;
-        if native && changed {
-            return Err(bad(format!(
-                "method `{}` is launched natively: code sides and --plant-slowdown apply to methods their Python worker launches; leave it out with --only method=...",
-                method.name
-            )));
-        }
-    }
-
-    let protocol = schedule::effective_protocol(&exp.protocol, target.mode);
-    let mode_timing = crate::backend::SampleMode {
-        timing: protocol.timing,
-        flush: crate::backend::Flush::NONE,
-        graph_calls: protocol.graph_calls,
-    };
-    let batch = schedule::lane::retime_count(&protocol, mode_timing);
-    let side = |path: &Path, picks: &Picks, code: Vec<AbCode>| AbSide {
-        picks: path.display().to_string(),
-        source: picks.source(),
-        code,
-    };
-    let mut setup = AbSetup {
-        id: String::new(),
-        a: side(&a_path, &a, a_code.iter().map(Replaced::record).collect()),
-        b: side(&b_path, &b, b_code.iter().map(Replaced::record).collect()),
-        aa_rounds: r.aa_rounds,
-        rounds: r.rounds,
-        batch,
-        threshold,
-        plant,
-    };
-    let mut identity = serde_json::to_string(&setup).expect("setup serialises");
-    identity.push_str(&exp.manifest_hash);
-    for (_, shape, method, ca, cb) in &pairs {
-        identity.push_str(&format!(
-            "{}{}{}{}{}",
-            shape_key(shape),
-            method.name,
-            method.identity,
-            serde_json::to_string(ca).expect("config"),
-            serde_json::to_string(cb).expect("config")
-        ));
-    }
-    setup.id = hash_id(&[&identity, protocol.timing.as_str()]);
-    let cache = r.settings.results_dir.join(".cache").join("ab");
-    let a_modules = write_code(&a_code, &cache)?;
-    let b_modules = write_code(&b_code, &cache)?;
-
-    let variant = |modules: &[(String, PathBuf)]| {
-        (!modules.is_empty()).then(|| {
-            Box::new(Variant {
-                modules: modules.to_vec(),
-                plant_us: 0.0,
-            })
-        })
-    };
-    let job = |side: &str,
-               i: usize,
-               shape: &Shape,
-               method: &Method,
-               config: &IndexMap<String, Json>,
-               modules: &[(String, PathBuf)]| Job {
-        id: hash_id(&[&setup.id, side, &shape_key(shape), &method.name]),
-        shape_index: i,
-        method: method.name.clone(),
-        shape: shape.clone(),
-        config: config.clone(),
-        baseline: false,
-        variant: variant(modules),
-    };
-    let plan = AbPlan {
-        timing: AbTiming {
-            setup: setup.id.clone(),
-            aa_rounds: r.aa_rounds,
-            rounds: r.rounds,
-            plant,
-        },
-        pairs: pairs
-            .iter()
-            .map(|(i, shape, method, ca, cb)| AbPairPlan {
-                shape_index: *i,
-                shape: (*shape).clone(),
-                method: method.name.clone(),
-                kernel: method.kernel.clone(),
-                kind: method.kind,
-                a: job("a", *i, shape, method, ca, &a_modules),
-                a2: job("a2", *i, shape, method, ca, &a_modules),
-                b: job("b", *i, shape, method, cb, &b_modules),
-                unavailable: None,
-            })
-            .collect(),
-        setup,
-    };
+    let sides = read_sides(r, &exp, &target, &roots)?;
+    let pairs = pairs(r, &exp, &target, &filter, &sides)?;
+    refuse_native_variants(&pairs, &sides, judging.plant)?;
+    let plan = plan(r, &exp, &target, &sides, &pairs, &judging)?;
     let ab_exp = Experiment {
         name: format!("{}-ab", exp.name),
         outputs: Vec::new(),
@@ -561,58 +411,296 @@ pub(super) fn ab(r: &Request<'_>) -> Result<i32, Failure> {
         &target.device,
         target.mode,
     );
-    let done = if crate::store::journal::exists(&dir) {
-        let (results, _) = crate::store::journal::read(&dir)
+    let interrupted = time_pairs(r, &ab_exp, &target, filter, roots, &plan, &sides, &dir)?;
+    report_and_gate(&dir, judging.gate, interrupted)
+}
+
+fn judging(r: &Request<'_>) -> Result<Judging, Failure> {
+    let parse = |flag: &str, v: Option<&str>| v.map(|t| percentage(flag, t)).transpose();
+    Ok(Judging {
+        threshold: parse("--threshold", r.threshold)?
+            .unwrap_or(crate::measure::paired::DEFAULT_THRESHOLD),
+        gate: parse("--fail-on-slower", r.fail_on_slower)?,
+        plant: parse("--plant-slowdown", r.plant)?.unwrap_or(0.0),
+    })
+}
+
+/// The GPUs an A/B runs on: one model (or the interpreter).
+fn one_target(r: &Request<'_>) -> Result<run::Target, Failure> {
+    let mut targets = run::targets(r.settings, r.gpus, r.lanes)?;
+    if targets.len() > 1 {
+        return Err(bad(format!(
+            "this host has GPUs of {} models, and an A/B times both sides on one model: choose its GPUs with --gpus",
+            targets.len()
+        )));
+    }
+    Ok(targets.remove(0))
+}
+
+/// Side A (by default the experiment's own results for this device) and
+/// side B (by default A's configs), with their code.
+fn read_sides(
+    r: &Request<'_>,
+    exp: &Experiment,
+    target: &run::Target,
+    roots: &[PathBuf],
+) -> Result<Sides, Failure> {
+    let own = schedule::results_dir(&r.settings.results_dir, exp, &target.device, target.mode);
+    let a_path = r.a.map_or(own, Path::to_path_buf);
+    let b_path = r.b.map_or_else(|| a_path.clone(), Path::to_path_buf);
+    let a = read_picks("--a", &a_path, exp)?;
+    let b = if b_path == a_path {
+        read_picks("--a", &a_path, exp)?
+    } else {
+        read_picks("--b", &b_path, exp)?
+    };
+    Ok(Sides {
+        a_code: read_code("--a-code", r.a_code, roots)?,
+        b_code: read_code("--b-code", r.b_code, roots)?,
+        a_path,
+        b_path,
+        a,
+        b,
+    })
+}
+
+/// The (shape, method) pairs of the selected shapes and methods that both
+/// sides have a config for (and whose configs `--only` keeps).
+fn pairs<'e>(
+    r: &Request<'_>,
+    exp: &'e Experiment,
+    target: &run::Target,
+    filter: &Filter,
+    s: &Sides,
+) -> Result<Vec<Pair<'e>>, Failure> {
+    let shapes = crate::plan::shapes_for(exp, target.mode);
+    filter.check_keys(exp, shapes)?;
+    let kept = |c: &IndexMap<String, Json>| c.iter().all(|(k, v)| filter.keeps_value(k, v));
+    let mut pairs = Vec::new();
+    let mut one_sided = 0;
+    for (shape_index, shape) in shapes.iter().enumerate() {
+        if !filter.keeps_shape(shape) {
+            continue;
+        }
+        for method in exp.methods.iter().filter(|m| filter.keeps_method(&m.name)) {
+            match (
+                s.a.config(shape, &method.name),
+                s.b.config(shape, &method.name),
+            ) {
+                (Some(a), Some(b)) if kept(&a) && kept(&b) => pairs.push(Pair {
+                    shape_index,
+                    shape,
+                    method,
+                    a,
+                    b,
+                }),
+                (Some(_), None) | (None, Some(_))
+                    if s.a.covers(&method.name) && s.b.covers(&method.name) =>
+                {
+                    one_sided += 1
+                }
+                _ => {}
+            }
+        }
+    }
+    if pairs.is_empty() {
+        return Err(bad(format!(
+            "{} and {} have no (shape, method) of {} in common{}",
+            s.a_path.display(),
+            s.b_path.display(),
+            exp.name,
+            r.args
+                .only
+                .as_deref()
+                .map(|o| format!(" with --only {o}"))
+                .unwrap_or_default()
+        )));
+    }
+    if one_sided > 0 {
+        eprintln!(
+            "note: {} with a config on one side only are not timed",
+            count(
+                one_sided as u64,
+                "(shape, method) pair",
+                "(shape, method) pairs"
+            )
+        );
+    }
+    Ok(pairs)
+}
+
+/// A natively launched method runs no Python module: code sides and a
+/// planted slowdown cannot reach it.
+fn refuse_native_variants(pairs: &[Pair<'_>], s: &Sides, plant: f64) -> Result<(), Failure> {
+    let changed = !s.a_code.is_empty() || !s.b_code.is_empty() || plant > 0.0;
+    match pairs.iter().find(|p| p.method.launch == LaunchPath::Native) {
+        Some(p) if changed => Err(bad(format!(
+            "method `{}` is launched natively: code sides and --plant-slowdown apply to methods their Python worker launches; leave it out with --only method=...",
+            p.method.name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The setup and the jobs of every pair: A, A's second preparation, B,
+/// each with its side's code; a side's code files are written here, once
+/// the A/B is known to run.
+fn plan(
+    r: &Request<'_>,
+    exp: &Experiment,
+    target: &run::Target,
+    s: &Sides,
+    pairs: &[Pair<'_>],
+    j: &Judging,
+) -> Result<AbPlan, Failure> {
+    let protocol = schedule::effective_protocol(&exp.protocol, target.mode);
+    let timed_as = crate::backend::SampleMode {
+        timing: protocol.timing,
+        flush: crate::backend::Flush::NONE,
+        graph_calls: protocol.graph_calls,
+    };
+    let side = |path: &Path, picks: &Picks, code: &[Replaced]| AbSide {
+        picks: path.display().to_string(),
+        source: picks.source(),
+        code: code.iter().map(Replaced::record).collect(),
+    };
+    let mut setup = AbSetup {
+        id: String::new(),
+        a: side(&s.a_path, &s.a, &s.a_code),
+        b: side(&s.b_path, &s.b, &s.b_code),
+        aa_rounds: r.aa_rounds,
+        rounds: r.rounds,
+        batch: schedule::lane::retime_count(&protocol, timed_as),
+        threshold: j.threshold,
+        plant: j.plant,
+    };
+    // The setup's id: the sides, how they are timed, every pair's configs
+    // and method definitions, and the manifest (its protocol).
+    let mut identity = serde_json::to_string(&setup).expect("setup serialises");
+    identity.push_str(&exp.manifest_hash);
+    for p in pairs {
+        identity.push_str(&format!(
+            "{}{}{}{}{}",
+            shape_key(p.shape),
+            p.method.name,
+            p.method.identity,
+            serde_json::to_string(&p.a).expect("config"),
+            serde_json::to_string(&p.b).expect("config")
+        ));
+    }
+    setup.id = hash_id(&[&identity, protocol.timing.as_str()]);
+    let cache = r.settings.results_dir.join(".cache").join("ab");
+    let a_modules = write_code(&s.a_code, &cache)?;
+    let b_modules = write_code(&s.b_code, &cache)?;
+    let job = |side: &str, p: &Pair<'_>, config: &IndexMap<String, Json>, modules: &Modules| Job {
+        id: hash_id(&[&setup.id, side, &shape_key(p.shape), &p.method.name]),
+        shape_index: p.shape_index,
+        method: p.method.name.clone(),
+        shape: p.shape.clone(),
+        config: config.clone(),
+        baseline: false,
+        variant: (!modules.is_empty()).then(|| {
+            Box::new(Variant {
+                modules: modules.clone(),
+                plant_us: 0.0,
+            })
+        }),
+    };
+    let pairs = pairs
+        .iter()
+        .map(|p| AbPairPlan {
+            shape_index: p.shape_index,
+            shape: p.shape.clone(),
+            method: p.method.name.clone(),
+            kernel: p.method.kernel.clone(),
+            kind: p.method.kind,
+            a: job("a", p, &p.a, &a_modules),
+            a2: job("a2", p, &p.a, &a_modules),
+            b: job("b", p, &p.b, &b_modules),
+            unavailable: None,
+        })
+        .collect();
+    Ok(AbPlan {
+        timing: AbTiming {
+            setup: setup.id.clone(),
+            aa_rounds: r.aa_rounds,
+            rounds: r.rounds,
+            plant: j.plant,
+        },
+        pairs,
+        setup,
+    })
+}
+
+/// Times the pairs `dir`'s journal has not recorded for this setup;
+/// returns whether the run was interrupted.
+#[allow(clippy::too_many_arguments)]
+fn time_pairs(
+    r: &Request<'_>,
+    ab_exp: &Experiment,
+    target: &run::Target,
+    filter: Filter,
+    roots: Vec<PathBuf>,
+    plan: &AbPlan,
+    s: &Sides,
+    dir: &Path,
+) -> Result<bool, Failure> {
+    let done = if crate::store::journal::exists(dir) {
+        let (results, _) = crate::store::journal::read(dir)
             .map_err(|e| Failure::environment(format!("error: {e}")))?;
         schedule::ab::recorded(&results, &plan.setup.id)
     } else {
         Default::default()
     };
-    let mut interrupted = false;
     if plan.pairs.iter().all(|p| done.contains(&p.b.id)) {
         eprintln!(
             "tunelab ab: every pair of this A/B is recorded in {}; its report follows",
             dir.display()
         );
-    } else {
-        eprintln!(
-            "tunelab ab: {} (A: {}, B: {}), {} A/A and {} A/B rounds each",
-            crate::emit::num::count(plan.pairs.len() as u64, "pair", "pairs"),
-            a_path.display(),
-            b_path.display(),
-            r.aa_rounds,
-            r.rounds
-        );
-        let opts = RunOptions {
-            exp: &ab_exp,
-            device: target.device.clone(),
-            gpus: target.gpus.clone(),
-            interpreter_lanes: target.lanes,
-            first_lane: target.first_lane,
-            shard: None,
-            mode: target.mode,
-            run_mode: RunMode::Ab,
-            filter,
-            python: r.settings.python.clone(),
-            python_path: roots.clone(),
-            results_dir: r.settings.results_dir.clone(),
-            compile_workers: run::compile_workers(r.settings, target),
-            compile_priority: r.settings.compile_priority,
-            only_jobs: None,
-            progress: r.progress,
-            ab: Some(&plan),
-        };
-        let outcome =
-            schedule::run(opts, run::fingerprint(&ab_exp, target)).map_err(run::run_failure)?;
-        interrupted = outcome.interrupted;
-        eprintln!(
-            "tunelab ab: {} in {}",
-            dir.display(),
-            run::seconds(outcome.wall_s)
-        );
+        return Ok(false);
     }
-    let written = super::results::write_outputs(&dir)?;
-    let (results, _) = crate::store::journal::read(&dir)
+    eprintln!(
+        "tunelab ab: {} (A: {}, B: {}), {} A/A and {} A/B rounds each",
+        count(plan.pairs.len() as u64, "pair", "pairs"),
+        s.a_path.display(),
+        s.b_path.display(),
+        r.aa_rounds,
+        r.rounds
+    );
+    let opts = RunOptions {
+        exp: ab_exp,
+        device: target.device.clone(),
+        gpus: target.gpus.clone(),
+        interpreter_lanes: target.lanes,
+        first_lane: target.first_lane,
+        shard: None,
+        mode: target.mode,
+        run_mode: RunMode::Ab,
+        filter,
+        python: r.settings.python.clone(),
+        python_path: roots,
+        results_dir: r.settings.results_dir.clone(),
+        compile_workers: run::compile_workers(r.settings, target),
+        compile_priority: r.settings.compile_priority,
+        only_jobs: None,
+        progress: r.progress,
+        ab: Some(plan),
+    };
+    let outcome =
+        schedule::run(opts, run::fingerprint(ab_exp, target)).map_err(run::run_failure)?;
+    eprintln!(
+        "tunelab ab: {} in {}",
+        dir.display(),
+        run::seconds(outcome.wall_s)
+    );
+    Ok(outcome.interrupted)
+}
+
+/// Writes the report from the journal, prints its headline and the
+/// gate's result; the exit status.
+fn report_and_gate(dir: &Path, gate: Option<f64>, interrupted: bool) -> Result<i32, Failure> {
+    let written = super::results::write_outputs(dir)?;
+    let (results, _) = crate::store::journal::read(dir)
         .map_err(|e| Failure::environment(format!("error: {e}")))?;
     let outcome = crate::emit::ab::AbOutcome::of(&results)
         .ok_or_else(|| Failure::internal("error: the A/B's journal holds no A/B"))?;
@@ -626,19 +714,15 @@ pub(super) fn ab(r: &Request<'_>) -> Result<i32, Failure> {
     }
     if let Some(t) = gate {
         let bad = outcome.regressions(t);
-        if bad.is_empty() {
-            println!(
-                "gate: no pair is SLOW by more than {}",
-                crate::emit::compare::pct(t)
-            );
-        } else {
+        if !bad.is_empty() {
             println!(
                 "gate: {} SLOW by more than {}",
-                crate::emit::num::count(bad.len() as u64, "pair is", "pairs are"),
-                crate::emit::compare::pct(t)
+                count(bad.len() as u64, "pair is", "pairs are"),
+                pct(t)
             );
             return Ok(exit::REGRESSION);
         }
+        println!("gate: no pair is SLOW by more than {}", pct(t));
     }
     Ok(if outcome.failed().is_empty() {
         exit::OK
