@@ -154,8 +154,12 @@ def main() -> int:
 
     table = summary(state)
     print("\n" + table)
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True).stdout.strip() or "unknown (no git here)"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True).stdout.strip()
+    except OSError:  # no git on the GPU machine: the tune's journal names the binary's commit
+        commit = ""
+    commit = commit or "that of the binary (its journals' fingerprint)"
     (out / "README.md").write_text(
         f"# Issue 48's goals on {device}\n\n"
         f"`python bench/ab_goals.py` ({datetime.date.today().isoformat()}, commit {commit}): "
