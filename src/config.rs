@@ -29,6 +29,10 @@ pub struct Settings {
     pub allow_read: Vec<PathBuf>,
     /// Times a later run tries again a job that crashed or timed out.
     pub retries: u32,
+    /// How far apart separate runs of one config come out, as a fraction:
+    /// `tunelab compare`'s verdicts of two runs are against at least this
+    /// margin (docs/ab.md, "Separate runs").
+    pub run_spread: f64,
 }
 
 impl Default for Settings {
@@ -42,6 +46,7 @@ impl Default for Settings {
             interpret: false,
             allow_read: Vec::new(),
             retries: 1,
+            run_spread: crate::measure::paired::DEFAULT_RUN_SPREAD,
         }
     }
 }

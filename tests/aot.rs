@@ -486,6 +486,7 @@ fn the_dispatcher_picks_each_m_buckets_winner_and_launches_it_as_the_manifest_sa
             shape,
             config: winner.config.clone(),
             baseline: false,
+            variant: None,
         };
         let ctx = context(&job, &device);
         let method = exp.method(&winner.method).unwrap();

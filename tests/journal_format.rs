@@ -1,6 +1,7 @@
-//! The journal's on-disk format: what format 4 writes (pinned), how a
-//! format-1 journal is read, what happens to a newer one, a torn line, a
-//! packed journal and a journal resumed beside its packed part.
+//! The journal's on-disk format: what format 5 writes (pinned), how a
+//! format-1 journal is read (and formats 2 to 4), what happens to a newer
+//! one, a torn line, a packed journal and a journal resumed beside its
+//! packed part.
 
 use std::path::Path;
 
@@ -11,8 +12,8 @@ use tunelab::plan::{Mode, RunMode};
 use tunelab::search::StrategyName;
 use tunelab::store::journal::{self, Journal};
 use tunelab::store::{
-    Entry, Fingerprint, JobRecord, JobStatus, LaneRetired, OutputSpec, RunHeader, SearchRecord,
-    StoreError, FORMAT_VERSION,
+    AbCode, AbJob, AbPair, AbRound, AbSetup, AbSide, Entry, Fingerprint, JobRecord, JobStatus,
+    LaneRetired, OutputSpec, PicksSource, RunHeader, SearchRecord, StoreError, FORMAT_VERSION,
 };
 
 fn header() -> RunHeader {
@@ -154,13 +155,147 @@ fn write_lines(dir: &Path, lines: &[String]) {
 /// A change here is a change of the on-disk format: bump FORMAT_VERSION and
 /// keep a reader for the old one (see `store/v1.rs`), then update the snapshot.
 #[test]
-fn format_4_entries_serialise_as_pinned() {
+fn format_5_entries_serialise_as_pinned() {
     let run = serde_json::to_string_pretty(&Entry::Run(Box::new(header()))).unwrap();
-    insta::assert_snapshot!("format_4_run_header", run);
+    insta::assert_snapshot!("format_5_run_header", run);
     let job = serde_json::to_string_pretty(&Entry::Job(Box::new(job("j1")))).unwrap();
-    insta::assert_snapshot!("format_4_job_record", job);
+    insta::assert_snapshot!("format_5_job_record", job);
     let retired = serde_json::to_string_pretty(&Entry::LaneRetired(retired())).unwrap();
-    insta::assert_snapshot!("format_4_lane_retired", retired);
+    insta::assert_snapshot!("format_5_lane_retired", retired);
+    let setup = serde_json::to_string_pretty(&Entry::AbSetup(Box::new(ab_setup()))).unwrap();
+    insta::assert_snapshot!("format_5_ab_setup", setup);
+    let pair = serde_json::to_string_pretty(&Entry::AbPair(Box::new(ab_pair()))).unwrap();
+    insta::assert_snapshot!("format_5_ab_pair", pair);
+}
+
+fn ab_setup() -> AbSetup {
+    AbSetup {
+        id: "9db5eb4dfcf56af6".into(),
+        a: AbSide {
+            picks: "results/gptoss/NVIDIA_H200".into(),
+            source: PicksSource::Results,
+            code: vec![AbCode {
+                module: "tunelab.kernels.fused_moe".into(),
+                from: "0123456789ab:python/tunelab/kernels/fused_moe.py".into(),
+                blake3: "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262".into(),
+            }],
+        },
+        b: AbSide {
+            picks: "experiments/shipped/vllm/E=128,N=2880,device_name=NVIDIA_H100_80GB_HBM3.json"
+                .into(),
+            source: PicksSource::Shipped,
+            code: Vec::new(),
+        },
+        aa_rounds: 6,
+        rounds: 16,
+        batch: 32,
+        threshold: 0.01,
+        plant: 0.03,
+    }
+}
+
+fn ab_pair() -> AbPair {
+    let j = job("j1");
+    let round = |b_first: bool| AbRound {
+        b_first,
+        a_us: 10.0,
+        b_us: 10.3,
+        a_clock_mhz: Some(1980.0),
+        b_clock_mhz: None,
+    };
+    AbPair {
+        setup: "9db5eb4dfcf56af6".into(),
+        shape: j.shape.clone(),
+        method: "triton".into(),
+        kind: MethodKind::Triton,
+        kernel: "matmul".into(),
+        a: AbJob {
+            job_id: "a1".into(),
+            config: j.config.clone(),
+            check: None,
+            kernels: j.kernels.clone(),
+        },
+        b: AbJob {
+            job_id: "b1".into(),
+            config: j.config.clone(),
+            check: None,
+            kernels: Vec::new(),
+        },
+        aa_job_id: "a2".into(),
+        plant_us: 0.3,
+        aa: vec![round(false)],
+        rounds: vec![round(false), round(true)],
+        lost_rounds: 1,
+        a_stats: j.stats.clone(),
+        b_stats: None,
+        failure: Some(tunelab::store::Failure {
+            class: tunelab::store::FailureClass::Mismatch,
+            message: "side B: 0.1 % of elements outside atol".into(),
+        }),
+        lane: 0,
+        duration_s: 1.5,
+        finished_at: "2026-12-02T00:00:00Z".into(),
+    }
+}
+
+/// An A/B's records read back: its setup once (the last written last) and
+/// the latest record of each pair.
+#[test]
+fn a_b_records_are_read_back_latest_pair_record_winning() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = |e: Entry| serde_json::to_string(&e).unwrap();
+    let mut ab_header = header();
+    ab_header.run_mode = RunMode::Ab;
+    let mut retried = ab_pair();
+    retried.failure = None;
+    let other = AbSetup {
+        id: "other".into(),
+        ..ab_setup()
+    };
+    write_lines(
+        dir.path(),
+        &[
+            line(Entry::Run(Box::new(ab_header.clone()))),
+            line(Entry::AbSetup(Box::new(ab_setup()))),
+            line(Entry::AbPair(Box::new(ab_pair()))),
+            line(Entry::AbSetup(Box::new(other))),
+            line(Entry::Run(Box::new(ab_header))),
+            line(Entry::AbSetup(Box::new(ab_setup()))),
+            line(Entry::AbPair(Box::new(retried.clone()))),
+        ],
+    );
+    let (results, warnings) = journal::read(dir.path()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let ids: Vec<&str> = results.ab_setups.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["other", "9db5eb4dfcf56af6"]);
+    assert_eq!(results.ab_pairs, vec![retried]);
+    assert!(results.jobs.is_empty());
+}
+
+/// A committed format-4 journal (a whole gpt-oss tune on an H200,
+/// 2026-11-25) reads as format 5, every job as it was.
+#[test]
+fn a_committed_format_4_journal_reads_as_format_5() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("results/bench/NVIDIA_H200/tune-gptoss-fresh/gptoss");
+    let packed = std::fs::read(dir.join("journal.jsonl.gz")).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&packed[..]), &mut text)
+        .unwrap();
+    let first = text.lines().next().unwrap();
+    assert!(first.contains(r#""format":4"#), "committed in format 4");
+    // A resumed run records some jobs again: the latest record of each id counts.
+    let ids: std::collections::HashSet<String> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["type"] == "job")
+        .map(|e| e["job_id"].as_str().unwrap().to_string())
+        .collect();
+    let (results, warnings) = journal::read(&dir).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(results.runs.iter().all(|r| r.format == FORMAT_VERSION));
+    assert_eq!(results.jobs.len(), ids.len());
+    assert!(results.ab_setups.is_empty() && results.ab_pairs.is_empty());
 }
 
 fn retired() -> LaneRetired {

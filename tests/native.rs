@@ -229,15 +229,9 @@ fn the_native_worker_answers_each_request_with_its_time_last() {
         );
         assert!(r["worker_us"].as_f64().is_some_and(|us| us >= 0.0), "{r}");
     }
-    // How long it waited since its last answer, from its second on: the
-    // session writes each part 30 ms after the last.
-    assert!(replies[0].get("idle_us").is_none(), "{:?}", replies[0]);
-    for r in &replies[1..] {
-        let idle = r["idle_us"].as_f64().unwrap_or_else(|| panic!("{r}"));
-        assert!((20e3..10e6).contains(&idle), "{r}");
-    }
     // When it read each request, on the clock this process reads too: inside
-    // the session, in order, and as far apart as the writes (30 ms).
+    // the session and in order. (Not "30 ms apart" as the writes are: on a
+    // loaded machine a read comes late, and the next one sooner after it.)
     let after = tunelab::trace::monotonic_ns();
     let read_at: Vec<u64> = replies
         .iter()
@@ -247,8 +241,23 @@ fn the_native_worker_answers_each_request_with_its_time_last() {
         read_at.iter().all(|t| (before..after).contains(t)),
         "{read_at:?} not in {before}..{after}"
     );
-    for pair in read_at.windows(2) {
-        assert!(pair[1] - pair[0] >= 20_000_000, "{read_at:?}");
+    assert!(read_at.windows(2).all(|p| p[0] < p[1]), "{read_at:?}");
+    // How long it waited since its last answer, from its second on: a part
+    // of the time between its reads (the rest is its own work and the
+    // answer's trip), however late a loaded machine woke it.
+    assert!(replies[0].get("idle_us").is_none(), "{:?}", replies[0]);
+    for (k, r) in replies.iter().enumerate().skip(1) {
+        let idle = r["idle_us"].as_f64().unwrap_or_else(|| panic!("{r}"));
+        let between_reads_us = (read_at[k] - read_at[k - 1]) as f64 / 1e3;
+        let before_us = replies[k - 1]["worker_us"].as_f64().unwrap_or(0.0);
+        assert!(
+            idle > 0.0 && idle <= between_reads_us,
+            "{r}: {between_reads_us} us between reads"
+        );
+        assert!(
+            idle + before_us <= between_reads_us + 1.0,
+            "{r}: {between_reads_us} us between reads"
+        );
     }
 }
 

@@ -197,6 +197,13 @@ class Job:
         self.ir = method.get("ir")
         if self.ir is not None and (not isinstance(self.ir, str) or not self.ir):
             raise bad_request("job.method.ir must be a path to an IR file")
+        # An A/B side's code (tunelab.variant): module name -> the file run instead.
+        self.modules = method.get("modules") or {}
+        if not isinstance(self.modules, dict) or not all(
+                isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.modules.items()):
+            raise bad_request("job.method.modules must map module names to files")
+        # A planted slowdown (an A/B side's testing knob): microseconds of spin after each launch.
+        self.plant_us = _number_field(raw, "plant_us", default=0.0)
 
 
 # --------------------------------------------------------------------------
@@ -799,6 +806,10 @@ class Worker:
                 out = getattr(launch, "out", None)
                 if not isinstance(out, self.torch.Tensor):
                     raise TypeError(f"{type(launch).__name__}.out must be a torch.Tensor, got {type(out).__name__}")
+            if job.plant_us > 0:
+                with stage("launch"):
+                    launch = self._plant(launch, job.plant_us)
+            with stage("bind"):
                 _poison(self.torch, out)
             with stage("launch"):
                 launch()
@@ -900,6 +911,8 @@ class Worker:
         graph_calls = _int_field(request, "graph_calls", default=10, minimum=1, maximum=_MAX_GRAPH_CALLS)
         timer = self._timing()
         with stage("launch"), jit.active(prepared.ctx):
+            # A planted slowdown sizes its spin at the clock the GPU runs now.
+            getattr(prepared.launch, "before_batch", lambda: None)()
             if timing == "graph":
                 us, clock = timer.sample_graph(prepared, count, graph_calls)
                 name = timer.graph_name
@@ -1181,7 +1194,16 @@ class Worker:
                 ir_path = ir.cached_copy(_triton_cache_dir())
             except (IrFileError, OSError) as exc:
                 raise WorkerError(PROBLEM_ERROR, str(exc)) from exc
-        return jit.JobContext(job.config, ir, ir_path)
+        return jit.JobContext(job.config, ir, ir_path, job.modules)
+
+    def _plant(self, launch, plant_us: float):
+        """The launch with a slowdown of `plant_us` planted after it (tunelab.variant)."""
+        from tunelab import variant
+
+        if self.mode == "gpu":
+            timer = self._timing()
+            return variant.plant_on_gpu(self.torch, launch, plant_us, timer._sm_clock)
+        return variant.plant_on_cpu(launch, plant_us)
 
     def _compile(self, job: Job, problem, method, ctx):
         """`Method.compile` under the job's context; for an `ir:` method, the

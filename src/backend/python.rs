@@ -463,13 +463,26 @@ impl PythonBackend {
         if let Some(ir) = self.ir_files.get(&job.method) {
             method["ir"] = json!(ir.display().to_string());
         }
-        json!({
+        let variant = job.variant.as_deref();
+        if let Some(v) = variant.filter(|v| !v.modules.is_empty()) {
+            let modules: serde_json::Map<String, Json> = v
+                .modules
+                .iter()
+                .map(|(name, file)| (name.clone(), json!(file.display().to_string())))
+                .collect();
+            method["modules"] = Json::Object(modules);
+        }
+        let mut body = json!({
             "job_id": job.id,
             "problem": self.problem,
             "shape": job.shape,
             "method": method,
             "config": job.config,
-        })
+        });
+        if let Some(v) = variant.filter(|v| v.plant_us > 0.0) {
+            body["plant_us"] = json!(v.plant_us);
+        }
+        body
     }
 
     /// Starts the worker (if needed) and returns its `hello`: what it runs on.

@@ -131,10 +131,11 @@ pub enum Command {
         #[arg(long, value_name = "TARGET")]
         ir_target: Option<String>,
     },
-    /// Compare NEW against BASE per shape: FAST / SAME / SLOW by confidence
-    /// intervals, the geometric-mean speedup, the worst shapes, as markdown.
+    /// Compare NEW against BASE per shape: FAST / SAME / SLOW / AMBIGUOUS
+    /// against the run-to-run spread, the geometric-mean speedup, the worst
+    /// shapes, the machines' differences, as markdown.
     #[command(
-        after_help = "BASE and NEW are results directories or journals; BASE may also be a consumer's\nshipped file (a vLLM fused-MoE JSON) whose configs NEW's run timed (run --compare-to).\n\nExamples:\n  tunelab compare results-main/gptoss/NVIDIA_H100_80GB_HBM3 results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare experiments/shipped/vllm/E=128,N=2880,device_name=NVIDIA_H100_80GB_HBM3.json results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare OLD NEW --fail-on-slower 2%   # exit 5 when a shape is over 2 % slower"
+        after_help = "BASE and NEW are results directories or journals of two separate runs: verdicts are\nagainst a margin of the run-to-run spread (setting run_spread, default 5 %, docs/ab.md);\nto time both in one run, use `tunelab ab`. BASE may also be a consumer's shipped file\n(a vLLM fused-MoE JSON) whose configs NEW's run timed (run --compare-to).\n\nExamples:\n  tunelab compare results-main/gptoss/NVIDIA_H100_80GB_HBM3 results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare experiments/shipped/vllm/E=128,N=2880,device_name=NVIDIA_H100_80GB_HBM3.json results/gptoss/NVIDIA_H100_80GB_HBM3\n  tunelab compare OLD NEW --fail-on-slower 2%   # exit 5 when a pair is SLOW by over 2 %"
     )]
     Compare {
         /// The base: a results directory, a journal, or a shipped tuned file.
@@ -144,9 +145,75 @@ pub enum Command {
         /// Exit 5 when a shape is SLOW by more than this: `2%` or `0.02`.
         #[arg(long, value_name = "PERCENT")]
         fail_on_slower: Option<String>,
+        /// How far apart separate runs of one config come out: `5%` or
+        /// `0.05` [settings: run_spread, env: TUNELAB_RUN_SPREAD].
+        #[arg(long, value_name = "PERCENT")]
+        run_spread: Option<String>,
         /// Write the markdown here as well as to standard output.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
+    },
+    /// Time two sides' configs of each (shape, method) against each other in
+    /// one run, after an A/A round that measures the run's noise: verdicts
+    /// with a noise model, a report for a pull request, a gate.
+    #[command(
+        long_about = "Time two sides against each other in one run (docs/ab.md). For each (shape, method) of MANIFEST (after --only) that both sides have a config for, one lane per GPU prepares side A's config twice and side B's, on the same inputs, and times A against its copy in --aa-rounds rounds (how far apart identical sides come out in this run), then A against B in --rounds rounds, A B then B A and so on; a round is one batch of each side, as the finalists' re-timing takes it. Nothing is tuned: each side's pick is timed.\n\n\
+A side is a results directory (its pick per shape and method, by the selection rule of every output), a journal, or a consumer's shipped file (a vLLM fused-MoE JSON, run in the method that writes that format, as run --compare-to does). --a-code and --b-code give a side other code: REV (every kernel module of the worker's package, python/tunelab/kernels/*.py, that differs at git revision REV) or FILE=REPLACEMENT (the module at FILE run from REPLACEMENT, a path or REV:PATH).\n\n\
+Each pair's verdict: the 95 % t-interval of the mean of its rounds' log(B / A), against a margin of the larger of --threshold and how far apart its A/A rounds put A and its copy: SAME within, SLOW or FAST wholly outside, AMBIGUOUS across an edge. The run is journaled in RESULTS_DIR/<experiment>-ab/<device>/, and its report (report.md there) regenerates with tunelab report; running the same command again times only the pairs it has not recorded.",
+        after_help = "Examples:\n  tunelab ab experiments/gptoss.yaml --only E=32,N=2880                     # the committed picks against themselves: the noise floor\n  tunelab ab experiments/gptoss.yaml --a results-main/gptoss/NVIDIA_H200 --b results/gptoss/NVIDIA_H200 --fail-on-slower 2%\n  tunelab ab experiments/gptoss.yaml --only E=32,N=2880 --a-code main      # main's kernels against the working tree's, same configs\n  tunelab ab experiments/gptoss.yaml --a experiments/shipped/vllm/E=128,N=2880,device_name=NVIDIA_H100_80GB_HBM3.json\n  tunelab ab experiments/gptoss.yaml --only E=32,N=2880 --plant-slowdown 3%   # testing knob: B made 3 % slower\n\nExit codes: 0 done, 2 bad input, 3 some pairs have no verdict, 4 environment unusable, 5 a pair is SLOW beyond --fail-on-slower, 130 interrupted."
+    )]
+    Ab {
+        /// The experiment's manifest: its methods and shapes (--only narrows them).
+        manifest: PathBuf,
+        #[command(flatten)]
+        manifest_args: ManifestArgs,
+        /// Side A: a results directory, a journal or a shipped vLLM JSON.
+        /// Default: this experiment's results directory for the device.
+        #[arg(long, value_name = "SIDE")]
+        a: Option<PathBuf>,
+        /// Side B, as --a. Default: A's configs (with --b-code, or
+        /// --plant-slowdown, what makes B differ).
+        #[arg(long, value_name = "SIDE")]
+        b: Option<PathBuf>,
+        /// Code side A runs instead of the working tree's: REV or
+        /// FILE=REPLACEMENT (repeatable).
+        #[arg(long = "a-code", value_name = "CODE")]
+        a_code: Vec<String>,
+        /// Code side B runs instead of the working tree's, as --a-code.
+        #[arg(long = "b-code", value_name = "CODE")]
+        b_code: Vec<String>,
+        /// Rounds of A against a copy of itself per pair, first.
+        #[arg(long, value_name = "N", default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        aa_rounds: u32,
+        /// Rounds of A against B per pair.
+        #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=1000))]
+        rounds: u32,
+        /// The smallest change a verdict calls FAST or SLOW: `1%` (the default) or `0.01`.
+        #[arg(long, value_name = "PERCENT")]
+        threshold: Option<String>,
+        /// Exit 5 when a pair is SLOW with B more than this slower: `2%` or `0.02`.
+        #[arg(long, value_name = "PERCENT")]
+        fail_on_slower: Option<String>,
+        /// Testing knob: each of B's launches followed by a spin of this
+        /// share of A's median (`3%`), inside the timed region: a known
+        /// slowdown the A/B should find (docs/ab.md).
+        #[arg(long, value_name = "PERCENT")]
+        plant_slowdown: Option<String>,
+        /// Run Triton's interpreter on the CPU even if a GPU is present [settings: interpret].
+        #[arg(long)]
+        interpret: bool,
+        /// The GPUs to run on, as `tunelab devices` numbers them: one lane each, one model.
+        #[arg(long, value_name = "I,J,...", value_delimiter = ',')]
+        gpus: Option<Vec<usize>>,
+        /// At most N lanes (interpreter: N CPU lanes, default 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        lanes: Option<u32>,
+        /// CPU compile workers (0 = the cores the lanes leave) [settings: compile_workers].
+        #[arg(long, value_name = "N")]
+        compile_workers: Option<usize>,
+        /// No line per pair.
+        #[arg(long)]
+        quiet: bool,
     },
     /// Regenerate every output and the report of a results directory from its journal.
     #[command(after_help = "Example:\n  tunelab report results/quickstart/NVIDIA_H100_80GB_HBM3")]

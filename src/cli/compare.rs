@@ -11,9 +11,22 @@ pub(super) fn compare(
     new: &Path,
     fail_on_slower: Option<&str>,
     out: Option<&Path>,
+    settings: &crate::config::Settings,
 ) -> Result<i32, Failure> {
-    let threshold = fail_on_slower.map(threshold).transpose()?;
-    let (comparison, warnings) = crate::emit::compare::from_paths(base, new)
+    let threshold = fail_on_slower
+        .map(|t| percentage("--fail-on-slower", t))
+        .transpose()?;
+    if !(settings.run_spread.is_finite() && settings.run_spread >= 0.0) {
+        return Err(Failure::bad_input(format!(
+            "error: run_spread {}: expected a fraction of 0 or more (0.05 is 5 %)",
+            settings.run_spread
+        )));
+    }
+    let options = crate::emit::compare::Options {
+        spread: settings.run_spread,
+        ..Default::default()
+    };
+    let (comparison, warnings) = crate::emit::compare::from_paths(base, new, &options)
         .map_err(|why| Failure::bad_input(format!("error: {why}")))?;
     for w in warnings {
         eprintln!("warning: {w}");
@@ -38,8 +51,8 @@ pub(super) fn compare(
     })
 }
 
-/// `2%` or `0.02` -> 0.02.
-fn threshold(text: &str) -> Result<f64, Failure> {
+/// `2%` or `0.02` -> 0.02; `flag` names the flag in the error.
+pub(super) fn percentage(flag: &str, text: &str) -> Result<f64, Failure> {
     let t = text.trim();
     let value = match t.strip_suffix('%') {
         Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
@@ -48,7 +61,7 @@ fn threshold(text: &str) -> Result<f64, Failure> {
     match value {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(Failure::bad_input(format!(
-            "error: --fail-on-slower {text}: expected a percentage such as `2%` (or a fraction, 0.02)"
+            "error: {flag} {text}: expected a percentage such as `2%` (or a fraction, 0.02)"
         ))),
     }
 }

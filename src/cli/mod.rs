@@ -8,6 +8,7 @@
 //! - `inspect.rs`: `validate`, `plan`;
 //! - `results.rs`: `report`, `pack`;
 //! - `compare.rs`: `compare`;
+//! - `ab.rs`: `ab`, an A/B of two sides in one run (docs/ab.md);
 //! - `environment.rs`: `devices`, `doctor`, `config`, `schema`, and where the
 //!   worker's Python package is;
 //! - `workbench.rs`: `ir-pass`, `profile` (their Python halves in
@@ -34,6 +35,7 @@ macro_rules! say_raw {
     }};
 }
 
+mod ab;
 pub mod args;
 mod compare;
 mod environment;
@@ -155,13 +157,67 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             };
             run::run_traced(&request, trace.as_deref())
         }
+        Command::Ab {
+            manifest,
+            manifest_args,
+            a,
+            b,
+            a_code,
+            b_code,
+            aa_rounds,
+            rounds,
+            threshold,
+            fail_on_slower,
+            plant_slowdown,
+            interpret,
+            gpus,
+            lanes,
+            compile_workers,
+            quiet,
+        } => {
+            let mut settings = settings;
+            settings.interpret |= interpret;
+            if let Some(n) = compile_workers {
+                settings.compile_workers = n;
+            }
+            ab::ab(&ab::Request {
+                manifest: &manifest,
+                args: &manifest_args,
+                settings: &settings,
+                a: a.as_deref(),
+                b: b.as_deref(),
+                a_code: &a_code,
+                b_code: &b_code,
+                aa_rounds,
+                rounds,
+                threshold: threshold.as_deref(),
+                fail_on_slower: fail_on_slower.as_deref(),
+                plant: plant_slowdown.as_deref(),
+                gpus: gpus.as_deref(),
+                lanes: lanes.map(|n| n as usize),
+                progress: !quiet,
+            })
+        }
         Command::Report { results } => results::report(&results),
         Command::Compare {
             base,
             new,
             fail_on_slower,
+            run_spread,
             out,
-        } => compare::compare(&base, &new, fail_on_slower.as_deref(), out.as_deref()),
+        } => {
+            let mut settings = settings;
+            if let Some(spread) = run_spread {
+                settings.run_spread = compare::percentage("--run-spread", &spread)?;
+            }
+            compare::compare(
+                &base,
+                &new,
+                fail_on_slower.as_deref(),
+                out.as_deref(),
+                &settings,
+            )
+        }
         Command::Pack { results } => results::pack(&results),
         Command::Merge { into, files, force } => merge::merge(&into, &files, force),
         Command::IrPass {

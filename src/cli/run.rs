@@ -54,27 +54,30 @@ pub(super) fn run_traced(request: &Request<'_>, trace: Option<&Path>) -> Result<
 }
 
 /// Where a run executes: GPUs of one model, or the interpreter.
-struct Target {
-    device: DeviceInfo,
-    mode: Mode,
+pub(super) struct Target {
+    pub(super) device: DeviceInfo,
+    pub(super) mode: Mode,
     /// The GPUs' ids in their backend's visible-devices variable, one lane each.
-    gpus: Vec<String>,
+    pub(super) gpus: Vec<String>,
     /// Interpreter lanes.
-    lanes: usize,
+    pub(super) lanes: usize,
     /// The number of the first lane (lanes are numbered across models).
-    first_lane: u32,
+    pub(super) first_lane: u32,
     /// GPU lanes on this host over every model run at once.
-    host_lanes: usize,
+    pub(super) host_lanes: usize,
 }
 
 /// The GPUs chosen (`--gpus`, else every visible one; at most `--lanes`),
 /// one target per model, each writing its own results directory; or the
 /// interpreter when there is no GPU or it is asked for.
-fn targets(request: &Request<'_>) -> Result<Vec<Target>, Failure> {
-    let settings = request.settings;
+pub(super) fn targets(
+    settings: &Settings,
+    gpus: Option<&[usize]>,
+    lanes: Option<usize>,
+) -> Result<Vec<Target>, Failure> {
     let discovery = device::discover();
     if !settings.interpret && !discovery.devices.is_empty() {
-        let chosen: Vec<usize> = match request.gpus {
+        let chosen: Vec<usize> = match gpus {
             Some(list) => {
                 for &i in list {
                     if i >= discovery.devices.len() {
@@ -97,7 +100,7 @@ fn targets(request: &Request<'_>) -> Result<Vec<Target>, Failure> {
         };
         let chosen: Vec<usize> = chosen
             .into_iter()
-            .take(request.lanes.unwrap_or(usize::MAX))
+            .take(lanes.unwrap_or(usize::MAX))
             .collect();
         let mut out: Vec<Target> = Vec::new();
         for i in chosen {
@@ -125,7 +128,7 @@ fn targets(request: &Request<'_>) -> Result<Vec<Target>, Failure> {
         }
         return Ok(out);
     }
-    if request.gpus.is_some() {
+    if gpus.is_some() {
         return Err(Failure::bad_input(
             "error: --gpus names GPUs, and this run uses Triton's interpreter on the CPU\n  = help: use --lanes N for N interpreter lanes",
         ));
@@ -140,7 +143,7 @@ fn targets(request: &Request<'_>) -> Result<Vec<Target>, Failure> {
         device: device::profile("cpu").expect("cpu profile"),
         mode: Mode::Interpreter,
         gpus: Vec::new(),
-        lanes: request.lanes.unwrap_or(1),
+        lanes: lanes.unwrap_or(1),
         first_lane: 0,
         host_lanes: 0,
     }])
@@ -169,7 +172,7 @@ fn visible_id(devices: &[DeviceInfo], i: usize) -> String {
 }
 
 fn run(request: &Request<'_>) -> Result<i32, Failure> {
-    let targets = targets(request)?;
+    let targets = targets(request.settings, request.gpus, request.lanes)?;
     if targets.len() == 1 {
         return run_target(request, &targets[0], request.progress);
     }
@@ -296,33 +299,8 @@ fn run_experiment(
             Some(crate::emit::best_job_ids(&results))
         }
     };
-    let compile_workers = match settings.compile_workers {
-        // The cores the lanes leave: a lane's worker keeps one core busy
-        // launching and timing, and a compile competing for it would show
-        // in its timings. Models running at once share the cores by lanes.
-        0 => {
-            let cores = std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1);
-            let lanes = target.gpus.len();
-            let share = cores * lanes / target.host_lanes.max(lanes).max(1);
-            // At most 64: compiles are per config, not per shape, so a run
-            // over many lanes meets the same compiles sooner (a 4-GPU host
-            // of 64 cores compiling gpt-oss's ~2000 kernels with 16 workers
-            // would be compile-bound), and a compile worker imports only
-            // Triton (about 150 MB).
-            share.saturating_sub(lanes).clamp(1, 64)
-        }
-        n => n,
-    };
-    let fingerprint = Fingerprint {
-        tunelab: env!("CARGO_PKG_VERSION").to_string(),
-        git_commit: option_env!("TUNELAB_GIT_COMMIT").map(str::to_string),
-        manifest_hash: exp.manifest_hash.clone(),
-        gpu: target.device.name.clone(),
-        driver: target.device.driver.clone(),
-        ..Default::default()
-    };
+    let compile_workers = compile_workers(settings, target);
+    let fingerprint = fingerprint(exp, target);
     let opts = RunOptions {
         exp,
         device: target.device.clone(),
@@ -341,12 +319,9 @@ fn run_experiment(
         only_jobs,
         progress,
         retries: settings.retries,
+        ab: None,
     };
-    let outcome = schedule::run(opts, fingerprint).map_err(|e| match e {
-        RunError::Input(d) => Failure::from(d),
-        RunError::Store(e) => Failure::environment(format!("error: {e}")),
-        RunError::Environment(m) => Failure::environment(format!("error: {m}")),
-    })?;
+    let outcome = schedule::run(opts, fingerprint).map_err(run_failure)?;
     for change in &outcome.fingerprint_changes {
         eprintln!("note: environment changed since the journal's last run: {change}");
     }
@@ -416,6 +391,50 @@ fn run_experiment(
     } else {
         exit::OK
     })
+}
+
+/// The compile pool's size (`compile_workers`; 0: the cores the lanes
+/// leave). A lane's worker keeps one core busy launching and timing, and a
+/// compile competing for it would show in its timings. Models running at
+/// once share the cores by lanes.
+pub(super) fn compile_workers(settings: &Settings, target: &Target) -> usize {
+    match settings.compile_workers {
+        0 => {
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
+            let lanes = target.gpus.len();
+            let share = cores * lanes / target.host_lanes.max(lanes).max(1);
+            // At most 64: compiles are per config, not per shape, so a run
+            // over many lanes meets the same compiles sooner (a 4-GPU host
+            // of 64 cores compiling gpt-oss's ~2000 kernels with 16 workers
+            // would be compile-bound), and a compile worker imports only
+            // Triton (about 150 MB).
+            share.saturating_sub(lanes).clamp(1, 64)
+        }
+        n => n,
+    }
+}
+
+/// What a run's results depend on that the runner knows before its worker says hello.
+pub(super) fn fingerprint(exp: &Experiment, target: &Target) -> Fingerprint {
+    Fingerprint {
+        tunelab: env!("CARGO_PKG_VERSION").to_string(),
+        git_commit: option_env!("TUNELAB_GIT_COMMIT").map(str::to_string),
+        manifest_hash: exp.manifest_hash.clone(),
+        gpu: target.device.name.clone(),
+        driver: target.device.driver.clone(),
+        ..Default::default()
+    }
+}
+
+/// What went wrong in a run, as the command reports it.
+pub(super) fn run_failure(e: RunError) -> Failure {
+    match e {
+        RunError::Input(d) => Failure::from(d),
+        RunError::Store(e) => Failure::environment(format!("error: {e}")),
+        RunError::Environment(m) => Failure::environment(format!("error: {m}")),
+    }
 }
 
 /// `--keep-ir`, or an `ir` output: the winners' (or every job's) kernels
@@ -583,7 +602,7 @@ fn export_aot(exp: &Experiment, target: &Target, dir: &Path, python: &str) -> Re
 }
 
 /// A wall time as people read it: `0.4 s`, `12.5 s`, `3 min 05 s`.
-fn seconds(s: f64) -> String {
+pub(super) fn seconds(s: f64) -> String {
     if s < 60.0 {
         format!("{s:.1} s")
     } else {

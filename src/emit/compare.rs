@@ -1,28 +1,38 @@
-//! Comparisons: NEW against BASE, per shape. A row is FAST, SAME or SLOW by
-//! the overlap of the two medians' 95 % confidence intervals
-//! (`measure::verdict`); the summary is the geometric mean of the speedups
-//! (base time / new time) and the worst regressions. Rendered as markdown
-//! ready to paste into a pull request; `tunelab compare` and the report's
-//! summary both use it.
+//! Comparisons: NEW against BASE, per shape and method, as markdown for a
+//! pull request; `tunelab compare` and the report's summary use it.
 //!
-//! Three ways to get the two sides:
-//! - [`between`]: two results (two runs of one experiment): per (shape,
-//!   method) found in both, the best of each;
-//! - [`against_shipped`]: a consumer's shipped file (a vLLM JSON) against a
-//!   run that timed its configs (`run --compare-to`): per shape, the tuned
-//!   method's best against the shipped config, in the same run and kernel;
+//! Three ways to get the two sides, and what their verdicts can say:
+//! - [`between`]: two separate runs of one experiment, best against best
+//!   per (shape, method). Separate runs differ by more than either run's
+//!   noise (docs/ab.md, "Separate runs"), so a verdict is against a margin
+//!   of the larger of the threshold and the run-to-run spread
+//!   (`run_spread`), on the interval of the ratio of the two medians,
+//!   widened where a run ran under the power cap by the clock's headroom;
+//!   FAST / SAME / SLOW / AMBIGUOUS (`measure::paired::equivalence`). The
+//!   machines' differences are named.
+//! - [`against_shipped`]: a consumer's shipped file against a run that timed
+//!   its configs (`run --compare-to`), in the same run and kernel;
 //! - [`compared_in_run`]: every file a run timed, as the report shows them.
+//!
+//! The last two compare timings of one run, taken one after the other, not
+//! interleaved: FAST / SAME / SLOW by the overlap of the two medians' 95 %
+//! confidence intervals (`measure::verdict`). `tunelab ab` times two sides
+//! interleaved, with a noise model (`emit::ab`).
 
 use std::fmt::Write;
 
 use indexmap::IndexMap;
 use serde_json::Value as Json;
 
-use super::num::{compact_config, json_text};
-use super::select::{shape_key, Selection, ShapeFields};
+use super::machine::{differences, Machine};
+use super::num::{compact_config, count, json_text};
+use super::select::{eligible, fastest, shape_key, Selection, ShapeFields};
 use super::shipped::ShippedFile;
+use crate::measure::paired::{equivalence, RatioInterval};
 use crate::measure::{geomean, verdict, Stats, Verdict};
 use crate::store::{JobStatus, Results};
+
+pub use crate::measure::paired::{DEFAULT_RUN_SPREAD, DEFAULT_THRESHOLD};
 
 /// One shape (and method) compared.
 #[derive(Debug, Clone)]
@@ -36,6 +46,11 @@ pub struct Row {
     pub base_config: IndexMap<String, Json>,
     pub new_config: IndexMap<String, Json>,
     pub verdict: Verdict,
+    /// New time / base time with the interval the verdict was judged on
+    /// (separate runs); none where the verdict is by interval overlap.
+    pub interval: Option<RatioInterval>,
+    /// Either side ran under its run's power cap (`machine::CAPPED_BELOW`).
+    pub capped: bool,
 }
 
 impl Row {
@@ -50,6 +65,39 @@ impl Row {
     }
 }
 
+/// What a comparison's verdicts are judged on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Basis {
+    /// Two separate runs: a margin of the larger of `threshold` and
+    /// `spread`, on intervals widened by the clock headroom of capped pairs.
+    SeparateRuns {
+        threshold: f64,
+        spread: f64,
+        /// Each run's machine, where its results have a header.
+        machines: Option<Box<(Machine, Machine)>>,
+    },
+    /// Two methods' timings in one run: interval overlap.
+    OneRun,
+}
+
+/// How separate runs are judged (`tunelab compare`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Options {
+    /// The smallest change called FAST or SLOW.
+    pub threshold: f64,
+    /// How far apart separate runs of one config come out (`run_spread`).
+    pub spread: f64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            threshold: DEFAULT_THRESHOLD,
+            spread: DEFAULT_RUN_SPREAD,
+        }
+    }
+}
+
 /// NEW against BASE, row by row.
 #[derive(Debug, Clone)]
 pub struct Comparison {
@@ -58,6 +106,10 @@ pub struct Comparison {
     pub rows: Vec<Row>,
     /// What could not be compared, in words (shapes on one side only, ...).
     pub notes: Vec<String>,
+    pub basis: Basis,
+    /// Pairs whose two runs picked the same config, and how many would
+    /// have by the fastest alone (`select::fastest`), of those compared.
+    pub picks_agree: Option<(usize, usize)>,
 }
 
 impl Comparison {
@@ -87,70 +139,142 @@ impl Comparison {
         rows
     }
 
-    /// One line: `1.04× geomean over 18 shapes: 5 FAST, 12 SAME, 1 SLOW`.
+    /// One line: `1.04× geomean over 18 shapes: 5 FAST, 12 SAME, 1 SLOW`
+    /// (and the AMBIGUOUS, where the basis has them).
     pub fn headline(&self) -> String {
         match self.geomean_speedup() {
             None => "nothing to compare".into(),
-            Some(g) => format!(
-                "{g:.3}× geomean speedup over {}: {} FAST, {} SAME, {} SLOW",
-                super::num::count(self.rows.len() as u64, "shape", "shapes"),
-                self.count(Verdict::Fast),
-                self.count(Verdict::Same),
-                self.count(Verdict::Slow)
-            ),
+            Some(g) => {
+                let ambiguous = match self.count(Verdict::Ambiguous) {
+                    0 => String::new(),
+                    n => format!(", {n} AMBIGUOUS"),
+                };
+                format!(
+                    "{g:.3}× geomean speedup over {}: {} FAST, {} SAME, {} SLOW{ambiguous}",
+                    count(self.rows.len() as u64, "shape", "shapes"),
+                    self.count(Verdict::Fast),
+                    self.count(Verdict::Same),
+                    self.count(Verdict::Slow),
+                )
+            }
         }
     }
 
-    /// Markdown for a pull request: the headline, the regressions beyond
-    /// `threshold` (when given), and every row in a collapsed table.
+    /// Markdown for a pull request: the headline, what the verdicts mean,
+    /// the machines' differences, the regressions beyond `threshold` (when
+    /// given) or the worst rows, and every row in a collapsed table.
     pub fn markdown(&self, threshold: Option<f64>) -> String {
         let mut out = String::new();
+        let separate = matches!(self.basis, Basis::SeparateRuns { .. });
         let _ = writeln!(
             out,
-            "### tunelab compare: `{}` → `{}`\n",
-            self.base_name, self.new_name
+            "### tunelab compare: `{}` → `{}`{}\n",
+            self.base_name,
+            self.new_name,
+            if separate { " (separate runs)" } else { "" }
         );
         let _ = writeln!(out, "**{}**\n", self.headline());
-        let _ = writeln!(
-            out,
-            "FAST and SLOW: the 95 % confidence intervals of the two medians do not overlap; speedup = base time / new time.\n"
-        );
+        match &self.basis {
+            Basis::SeparateRuns {
+                threshold: floor,
+                spread,
+                machines,
+            } => {
+                let _ = writeln!(
+                    out,
+                    "These verdicts compare two separate runs, which differ by more than either run's own noise. SAME: the 95 % interval of new time / base time lies within ±{} (the larger of the {} threshold and the run-to-run spread, `run_spread`, set by `--run-spread`); FAST or SLOW: wholly outside it; AMBIGUOUS: across its edge. A pair that ran under the power cap in either run has its interval widened by the clock's headroom. For verdicts a smaller change can reach, time both sides in one run: `tunelab ab MANIFEST --a BASE --b NEW` (docs/ab.md).\n",
+                    pct(floor.max(*spread)),
+                    pct(*floor)
+                );
+                if let Some(m) = machines {
+                    machine_lines(&mut out, &m.0, &m.1);
+                }
+                let capped = self.rows.iter().filter(|r| r.capped).count();
+                if capped > 0 {
+                    let _ = writeln!(
+                        out,
+                        "- {} ran under the power cap in one run or both: their intervals are widened by how much faster they could have run at the peak clock.",
+                        count(capped as u64, "pair", "pairs")
+                    );
+                }
+                if let Some((same, fastest)) = self.picks_agree {
+                    let _ = writeln!(
+                        out,
+                        "- Picks: {same} of {} pairs picked the same config in both runs ({fastest} by the fastest alone, before ties went by a fixed rule).",
+                        self.rows.len()
+                    );
+                }
+                out.push('\n');
+            }
+            Basis::OneRun => {
+                let _ = writeln!(
+                    out,
+                    "Timed in one run, one after the other: FAST and SLOW where the 95 % confidence intervals of the two medians do not overlap; speedup = base time / new time.\n"
+                );
+            }
+        }
         if let Some(t) = threshold {
             let bad = self.regressions(t);
             if bad.is_empty() {
-                let _ = writeln!(out, "No shape is more than {} slower.\n", pct(t));
+                let _ = writeln!(out, "No pair is SLOW by more than {}.\n", pct(t));
             } else {
                 let _ = writeln!(
                     out,
-                    "**{} more than {} slower:**\n",
-                    super::num::count(bad.len() as u64, "shape is", "shapes are"),
+                    "**{} SLOW by more than {}:**\n",
+                    count(bad.len() as u64, "pair is", "pairs are"),
                     pct(t)
                 );
-                table(&mut out, &bad);
+                table(&mut out, &bad[..bad.len().min(WORST)]);
             }
         }
         let worst: Vec<&Row> = self.worst_first().into_iter().take(5).collect();
         if threshold.is_none() && !worst.is_empty() {
-            let _ = writeln!(out, "Worst shapes:\n");
+            let _ = writeln!(out, "Worst pairs:\n");
             table(&mut out, &worst);
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "- {note}");
+        }
+        if !self.notes.is_empty() {
+            out.push('\n');
         }
         if !self.rows.is_empty() {
             let _ = writeln!(
                 out,
                 "<details><summary>All {}</summary>\n",
-                super::num::count(self.rows.len() as u64, "row", "rows")
+                count(self.rows.len() as u64, "row", "rows")
             );
             table(&mut out, &self.rows.iter().collect::<Vec<_>>());
-            let _ = writeln!(out, "</details>\n");
-        }
-        for note in &self.notes {
-            let _ = writeln!(out, "- {note}");
+            let _ = writeln!(out, "</details>");
         }
         out.trim_end().to_string() + "\n"
     }
 }
 
-fn pct(fraction: f64) -> String {
+/// Rows shown before the details fold: with the lines around them, a
+/// comparison's markdown stays within 100 lines there.
+const WORST: usize = 40;
+
+fn machine_lines(out: &mut String, base: &Machine, new: &Machine) {
+    let diffs = differences(base, new);
+    if diffs.is_empty() {
+        let _ = writeln!(out, "- Machine (both runs): {}.", base.describe());
+    } else {
+        let _ = writeln!(out, "- Base machine: {}.", base.describe());
+        let _ = writeln!(out, "- New machine: {}.", new.describe());
+        for d in diffs {
+            let _ = writeln!(out, "- {d}");
+        }
+    }
+    if let (Some(a), Some(b)) = (&base.commit, &new.commit) {
+        let _ = writeln!(out, "- Commits: {a} (base), {b} (new).");
+    }
+    let _ = writeln!(out, "- Base clocks: {}.", base.clocks());
+    let _ = writeln!(out, "- New clocks: {}.", new.clocks());
+}
+
+/// `2 %`, `2.5 %`.
+pub fn pct(fraction: f64) -> String {
     let p = fraction * 100.0;
     if (p - p.round()).abs() < 1e-9 {
         format!("{p:.0} %")
@@ -161,15 +285,18 @@ fn pct(fraction: f64) -> String {
 
 fn table(out: &mut String, rows: &[&Row]) {
     let methods_differ = rows.iter().any(|r| r.base_method != r.new_method);
+    let with_interval = rows.iter().any(|r| r.interval.is_some());
     let _ = writeln!(
         out,
-        "| shape | {}base µs | new µs | change | speedup | verdict | base config | new config |",
-        if methods_differ { "" } else { "method | " }
+        "| shape | {}base µs | new µs | change | {}speedup | verdict | base config | new config |",
+        if methods_differ { "" } else { "method | " },
+        if with_interval { "interval | " } else { "" }
     );
     let _ = writeln!(
         out,
-        "| --- | {}---: | ---: | ---: | ---: | --- | --- | --- |",
-        if methods_differ { "" } else { "--- | " }
+        "| --- | {}---: | ---: | ---: | {}---: | --- | --- | --- |",
+        if methods_differ { "" } else { "--- | " },
+        if with_interval { "--- | " } else { "" }
     );
     for r in rows {
         let shape: Vec<String> = r
@@ -182,9 +309,24 @@ fn table(out: &mut String, rows: &[&Row]) {
         } else {
             format!("{} | ", r.new_method)
         };
+        let interval = match (&r.interval, with_interval) {
+            (Some(i), _) => format!(
+                "{:+.1} to {:+.1} %{} | ",
+                (i.low - 1.0) * 100.0,
+                (i.high - 1.0) * 100.0,
+                if r.capped { " (capped)" } else { "" }
+            ),
+            (None, true) => "— | ".into(),
+            (None, false) => String::new(),
+        };
+        let new_config = if r.new_config == r.base_config {
+            "same".to_string()
+        } else {
+            compact_config(&r.new_config)
+        };
         let _ = writeln!(
             out,
-            "| {} | {method}{:.2} | {:.2} | {:+.1} % | {:.3}× | {} | {} | {} |",
+            "| {} | {method}{:.2} | {:.2} | {:+.1} % | {interval}{:.3}× | {} | {} | {new_config} |",
             shape.join(" "),
             r.base.median_us,
             r.new.median_us,
@@ -192,27 +334,87 @@ fn table(out: &mut String, rows: &[&Row]) {
             r.speedup(),
             r.verdict.as_str(),
             compact_config(&r.base_config),
-            compact_config(&r.new_config)
         );
     }
     out.push('\n');
 }
 
-/// Two runs of one experiment: per (shape, method) with a best on both
-/// sides, best against best.
-pub fn between(base: &Results, new: &Results, base_name: &str, new_name: &str) -> Comparison {
+/// The verdict of separate runs' timings: the interval of new / base from
+/// the two medians' 95 % intervals (the root sum of squares of their
+/// half-widths, on the log scale), widened by `headroom`, against a margin
+/// of the larger of `threshold` and `spread`.
+pub fn separate_runs_verdict(
+    base: &Stats,
+    new: &Stats,
+    headroom: f64,
+    o: &Options,
+) -> (Verdict, RatioInterval) {
+    let half = |s: &Stats| (s.ci_high_us.ln() - s.ci_low_us.ln()).abs() / 2.0;
+    let centre = (new.median_us / base.median_us).ln();
+    let w = (half(base).powi(2) + half(new).powi(2)).sqrt();
+    let interval = RatioInterval::from_log(centre, w).widened(headroom);
+    (equivalence(&interval, o.threshold.max(o.spread)), interval)
+}
+
+/// Every timing a run's selection ranks, for its machine's clocks.
+fn timings<'a>(sel: &Selection<'a>) -> Vec<&'a Stats> {
+    sel.shapes
+        .iter()
+        .flat_map(|s| s.methods.iter())
+        .filter_map(|m| m.best)
+        .map(|b| b.stats)
+        .collect()
+}
+
+/// Two separate runs of one experiment: per (shape, method) with a best on
+/// both sides, best against best, judged as `o` says.
+pub fn between(
+    base: &Results,
+    new: &Results,
+    base_name: &str,
+    new_name: &str,
+    o: &Options,
+) -> Comparison {
     let (b, n) = (Selection::new(base), Selection::new(new));
+    let machines = base
+        .header
+        .as_ref()
+        .zip(new.header.as_ref())
+        .map(|(hb, hn)| (Machine::of(hb, timings(&b)), Machine::of(hn, timings(&n))));
     let mut rows = Vec::new();
     let mut only_base = 0;
+    let (mut same_pick, mut same_fastest) = (0, 0);
     for bs in &b.shapes {
         let Some(ns) = n.shapes.iter().find(|s| s.key == bs.key) else {
             only_base += 1;
             continue;
         };
         for bm in &bs.methods {
-            let (Some(bb), Some(nb)) = (bm.best, ns.method(bm.method).and_then(|m| m.best)) else {
+            let Some(nm) = ns.method(bm.method) else {
                 continue;
             };
+            let (Some(bb), Some(nb)) = (bm.best, nm.best) else {
+                continue;
+            };
+            let (headroom, capped) = match &machines {
+                Some((mb, mn)) => (
+                    mb.headroom(bb.stats.sm_clock_mhz)
+                        .max(mn.headroom(nb.stats.sm_clock_mhz)),
+                    mb.capped_at(bb.stats.sm_clock_mhz) || mn.capped_at(nb.stats.sm_clock_mhz),
+                ),
+                None => (0.0, false),
+            };
+            let (v, interval) = separate_runs_verdict(bb.stats, nb.stats, headroom, o);
+            same_pick += usize::from(bb.job.config == nb.job.config);
+            let fastest_config = |sel: &Selection<'_>, m: &super::select::MethodOutcome<'_>| {
+                fastest(
+                    m.jobs
+                        .iter()
+                        .filter_map(|j| eligible(j, sel.final_of(&j.job_id))),
+                )
+                .map(|t| t.job.config.clone())
+            };
+            same_fastest += usize::from(fastest_config(&b, bm) == fastest_config(&n, nm));
             rows.push(Row {
                 shape: bs.shape.clone(),
                 base_method: bm.method.to_string(),
@@ -221,7 +423,9 @@ pub fn between(base: &Results, new: &Results, base_name: &str, new_name: &str) -
                 new: nb.stats.clone(),
                 base_config: bb.job.config.clone(),
                 new_config: nb.job.config.clone(),
-                verdict: verdict(bb.stats, nb.stats),
+                verdict: v,
+                interval: Some(interval),
+                capped,
             });
         }
     }
@@ -246,6 +450,12 @@ pub fn between(base: &Results, new: &Results, base_name: &str, new_name: &str) -
         new_name: new_name.into(),
         rows,
         notes,
+        basis: Basis::SeparateRuns {
+            threshold: o.threshold,
+            spread: o.spread,
+            machines: machines.map(Box::new),
+        },
+        picks_agree: Some((same_pick, same_fastest)),
     }
 }
 
@@ -325,6 +535,8 @@ pub fn against_shipped(
             new: best.stats.clone(),
             base_config: config.clone(),
             new_config: best.job.config.clone(),
+            interval: None,
+            capped: false,
         });
     }
     if rows.is_empty() {
@@ -351,6 +563,8 @@ pub fn against_shipped(
         new_name: new_name.into(),
         rows,
         notes,
+        basis: Basis::OneRun,
+        picks_agree: None,
     })
 }
 
@@ -380,6 +594,8 @@ pub fn compared_in_run(results: &Results) -> Vec<(String, Comparison)> {
                 new: new.stats.clone(),
                 base_config: base.job.config.clone(),
                 new_config: new.job.config.clone(),
+                interval: None,
+                capped: false,
             });
         }
         out.push((
@@ -389,6 +605,8 @@ pub fn compared_in_run(results: &Results) -> Vec<(String, Comparison)> {
                 new_name: c.against.clone(),
                 rows,
                 notes: Vec::new(),
+                basis: Basis::OneRun,
+                picks_agree: None,
             },
         ));
     }
@@ -402,6 +620,7 @@ pub fn compared_in_run(results: &Results) -> Vec<(String, Comparison)> {
 pub fn from_paths(
     base: &std::path::Path,
     new: &std::path::Path,
+    o: &Options,
 ) -> Result<(Comparison, Vec<String>), String> {
     let mut warnings = Vec::new();
     let mut read = |path: &std::path::Path| -> Result<Results, String> {
@@ -427,7 +646,45 @@ pub fn from_paths(
             &new_results,
             &base.display().to_string(),
             &new.display().to_string(),
+            o,
         )
     };
     Ok((comparison, warnings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(median: f64, half: f64) -> Stats {
+        Stats {
+            median_us: median,
+            ci_low_us: median - half,
+            ci_high_us: median + half,
+            ..crate::measure::summarize(&[median], crate::measure::Timer::CudaEvent)
+        }
+    }
+
+    #[test]
+    fn separate_runs_are_judged_against_the_run_to_run_spread() {
+        let o = Options::default();
+        // 3 % apart, tight intervals: within the 5 % spread.
+        let (v, i) = separate_runs_verdict(&stats(100.0, 0.5), &stats(103.0, 0.5), 0.0, &o);
+        assert_eq!(v, Verdict::Same, "{i:?}");
+        // 8 % apart: beyond it.
+        let (v, _) = separate_runs_verdict(&stats(100.0, 0.5), &stats(108.0, 0.5), 0.0, &o);
+        assert_eq!(v, Verdict::Slow);
+        let (v, _) = separate_runs_verdict(&stats(100.0, 0.5), &stats(92.0, 0.5), 0.0, &o);
+        assert_eq!(v, Verdict::Fast);
+        // Near the edge: ambiguous.
+        let (v, _) = separate_runs_verdict(&stats(100.0, 0.5), &stats(105.0, 0.5), 0.0, &o);
+        assert_eq!(v, Verdict::Ambiguous);
+        // A capped run's headroom widens the interval: 8 % is no longer SLOW.
+        let (v, i) = separate_runs_verdict(&stats(100.0, 0.5), &stats(108.0, 0.5), 0.3, &o);
+        assert_eq!(v, Verdict::Ambiguous, "{i:?}");
+        // Without the spread (--run-spread 0) the threshold is the margin.
+        let tight = Options { spread: 0.0, ..o };
+        let (v, _) = separate_runs_verdict(&stats(100.0, 0.2), &stats(103.0, 0.2), 0.0, &tight);
+        assert_eq!(v, Verdict::Slow);
+    }
 }

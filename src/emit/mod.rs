@@ -37,11 +37,13 @@
 //! [`triton_mbucket`], [`triton_kernels`], [`report`], [`aot`] (whose files the run writes:
 //! they need the manifest and the compiled images, not only the journal).
 
+pub mod ab;
 pub mod aiter;
 pub mod aot;
 pub mod compare;
 pub mod csv_out;
 pub mod ir_index;
+pub mod machine;
 pub mod num;
 pub mod report;
 pub mod select;
@@ -118,6 +120,10 @@ pub fn write_outputs(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, Emit
 /// Every output of the run header, rendered in memory.
 pub fn render_outputs(results: &Results) -> Result<Vec<Rendered>, EmitError> {
     let header = results.header.as_ref().ok_or(EmitError::NoHeader)?;
+    if header.run_mode == crate::plan::RunMode::Ab {
+        // An A/B run's one output: its report (`emit::ab`).
+        return Ok(ab::render(results).into_iter().collect());
+    }
     let mut out: Vec<Rendered> = Vec::new();
     let mut seen: IndexMap<PathBuf, OutputFormat> = IndexMap::new();
     for spec in &header.outputs {

@@ -5,8 +5,27 @@
 //! - Only jobs with status `ok`, statistics and a finite, positive time are
 //!   eligible. Failed, pruned and checked jobs are never chosen, whatever
 //!   numbers they carry.
-//! - Best = the eligible job with the lowest time per (shape, method); equal
-//!   times go to the lower job id, so the choice never depends on journal order.
+//! - Best = the pick among the eligible jobs of a (shape, method), so that
+//!   where configs tie within noise, noise does not decide which one is
+//!   exported (two runs that find the same tie export the same config):
+//!   1. the tie: the jobs whose median differs from the fastest's by no
+//!      more than the noise of that difference (`measure::indistinguishable`:
+//!      the root sum of squares of the two medians' 95 % half-widths), timed
+//!      the same way (both re-timed as finalists, or neither), and no slower
+//!      than the baseline config (a pick never shows a speedup below 1); the
+//!      fastest is the lowest time, equal times the lower job id
+//!      ([`fastest`]);
+//!   2. narrowed by each timing of `protocol.retime_with` in turn (CUDA-graph
+//!      replay) that re-timed every job of the tie: to those tied there with
+//!      the tie's fastest under it, so a config that only ties cold but loses
+//!      under graph replay is not picked;
+//!   3. the baseline config when it is in the tie (no measured reason to
+//!      leave the default);
+//!   4. else the first in config order: the configs' values compared key by
+//!      key in the fastest config's key order (the method's parameters, space
+//!      and derived values as the manifest declares them; numbers
+//!      numerically, so smaller tiles, fewer warps and stages first), then
+//!      the job id.
 //! - Baseline = the eligible job with `baseline == true` for that (shape,
 //!   method) (the lowest time if a journal holds several). It may also be the best.
 //! - Speedup = baseline time / best time.
@@ -184,6 +203,10 @@ impl<'a> Selection<'a> {
             .header
             .as_ref()
             .map_or(Timing::Cold, |h| h.protocol.timing);
+        let retime_with: &[Timing] = results
+            .header
+            .as_ref()
+            .map_or(&[], |h| h.protocol.retime_with.as_slice());
         let mut final_map: HashMap<&str, &FinalRecord> = HashMap::new();
         let mut retimed = HashMap::new();
         for f in &results.finals {
@@ -209,7 +232,7 @@ impl<'a> Selection<'a> {
             .map(|(key, (shape, methods))| {
                 let mut methods: Vec<MethodOutcome<'_>> = methods
                     .into_iter()
-                    .map(|(method, jobs)| outcome(method, jobs, &final_map))
+                    .map(|(method, jobs)| outcome(method, jobs, &final_map, retime_with, &retimed))
                     .collect();
                 methods.sort_by(|a, b| (a.is_torch(), a.method).cmp(&(b.is_torch(), b.method)));
                 ShapeOutcome {
@@ -362,12 +385,105 @@ fn faster<'a>(a: Timed<'a>, b: Timed<'a>) -> bool {
     }
 }
 
+/// The fastest of `timed` (equal times: the lower job id).
+pub fn fastest<'a>(timed: impl IntoIterator<Item = Timed<'a>>) -> Option<Timed<'a>> {
+    timed
+        .into_iter()
+        .reduce(|best, t| if faster(t, best) { t } else { best })
+}
+
+/// The pick among `timed` (see the module's rule), with each job's
+/// re-timing under another timing (`retimed`) where it has one.
+pub fn pick<'a>(
+    timed: &[Timed<'a>],
+    retime_with: &[Timing],
+    retimed: impl Fn(&str, Timing) -> Option<&'a FinalRecord>,
+) -> Option<Timed<'a>> {
+    let best = fastest(timed.iter().copied())?;
+    let baseline_us = timed
+        .iter()
+        .filter(|t| t.job.baseline)
+        .map(|t| t.time_us())
+        .reduce(f64::min)
+        .unwrap_or(f64::INFINITY);
+    let mut tie: Vec<Timed<'a>> = timed
+        .iter()
+        .copied()
+        .filter(|t| {
+            t.is_final() == best.is_final()
+                && crate::measure::indistinguishable(t.stats, best.stats)
+                && (t.job.baseline || t.time_us() <= baseline_us)
+        })
+        .collect();
+    for &timing in retime_with {
+        let under: Option<Vec<&FinalRecord>> =
+            tie.iter().map(|t| retimed(&t.job.job_id, timing)).collect();
+        let Some(under) = under else { continue };
+        let Some(fastest_under) = under.iter().copied().min_by(|a, b| {
+            a.stats
+                .median_us
+                .total_cmp(&b.stats.median_us)
+                .then_with(|| a.job_id.cmp(&b.job_id))
+        }) else {
+            continue;
+        };
+        tie = tie
+            .into_iter()
+            .zip(under)
+            .filter(|(_, f)| crate::measure::indistinguishable(&f.stats, &fastest_under.stats))
+            .map(|(t, _)| t)
+            .collect();
+    }
+    if let Some(baseline) = tie.iter().find(|t| t.job.baseline) {
+        return Some(*baseline);
+    }
+    let order: Vec<&str> = best.job.config.keys().map(String::as_str).collect();
+    tie.into_iter().min_by(|a, b| {
+        config_order(&order, &a.job.config, &b.job.config)
+            .then_with(|| a.job.job_id.cmp(&b.job.job_id))
+    })
+}
+
+/// Two configs compared value by value in `order` (a key one lacks comes
+/// first), then by any keys `order` does not name.
+fn config_order(
+    order: &[&str],
+    a: &IndexMap<String, Json>,
+    b: &IndexMap<String, Json>,
+) -> Ordering {
+    let by_key = |k: &str| match (a.get(k), b.get(k)) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (Some(x), Some(y)) => compare_json(x, y),
+    };
+    fn rest<'c>(c: &'c IndexMap<String, Json>, order: &[&str]) -> BTreeMap<&'c str, &'c Json> {
+        c.iter()
+            .filter(|(k, _)| !order.contains(&k.as_str()))
+            .map(|(k, v)| (k.as_str(), v))
+            .collect()
+    }
+    order
+        .iter()
+        .fold(Ordering::Equal, |o, k| o.then_with(|| by_key(k)))
+        .then_with(|| {
+            let (ra, rb) = (rest(a, order), rest(b, order));
+            ra.iter()
+                .zip(&rb)
+                .map(|((ka, va), (kb, vb))| ka.cmp(kb).then_with(|| compare_json(va, vb)))
+                .find(|o| o.is_ne())
+                .unwrap_or_else(|| ra.len().cmp(&rb.len()))
+        })
+}
+
 fn outcome<'a>(
     method: &'a str,
     jobs: Vec<&'a JobRecord>,
     finals: &HashMap<&'a str, &'a FinalRecord>,
+    retime_with: &[Timing],
+    retimed: &HashMap<(&'a str, Timing), &'a FinalRecord>,
 ) -> MethodOutcome<'a> {
-    let mut best: Option<Timed<'_>> = None;
+    let mut timed: Vec<Timed<'_>> = Vec::new();
     let mut baseline: Option<Timed<'_>> = None;
     let mut has_baseline_job = false;
     for job in &jobs {
@@ -375,13 +491,14 @@ fn outcome<'a>(
         let Some(t) = eligible(job, finals.get(job.job_id.as_str()).copied()) else {
             continue;
         };
-        if best.map_or(true, |b| faster(t, b)) {
-            best = Some(t);
-        }
+        timed.push(t);
         if job.baseline && baseline.map_or(true, |b| faster(t, b)) {
             baseline = Some(t);
         }
     }
+    let best = pick(&timed, retime_with, |id, timing| {
+        retimed.get(&(id, timing)).copied()
+    });
     MethodOutcome {
         method,
         kind: jobs.first().map_or(MethodKind::Python, |j| j.kind),
@@ -528,4 +645,193 @@ pub fn best_job_ids(results: &Results) -> std::collections::HashSet<String> {
         }
     }
     ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// An ok job of one (shape, method) with `config`, timed at `median` µs ±`half`.
+    fn job(id: &str, config: Json, median: f64, half: f64) -> JobRecord {
+        let stats = json!({
+            "n": 32, "median_us": median, "ci_low_us": median - half, "ci_high_us": median + half,
+            "min_us": median - half, "q1_us": median, "q3_us": median, "mean_us": median,
+            "cv": 0.01, "flags": [], "timer": "cuda_event", "sm_clock_mhz": null,
+            "gpu_ms": 1.0, "wall_ms": 1.0
+        });
+        serde_json::from_value(json!({
+            "job_id": id, "method": "triton", "kind": "triton", "kernel": "k",
+            "shape": {"M": 64}, "config": config, "baseline": false, "status": "ok",
+            "failure": null, "check": null, "stats": stats, "flops": null, "bytes": null,
+            "tflops": null, "gbs": null, "roofline_pct": null, "compile_s": null,
+            "kernels": [], "duration_s": 1.0, "lane": 0, "finished_at": "2026-12-02T00:00:00Z"
+        }))
+        .unwrap()
+    }
+
+    fn best_config(jobs: Vec<JobRecord>) -> Json {
+        let results = Results {
+            jobs,
+            ..Default::default()
+        };
+        let sel = Selection::new(&results);
+        let best = sel.shapes[0].method("triton").unwrap().best.unwrap();
+        serde_json::to_value(&best.job.config).unwrap()
+    }
+
+    #[test]
+    fn of_configs_tied_within_noise_the_first_in_config_order_is_picked() {
+        let small = json!({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "num_warps": 4});
+        let large = json!({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64, "num_warps": 4});
+        // Their intervals overlap: whichever came out faster, the smaller
+        // BLOCK_SIZE_M (the first key) is picked.
+        for (a, b) in [(100.0, 100.6), (100.6, 100.0)] {
+            let jobs = vec![
+                job("x", large.clone(), a, 0.5),
+                job("y", small.clone(), b, 0.5),
+            ];
+            assert_eq!(best_config(jobs), small, "times {a} and {b}");
+        }
+        // Apart beyond noise: the fastest, whatever its config.
+        let jobs = vec![
+            job("x", large.clone(), 98.0, 0.5),
+            job("y", small.clone(), 100.0, 0.5),
+        ];
+        assert_eq!(best_config(jobs), large);
+        // Equal up to a later key: that key decides (fewer warps first).
+        let eight = json!({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "num_warps": 8});
+        let jobs = vec![
+            job("a", eight.clone(), 99.9, 0.5),
+            job("b", small.clone(), 100.2, 0.5),
+        ];
+        assert_eq!(best_config(jobs), small);
+    }
+
+    #[test]
+    fn a_tie_is_only_among_jobs_timed_the_same_way() {
+        // The finalist (re-timed) is the fastest; a job that was never
+        // re-timed overlaps it on its own samples but is not its tie.
+        let small = json!({"BLOCK_SIZE_M": 16});
+        let large = json!({"BLOCK_SIZE_M": 128});
+        let jobs = vec![
+            job("fin", large.clone(), 120.0, 0.5),
+            job("own", small, 100.2, 0.5),
+        ];
+        let finals = vec![FinalRecord {
+            job_id: "fin".into(),
+            timing: Timing::Cold,
+            stats: jobs[0]
+                .stats
+                .clone()
+                .map(|s| Stats {
+                    median_us: 100.0,
+                    ci_low_us: 99.5,
+                    ci_high_us: 100.5,
+                    ..s
+                })
+                .unwrap(),
+            tied_with_best: true,
+        }];
+        let results = Results {
+            jobs,
+            finals,
+            ..Default::default()
+        };
+        let sel = Selection::new(&results);
+        let best = sel.shapes[0].method("triton").unwrap().best.unwrap();
+        assert_eq!(best.job.job_id, "fin");
+        assert!(best.is_final());
+    }
+
+    /// `job` as a finalist whose re-timing under `timing` came out at `median`.
+    fn retimed(job_id: &str, timing: Timing, median: f64) -> FinalRecord {
+        FinalRecord {
+            job_id: job_id.into(),
+            timing,
+            stats: Stats {
+                median_us: median,
+                ci_low_us: median - 0.5,
+                ci_high_us: median + 0.5,
+                ..crate::measure::summarize(&[median], crate::measure::Timer::CudaGraph)
+            },
+            tied_with_best: false,
+        }
+    }
+
+    #[test]
+    fn a_tie_is_narrowed_by_the_other_timings_then_goes_to_the_baseline() {
+        let small = json!({"BLOCK_SIZE_M": 64});
+        let large = json!({"BLOCK_SIZE_M": 128});
+        let jobs = [
+            job("s", small, 100.3, 0.5),
+            job("l", large.clone(), 100.0, 0.5),
+        ];
+        let timed: Vec<Timed<'_>> = jobs.iter().filter_map(|j| eligible(j, None)).collect();
+        // Tied cold; under graph replay the larger tile is clearly faster:
+        // it is picked, though the smaller comes first in config order.
+        let graph = [
+            retimed("s", Timing::Graph, 90.0),
+            retimed("l", Timing::Graph, 80.0),
+        ];
+        let under = |id: &str, t: Timing| graph.iter().find(|f| f.job_id == id && f.timing == t);
+        let p = pick(&timed, &[Timing::Graph], under).unwrap();
+        assert_eq!(p.job.job_id, "l");
+        // Without the graph re-timing (or where it ties too): config order.
+        assert_eq!(pick(&timed, &[], under).unwrap().job.job_id, "s");
+        let tied_graph = [
+            retimed("s", Timing::Graph, 80.2),
+            retimed("l", Timing::Graph, 80.0),
+        ];
+        let under =
+            |id: &str, t: Timing| tied_graph.iter().find(|f| f.job_id == id && f.timing == t);
+        assert_eq!(
+            pick(&timed, &[Timing::Graph], under).unwrap().job.job_id,
+            "s"
+        );
+        // A job the graph did not re-time leaves that timing out of it.
+        let partial = [retimed("l", Timing::Graph, 80.0)];
+        let under = |id: &str, t: Timing| partial.iter().find(|f| f.job_id == id && f.timing == t);
+        assert_eq!(
+            pick(&timed, &[Timing::Graph], under).unwrap().job.job_id,
+            "s"
+        );
+
+        // The baseline config, tied with the fastest, is picked over config order.
+        let mut base = job("b", large, 100.4, 0.5);
+        base.baseline = true;
+        let jobs = [jobs[0].clone(), jobs[1].clone(), base];
+        let timed: Vec<Timed<'_>> = jobs.iter().filter_map(|j| eligible(j, None)).collect();
+        let none = |_: &str, _: Timing| None;
+        assert_eq!(pick(&timed, &[], none).unwrap().job.job_id, "b");
+        // A baseline not in the tie still bounds it: no pick slower than it.
+        let mut base = job("b", json!({"BLOCK_SIZE_M": 256}), 99.8, 0.05);
+        base.baseline = true;
+        let jobs = [
+            job("s", json!({"BLOCK_SIZE_M": 64}), 99.9, 0.5),
+            job("l", json!({"BLOCK_SIZE_M": 128}), 99.6, 0.1),
+            base,
+        ];
+        let timed: Vec<Timed<'_>> = jobs.iter().filter_map(|j| eligible(j, None)).collect();
+        assert!(!crate::measure::indistinguishable(
+            timed[2].stats,
+            timed[1].stats
+        ));
+        assert_eq!(pick(&timed, &[], none).unwrap().job.job_id, "l");
+    }
+
+    #[test]
+    fn config_order_compares_values_in_the_given_key_order_then_the_rest() {
+        let c = |v: Json| -> IndexMap<String, Json> { serde_json::from_value(v).unwrap() };
+        let order = ["N", "M"];
+        let (a, b) = (c(json!({"M": 1, "N": 2})), c(json!({"M": 2, "N": 1})));
+        assert_eq!(config_order(&order, &a, &b), Ordering::Greater, "N first");
+        let (a, b) = (c(json!({"N": 1, "x": "a"})), c(json!({"N": 1, "x": "b"})));
+        assert_eq!(
+            config_order(&order, &a, &b),
+            Ordering::Less,
+            "then the rest"
+        );
+        assert_eq!(config_order(&order, &a, &a), Ordering::Equal);
+    }
 }

@@ -342,6 +342,19 @@ pub fn tied(a: &Stats, b: &Stats) -> bool {
     a.ci_low_us <= b.ci_high_us && b.ci_low_us <= a.ci_high_us
 }
 
+/// Two timings whose medians differ by no more than the noise of that
+/// difference: the log ratio of the medians lies within its 95 % interval,
+/// taken as the root sum of squares of the two medians' half-widths (on
+/// the log scale; independent measurements). Stricter than [`tied`], whose
+/// intervals may overlap where the difference is clear (two half-widths
+/// side by side): the selection's ties (`emit::select`) use this one.
+pub fn indistinguishable(a: &Stats, b: &Stats) -> bool {
+    let half = |s: &Stats| (s.ci_high_us.ln() - s.ci_low_us.ln()) / 2.0;
+    let (ha, hb) = (half(a), half(b));
+    let gap = (a.median_us.ln() - b.median_us.ln()).abs();
+    gap.is_finite() && ha.is_finite() && hb.is_finite() && gap <= (ha * ha + hb * hb).sqrt()
+}
+
 /// How a new timing stands against a base one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -352,6 +365,10 @@ pub enum Verdict {
     Same,
     /// Slower, beyond the noise of both timings.
     Slow,
+    /// The interval straddles an edge of the equivalence margin: neither
+    /// the same nor a change can be told (`measure::paired`; never from
+    /// interval overlap).
+    Ambiguous,
 }
 
 impl Verdict {
@@ -360,6 +377,7 @@ impl Verdict {
             Verdict::Fast => "FAST",
             Verdict::Same => "SAME",
             Verdict::Slow => "SLOW",
+            Verdict::Ambiguous => "AMBIGUOUS",
         }
     }
 }
@@ -576,6 +594,31 @@ mod tests {
             "the cube root of 2 * 0.5 * 4"
         );
         assert_eq!(geomean([]), None);
+    }
+
+    #[test]
+    fn indistinguishable_means_within_the_noise_of_the_difference() {
+        let with_ci = |median: f64, half: f64| Stats {
+            median_us: median,
+            ci_low_us: median - half,
+            ci_high_us: median + half,
+            ..summary(&[median])
+        };
+        // ±0.5 % each: the difference's noise is about 0.71 %.
+        assert!(indistinguishable(
+            &with_ci(100.0, 0.5),
+            &with_ci(100.6, 0.5)
+        ));
+        assert!(!indistinguishable(
+            &with_ci(100.0, 0.5),
+            &with_ci(100.9, 0.5)
+        ));
+        // Those intervals overlap, so `tied` calls them a tie.
+        assert!(tied(&with_ci(100.0, 0.5), &with_ci(100.9, 0.5)));
+        assert!(!indistinguishable(
+            &with_ci(100.0, 0.5),
+            &with_ci(f64::NAN, 0.5)
+        ));
     }
 
     #[test]

@@ -52,11 +52,27 @@ fn read(dir: &Path, notes: &mut Vec<String>) -> Result<Source, MergeError> {
     let (entries, results, warnings) =
         journal::read_entries(dir).map_err(|e| MergeError::input(dir, e.to_string()))?;
     notes.extend(warnings);
+    refuse_ab(dir, &entries)?;
     Ok(Source {
         dir: dir.to_path_buf(),
         entries,
         last: results.header,
     })
+}
+
+/// An A/B run's journal is not merged: its pairs are timed in one process
+/// per GPU, and `tunelab ab` runs on one host, so there are no shards of it.
+fn refuse_ab(dir: &Path, entries: &[Entry]) -> Result<(), MergeError> {
+    if entries
+        .iter()
+        .any(|e| matches!(e, Entry::AbSetup(_) | Entry::AbPair(_)))
+    {
+        return Err(MergeError::input(
+            dir,
+            "holds an A/B run (`tunelab ab`), which is not merged: its report is `tunelab report` of its own directory",
+        ));
+    }
+    Ok(())
 }
 
 /// Merges the journals of `inputs` into the results directory `into`.
@@ -98,6 +114,7 @@ pub fn merge(inputs: &[PathBuf], into: &Path, force: bool) -> Result<JournalMerg
     } else {
         Vec::new()
     };
+    refuse_ab(into, &base)?;
     let mut headers: Vec<RunHeader> = Vec::new();
     let mut retired = Vec::new();
     // Which journal each job's records come from: usize::MAX for OUT's own.
@@ -113,6 +130,7 @@ pub fn merge(inputs: &[PathBuf], into: &Path, force: bool) -> Result<JournalMerg
                 finals.insert(serde_json::to_string(f).expect("final serialises"));
             }
             Entry::LaneRetired(r) => retired.push(r.clone()),
+            Entry::AbSetup(_) | Entry::AbPair(_) => unreachable!("refused above"),
         }
     }
     let mut appended: Vec<Entry> = Vec::new();
@@ -157,6 +175,7 @@ pub fn merge(inputs: &[PathBuf], into: &Path, force: bool) -> Result<JournalMerg
                         push(e.clone(), &mut header, &mut headers);
                     }
                 }
+                Entry::AbSetup(_) | Entry::AbPair(_) => unreachable!("refused when read"),
             }
         }
     }

@@ -35,6 +35,24 @@ pub struct Job {
     pub config: IndexMap<String, Json>,
     /// The method's baseline config for this shape (also a regular job when the space contains it).
     pub baseline: bool,
+    /// How the job runs other than its method says: one side of an A/B
+    /// run (`tunelab ab`); none for every job a manifest plans.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<Box<Variant>>,
+}
+
+/// What one side of an A/B run changes about how its jobs run
+/// (docs/ab.md): the worker gets both in the job (docs/worker-protocol.md,
+/// "JOB"; `tunelab.variant`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Variant {
+    /// Python modules run from other files: (the module's dotted name, the
+    /// file, absolute), so a side runs a method's kernel at another git
+    /// revision, or from a second source file.
+    pub modules: Vec<(String, std::path::PathBuf)>,
+    /// Microseconds of spin after each launch, inside the timed region: a
+    /// testing knob that plants a known slowdown (0: none).
+    pub plant_us: f64,
 }
 
 /// What planning one method produced, before and after each constraint.
@@ -95,6 +113,9 @@ pub enum RunMode {
     Bench,
     /// Correctness only, no timing.
     Check,
+    /// Two sides' configs timed against each other in rounds (`tunelab ab`,
+    /// docs/ab.md); planned by the A/B, not from a manifest's spaces.
+    Ab,
 }
 
 impl RunMode {
@@ -103,6 +124,7 @@ impl RunMode {
             RunMode::Tune => "tune",
             RunMode::Bench => "bench",
             RunMode::Check => "check",
+            RunMode::Ab => "ab",
         }
     }
 }
@@ -133,7 +155,8 @@ pub fn has_jobs(exp: &Experiment, opts: &PlanOptions<'_>) -> Result<bool, Diagno
 }
 
 /// The shapes a mode runs: the interpreter's own set when there is one.
-fn shapes_for(exp: &Experiment, mode: Mode) -> &[Shape] {
+/// The shapes a plan in `mode` runs: the manifest's, or its `interpreter:` ones.
+pub fn shapes_for(exp: &Experiment, mode: Mode) -> &[Shape] {
     match (mode, &exp.interpreter) {
         (Mode::Interpreter, Some(i)) => &i.shapes,
         _ => &exp.shapes,
@@ -379,6 +402,7 @@ fn plan_fixed(
             shape: (*shape).clone(),
             config: config.clone(),
             baseline: false,
+            variant: None,
         };
         if sink(job).is_break() {
             return true;
@@ -781,6 +805,7 @@ impl<'a> SpacePlan<'a> {
             shape: self.shape.clone(),
             config,
             baseline,
+            variant: None,
         }
     }
 

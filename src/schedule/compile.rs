@@ -421,6 +421,7 @@ mod tests {
             shape: IndexMap::new(),
             config: IndexMap::new(),
             baseline: false,
+            variant: None,
         }
     }
 

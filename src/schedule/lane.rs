@@ -42,6 +42,8 @@ pub struct LaneContext<'a> {
     pub prior: &'a HashMap<String, Vec<PriorObservation>>,
     /// Watches for a faulty GPU or a worker that keeps dying; none: never retire.
     pub health: Option<HealthWatch<'a>>,
+    /// An A/B run's rounds (`RunMode::Ab`).
+    pub ab: Option<&'a super::ab::AbTiming>,
 }
 
 /// Consecutive crash or launch_error failures after which a lane checks its
@@ -117,14 +119,14 @@ pub struct HealthWatch<'a> {
 }
 
 impl LaneContext<'_> {
-    fn retired(&self) -> bool {
+    pub(super) fn retired(&self) -> bool {
         self.health
             .as_ref()
             .is_some_and(|h| h.state.borrow().retired.is_some())
     }
 
     /// Interrupted, or this lane retired: stop taking jobs.
-    fn stopping(&self) -> bool {
+    pub(super) fn stopping(&self) -> bool {
         super::interrupted() || self.retired()
     }
 }
@@ -163,13 +165,13 @@ pub fn group_key(method: &str, shape: &Shape) -> String {
 }
 
 /// A job's progress through the lane before it becomes a record.
-struct Measured {
-    job: Job,
-    sampling: Sampling,
-    check: Option<crate::store::CheckResult>,
+pub(super) struct Measured {
+    pub(super) job: Job,
+    pub(super) sampling: Sampling,
+    pub(super) check: Option<crate::store::CheckResult>,
     compile_s: Option<f64>,
     /// What the compiler made of the job's kernels, from its check.
-    kernels: Vec<crate::store::KernelResources>,
+    pub(super) kernels: Vec<crate::store::KernelResources>,
     started: Instant,
     /// When its full measurement has enough samples: the protocol's rule,
     /// with racing's threshold as it stood when the measurement began (the
@@ -178,7 +180,7 @@ struct Measured {
 }
 
 impl Measured {
-    fn new(job: Job, rule: StopRule) -> Measured {
+    pub(super) fn new(job: Job, rule: StopRule) -> Measured {
         Measured {
             job,
             sampling: Sampling::default(),
@@ -198,7 +200,7 @@ impl Measured {
 /// Where a candidate of the group stands.
 enum Slot {
     /// Not started.
-    Waiting(Job),
+    Waiting(Box<Job>),
     /// Checked and screened (halving), not yet recorded.
     Screened(Box<Measured>),
     /// Recorded.
@@ -213,6 +215,9 @@ pub fn run_group(
     group: Group,
     emit: &mut dyn FnMut(Event),
 ) -> Option<Group> {
+    if ctx.run_mode == RunMode::Ab {
+        return super::ab::run_pair(ctx, backend, group, emit);
+    }
     let group_started = Instant::now();
     let track = format!("lane{} jobs", ctx.lane);
     let group_args = serde_json::json!({
@@ -249,7 +254,10 @@ pub fn run_group(
         kind: group.kind,
         flops,
         bytes,
-        slots: jobs.into_iter().map(Slot::Waiting).collect(),
+        slots: jobs
+            .into_iter()
+            .map(|j| Slot::Waiting(Box::new(j)))
+            .collect(),
         measured: Vec::new(),
         best_us: None,
         prior,
@@ -276,6 +284,7 @@ pub fn run_group(
             .strategies
             .for_method(&group.method)
             .search(&candidates, &mut lane),
+        RunMode::Ab => unreachable!("an A/B pair runs in ab::run_pair"),
     }
     let Lane {
         backend,
@@ -291,7 +300,7 @@ pub fn run_group(
         let jobs: Vec<Job> = slots
             .into_iter()
             .filter_map(|s| match s {
-                Slot::Waiting(job) => Some(job),
+                Slot::Waiting(job) => Some(*job),
                 Slot::Screened(m) => Some(m.job),
                 Slot::Done => None,
             })
@@ -340,7 +349,7 @@ impl Lane<'_, '_> {
     /// checked or sampled yet).
     fn take(&mut self, i: usize) -> (Measured, bool) {
         match std::mem::replace(&mut self.slots[i], Slot::Done) {
-            Slot::Waiting(job) => (Measured::new(job, self.ctx.protocol.stop_rule()), true),
+            Slot::Waiting(job) => (Measured::new(*job, self.ctx.protocol.stop_rule()), true),
             Slot::Screened(m) => (*m, false),
             Slot::Done => panic!("candidate {i} was already recorded"),
         }
@@ -525,41 +534,7 @@ impl Lane<'_, '_> {
     /// The compile pool's result for the job (waiting while it compiles); a job
     /// the pool has not reached is left for `prepare` to compile in the lane.
     fn wait_for_compile(&mut self, m: &mut Measured) -> Result<(), JobFailure> {
-        let Some(board) = self.ctx.compile else {
-            return Ok(());
-        };
-        let waited = Instant::now();
-        let compiled = board.wait(&m.job.id);
-        let recipe = matches!(&compiled, Some(Ok(c)) if c.has_recipe());
-        crate::trace::span(
-            self.track,
-            "wait for compile",
-            waited,
-            serde_json::json!({"job": m.job.id, "recipe": recipe}),
-        );
-        match compiled {
-            Some(Ok(c)) => {
-                m.compile_s = Some(c.seconds);
-                // One the pool could not make is the backend's to ask for
-                // (its failure is then recorded at the check).
-                if let (true, Some(r)) = (recipe, c.recipe) {
-                    self.backend.offer_recipe(&m.job.id, r);
-                }
-                Ok(())
-            }
-            // The compiler's verdict is the job's. Anything else (a compile worker
-            // that crashed, hung or could not start) says nothing about the job:
-            // the lane compiles it itself in `prepare`.
-            Some(Err(f))
-                if matches!(
-                    f.class,
-                    FailureClass::CompileError | FailureClass::OutOfResources
-                ) =>
-            {
-                Err(f)
-            }
-            Some(Err(_)) | None => Ok(()),
-        }
+        wait_for_compile(self.ctx, self.backend, self.track, m)
     }
 
     /// Check (fresh inputs, poisoned output, compare) and, unless only
@@ -611,7 +586,7 @@ impl Lane<'_, '_> {
                 .iter()
                 .chain(&slots[..i])
                 .filter_map(|s| match s {
-                    Slot::Waiting(j) => Some(j),
+                    Slot::Waiting(j) => Some(&**j),
                     _ => None,
                 });
             board.compiled(waiting, n)
@@ -900,7 +875,7 @@ impl Lane<'_, '_> {
     /// where it has one and was being screened).
     fn put_back(&mut self, i: usize, m: Measured, ask: Ask) {
         self.slots[i] = if m.sampling.samples_us.is_empty() || ask == Ask::Measure {
-            Slot::Waiting(m.job)
+            Slot::Waiting(Box::new(m.job))
         } else {
             Slot::Screened(Box::new(m))
         };
@@ -910,7 +885,7 @@ impl Lane<'_, '_> {
     /// Its slot holds a stand-in meanwhile, so that `look_ahead` still sees
     /// the job among those to come (its recipe asked for with the others').
     fn ask_again(&mut self, each: &mut Each, i: usize, m: Measured, ask: Ask) {
-        self.slots[i] = Slot::Waiting(m.job.clone());
+        self.slots[i] = Slot::Waiting(Box::new(m.job.clone()));
         each.again.push(Again { i, m, ask });
     }
 
@@ -1042,6 +1017,51 @@ impl Trials for Lane<'_, '_> {
     }
 }
 
+/// The compile pool's result for the job (waiting while it compiles); a job
+/// the pool has not reached is left for `prepare` to compile in the lane.
+pub(super) fn wait_for_compile(
+    ctx: &LaneContext<'_>,
+    backend: &mut dyn Backend,
+    track: &str,
+    m: &mut Measured,
+) -> Result<(), JobFailure> {
+    let Some(board) = ctx.compile else {
+        return Ok(());
+    };
+    let waited = Instant::now();
+    let compiled = board.wait(&m.job.id);
+    let recipe = matches!(&compiled, Some(Ok(c)) if c.has_recipe());
+    crate::trace::span(
+        track,
+        "wait for compile",
+        waited,
+        serde_json::json!({"job": m.job.id, "recipe": recipe}),
+    );
+    match compiled {
+        Some(Ok(c)) => {
+            m.compile_s = Some(c.seconds);
+            // One the pool could not make is the backend's to ask for
+            // (its failure is then recorded at the check).
+            if let (true, Some(r)) = (recipe, c.recipe) {
+                backend.offer_recipe(&m.job.id, r);
+            }
+            Ok(())
+        }
+        // The compiler's verdict is the job's. Anything else (a compile worker
+        // that crashed, hung or could not start) says nothing about the job:
+        // the lane compiles it itself in `prepare`.
+        Some(Err(f))
+            if matches!(
+                f.class,
+                FailureClass::CompileError | FailureClass::OutOfResources
+            ) =>
+        {
+            Err(f)
+        }
+        Some(Err(_)) | None => Ok(()),
+    }
+}
+
 /// The batches a job's check goes on to in the same call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FirstBatches {
@@ -1061,7 +1081,7 @@ enum FirstBatches {
 /// trip where it can. Returns whether the first batch was taken.
 /// `retiming`: a finalist's re-timing round (`retiming_batch`).
 #[allow(clippy::too_many_arguments)]
-fn prepare(
+pub(super) fn prepare(
     ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     kernel: &str,
@@ -1314,7 +1334,7 @@ fn retime_finalists(
 /// worker, or that came without a batch, are asked again after the round's
 /// last, waited for.
 #[allow(clippy::too_many_arguments)]
-fn retime_round(
+pub(super) fn retime_round(
     ctx: &LaneContext<'_>,
     backend: &mut dyn Backend,
     kernel: &str,
@@ -1535,6 +1555,16 @@ fn retime_now(
     ok.ok().map(|()| got)
 }
 
+/// The samples of a re-timing batch timed as `mode` says: the protocol's
+/// batch, or under graph timing (each sample already the mean of
+/// `graph_calls` launches) that many times fewer, at least 4.
+pub fn retime_count(protocol: &Protocol, mode: SampleMode) -> u32 {
+    match mode.timing {
+        Timing::Graph => protocol.batch.div_ceil(mode.graph_calls.max(1)).max(4),
+        Timing::Cold | Timing::Hot => protocol.batch,
+    }
+}
+
 /// One interleaved re-timing of the finalists under `timing`. A graph sample
 /// is already the mean of `graph_calls` launches, so a graph batch holds
 /// that many times fewer samples (at least 4): the same launches timed.
@@ -1550,10 +1580,7 @@ fn retime(
     emit: &mut dyn FnMut(Event),
 ) {
     let mode = ctx.sampling.with_timing(timing);
-    let count = match timing {
-        Timing::Graph => ctx.protocol.batch.div_ceil(mode.graph_calls).max(4),
-        Timing::Cold | Timing::Hot => ctx.protocol.batch,
-    };
+    let count = retime_count(&ctx.protocol, mode);
     let mut samples: HashMap<String, Sampling> = HashMap::new();
     let mut rng = crate::rng::SplitMix64::new(ctx.protocol.seed ^ 0x5eed);
     const ROUNDS: usize = 3;
@@ -1710,6 +1737,7 @@ mod tests {
                 last_good: &last_good,
                 retire: &retire,
             }),
+            ab: None,
         };
         let mut backend = Dying {
             inner: Fake {
@@ -1861,6 +1889,7 @@ mod tests {
                     shape: IndexMap::new(),
                     config,
                     baseline: b == 0,
+                    variant: None,
                 }
             })
             .collect();
@@ -1904,6 +1933,7 @@ mod tests {
             lane: 0,
             prior,
             health: None,
+            ab: None,
         }
     }
 
@@ -1924,7 +1954,9 @@ mod tests {
         run_group(&ctx, &mut backend, group(), &mut |e| match e {
             Event::Job(r) => jobs.push(*r),
             Event::Final(f) => finals.push(f),
-            Event::Retired(_) => unreachable!("lanes report their retirement themselves"),
+            Event::Retired(_) | Event::AbPair(_) => {
+                unreachable!("lanes report their retirement themselves; no A/B here")
+            }
         });
         (jobs, finals)
     }
@@ -2502,7 +2534,7 @@ mod tests {
         run_group(&ctx, &mut backend, group(), &mut |e| match e {
             Event::Job(r) => jobs.push(*r),
             Event::Final(f) => finals.push(f),
-            Event::Retired(_) => unreachable!(),
+            Event::Retired(_) | Event::AbPair(_) => unreachable!(),
         });
         (jobs, finals, backend.calls, backend.looked_ahead)
     }
@@ -2779,7 +2811,7 @@ mod tests {
         run_group(&ctx, &mut backend, group(), &mut |e| match e {
             Event::Job(r) => jobs.push(*r),
             Event::Final(f) => finals.push(f),
-            Event::Retired(_) => unreachable!(),
+            Event::Retired(_) | Event::AbPair(_) => unreachable!(),
         });
         assert!(backend.under_way.is_empty(), "everything sent was received");
         (jobs, finals, backend.log, backend.calls)

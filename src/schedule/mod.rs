@@ -17,6 +17,7 @@
 //! 5. [`drain`]: planner, lanes and the journal's single writer until done;
 //! 6. the outputs, regenerated from the journal.
 
+pub mod ab;
 pub mod compile;
 pub mod deal;
 pub mod lane;
@@ -69,6 +70,8 @@ pub enum Event {
     Job(Box<JobRecord>),
     Final(FinalRecord),
     Retired(LaneRetired),
+    /// A pair an A/B run timed (`RunMode::Ab`).
+    AbPair(Box<crate::store::AbPair>),
 }
 
 pub struct RunOptions<'a> {
@@ -101,6 +104,9 @@ pub struct RunOptions<'a> {
     /// How many times a later run tries a job again that crashed or timed
     /// out (settings: `retries`).
     pub retries: u32,
+    /// An A/B run (`RunMode::Ab`): its pairs, planned by `tunelab ab`
+    /// instead of from the experiment's spaces.
+    pub ab: Option<&'a ab::AbPlan>,
 }
 
 #[derive(Debug, Default)]
@@ -192,7 +198,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
             eprintln!("warning: {notice}");
         }
     }
-    let resume = Resume::read(
+    let mut resume = Resume::read(
         &dir,
         &strategies,
         opts.run_mode,
@@ -200,6 +206,9 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         exp,
         opts.retries,
     )?;
+    if let Some(plan) = opts.ab {
+        resume.done = ab::recorded(&resume.previous, &plan.setup.id);
+    }
     let select = Selection {
         done: &resume.done,
         run_mode: opts.run_mode,
@@ -222,7 +231,10 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
             .map_or(true, |s| s.contains(&(method.to_string(), shape_index)))
     };
     let in_shard: Option<plan::GroupFilter<'_>> = shard.as_ref().map(|_| &in_shard as _);
-    let counted = count_plan(exp, &plan_opts, &select, in_shard)?;
+    let counted = match opts.ab {
+        Some(plan) => count_pairs(plan, &resume.done),
+        None => count_plan(exp, &plan_opts, &select, in_shard)?,
+    };
     let (planned, skipped) = (counted.planned, counted.skipped);
     let Some(first_shape) = counted.first_shape else {
         let use_best = opts.only_jobs.is_some();
@@ -438,6 +450,18 @@ fn count_plan(
     })
     .map_err(|d| RunError::Input(d.into()))?;
     Ok(c)
+}
+
+/// An A/B run's pairs counted as `count_plan` counts a plan's jobs: a pair
+/// of three jobs, recorded or to run.
+fn count_pairs(plan: &ab::AbPlan, done: &HashSet<String>) -> Counted {
+    let groups = plan.pending(done);
+    Counted {
+        planned: groups.len() as u64,
+        skipped: (plan.pairs.len() - groups.len()) as u64,
+        first_shape: groups.first().map(|g| g.shape.clone()),
+        groups,
+    }
 }
 
 /// A lane's worker, starting on a thread of its own (importing torch takes seconds).
@@ -845,6 +869,9 @@ fn drain(
             fingerprint,
             outcome.planned,
         ))))?;
+        if let Some(plan) = opts.ab {
+            journal.append(&Entry::AbSetup(Box::new(plan.setup.clone())))?;
+        }
 
         let (event_tx, event_rx) = mpsc::channel::<Event>();
         let started = std::iter::once((first.number, first.device, first_backend, Ok(()))).chain(
@@ -875,6 +902,21 @@ fn drain(
                     crate::trace::span("journal", "append", appended, serde_json::json!({}));
                 }
                 Event::Final(f) => journal.append(&Entry::Final(f))?,
+                Event::AbPair(p) => {
+                    if opts.progress {
+                        display.note(&ab::progress_line(
+                            &p,
+                            outcome.ok + outcome.failed,
+                            outcome.planned,
+                        ));
+                    }
+                    if p.failure.is_some() {
+                        outcome.failed += 1;
+                    } else {
+                        outcome.ok += 1;
+                    }
+                    journal.append(&Entry::AbPair(p))?;
+                }
                 Event::Retired(r) => {
                     display.note(&format!(
                         "warning: lane {}{} retired: {}; {} handed to the other lanes",
@@ -946,6 +988,7 @@ fn spawn_lane<'scope, 'env>(
             last_good: o.last_good,
             retire: o.retire,
         }),
+        ab: run.opts.ab.map(|plan| &plan.timing),
     };
     scope.spawn(move || {
         let retired = |reason: String, failed: &[lane::JobRef], requeued: u64| {
@@ -1055,16 +1098,29 @@ fn spawn_planner<'scope, 'env>(
                 jobs: Vec::new(),
                 unavailable: unavailable_here(method, run.opts.mode),
             };
-            let this = |m: &str, i: usize| m == pending.method && i == pending.shape_index;
-            let planned = plan::plan_groups(exp, run.plan_opts, Some(&this), &mut |job| {
-                if run.select.keep(&job, exp) == Keep::Run {
-                    group.jobs.push(job);
+            if let Some(ab) = run.opts.ab {
+                // An A/B pair's jobs come from its plan, not the method's space.
+                match ab.group(&pending.method, pending.shape_index) {
+                    Some(pair) => {
+                        group = Group {
+                            unavailable: pair.unavailable.or(group.unavailable),
+                            ..pair
+                        }
+                    }
+                    None => continue,
                 }
-                ControlFlow::Continue(())
-            });
-            if let Err(d) = planned {
-                result = Err(d);
-                break;
+            } else {
+                let this = |m: &str, i: usize| m == pending.method && i == pending.shape_index;
+                let planned = plan::plan_groups(exp, run.plan_opts, Some(&this), &mut |job| {
+                    if run.select.keep(&job, exp) == Keep::Run {
+                        group.jobs.push(job);
+                    }
+                    ControlFlow::Continue(())
+                });
+                if let Err(d) = planned {
+                    result = Err(d);
+                    break;
+                }
             }
             if group.jobs.is_empty() {
                 continue;

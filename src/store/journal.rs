@@ -293,7 +293,11 @@ impl Reader {
                 None => {}
             }
         }
-        let entry = match serde_json::from_str::<Entry>(line) {
+        let parsed = serde_json::from_str::<Entry>(line);
+        // A header of an older format that parses as this one (format 4's
+        // does: format 5 only added records) is migrated all the same.
+        let older = matches!(&parsed, Ok(Entry::Run(h)) if h.format < FORMAT_VERSION);
+        let entry = match parsed {
             Ok(Entry::Run(h)) if h.format > FORMAT_VERSION => {
                 return Err(StoreError::NewerFormat {
                     path: path.to_path_buf(),
@@ -301,8 +305,8 @@ impl Reader {
                     found: h.format,
                 })
             }
-            Ok(e) => e,
-            Err(e) => match older_header(line) {
+            Ok(e) if !older => e,
+            parsed => match older_header(line) {
                 Some(Ok((h, format))) => {
                     self.add(Entry::Run(Box::new(h)));
                     self.format = format;
@@ -320,7 +324,11 @@ impl Reader {
                             found,
                         });
                     }
-                    self.warn(path, n, &e.to_string());
+                    let why = parsed.err().map_or_else(
+                        || "a run header of an older format".to_string(),
+                        |e| e.to_string(),
+                    );
+                    self.warn(path, n, &why);
                     return Ok(());
                 }
             },
@@ -368,6 +376,16 @@ impl Reader {
                 self.results.finals.push(f);
             }
             Entry::LaneRetired(r) => self.results.retired.push(r),
+            Entry::AbSetup(s) => {
+                // The last written is the last A/B, a resumed one's too.
+                self.results.ab_setups.retain(|x| x.id != s.id);
+                self.results.ab_setups.push(*s);
+            }
+            Entry::AbPair(p) => {
+                let pairs = &mut self.results.ab_pairs;
+                pairs.retain(|x| !(x.setup == p.setup && x.b.job_id == p.b.job_id));
+                pairs.push(*p);
+            }
         }
     }
 
@@ -379,7 +397,7 @@ impl Reader {
     }
 }
 
-/// A run header of an older format (1: no `format` field; 2; 3), migrated,
+/// A run header of an older format (1: no `format` field; 2; 3; 4), migrated,
 /// with the format the records after it follow; or the reason it cannot be.
 /// `None`: not such a header.
 fn older_header(line: &str) -> Option<Result<(super::record::RunHeader, u32), String>> {
@@ -391,6 +409,7 @@ fn older_header(line: &str) -> Option<Result<(super::record::RunHeader, u32), St
         None => {}
         Some(Some(2)) => return Some(super::v2::migrate_header(value).map(|h| (h, 2))),
         Some(Some(3)) => return Some(super::v3::migrate_header(value).map(|h| (h, 3))),
+        Some(Some(4)) => return Some(super::v4::migrate_header(value).map(|h| (h, 4))),
         Some(_) => return None,
     }
     let v1: RunHeaderV1 = match serde_json::from_value(value) {

@@ -1,5 +1,6 @@
-//! What the journal holds, format 4: one header per run, one record per
-//! finished job, one record per finalist re-timing. Every output and the
+//! What the journal holds, format 5: one header per run, one record per
+//! finished job, one record per finalist re-timing, and for an A/B run its
+//! setup and one record per pair (`store/ab.rs`). Every output and the
 //! report are made from these records alone (`tunelab report` regenerates
 //! them).
 //!
@@ -7,7 +8,8 @@
 //! defaults), so a changed default elsewhere cannot change what a journal
 //! says; a change to any of these types is a new format: bump
 //! [`FORMAT_VERSION`], keep the old reader in its own module (as `v1.rs`) and
-//! migrate (`v1.rs` reads format 1, `v2.rs` format 2, `v3.rs` format 3). `tests/journal_format.rs`
+//! migrate (`v1.rs` reads format 1, `v2.rs` format 2, `v3.rs` format 3,
+//! `v4.rs` format 4). `tests/journal_format.rs`
 //! pins the serialised form.
 
 use indexmap::IndexMap;
@@ -22,7 +24,7 @@ use crate::plan::{Mode, RunMode};
 use crate::search::{Search, StrategyName};
 
 /// The journal format this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Why a job has no timing. Failed jobs are never chosen as best.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -311,6 +313,10 @@ pub enum Entry {
     Job(Box<JobRecord>),
     Final(FinalRecord),
     LaneRetired(LaneRetired),
+    /// An A/B run's setup, after its header (format 5).
+    AbSetup(Box<super::ab::AbSetup>),
+    /// One pair an A/B run timed (format 5).
+    AbPair(Box<super::ab::AbPair>),
 }
 
 /// A journal read back: the last header, the latest record per job id, the finals.
@@ -325,6 +331,12 @@ pub struct Results {
     /// `tunelab profile` wrote `profile/summary.md` beside the journal (the
     /// report links it). Not in the journal: read from the directory.
     pub profile_summary: bool,
+    /// A/B setups, each once, in the order last written (a resumed A/B
+    /// writes its setup again): the last is the journal's latest A/B.
+    pub ab_setups: Vec<super::ab::AbSetup>,
+    /// The latest record of each A/B pair (by setup and B's job id), in
+    /// journal order.
+    pub ab_pairs: Vec<super::ab::AbPair>,
     /// By job id: the failures of its records that a later record of the
     /// same job replaced (a job run again after a crash), oldest first.
     pub replaced_failures: std::collections::HashMap<String, Vec<FailureClass>>,

@@ -2,14 +2,15 @@
 //! format 4 but for one field of the run header's protocol. Format 4 records
 //! `protocol.race`, racing's threshold; format 3 had no racing, which is
 //! `race: 0`. Job, finalist and lane records are the same in both (a format-3
-//! job never carries the `OUTPACED` flag format 4 added).
+//! job never carries the `OUTPACED` flag format 4 added). A format-3 header
+//! is made format 4 here, then read as format 4 is (`v4.rs`).
 
 use serde_json::Value as Json;
 
-use super::record::{RunHeader, FORMAT_VERSION};
+use super::record::RunHeader;
 
 /// A format-3 run header (a parsed `{"type": "run", "format": 3, ...}` line)
-/// as format 4 reads it, or why it is not one.
+/// as this build reads it, or why it is not one.
 pub fn migrate_header(mut value: Json) -> Result<RunHeader, String> {
     let protocol = value
         .get_mut("protocol")
@@ -19,18 +20,14 @@ pub fn migrate_header(mut value: Json) -> Result<RunHeader, String> {
         return Err("a format-3 run header with `race`, which format 4 added".into());
     }
     protocol.insert("race".into(), Json::from(0.0));
-    value["format"] = Json::from(FORMAT_VERSION);
-    value
-        .as_object_mut()
-        .expect("an object: it has a protocol")
-        .remove("type");
-    serde_json::from_value(value).map_err(|e| format!("a format-3 run header: {e}"))
+    value["format"] = Json::from(4);
+    super::v4::migrate_header(value).map_err(|e| e.replace("format-4", "format-3"))
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::store::Entry;
+    use crate::store::{Entry, FORMAT_VERSION};
 
     /// A format-3 header line, as the format-3 writer pinned it.
     pub(crate) fn format_3_line() -> Json {

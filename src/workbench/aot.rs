@@ -364,6 +364,7 @@ impl Folder<'_, '_> {
             shape: record.shape.clone(),
             config: record.config.clone(),
             baseline: record.baseline,
+            variant: None,
         };
         match method.kind {
             MethodKind::Cuda => Ok(vec![self.cuda(method, &job, median_us, interface)?]),

@@ -117,6 +117,7 @@ pub fn keep_ir(k: KeepIr<'_>, results: &Results) -> Result<Kept, String> {
             shape: record.shape.clone(),
             config: record.config.clone(),
             baseline: record.baseline,
+            variant: None,
         };
         let written = worker.keep_ir(&job, &record.kernel, record.kind.as_str(), &dir);
         match written {

@@ -55,8 +55,11 @@ _active = None
 class JobContext:
     """What a job's Triton launches compile with, and what they compiled."""
 
-    def __init__(self, config: dict | None = None, ir=None, ir_path=None):
+    def __init__(self, config: dict | None = None, ir=None, ir_path=None, modules: dict | None = None):
         self.options = {k: v for k, v in (config or {}).items() if k in COMPILE_OPTIONS and v is not None}
+        # Modules the job runs from other files (an A/B side's code, tunelab.variant):
+        # swapped in while the context is active.
+        self.modules = dict(modules or {})
         self.ir = ir  # an irfile.IrFile, or None
         self.ir_path = str(ir_path) if ir_path is not None else None
         self.ir_applied = False
@@ -68,7 +71,7 @@ class JobContext:
 
     def without_ir(self) -> "JobContext":
         """The same options, compiling the source (to compare the IR's signature with)."""
-        return JobContext(self.options)
+        return JobContext(self.options, modules=self.modules)
 
     def kwargs(self, fn, kwargs: dict) -> dict:
         name = fn.__name__
@@ -114,13 +117,17 @@ def install() -> bool:
 
 @contextlib.contextmanager
 def active(ctx: JobContext | None):
-    """Make `ctx` the job context of every Triton launch inside."""
+    """Make `ctx` the job context of every Triton launch inside, with the
+    modules it replaces swapped in (tunelab.variant)."""
     global _active
     install()
+    from tunelab import variant
+
     previous = _active
     _active = ctx
     try:
-        yield ctx
+        with variant.swapped(ctx.modules if ctx is not None else None):
+            yield ctx
     finally:
         _active = previous
 

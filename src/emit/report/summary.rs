@@ -11,15 +11,19 @@ use crate::measure::{geomean, verdict, Verdict};
 use crate::store::FailureClass;
 
 fn verdicts(pairs: impl IntoIterator<Item = Verdict>) -> String {
-    let (mut fast, mut same, mut slow) = (0, 0, 0);
+    let (mut fast, mut same, mut slow, mut ambiguous) = (0, 0, 0, 0);
     for v in pairs {
         match v {
             Verdict::Fast => fast += 1,
             Verdict::Same => same += 1,
             Verdict::Slow => slow += 1,
+            Verdict::Ambiguous => ambiguous += 1,
         }
     }
     let mut parts = vec![format!("{fast} FAST"), format!("{same} SAME")];
+    if ambiguous > 0 {
+        parts.push(format!("{ambiguous} AMBIGUOUS"));
+    }
     if slow > 0 {
         parts.push(format!("**{slow} SLOW**"));
     }

@@ -1,0 +1,138 @@
+"""An A/B side's variant of a job (tunelab.variant, docs/ab.md): modules run
+from other files, and a planted slowdown, in-process and through a worker."""
+
+import pathlib
+import sys
+import time
+
+import pytest
+
+from conftest import MODE, PYTHON_DIR
+from tunelab import variant
+from test_worker import TOLERANCE, gemm_job
+
+
+def _package(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A package `abpkg` with a module `mod` saying "original", importable."""
+    pkg = tmp_path / "abpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("WHO = 'original'\n\ndef who():\n    return WHO\n")
+    if str(tmp_path) not in sys.path:
+        sys.path.insert(0, str(tmp_path))
+    return pkg
+
+
+def test_a_swapped_module_is_the_replacement_inside_and_the_original_after(tmp_path):
+    _package(tmp_path)
+    replacement = tmp_path / "other.py"
+    replacement.write_text("WHO = 'replacement'\n\ndef who():\n    return WHO\n")
+    import abpkg.mod
+
+    with variant.swapped({"abpkg.mod": str(replacement)}):
+        from abpkg.mod import who
+        from abpkg import mod
+
+        assert who() == "replacement"
+        assert mod.WHO == "replacement"
+        assert sys.modules["abpkg.mod"].__file__ == str(replacement)
+    from abpkg import mod as after
+
+    assert after is abpkg.mod and after.who() == "original"
+    assert sys.modules["abpkg.mod"] is abpkg.mod
+    # Loaded once per content: a second swap finds the same module.
+    with variant.swapped({"abpkg.mod": str(replacement)}):
+        first = sys.modules["abpkg.mod"]
+    with variant.swapped({"abpkg.mod": str(replacement)}):
+        assert sys.modules["abpkg.mod"] is first
+    with variant.swapped(None), variant.swapped({}):
+        assert sys.modules["abpkg.mod"] is abpkg.mod
+
+
+def test_a_module_never_imported_before_is_gone_again_after_the_swap(tmp_path):
+    pkg = _package(tmp_path)
+    (pkg / "late.py").write_text("X = 1\n")
+    replacement = tmp_path / "late_other.py"
+    replacement.write_text("X = 2\n")
+    import abpkg
+
+    assert "abpkg.late" not in sys.modules
+    with variant.swapped({"abpkg.late": str(replacement)}):
+        from abpkg import late
+
+        assert late.X == 2
+    assert "abpkg.late" not in sys.modules and not hasattr(abpkg, "late")
+
+
+def test_a_cpu_plant_adds_at_least_its_time_to_every_launch():
+    calls = []
+    planted = variant.plant_on_cpu(lambda: calls.append(1) or "done", 3000.0)
+    for _ in range(3):
+        started = time.perf_counter()
+        assert planted() == "done"
+        assert (time.perf_counter() - started) * 1e6 >= 3000.0
+    assert len(calls) == 3 and planted.planted_us == 3000.0
+
+
+def test_a_planted_launch_keeps_the_launchs_attributes():
+    class Launch:
+        out = "the output"
+
+        def __call__(self):
+            return None
+
+    planted = variant.plant_on_cpu(Launch(), 1.0)
+    assert planted.out == "the output"
+
+
+@pytest.mark.skipif(MODE != "interpreter", reason="times the interpreter's wall clock")
+def test_a_job_with_a_plant_is_checked_and_every_sample_carries_it(shared_worker):
+    job = {**gemm_job("planted-1"), "plant_us": 20_000.0}
+    checked = shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
+    assert checked["ok"] and checked["passed"], checked
+    sampled = shared_worker.request("sample", job_id="planted-1", count=3)
+    assert all(us >= 20_000.0 for us in sampled["us"]), sampled
+
+
+def test_a_job_with_its_kernel_module_from_another_file_runs_that_file(shared_worker, tmp_path):
+    # A copy of the GEMM kernel module that doubles its output: the check
+    # fails where the module's own file passes, so the copy is what ran.
+    source = (PYTHON_DIR / "tunelab" / "kernels" / "matmul.py").read_text()
+    doubled = tmp_path / "matmul_doubled.py"
+    doubled.write_text(source + "\n\n_make = make_launcher\n\n\ndef make_launcher(a, b, out, config):\n"
+                                "    run = _make(a, b, out, config)\n\n"
+                                "    def doubled():\n        run()\n        out.mul_(2)\n\n    return doubled\n")
+    same = tmp_path / "matmul_same.py"
+    same.write_text(source)
+    for path, passes in ((doubled, False), (same, True)):
+        job = gemm_job(f"swapped-{passes}")
+        job["method"] = {**job["method"], "modules": {"tunelab.kernels.matmul": str(path)}}
+        checked = shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
+        assert checked["ok"] and checked["passed"] is passes, checked
+    # The module's own file is back for the next job.
+    assert shared_worker.request("check", job=gemm_job("unswapped"), seed=0, tolerance=TOLERANCE)["passed"]
+
+
+def test_malformed_variants_are_bad_requests(shared_worker):
+    for bad in ({"plant_us": -1.0}, {"plant_us": "3%"}):
+        reply = shared_worker.request("check", job={**gemm_job("bad-plant"), **bad}, seed=0, tolerance=TOLERANCE)
+        assert reply["ok"] is False and reply["class"] == "bad_request", reply
+    job = gemm_job("bad-modules")
+    job["method"] = {**job["method"], "modules": {"tunelab.kernels.matmul": 3}}
+    reply = shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
+    assert reply["ok"] is False and reply["class"] == "bad_request", reply
+
+
+@pytest.mark.skipif(MODE != "gpu", reason="plants a spin kernel on a GPU")
+def test_a_gpu_plant_adds_about_what_it_was_asked(shared_worker):
+    # A small GEMM timed cold with and without 50 µs planted: the medians
+    # differ by the plant, give or take a quarter (the kernel gap is
+    # measured, the spin sized at the clock the GPU runs at).
+    medians = []
+    for job_id, plant in (("plain", 0.0), ("planted-50", 50.0)):
+        job = {**gemm_job(job_id), "plant_us": plant}
+        assert shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)["passed"]
+        us = sorted(shared_worker.request("sample", job_id=job_id, count=64)["us"])
+        medians.append(us[len(us) // 2])
+    added = medians[1] - medians[0]
+    assert 37.5 <= added <= 62.5, f"{added:.2f} us added for 50 asked (medians {medians})"

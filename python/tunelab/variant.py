@@ -1,0 +1,169 @@
+"""How one side of an A/B run (`tunelab ab`, docs/ab.md) runs a job other
+than its method's definition says: Python modules replaced by other files
+(the method's kernel at another git revision, or a second source file), and
+a planted slowdown (a testing knob).
+
+A job carries them in its JOB object (docs/worker-protocol.md, "JOB"):
+`method.modules` maps a module's dotted name to the file to run instead, and
+`plant_us` asks for a spin of that many microseconds after every launch,
+inside whatever times the launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import sys
+import time
+from typing import Any, Callable, Iterator, Optional
+
+# (module name, file, file's digest) -> the module loaded from that file.
+_LOADED: dict[tuple[str, str, str], Any] = {}
+
+
+def _load(name: str, path: str):
+    """The module `name` as `path` defines it, loaded once per content. It
+    keeps `name` as its name, so its own imports of the package resolve to
+    the package as it is, and Triton keys its kernels by their source (the
+    file's), so they compile apart from the module they stand in for."""
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    key = (name, path, digest)
+    if key not in _LOADED:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{path} cannot be loaded as module {name}")
+        module = importlib.util.module_from_spec(spec)
+        previous = sys.modules.get(name)
+        sys.modules[name] = module  # what a module under execution expects of itself
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            if previous is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
+        _LOADED[key] = module
+    return _LOADED[key]
+
+
+@contextlib.contextmanager
+def swapped(modules: dict[str, str] | None) -> Iterator[None]:
+    """Inside, each named module is the one its file defines: in
+    `sys.modules` (`from a.b.c import x`, `import a.b.c`) and as its parent
+    package's attribute (`from a.b import c`). A module bound before, or a
+    name a problem imported at its own module's top, still refers to what
+    it did: tunelab's problems import their kernels where they bind and
+    compile, which runs inside."""
+    if not modules:
+        yield
+        return
+    saved: list[tuple[str, Any, Any, Any]] = []
+    try:
+        for name, path in modules.items():
+            replacement = _load(name, path)
+            parent_name, _, attr = name.rpartition(".")
+            parent = sys.modules.get(parent_name) if parent_name else None
+            saved.append((name, sys.modules.get(name), parent, getattr(parent, attr, None) if parent else None))
+            sys.modules[name] = replacement
+            if parent is not None:
+                setattr(parent, attr, replacement)
+        yield
+    finally:
+        for name, module, parent, attribute in reversed(saved):
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+            if parent is not None:
+                attr = name.rpartition(".")[2]
+                if attribute is None:
+                    delattr(parent, attr)
+                else:
+                    setattr(parent, attr, attribute)
+
+
+class Planted:
+    """A launch followed by a spin: a slowdown planted on purpose, inside
+    whatever times the launch (an event pair, a captured CUDA graph, the
+    interpreter's wall clock). Everything else of the launch (its output,
+    its native launch) is the launch's own."""
+
+    def __init__(self, launch: Callable[[], Any], spin: Callable[[], Any], planted_us: float):
+        self._launch = launch
+        self._spin = spin
+        # What the spin adds to a launch, as calibrated (microseconds).
+        self.planted_us = planted_us
+        # Sizes the spin again before a batch (the GPU's clock may have moved).
+        self.before_batch: Callable[[], Any] = lambda: None
+
+    def __call__(self):
+        result = self._launch()
+        self._spin()
+        return result
+
+    def __getattr__(self, name: str):
+        return getattr(self._launch, name)
+
+
+def plant_on_cpu(launch: Callable[[], Any], plant_us: float) -> Planted:
+    """The interpreter's plant: a busy wait of `plant_us` after the launch,
+    on the wall clock its samples are timed by."""
+
+    def spin():
+        until = time.perf_counter() + plant_us / 1e6
+        while time.perf_counter() < until:
+            pass
+
+    return Planted(launch, spin, plant_us)
+
+
+def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float,
+                 sm_clock_mhz: Callable[[], Optional[float]], samples: int = 64) -> Planted:
+    """The GPU's plant: a spin kernel (`torch.cuda._sleep`, which counts SM
+    clock cycles) queued after the launch, sized so that a launch with it
+    takes `plant_us` longer than without it: what queueing one more kernel
+    costs (the gap between two kernels, measured here from event pairs
+    around one and two empty spins, tiny kernels whose medians hardly
+    move), plus the spin's cycles at the SM clock. The clock is read again
+    before each batch (`Planted.before_batch`, which the worker calls), so a
+    GPU that falls under its power cap spins as long as asked; a CUDA graph
+    keeps the count it was captured with. Without a clock reading, the
+    cycles per microsecond are timed once here."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        raise RuntimeError("torch.cuda._sleep is missing: this torch cannot plant a slowdown")
+
+    def median_us(fn) -> float:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+        for start, end in zip(starts, ends):
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+        return times[len(times) // 2]
+
+    one = median_us(lambda: sleep(0))
+    gap = max(0.0, median_us(lambda: (sleep(0), sleep(0))) - one)
+    probe_cycles = 200_000  # about 100 µs at 2 GHz
+    timed_per_us = probe_cycles / max(median_us(lambda: sleep(probe_cycles)) - one, 1e-3)
+    state = {"cycles": 0}
+
+    def size():
+        mhz = sm_clock_mhz()
+        per_us = float(mhz) if mhz else timed_per_us
+        state["cycles"] = max(0, int(round((plant_us - gap) * per_us)))
+        return per_us
+
+    per_us = size()
+    planted = Planted(launch, lambda: sleep(state["cycles"]), max(plant_us, gap))
+    planted.before_batch = size
+    print(
+        f"tunelab worker: planted {planted.planted_us:.2f} us a launch (asked {plant_us:.2f}): "
+        f"kernel gap {gap:.2f} us, {per_us:.0f} cycles/us, spin {state['cycles']} cycles",
+        file=sys.stderr,
+    )
+    return planted
