@@ -806,3 +806,46 @@ outputs:
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("ir: kept the kernels of 1 winner"));
 }
+
+#[test]
+fn progress_goes_to_a_log_as_plain_lines_when_stderr_is_not_a_terminal() {
+    let Some(py) = python() else { return };
+    let results = tempfile::tempdir().unwrap();
+    // As `nohup tunelab run ... > log 2>&1` would: both streams to pipes,
+    // no --quiet.
+    let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+        .current_dir(repo())
+        .args(["run", "tests/fixtures/runs/slow.yaml", "--results-dir"])
+        .arg(results.path())
+        .args(["--python", &py, "--interpret"])
+        .env("PYTHONPATH", repo().join("tests/fixtures/problems"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("progress: "))
+        .collect();
+    // Six jobs: a line at each tenth of them (every job here), and the last.
+    assert!(lines.len() >= 6, "progress lines:\n{stderr}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("3/6 jobs done (50 %), 0 failed") && l.contains("ETA ")),
+        "{stderr}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("progress: 6/6 jobs done, 0 failed, in ")),
+        "a final summary line:\n{stderr}"
+    );
+    for text in [&out.stdout, &out.stderr] {
+        let text = String::from_utf8_lossy(text);
+        assert!(
+            text.chars().all(|c| c == '\n' || !c.is_control()),
+            "no control characters (escape codes, carriage returns) in a log:\n{text:?}"
+        );
+    }
+}

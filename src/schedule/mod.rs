@@ -244,6 +244,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         select: &select,
         plan_opts: &plan_opts,
         groups,
+        started,
         native_compiles: workers.native_compiles,
     };
     let mut outcome = RunOutcome {
@@ -726,6 +727,8 @@ struct Drain<'a> {
     plan_opts: &'a PlanOptions<'a>,
     /// The groups to run, in dealing order.
     groups: Vec<deal::Pending>,
+    /// When the run started, for the progress display's elapsed time.
+    started: Instant,
     /// The compile pool compiles native methods too.
     native_compiles: bool,
 }
@@ -845,8 +848,17 @@ fn drain(
             spawn_lane(scope, &lane_opts, number, device, backend, hello, &event_tx);
         }
         drop(event_tx);
-        let mut display = progress::Progress::new(outcome.planned, opts.progress);
-        for event in event_rx {
+        let mut display = progress::Progress::new(outcome.planned, opts.progress, run.started);
+        loop {
+            // A second without an event lets the display say the run goes on.
+            let event = match event_rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(event) => event,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    display.tick();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             match event {
                 Event::Job(record) => {
                     match record.status {
