@@ -662,7 +662,7 @@ class Worker:
             methods[n] = {
                 "found": True,
                 "config_types": types,
-                "description": _first_line(type(available[n]).__doc__),
+                "description": _summary(type(available[n]).__doc__),
             }
         return {"methods": methods, "available": [str(n) for n in available]}
 
@@ -1261,12 +1261,32 @@ def _shape_of(op: str, request: dict):
     return name, shape, seed, (name, json.dumps(shape, sort_keys=True), seed)
 
 
-def _first_line(doc):
-    """A method class's docstring's first line: what a report calls the method."""
+_ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf")
+
+
+def _summary(doc):
+    """A method class's docstring's first sentence, whole however many lines
+    it is wrapped over: what a report calls the method. The sentence ends at
+    the first full stop followed by a space or the paragraph's end, outside
+    brackets and backticks (a dotted module path or "e.g." does not end it)."""
     if not doc:
         return None
-    line = doc.strip().splitlines()[0].strip()
-    return line or None
+    paragraph = doc.strip().split("\n\n")[0]
+    text = " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
+    depth, quoted = 0, False
+    for i, c in enumerate(text):
+        if c == "`":
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif c in "([":
+            depth += 1
+        elif c in ")]":
+            depth = max(0, depth - 1)
+        elif c == "." and depth == 0 and text[i + 1 : i + 2] == " ":
+            if not text[:i].lower().endswith(_ABBREVIATIONS):
+                return text[: i + 1]
+    return text or None
 
 
 def _type_names(method: str, declared) -> dict:
