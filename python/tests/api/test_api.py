@@ -131,8 +131,8 @@ def test_a_bad_device_profile_is_a_settings_error():
 
 
 def test_plan_is_the_commands_json():
-    summary = tunelab.plan(QUICKSTART, only="M=1024")
-    cli = command("plan", QUICKSTART, "--only", "M=1024", "--json")
+    summary = tunelab.plan(QUICKSTART, only="M=1024", device="h100")
+    cli = command("plan", QUICKSTART, "--only", "M=1024", "--json", "--device", "h100")
     assert cli.returncode == 0, cli.stderr
     assert summary == json.loads(cli.stdout)
     assert summary["experiment"] == "quickstart"
@@ -427,3 +427,7 @@ def test_doctor_finds_the_installed_worker_package(tmp_path):
     assert "installed in this Python" in worker, doctor.stdout
     assert str(REPO / "python") not in worker or os.environ.get("TUNELAB_TEST_INSTALLED") != "1"
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    # The wheel's command: its last line is the verdict, and it gives no
+    # advice that needs a checkout and Cargo.
+    assert doctor.stdout.splitlines()[-1].startswith("verdict     ready"), doctor.stdout
+    assert "cargo" not in doctor.stdout + doctor.stderr, doctor.stdout
