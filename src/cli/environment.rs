@@ -142,18 +142,26 @@ pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
         Ok(out) => {
             let facts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
             println!("  version   {}", facts["python"].as_str().unwrap_or("?"));
+            let mut missing = Vec::new();
             for (pkg, key) in [("torch", "torch_error"), ("triton", "triton_error")] {
                 match facts[pkg].as_str() {
                     Some(v) => println!("  {pkg:<9} {v}"),
                     None => {
                         problems += 1;
+                        missing.push(pkg);
                         println!(
                             "  {pkg:<9} missing ({})",
                             facts[key].as_str().unwrap_or("not importable")
                         );
-                        println!("  fix: {} -m pip install torch triton", settings.python);
                     }
                 }
+            }
+            if !missing.is_empty() {
+                println!(
+                    "  fix: {} -m pip install {}",
+                    settings.python,
+                    missing.join(" ")
+                );
             }
             match (facts["torch"].as_str(), facts["gpu"].as_str()) {
                 (Some(_), Some(gpu)) => {
