@@ -547,7 +547,7 @@ mod tests {
         assert!(looks_cut(
             "Our Triton fused MoE (tunelab.kernels.fused_moe; quantised weights:"
         ));
-        assert!(whole("x (y:").ends_with("kept the first line of its description only)"));
+        assert!(whole("x (y:").ends_with("kept the first line of its description only)."));
         assert!(!looks_cut(
             "CUDA kernel `k` (k.cu), compiled with NVRTC and launched natively"
         ));
