@@ -24,9 +24,20 @@ pytest_workers := `python3 -c 'import os; print(min(4, len(os.sched_getaffinity(
 peers *ARGS:
     python3 scripts/peers.py {{ARGS}}
 
+# The tunelab the recipes run: TUNELAB_BIN if set; else the one installed
+# (`pip install .` in an active environment puts it on PATH; `just setup`
+# puts it in .venv); else this checkout's release binary, which `cargo run`
+# builds first (about 7 minutes on 2 cores the first time, seconds after).
+# So a machine builds tunelab once either way.
+tunelab := env_var_or_default("TUNELAB_BIN", `command -v tunelab || { test -x .venv/bin/tunelab && echo .venv/bin/tunelab; } || echo "cargo run --release --bin tunelab --"`)
+
 # Build the release binary.
 build:
     cargo build --release
+
+# Which tunelab the recipes run.
+which:
+    @echo "{{tunelab}}"
 
 # Workers run in .venv's Python (or TUNELAB_PYTHON, or python3): `tunelab config` says.
 # The stripped release binary at .bin/tunelab, for a GPU machine without Rust:
@@ -38,35 +49,38 @@ gpu-bin:
     strip .bin/tunelab
 
 # Tune an experiment: `just tune gptoss`, `just tune gptoss --only E=32,N=2880`.
-tune NAME *ARGS: build
-    ./target/release/tunelab run experiments/{{NAME}}.yaml {{ARGS}}
+tune NAME *ARGS:
+    {{tunelab}} run experiments/{{NAME}}.yaml {{ARGS}}
 
 # Compare methods at their baseline (or --use-best) configs.
-bench NAME *ARGS: build
-    ./target/release/tunelab run experiments/{{NAME}}.yaml --mode bench {{ARGS}}
+bench NAME *ARGS:
+    {{tunelab}} run experiments/{{NAME}}.yaml --mode bench {{ARGS}}
 
 # Check every manifest in experiments/.
-validate: build
-    ./target/release/tunelab validate experiments/*.yaml
+validate:
+    {{tunelab}} validate experiments/*.yaml
 
 # Show the jobs a manifest expands to, per method.
-plan NAME *ARGS: build
-    ./target/release/tunelab plan experiments/{{NAME}}.yaml {{ARGS}}
+plan NAME *ARGS:
+    {{tunelab}} plan experiments/{{NAME}}.yaml {{ARGS}}
 
 # Regenerate outputs and report of a results directory from its journal.
-report DIR: build
-    ./target/release/tunelab report {{DIR}}
+report DIR:
+    {{tunelab}} report {{DIR}}
 
 # Pack results directories' journals for committing (journal.jsonl -> journal.jsonl.gz).
-pack +DIRS: build
-    ./target/release/tunelab pack {{DIRS}}
+pack +DIRS:
+    {{tunelab}} pack {{DIRS}}
 
-# `pip install .` there gives the `tunelab` command and `import tunelab`.
+# `pip install .` there gives the `tunelab` command (.venv/bin/tunelab, which
+# the recipes then run) and `import tunelab`; it compiles the Rust core once
+# (the README says how long), and pip shows its progress.
 # Make .venv with torch, triton, numpy, pytest (with pytest-xdist), pandas and mypy, and install tunelab into it.
 setup:
     test -x .venv/bin/python || python3 -m venv .venv
     .venv/bin/python -m pip install -q --disable-pip-version-check torch triton numpy
-    .venv/bin/python -m pip install -q --disable-pip-version-check ".[dev]"
+    @echo "setup: installing tunelab: pip compiles its Rust core now (see the README's Install for how long)"
+    .venv/bin/python -m pip install --disable-pip-version-check ".[dev]"
 
 # Also the type check and the installed wheel's API tests.
 # Everything CI checks: formatting, lints, the HIP build, Rust tests, Python tests, the interpreter end to end.

@@ -18,7 +18,7 @@ fp8, vLLM's default and the best configs also run in vLLM's call structure
 (`fused_moe_vllm`, what the shipped fp8 files are ranked in); last, if time
 is left, bf16 weights at the same shapes with vLLM's default config.
 
-Timing follows the runner's protocol (README, "Measurement protocol") with
+Timing follows the runner's protocol (docs/manifest.md, "Measurement protocol") with
 the worker's own timer (tunelab.worker.CudaEventTimer):
 - cold: a warm-up of at least 3 launches and 5 ms; an event pair around each
   launch, L2 flushed by reading max(2 x L2, 32 MiB) before every sample, 32

@@ -21,7 +21,7 @@ docs/native-backend.md; the manifest file is not changed or copied), and
 the native worker builds the inputs and the reference itself, so the lane's
 Python worker never imports torch; docs/native-backend.md, "Inputs built
 natively"), and `native-inputs-raced-grid` (also `--set protocol.race=0.05`:
-racing, README's protocol table).
+racing, docs/manifest.md's protocol table).
 
 What the native contenders need at run time, all of it found by tunelab
 itself (nothing to pass, no build feature: the default `cargo build
@@ -82,7 +82,7 @@ NATIVE_INPUTS_OVERRIDE = "inputs=native"
 # A contender named native-<strategy> is that strategy with the Triton method launched natively.
 NATIVE_PREFIX = "native-"
 NATIVE_OVERRIDE = "methods.triton.launch=native"
-# A contender with -raced- in its name also races (protocol.race, README): a config clearly slower than the best
+# A contender with -raced- in its name also races (protocol.race, docs/manifest.md): a config clearly slower than the best
 # so far stops sampling at min_samples.
 RACED_INFIX = "-raced-"
 RACE_OVERRIDE = "protocol.race=0.05"

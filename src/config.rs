@@ -186,6 +186,18 @@ pub fn load(
 }
 
 impl Layered {
+    /// Whether `key` was set by a settings file, a variable or a flag rather
+    /// than left at its built-in default.
+    pub fn chosen(&self, key: &str) -> bool {
+        match self.figment.find_metadata(key) {
+            None => false,
+            Some(meta) => {
+                let name = meta.name.to_string();
+                name.ends_with("FlagSettings") || !name.ends_with("Settings")
+            }
+        }
+    }
+
     /// Each setting with its value and the layer it came from.
     pub fn explain(&self) -> Vec<(String, String, String)> {
         let value = serde_json::to_value(&self.settings).expect("settings serialise");

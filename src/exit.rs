@@ -14,3 +14,14 @@ pub const ENVIRONMENT: i32 = 4;
 pub const REGRESSION: i32 = 5;
 /// Interrupted (Ctrl-C); the journal holds every job finished so far.
 pub const INTERRUPTED: i32 = 130;
+
+/// Every code above, for the check that `--help` lists them all.
+pub const ALL: [i32; 7] = [
+    OK,
+    INTERNAL,
+    BAD_INPUT,
+    JOBS_FAILED,
+    ENVIRONMENT,
+    REGRESSION,
+    INTERRUPTED,
+];

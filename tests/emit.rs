@@ -1544,10 +1544,17 @@ fn the_report_names_what_was_timed() {
         },
     ];
     let report = render(&results)["report.md"].clone();
+    // A short name in the table, the whole description once below it.
     assert!(report.contains(
-        "| **triton** (tuned files) | `fused_moe_vllm` (triton) | vLLM's call: alignment, GEMM 1, activation, GEMM 2, sum | `vllm_moe_default` | halving (eta 3) | 71 ok, 2 failed, 24 pruned |"
+        "| **triton** (tuned files) | `fused_moe_vllm` (triton) | vLLM's call | `vllm_moe_default` | halving (eta 3) | 71 ok, 2 failed, 24 pruned |"
     ), "{report}");
     assert!(report.contains("| torch | `torch` (torch) | torch's grouped GEMM | — |"));
+    assert!(
+        report.contains(
+            "- **What the kernels are**: `fused_moe_vllm`: vLLM's call: alignment, GEMM 1, activation, GEMM 2, sum. `torch`: torch's grouped GEMM."
+        ),
+        "{report}"
+    );
     assert!(!report.contains("(inferred)"));
     assert!(report.contains("**Timing**: cold: one launch per sample"));
     assert!(report.contains("**Device**: NVIDIA H200 (sm_90, 132 SMs"));

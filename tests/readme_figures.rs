@@ -1,12 +1,15 @@
-//! The README's measured figures agree with the files they cite.
+//! The measured figures of the README and docs/performance.md agree with the
+//! files they cite.
 //!
-//! Rule (stated in the README's Performance section): under `## Performance`,
-//! every figure — a number with a decimal point, or a number with a unit
-//! (µs, ms, s, min, ×, %, TFLOP/s, GB/s, TB/s, MB, M/s) — must appear in a
-//! file that its `###` subsection cites. A citation is a repository path in
-//! backticks or a markdown link; a directory stands for the text files in it,
-//! and a `<device>`-style component for every directory at that place.
-//! Version numbers (CUDA 13.0, torch 2.11, 580.159.04) are not figures.
+//! Rule (stated at the top of docs/performance.md): in docs/performance.md,
+//! and under the README's `## Performance`, every figure — a number with a
+//! decimal point, or a number with a unit (µs, ms, s, min, ×, %, TFLOP/s,
+//! GB/s, TB/s, MB, M/s) — must appear in a file that its section (the text
+//! under one `##` or `###` heading) cites. A citation is a repository path in
+//! backticks or a markdown link (relative to the file that holds it); a
+//! directory stands for the text files in it, and a `<device>`-style
+//! component for every directory at that place. Version numbers (CUDA 13.0,
+//! torch 2.11, 580.159.04) are not figures.
 
 use std::path::{Path, PathBuf};
 
@@ -137,9 +140,24 @@ fn figures_in(line_no: usize, prose: &str) -> Vec<Figure> {
     out
 }
 
-/// Existing repository paths a citation names; `<x>` components match
-/// every entry there.
+/// Existing repository paths a citation names, from the repository's root
+/// or from `base` (the folder of the file that holds it); `<x>` components
+/// match every entry there.
+fn resolve_from(citation: &str, base: &Path) -> Vec<PathBuf> {
+    let mut found = resolve(citation);
+    if found.is_empty() && base != root() {
+        found = resolve_under(citation, base);
+    }
+    found
+}
+
+/// Existing repository paths a citation names from the repository's root;
+/// `<x>` components match every entry there.
 fn resolve(citation: &str) -> Vec<PathBuf> {
+    resolve_under(citation, &root())
+}
+
+fn resolve_under(citation: &str, base: &Path) -> Vec<PathBuf> {
     let cleaned = citation
         .trim()
         .trim_end_matches(['.', ',', ';', ':'])
@@ -149,7 +167,7 @@ fn resolve(citation: &str) -> Vec<PathBuf> {
     if cleaned.is_empty() || cleaned.starts_with("http") || cleaned.contains("..") {
         return Vec::new();
     }
-    let mut found = vec![root()];
+    let mut found = vec![base.to_path_buf()];
     for component in cleaned.split('/').filter(|c| !c.is_empty()) {
         let mut next = Vec::new();
         for base in &found {
@@ -166,7 +184,7 @@ fn resolve(citation: &str) -> Vec<PathBuf> {
         }
         found = next;
     }
-    found.retain(|p| p != &root());
+    found.retain(|p| p != base);
     found
 }
 
@@ -223,11 +241,21 @@ struct Section {
     citations: Vec<String>,
 }
 
-fn performance_sections(readme: &str) -> Vec<Section> {
+/// The sections whose figures are checked: with `under` a `##` heading,
+/// the text under it (split at its `###` headings); else the whole file,
+/// split at every `##` and `###` heading.
+fn sections(text: &str, under: Option<&str>) -> Vec<Section> {
     let mut sections = Vec::new();
-    let mut inside = false;
+    let mut inside = under.is_none();
     let mut fenced = false;
-    for (n, line) in readme.lines().enumerate() {
+    if inside {
+        sections.push(Section {
+            heading: "(top)".to_string(),
+            figures: Vec::new(),
+            citations: Vec::new(),
+        });
+    }
+    for (n, line) in text.lines().enumerate() {
         if line.starts_with("```") {
             fenced = !fenced;
             continue;
@@ -235,26 +263,22 @@ fn performance_sections(readme: &str) -> Vec<Section> {
         if fenced {
             continue;
         }
-        if let Some(h) = line.strip_prefix("## ") {
-            inside = h.trim() == "Performance";
-            if inside {
-                sections.push(Section {
-                    heading: h.to_string(),
-                    figures: Vec::new(),
-                    citations: Vec::new(),
-                });
-            }
-            continue;
+        let heading = line
+            .strip_prefix("## ")
+            .or_else(|| line.strip_prefix("### "));
+        if let (Some(h), Some(wanted), true) = (heading, under, line.starts_with("## ")) {
+            inside = h.trim() == wanted;
         }
         if !inside {
             continue;
         }
-        if let Some(h) = line.strip_prefix("### ") {
+        if let Some(h) = heading {
             sections.push(Section {
                 heading: h.to_string(),
                 figures: Vec::new(),
                 citations: Vec::new(),
             });
+            continue;
         }
         let section = sections.last_mut().expect("a section");
         let (prose, code) = split_code(line);
@@ -266,15 +290,20 @@ fn performance_sections(readme: &str) -> Vec<Section> {
     sections
 }
 
-#[test]
-fn every_figure_in_the_readme_performance_section_is_in_a_file_it_cites() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let sections = performance_sections(&readme);
-    assert!(sections.len() > 1, "README.md has a ## Performance section");
+/// Each figure of `file`'s checked sections that none of its section's
+/// citations holds; and how many figures were checked.
+fn unsourced(file: &str, under: Option<&str>) -> (Vec<String>, usize) {
+    let path = root().join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let base = path.parent().unwrap().to_path_buf();
     let mut problems = Vec::new();
     let mut checked = 0;
-    for s in &sections {
-        let cited: Vec<PathBuf> = s.citations.iter().flat_map(|c| resolve(c)).collect();
+    for s in &sections(&text, under) {
+        let cited: Vec<PathBuf> = s
+            .citations
+            .iter()
+            .flat_map(|c| resolve_from(c, &base))
+            .collect();
         let mut corpus = String::new();
         for p in &cited {
             texts(p, &mut corpus);
@@ -287,7 +316,7 @@ fn every_figure_in_the_readme_performance_section_is_in_a_file_it_cites() {
                     .map(|p| p.strip_prefix(root()).unwrap().display().to_string())
                     .collect();
                 problems.push(format!(
-                    "README.md:{}: `{}` (section \"{}\") is in none of the files it cites: [{}]",
+                    "{file}:{}: `{}` (section \"{}\") is in none of the files it cites: [{}]",
                     f.line,
                     f.shown,
                     s.heading,
@@ -296,13 +325,25 @@ fn every_figure_in_the_readme_performance_section_is_in_a_file_it_cites() {
             }
         }
     }
+    (problems, checked)
+}
+
+#[test]
+fn every_performance_figure_is_in_a_file_its_section_cites() {
+    let (mut problems, in_docs) = unsourced("docs/performance.md", None);
+    let (readme, in_readme) = unsourced("README.md", Some("Performance"));
+    problems.extend(readme);
     assert!(
-        checked > 20,
-        "only {checked} figures found: is the parser right?"
+        in_docs > 100,
+        "only {in_docs} figures found in docs/performance.md: is the parser right?"
+    );
+    assert!(
+        in_readme > 2,
+        "only {in_readme} figures found under the README's ## Performance"
     );
     assert!(
         problems.is_empty(),
-        "{} README figures disagree with their sources:\n{}",
+        "{} figures disagree with their sources:\n{}",
         problems.len(),
         problems.join("\n")
     );
@@ -344,4 +385,35 @@ fn citations_resolve_placeholders_and_links() {
     let (_, links) = split_links("[scaling](docs/scaling.md), more");
     assert_eq!(links, vec!["docs/scaling.md"]);
     assert_eq!(resolve("docs/scaling.md").len(), 1);
+    // A link in docs/ is relative to docs/.
+    assert_eq!(resolve_from("scaling.md", &root().join("docs")).len(), 1);
+    assert!(resolve("scaling.md").is_empty());
+}
+
+#[test]
+fn sections_split_at_headings_and_skip_code() {
+    let text = "intro 1.5 µs\n## A\nx 2.5 s `a.md`\n```\n9.9 s\n```\n### B\ny 3.5 %\n## Performance\nz 4.5 ms\n";
+    let whole = sections(text, None);
+    let shown: Vec<(String, Vec<String>)> = whole
+        .iter()
+        .map(|s| {
+            (
+                s.heading.clone(),
+                s.figures.iter().map(|f| f.shown.clone()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            ("(top)".into(), vec!["1.5 µs".to_string()]),
+            ("A".into(), vec!["2.5 s".to_string()]),
+            ("B".into(), vec!["3.5 %".to_string()]),
+            ("Performance".into(), vec!["4.5 ms".to_string()]),
+        ]
+    );
+    assert_eq!(whole[1].citations, vec!["a.md"]);
+    let under = sections(text, Some("Performance"));
+    assert_eq!(under.len(), 1);
+    assert_eq!(under[0].figures.len(), 1);
 }

@@ -121,7 +121,23 @@ fn quickstart_runs_end_to_end_and_resumes_without_redoing_work() {
         "{}",
         show(&again)
     );
-    assert_eq!(jobs(&journal(&dir)).len(), done.len() + 2 * native.len());
+    // The unavailable jobs were asked again and said the same: not recorded
+    // again, so the runs table still counts them in the first run.
+    assert_eq!(jobs(&journal(&dir)).len(), done.len() + native.len());
+    let runs: Vec<serde_json::Value> = journal(&dir)
+        .into_iter()
+        .filter(|e| e["type"] == "run")
+        .collect();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        runs[1]["planned_jobs"], 0,
+        "the journal holds every job the resume planned"
+    );
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(
+        !report.contains("never recorded"),
+        "a resume that re-asked unavailable jobs left none unrecorded:\n{report}"
+    );
 
     // A later definition of one job's method recorded it under another id
     // (as if its kernel had been edited and run); going back to this
@@ -786,4 +802,47 @@ outputs:
         "{index}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("ir: kept the kernels of 1 winner"));
+}
+
+#[test]
+fn progress_goes_to_a_log_as_plain_lines_when_stderr_is_not_a_terminal() {
+    let Some(py) = python() else { return };
+    let results = tempfile::tempdir().unwrap();
+    // As `nohup tunelab run ... > log 2>&1` would: both streams to pipes,
+    // no --quiet.
+    let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+        .current_dir(repo())
+        .args(["run", "tests/fixtures/runs/slow.yaml", "--results-dir"])
+        .arg(results.path())
+        .args(["--python", &py, "--interpret"])
+        .env("PYTHONPATH", repo().join("tests/fixtures/problems"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("progress: "))
+        .collect();
+    // Six jobs: a line at each tenth of them (every job here), and the last.
+    assert!(lines.len() >= 6, "progress lines:\n{stderr}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("3/6 jobs done (50 %), 0 failed") && l.contains("ETA ")),
+        "{stderr}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("progress: 6/6 jobs done, 0 failed, in ")),
+        "a final summary line:\n{stderr}"
+    );
+    for text in [&out.stdout, &out.stderr] {
+        let text = String::from_utf8_lossy(text);
+        assert!(
+            text.chars().all(|c| c == '\n' || !c.is_control()),
+            "no control characters (escape codes, carriage returns) in a log:\n{text:?}"
+        );
+    }
 }

@@ -192,6 +192,13 @@ def test_probe_reports_methods_and_their_declared_types(spawn_worker):
     assert probed["methods"]["torch_matmul"]["config_types"] == {}
     assert probed["methods"]["nope"] == {"found": False, "config_types": None}
     assert probed["methods"]["matmul"]["description"] == "tunelab's own Triton GEMM (tunelab.kernels.matmul)."
+    # A first sentence wrapped over two docstring lines comes whole.
+    moe = {"M": 1, "E": 8, "N": 32, "K": 64, "topk": 2, "dtype": "fp16"}
+    probed = worker.request("probe", problem="moe", shape=moe, methods=["fused_moe"])
+    assert probed["ok"], probed
+    assert probed["methods"]["fused_moe"]["description"] == (
+        "Our Triton fused MoE (tunelab.kernels.fused_moe; quantised weights: tunelab.kernels.quant_moe), vLLM-style config."
+    )
 
     missing = worker.request("probe", problem="no_such_module_for_tests:P", shape=shape, methods=[])
     assert not missing["ok"] and missing["class"] == "problem_error"

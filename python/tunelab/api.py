@@ -145,7 +145,10 @@ def plan(
     method the points before and after each constraint. With `jobs=True` the
     dict also has "job_list": every job (id, shape, method, config, baseline),
     as `tunelab plan --jobs` prints them; they are all held in memory. `only` is
-    `--only` ("E=32,N=2880,method=triton"); `interpret` plans what the
+    `--only` ("E=32,N=2880,method=triton"). Like the command, it plans what
+    `tunelab run` would run here (the first GPU, else the interpreter's
+    shapes) unless `device` (or TUNELAB_DEVICE_PROFILE, or device_profile in
+    tunelab.toml) names a profile ("h100"); `interpret` plans what the
     interpreter would run.
     """
     return _native.plan(

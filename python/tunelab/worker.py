@@ -1291,7 +1291,7 @@ def _shape_of(op: str, request: dict):
 def _description(method):
     """What a report calls the method: its `description` where it has one (a
     library method says which version of the library runs), else its class's
-    docstring's first line. A description that fails to build is left out."""
+    docstring's first sentence. A description that fails to build is left out."""
     try:
         own = getattr(method, "description", None)
     except Exception as exc:  # noqa: BLE001 - the run goes on without it
@@ -1299,15 +1299,35 @@ def _description(method):
         own = None
     if isinstance(own, str) and own.strip():
         return own.strip().splitlines()[0]
-    return _first_line(type(method).__doc__)
+    return _summary(type(method).__doc__)
 
 
-def _first_line(doc):
-    """A method class's docstring's first line: what a report calls the method."""
+_ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf")
+
+
+def _summary(doc):
+    """A method class's docstring's first sentence, whole however many lines
+    it is wrapped over: what a report calls the method. The sentence ends at
+    the first full stop followed by a space or the paragraph's end, outside
+    brackets and backticks (a dotted module path or "e.g." does not end it)."""
     if not doc:
         return None
-    line = doc.strip().splitlines()[0].strip()
-    return line or None
+    paragraph = doc.strip().split("\n\n")[0]
+    text = " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
+    depth, quoted = 0, False
+    for i, c in enumerate(text):
+        if c == "`":
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif c in "([":
+            depth += 1
+        elif c in ")]":
+            depth = max(0, depth - 1)
+        elif c == "." and depth == 0 and text[i + 1 : i + 2] == " ":
+            if not text[:i].lower().endswith(_ABBREVIATIONS):
+                return text[: i + 1]
+    return text or None
 
 
 def _type_names(method: str, declared) -> dict:

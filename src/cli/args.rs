@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
     name = "tunelab",
     version,
     about = "Tune and benchmark GPU kernels from YAML manifests",
-    after_help = "Examples:\n  tunelab validate experiments/*.yaml\n  tunelab plan experiments/gptoss.yaml --only E=32,N=2880\n  tunelab run experiments/quickstart.yaml\n  tunelab config\n\nExit codes: 0 ok, 1 internal error, 2 bad input, 3 some jobs failed, 4 environment unusable, 130 interrupted."
+    after_help = "Examples:\n  tunelab validate experiments/*.yaml\n  tunelab plan experiments/gptoss.yaml --only E=32,N=2880\n  tunelab run experiments/quickstart.yaml\n  tunelab config\n\nExit codes: 0 ok, 1 internal error, 2 bad input (nothing written), 3 some jobs failed (they are in the journal), 4 environment unusable, 5 `compare --fail-on-slower` found a shape slower than allowed, 130 interrupted (run again to resume)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -29,7 +29,7 @@ pub struct GlobalArgs {
     /// Results directory [settings: results_dir, env: TUNELAB_RESULTS_DIR].
     #[arg(long, global = true, value_name = "DIR")]
     pub results_dir: Option<PathBuf>,
-    /// Device profile for planning without a GPU: h100, h200, cpu [settings: device_profile].
+    /// Device profile to plan and validate for instead of this machine's GPU (or the interpreter): h100, h200, cpu [settings: device_profile].
     #[arg(long, global = true, value_name = "NAME")]
     pub device: Option<String>,
 }
@@ -422,6 +422,27 @@ impl From<ModeArg> for crate::plan::RunMode {
             ModeArg::Tune => crate::plan::RunMode::Tune,
             ModeArg::Bench => crate::plan::RunMode::Bench,
             ModeArg::Check => crate::plan::RunMode::Check,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn help_lists_every_exit_code() {
+        let help = Cli::command().render_long_help().to_string();
+        let listed = help
+            .split("Exit codes:")
+            .nth(1)
+            .expect("--help has an exit-code line");
+        for code in crate::exit::ALL {
+            assert!(
+                listed.contains(&format!(" {code} ")),
+                "exit code {code} is missing from --help: {listed}"
+            );
         }
     }
 }

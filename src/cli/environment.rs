@@ -109,11 +109,16 @@ pub(super) fn devices(json: bool) -> Result<i32, Failure> {
     for note in &found.notes {
         say!("note: {note}");
     }
+    if let Some(advice) = hip_advice(&found) {
+        say!("note: {advice}");
+    }
     Ok(exit::OK)
 }
 
 pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
     let mut problems = 0;
+    // Where kernels would run, once torch has said.
+    let mut mode: Option<String> = None;
     say!("python      {}", settings.python);
     let probe = "import json, sys\nout = {'python': sys.version.split()[0]}\ntry:\n    import torch; out['torch'] = torch.__version__; out['cuda'] = torch.cuda.is_available(); out['gpu'] = torch.cuda.get_device_name() if out['cuda'] else None\nexcept Exception as e: out['torch_error'] = str(e)\ntry:\n    import triton; out['triton'] = triton.__version__\nexcept Exception as e: out['triton_error'] = str(e)\ntry:\n    import tunelab.worker; out['worker'] = tunelab.worker.__file__; out['protocol'] = tunelab.PROTOCOL_VERSION\nexcept Exception as e: out['worker_error'] = str(e)\nprint(json.dumps(out))";
     let package = worker_package(&settings.python);
@@ -137,22 +142,37 @@ pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
         Ok(out) => {
             let facts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
             say!("  version   {}", facts["python"].as_str().unwrap_or("?"));
+            let mut missing = Vec::new();
             for (pkg, key) in [("torch", "torch_error"), ("triton", "triton_error")] {
                 match facts[pkg].as_str() {
                     Some(v) => say!("  {pkg:<9} {v}"),
                     None => {
                         problems += 1;
+                        missing.push(pkg);
                         say!(
                             "  {pkg:<9} missing ({})",
                             facts[key].as_str().unwrap_or("not importable")
                         );
-                        say!("  fix: {} -m pip install torch triton", settings.python);
                     }
                 }
             }
-            match facts["gpu"].as_str() {
-                Some(gpu) => say!("  mode      GPU ({gpu})"),
-                None => say!("  mode      interpreter (torch sees no GPU; kernels run in Triton's interpreter on the CPU)"),
+            if !missing.is_empty() {
+                say!(
+                    "  fix: {} -m pip install {}",
+                    settings.python,
+                    missing.join(" ")
+                );
+            }
+            match (facts["torch"].as_str(), facts["gpu"].as_str()) {
+                (Some(_), Some(gpu)) => {
+                    mode = Some(format!("on the GPU ({gpu})"));
+                    say!("  mode      GPU ({gpu})");
+                }
+                (Some(_), None) => {
+                    mode = Some("in Triton's interpreter on the CPU (torch sees no GPU)".into());
+                    say!("  mode      interpreter (torch sees no GPU; kernels run in Triton's interpreter on the CPU)");
+                }
+                (None, _) => say!("  mode      not known until torch imports"),
             }
             let from = match &package {
                 WorkerPackage::Checkout(dir) => format!("the checkout's {}", dir.display()),
@@ -188,10 +208,53 @@ pub(super) fn doctor(settings: &Settings) -> Result<i32, Failure> {
     for n in &found.notes {
         say!("device      {n}");
     }
-    if problems == 0 {
-        say!("ok");
-        Ok(exit::OK)
-    } else {
-        Ok(exit::ENVIRONMENT)
+    if let Some(advice) = hip_advice(&found) {
+        say!("  {advice}");
     }
+    // The last line, whatever happened above: the verdict.
+    match (problems, mode) {
+        (0, Some(mode)) => {
+            say!("verdict     ready: `tunelab run` runs kernels {mode}");
+            Ok(exit::OK)
+        }
+        (0, None) => {
+            say!("verdict     ready");
+            Ok(exit::OK)
+        }
+        (n, _) => {
+            say!(
+                "verdict     not ready: {} above; fix {} and run `tunelab doctor` again",
+                crate::emit::num::count(n as u64, "problem", "problems"),
+                if n == 1 { "it" } else { "them" }
+            );
+            Ok(exit::ENVIRONMENT)
+        }
+    }
+}
+
+/// How this tunelab was installed: the wheel's entry point (`pip install .`)
+/// or the standalone binary (`cargo build`). Advice names what the reader
+/// can do with what they have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Install {
+    Wheel,
+    Binary,
+}
+
+pub(super) fn install() -> Install {
+    if config::installed_python().is_some() {
+        Install::Wheel
+    } else {
+        Install::Binary
+    }
+}
+
+/// What a user without AMD discovery can do about it, when no GPU was
+/// found and this build lacks the `hip` feature: rebuild the standalone
+/// binary with it. The wheel has no such build option; it says nothing.
+pub(super) fn hip_advice(found: &device::Discovery) -> Option<&'static str> {
+    if cfg!(feature = "hip") || !found.devices.is_empty() || install() == Install::Wheel {
+        return None;
+    }
+    Some("for AMD GPUs: build the binary with `cargo build --release --features hip` (HIP headers needed)")
 }

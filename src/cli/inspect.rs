@@ -10,21 +10,17 @@ use super::args::ManifestArgs;
 use super::Failure;
 use crate::backend::{PythonBackend, WorkerSpec};
 use crate::config::Settings;
-use crate::device::{self, DeviceInfo};
+use crate::device::DeviceInfo;
 use crate::emit::num::count;
 use crate::exit;
 use crate::manifest::{self, Experiment};
+use crate::plan::target::PlanTarget;
 use crate::plan::{self, Filter, Mode, PlanOptions, PlanSummary};
 
-/// The device facts used to plan without touching a GPU.
+/// The device facts `validate` plans for, without touching a GPU: the
+/// settings' device profile.
 pub(super) fn planning_device(settings: &Settings) -> Result<DeviceInfo, Failure> {
-    device::profile(&settings.device_profile).ok_or_else(|| {
-        Failure::bad_input(format!(
-            "error: unknown device profile `{}`\n  = help: use one of: {}",
-            settings.device_profile,
-            device::PROFILE_NAMES.join(", ")
-        ))
-    })
+    plan::target::named(&settings.device_profile).map_err(Failure::bad_input)
 }
 
 pub(super) fn load_experiment(
@@ -94,31 +90,45 @@ pub(super) struct PlanOutput {
     pub jobs: bool,
 }
 
+/// What `plan` was asked to plan for.
+pub(super) struct PlanFor {
+    /// `--interpret`, or the `interpret` setting.
+    pub interpret: bool,
+    /// A device profile was named (`--device`, a variable, a settings file).
+    pub device_chosen: bool,
+}
+
+/// What `plan` plans for: `plan::target`'s rule, with the profile the
+/// settings name when one was chosen.
+fn plan_target(settings: &Settings, asked: &PlanFor) -> Result<PlanTarget, Failure> {
+    let profile = asked
+        .device_chosen
+        .then_some(settings.device_profile.as_str());
+    plan::target::for_plan(profile, asked.interpret).map_err(Failure::bad_input)
+}
+
 pub(super) fn plan(
     path: &Path,
     args: &ManifestArgs,
     settings: &Settings,
     output: PlanOutput,
-    interpret: bool,
+    asked: PlanFor,
     shard: Option<crate::plan::Shard>,
 ) -> Result<i32, Failure> {
     let PlanOutput { json, jobs } = output;
-    let device = if interpret {
-        device::profile("cpu").expect("cpu profile")
-    } else {
-        planning_device(settings)?
-    };
+    let PlanTarget { device, mode, note } = plan_target(settings, &asked)?;
     let exp = load_experiment(path, args, &device)?;
     let filter = Filter::parse(args.only.as_deref().unwrap_or(""))?;
     let opts = PlanOptions {
         device: &device,
         filter: &filter,
-        mode: if interpret {
-            Mode::Interpreter
-        } else {
-            Mode::Gpu
-        },
+        mode,
     };
+    // First, before any of the plan: what it is for, when that is not what
+    // `run` would run here (on stderr, so `--json` and `--jobs` stay data).
+    if let Some(note) = &note {
+        eprintln!("{note}");
+    }
     let share = match shard {
         Some(shard) => Some(plan::shard::select(&exp, &opts, shard)?),
         None => None,

@@ -50,7 +50,7 @@ use std::ffi::OsString;
 
 use clap::Parser;
 
-use crate::config::{self, FlagSettings, Settings};
+use crate::config::{self, FlagSettings};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::exit;
 use args::{Cli, Command, GlobalArgs};
@@ -88,7 +88,11 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
 }
 
 fn dispatch(cli: Cli) -> Result<i32, Failure> {
-    let settings = load_settings(&cli.global)?;
+    let layered =
+        config::load(cli.global.config.as_ref(), &flags(&cli.global)).map_err(settings_error)?;
+    // `plan` plans for what `run` would run here unless a profile is asked for.
+    let device_chosen = layered.chosen("device_profile");
+    let settings = layered.settings;
     // The folders tunelab.toml allows, besides those given with --allow-read.
     let allowed = settings.allow_read.clone();
     let with_settings = |mut args: args::ManifestArgs| {
@@ -112,7 +116,10 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             &with_settings(manifest_args),
             &settings,
             inspect::PlanOutput { json, jobs },
-            interpret,
+            inspect::PlanFor {
+                interpret,
+                device_chosen,
+            },
             shard,
         ),
         Command::Run {
@@ -354,10 +361,4 @@ fn settings_error(e: Box<figment::Error>) -> Failure {
     Failure::bad_input(format!(
         "error: invalid settings: {e}\n  = help: check tunelab.toml and TUNELAB_* variables"
     ))
-}
-
-fn load_settings(global: &GlobalArgs) -> Result<Settings, Failure> {
-    Ok(config::load(global.config.as_ref(), &flags(global))
-        .map_err(settings_error)?
-        .settings)
 }

@@ -31,9 +31,20 @@ fn require_journal(dir: &Path) -> Result<(), Failure> {
     if store::journal::exists(dir) {
         return Ok(());
     }
+    let what = if !dir.exists() {
+        format!("no such folder: {}", dir.display())
+    } else if !dir.is_dir() {
+        format!("{} is a file, not a results folder", dir.display())
+    } else {
+        format!(
+            "no journal in {} (a results folder holds {} or {})",
+            dir.display(),
+            store::JOURNAL,
+            store::PACKED_JOURNAL
+        )
+    };
     Err(Failure::bad_input(format!(
-        "error: no journal in {}\n  = help: pass a results directory such as results/quickstart/NVIDIA_H100_80GB_HBM3",
-        dir.display()
+        "error: {what}\n  = help: pass a results folder such as results/quickstart/NVIDIA_H100_80GB_HBM3"
     )))
 }
 

@@ -11,7 +11,7 @@ pub use profile::{profile, vllm_device_name, DeviceInfo, PROFILE_NAMES};
 #[derive(Debug, Clone, Default)]
 pub struct Discovery {
     pub devices: Vec<DeviceInfo>,
-    /// Why each backend found nothing ("no CUDA driver library found", "built without hip").
+    /// Why each backend found nothing ("no CUDA driver library found", "AMD GPUs not looked for").
     pub notes: Vec<String>,
 }
 
@@ -29,6 +29,6 @@ pub fn discover() -> Discovery {
     #[cfg(not(feature = "hip"))]
     found
         .notes
-        .push("hip: built without the `hip` feature (cargo build --features hip)".into());
+        .push("hip: AMD GPUs not looked for (this build has no `hip` feature)".into());
     found
 }

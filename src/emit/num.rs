@@ -65,9 +65,20 @@ pub fn rate(x: Option<f64>) -> String {
 
 pub fn speedup(x: Option<f64>) -> String {
     match x {
-        Some(v) if v.is_finite() => format!("{v:.2}×"),
+        Some(v) if v.is_finite() => times(v),
         _ => DASH.into(),
     }
+}
+
+/// A ratio for people, `1.06×`: two decimals, and below 0.1 two significant
+/// digits (`0.0042×`), so a ratio far below one never reads `0.00×`.
+pub fn times(x: f64) -> String {
+    let a = x.abs();
+    if a >= 0.1 || a == 0.0 || !x.is_finite() {
+        return format!("{x:.2}×");
+    }
+    let decimals = (1 - a.log10().floor() as i32).clamp(2, 12) as usize;
+    format!("{x:.decimals$}×")
 }
 
 /// What missing data looks like in the report.
@@ -134,6 +145,16 @@ pub fn compact_config(config: &indexmap::IndexMap<String, Json>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratios_far_below_one_keep_two_significant_digits() {
+        assert_eq!(times(1.0567), "1.06×");
+        assert_eq!(times(0.83), "0.83×");
+        assert_eq!(times(0.0042), "0.0042×");
+        assert_eq!(times(0.00123), "0.0012×");
+        assert_eq!(times(0.05), "0.050×");
+        assert_eq!(times(0.0), "0.00×");
+    }
 
     #[test]
     fn python_float_spelling() {

@@ -8,6 +8,7 @@
 
 pub mod filter;
 pub mod shard;
+pub mod target;
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;

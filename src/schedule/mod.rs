@@ -179,6 +179,7 @@ pub fn effective_protocol(p: &Protocol, mode: Mode) -> Protocol {
 
 pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOutcome, RunError> {
     let started = Instant::now();
+    let started_at = now_rfc3339();
     install_interrupt_handler();
     let exp = opts.exp;
     let protocol = effective_protocol(&exp.protocol, opts.mode);
@@ -209,8 +210,22 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
     if let Some(plan) = opts.ab {
         resume.done = ab::recorded(&resume.previous, &plan.setup.id);
     }
+    // The run header says when the command started, so a report's wall time
+    // counts the workers' start-up as the command's does. A report tells
+    // runs apart by time (whole seconds): a resume in the same second as
+    // the journal's last record takes its start from when its header is
+    // written instead, as runs before 2026-12 all did.
+    let last_record = resume
+        .previous
+        .jobs
+        .iter()
+        .map(|r| r.finished_at.as_str())
+        .max();
+    let started_at =
+        (last_record.map_or(true, |last| started_at.as_str() > last)).then_some(started_at);
     let select = Selection {
         done: &resume.done,
+        unavailable: &resume.unavailable,
         run_mode: opts.run_mode,
         only: opts.only_jobs.as_ref(),
     };
@@ -236,6 +251,7 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         None => count_plan(exp, &plan_opts, &select, in_shard)?,
     };
     let (planned, skipped) = (counted.planned, counted.skipped);
+    let unavailable_before = counted.unavailable_before;
     let Some(first_shape) = counted.first_shape else {
         let use_best = opts.only_jobs.is_some();
         return Err(RunError::Input(
@@ -271,6 +287,9 @@ pub fn run(opts: RunOptions<'_>, fingerprint_base: Fingerprint) -> Result<RunOut
         select: &select,
         plan_opts: &plan_opts,
         groups,
+        unavailable_before,
+        started,
+        started_at,
         native_compiles: workers.native_compiles,
     };
     let mut outcome = RunOutcome {
@@ -296,6 +315,9 @@ struct Resume {
     previous: Results,
     /// Jobs this run need not run again.
     done: HashSet<String>,
+    /// Jobs whose current record says their method could not run, and why:
+    /// a run asks again, and records them again only if the answer changed.
+    unavailable: HashMap<String, String>,
     /// What earlier runs measured, by group, for a strategy that learns from it.
     prior: HashMap<String, Vec<PriorObservation>>,
 }
@@ -380,6 +402,17 @@ impl Resume {
             })
             .map(|r| r.job_id.clone())
             .collect();
+        let unavailable = previous
+            .jobs
+            .iter()
+            .filter(|r| !superseded.contains(r.job_id.as_str()))
+            .filter(|r| r.status == JobStatus::Skipped)
+            .filter_map(|r| {
+                let f = r.failure.as_ref()?;
+                (f.class == FailureClass::Unavailable)
+                    .then(|| (r.job_id.clone(), f.message.clone()))
+            })
+            .collect();
         let prior = if strategies.any_learns() && run_mode == RunMode::Tune {
             lane::prior_observations(
                 previous
@@ -393,6 +426,7 @@ impl Resume {
         Ok(Resume {
             previous,
             done,
+            unavailable,
             prior,
         })
     }
@@ -401,6 +435,9 @@ impl Resume {
 /// What planning once, to count, found.
 struct Counted {
     planned: u64,
+    /// Of those, jobs the journal records as unavailable: asked again, not
+    /// new to the journal.
+    unavailable_before: u64,
     skipped: u64,
     /// The first selected job's shape, if any job is selected.
     first_shape: Option<Shape>,
@@ -419,6 +456,7 @@ fn count_plan(
 ) -> Result<Counted, RunError> {
     let mut c = Counted {
         planned: 0,
+        unavailable_before: 0,
         skipped: 0,
         first_shape: None,
         groups: Vec::new(),
@@ -427,6 +465,9 @@ fn count_plan(
         match select.keep(&job, exp) {
             Keep::Run => {
                 c.planned += 1;
+                if select.unavailable.contains_key(&job.id) {
+                    c.unavailable_before += 1;
+                }
                 match c.groups.last_mut() {
                     Some(g) if g.method == job.method && g.shape_index == job.shape_index => {
                         g.jobs += 1
@@ -461,6 +502,8 @@ fn count_pairs(plan: &ab::AbPlan, done: &HashSet<String>) -> Counted {
         skipped: (plan.pairs.len() - groups.len()) as u64,
         first_shape: groups.first().map(|g| g.shape.clone()),
         groups,
+        // An A/B's jobs are timed, never skipped as unavailable beforehand.
+        unavailable_before: 0,
     }
 }
 
@@ -710,6 +753,7 @@ fn run_header(
     descriptions: &HashMap<String, String>,
     fingerprint: Fingerprint,
     planned: u64,
+    started_at: String,
 ) -> RunHeader {
     let exp = opts.exp;
     RunHeader {
@@ -747,7 +791,7 @@ fn run_header(
             .collect(),
         compared: exp.compared.clone(),
         fingerprint,
-        started_at: now_rfc3339(),
+        started_at,
         planned_jobs: planned,
     }
 }
@@ -763,6 +807,14 @@ struct Drain<'a> {
     plan_opts: &'a PlanOptions<'a>,
     /// The groups to run, in dealing order.
     groups: Vec<deal::Pending>,
+    /// Planned jobs the journal records as unavailable (`Counted`): the run
+    /// header's planned jobs leave them out, since the journal has them.
+    unavailable_before: u64,
+    /// When the run started, for the progress display's elapsed time.
+    started: Instant,
+    /// When the command started (RFC 3339), for the run header; `None`: when
+    /// the header is written (`run` says why).
+    started_at: Option<String>,
     /// The compile pool compiles native methods too.
     native_compiles: bool,
 }
@@ -867,7 +919,8 @@ fn drain(
             &run.tolerance,
             &descriptions,
             fingerprint,
-            outcome.planned,
+            outcome.planned - run.unavailable_before,
+            run.started_at.clone().unwrap_or_else(now_rfc3339),
         ))))?;
         if let Some(plan) = opts.ab {
             journal.append(&Entry::AbSetup(Box::new(plan.setup.clone())))?;
@@ -884,8 +937,17 @@ fn drain(
             spawn_lane(scope, &lane_opts, number, device, backend, hello, &event_tx);
         }
         drop(event_tx);
-        let mut display = progress::Progress::new(outcome.planned, opts.progress);
-        for event in event_rx {
+        let mut display = progress::Progress::new(outcome.planned, opts.progress, run.started);
+        loop {
+            // A second without an event lets the display say the run goes on.
+            let event = match event_rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(event) => event,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    display.tick();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             match event {
                 Event::Job(record) => {
                     match record.status {
@@ -897,6 +959,9 @@ fn drain(
                         JobStatus::Checked => outcome.checked += 1,
                     }
                     display.job(&record);
+                    if run.select.repeats(&record) {
+                        continue;
+                    }
                     let appended = Instant::now();
                     journal.append(&Entry::Job(record))?;
                     crate::trace::span("journal", "append", appended, serde_json::json!({}));
@@ -1203,11 +1268,24 @@ enum Keep {
 /// Which planned jobs this run runs.
 struct Selection<'a> {
     done: &'a HashSet<String>,
+    /// Jobs recorded as unavailable, with the reason (`Resume::unavailable`).
+    unavailable: &'a HashMap<String, String>,
     run_mode: RunMode,
     only: Option<&'a HashSet<String>>,
 }
 
 impl Selection<'_> {
+    /// Whether `record` says again what the journal already holds for its
+    /// job: unavailable, for the same reason. It is not written again, so
+    /// the runs table still counts the job in the run that first recorded it.
+    fn repeats(&self, record: &JobRecord) -> bool {
+        record.status == JobStatus::Skipped
+            && record.failure.as_ref().is_some_and(|f| {
+                f.class == FailureClass::Unavailable
+                    && self.unavailable.get(&record.job_id) == Some(&f.message)
+            })
+    }
+
     fn keep(&self, job: &Job, exp: &Experiment) -> Keep {
         let wanted = match (self.run_mode, self.only) {
             (_, Some(ids)) => job.baseline || ids.contains(&job.id),

@@ -45,30 +45,22 @@ pyo3::create_exception!(
 );
 
 /// The layered settings, as the command line loads them.
-fn settings(config_file: Option<PathBuf>, flags: &FlagSettings) -> PyResult<Settings> {
-    config::load(config_file.as_ref(), flags)
-        .map(|layered| layered.settings)
-        .map_err(|e| {
-            SettingsError::new_err(format!(
-                "error: invalid settings: {e}\n  = help: check tunelab.toml and TUNELAB_* variables"
-            ))
-        })
-}
-
-/// The device facts plans are made for: a named profile (no GPU is touched),
-/// or the interpreter's.
-fn planning_device(settings: &Settings, interpret: bool) -> PyResult<DeviceInfo> {
-    let name = if interpret {
-        "cpu"
-    } else {
-        settings.device_profile.as_str()
-    };
-    device::profile(name).ok_or_else(|| {
+fn layered(config_file: Option<PathBuf>, flags: &FlagSettings) -> PyResult<config::Layered> {
+    config::load(config_file.as_ref(), flags).map_err(|e| {
         SettingsError::new_err(format!(
-            "error: unknown device profile `{name}`\n  = help: use one of: {}",
-            device::PROFILE_NAMES.join(", ")
+            "error: invalid settings: {e}\n  = help: check tunelab.toml and TUNELAB_* variables"
         ))
     })
+}
+
+fn settings(config_file: Option<PathBuf>, flags: &FlagSettings) -> PyResult<Settings> {
+    layered(config_file, flags).map(|l| l.settings)
+}
+
+/// The device facts `validate` plans for: the settings' device profile (no
+/// GPU is touched).
+fn validation_device(settings: &Settings) -> PyResult<DeviceInfo> {
+    plan::target::named(&settings.device_profile).map_err(SettingsError::new_err)
 }
 
 fn manifest_error(d: Diagnostics) -> PyErr {
@@ -176,7 +168,7 @@ fn load(
     config: Option<PathBuf>,
 ) -> PyResult<Py<PyAny>> {
     let settings = settings(config, &flags(device, None))?;
-    let device = planning_device(&settings, false)?;
+    let device = validation_device(&settings)?;
     let exp = py
         .detach(|| manifest::load(&path, &set, &device))
         .map_err(manifest_error)?;
@@ -184,8 +176,9 @@ fn load(
 }
 
 /// Loads and plans a manifest: the summary `tunelab plan --json` prints, and
-/// with `jobs` every job as `tunelab plan --jobs` prints it, under "job_list". `validate` is the
-/// same as the command: planned for a GPU, the `--only` filter applied.
+/// with `jobs` every job as `tunelab plan --jobs` prints it, under "job_list";
+/// planned as the command plans (`plan::target`: what `run` would run here,
+/// unless a device profile is named), the `--only` filter applied.
 #[pyfunction]
 #[pyo3(name = "plan", signature = (path, set=Vec::new(), only=None, device=None, config=None, interpret=false, jobs=false))]
 #[allow(clippy::too_many_arguments)]
@@ -199,19 +192,20 @@ fn plan_manifest(
     interpret: bool,
     jobs: bool,
 ) -> PyResult<Py<PyAny>> {
-    let settings = settings(config, &flags(device, None))?;
-    let device = planning_device(&settings, interpret)?;
+    let layered = layered(config, &flags(device, None))?;
+    // As `tunelab plan`: what `run` would run here unless a profile is named.
+    let profile = layered
+        .chosen("device_profile")
+        .then_some(layered.settings.device_profile.as_str());
+    let target = plan::target::for_plan(profile, interpret).map_err(SettingsError::new_err)?;
     let text = py.detach(|| -> PyResult<String> {
-        let exp = manifest::load(&path, &set, &device).map_err(manifest_error)?;
+        let device = &target.device;
+        let exp = manifest::load(&path, &set, device).map_err(manifest_error)?;
         let filter = Filter::parse(only.as_deref().unwrap_or("")).map_err(diagnostic_error)?;
         let opts = PlanOptions {
-            device: &device,
+            device,
             filter: &filter,
-            mode: if interpret {
-                Mode::Interpreter
-            } else {
-                Mode::Gpu
-            },
+            mode: target.mode,
         };
         let mut listed: Vec<Json> = Vec::new();
         let summary = plan::plan(&exp, &opts, &mut |job| {

@@ -1407,8 +1407,8 @@ def persistent_default_config(M: int, N: int) -> dict:
     Each choice below was measured on an H100 (bench/moe_methods.py, gpt-oss
     E=128, K=2880, bf16, SiLU; µs cold / under graph timing), as the best of
     a coordinate search (M=1 and 8) or of a one-key sweep (M=64). M <= 2 with
-    N <= 720 is from bench/results/moe_methods-H100-2026-11-23.json (the
-    kernel as it is), the rest from moe_methods-H100-2026-11-22.json (before
+    N <= 720 is from results/bench/NVIDIA_H100_80GB_HBM3/moe_methods-2026-11-23.md
+    (the kernel as it is), the rest from moe_methods-2026-11-22.md (before
     the GEMM 2 count and the prefetch changed, see PersistentMoELaunch; those
     rows take 75-1770 µs, where the 1 µs those changes saved matters little):
 
@@ -1759,7 +1759,7 @@ class PersistentMoELaunch:
     moe_persistent_kernel); `grid` overrides the number of programs (tests).
 
     Measured on an H100 (bench/moe_methods.py, gpt-oss E=128 K=2880 bf16
-    SiLU, 2026-11-23, bench/results/moe_methods-H100-2026-11-23.json; µs cold / graph,
+    SiLU, 2026-11-23, results/bench/NVIDIA_H100_80GB_HBM3/moe_methods-2026-11-23.md; µs cold / graph,
     the best config of each): M=1 N=360 19.9 / 13.7 against fused_moe's
     32.8 / 22.8 (the bound is 7.4; a one-element add measures 4.16-4.93 µs
     cold under the same protocol); M=8 N=360 76.2 / 74.1 against 102.7 /
@@ -1849,8 +1849,8 @@ class PersistentMoELaunch:
       GEMM 2 item.
     The committed gpt-oss runs (results/gptoss/*/report.md, 2026-11-24) have
     it at 16.45 / 9.79 on an H100 and 15.18 / 9.39 on an H200 (the graph
-    figures from the finalists' re-timing), and bench/results/
-    moe_methods-H100.md at 16.8 / 10.1. It loses from N=1440 on, where
+    figures from the finalists' re-timing), and results/bench/
+    NVIDIA_H100_80GB_HBM3/moe_methods.md at 16.8 / 10.1. It loses from N=1440 on, where
     GEMM 2's tile of N columns no longer fits in registers.
     """
 

@@ -488,11 +488,17 @@ fn context(a: &Analysis<'_, '_, '_>, paths: &Paths, charts: &[charts::ChartFile]
     let mut failures = failures::failures_table(a);
     let mut problem_notes = vec![flags_note];
     let skipped = !failures::skipped_lines(a).is_empty();
-    match (failures.is_none(), skipped) {
-        (true, false) => problem_notes.push("No job failed, was skipped or pruned.".into()),
-        (true, true) => problem_notes.push("No job failed.".into()),
-        (false, false) => problem_notes.push("No job was skipped or pruned.".into()),
-        (false, true) => {}
+    // What did not happen ends the flags' note (a line of its own would
+    // cost the report's line budget for nothing).
+    let none = match (failures.is_none(), skipped) {
+        (true, false) => Some("No job failed, was skipped or pruned."),
+        (true, true) => Some("No job failed."),
+        (false, false) => Some("No job was skipped or pruned."),
+        (false, true) => None,
+    };
+    if let Some(none) = none {
+        problem_notes[0].push(' ');
+        problem_notes[0].push_str(none);
     }
     // One class of failure reads as a sentence; several as a table.
     if let Some(line) = failures.as_ref().and_then(failures::single_class_line) {

@@ -66,8 +66,11 @@ pub(super) struct RunRow {
     /// Jobs whose (latest) record this run wrote.
     pub(super) recorded: usize,
     /// Start to last record (whole seconds; below two, the busiest lane's
-    /// summed job time, kept within a second of that span).
-    pub(super) wall_s: f64,
+    /// summed job time, kept within a second of that span); the start is
+    /// the command's for runs since 2026-12 (when its header was written
+    /// before). `None` for a run that recorded no job: the journal does not
+    /// say when it ended.
+    pub(super) wall_s: Option<f64>,
 }
 
 impl RunRow {
@@ -134,7 +137,7 @@ pub(super) fn runs(runs: &[RunHeader], jobs: &[&JobRecord]) -> Vec<RunRow> {
                 already,
                 planned: r.planned_jobs,
                 recorded: recorded[i],
-                wall_s: wall,
+                wall_s: (recorded[i] > 0).then_some(wall),
             };
             already += recorded[i];
             row
@@ -155,12 +158,12 @@ pub(super) fn runs_table(a: &Analysis<'_, '_, '_>) -> Table {
                 r.planned.to_string(),
                 r.recorded.to_string(),
                 r.not_run().to_string(),
-                duration(r.wall_s),
+                r.wall_s.map_or_else(|| DASH.to_string(), duration),
             ]
         })
         .collect();
     if rows.len() > 1 {
-        let wall: f64 = rows.iter().map(|r| r.wall_s).sum();
+        let wall: f64 = rows.iter().filter_map(|r| r.wall_s).sum();
         let recorded: usize = rows.iter().map(|r| r.recorded).sum();
         out.push(vec![
             "all".into(),
@@ -251,7 +254,9 @@ pub(super) fn run_notes(a: &Analysis<'_, '_, '_>) -> Vec<String> {
         n => format!(" (and {n} superseded)"),
     };
     notes.push(format!(
-        "{} recorded{besides}: {}. {} in timed samples{}; {} re-timed as finalists.",
+        "{} recorded{besides}: {}. {} in timed samples{}; {} re-timed as finalists. \
+         Wall time: from a run's start (its command's; before 2026-12, its journal header's, \
+         written once its workers had started) to its last record.",
         num::count(a.jobs.len() as u64, "job", "jobs"),
         status_counts(&a.jobs),
         duration(sample_ms / 1000.0),
@@ -265,7 +270,7 @@ pub(super) fn run_notes(a: &Analysis<'_, '_, '_>) -> Vec<String> {
 pub(super) fn facts_line(a: &Analysis<'_, '_, '_>) -> String {
     let h = a.group.header;
     let rows = runs(&a.group.results.runs, &recorded(a));
-    let wall: f64 = rows.iter().map(|r| r.wall_s).sum();
+    let wall: f64 = rows.iter().filter_map(|r| r.wall_s).sum();
     let device = if a.gpu {
         format!("**{}**", h.device.name)
     } else {

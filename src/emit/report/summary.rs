@@ -30,6 +30,26 @@ fn verdicts(pairs: impl IntoIterator<Item = Verdict>) -> String {
     format!("{} by 95 % CI overlap", parts.join(", "))
 }
 
+/// The lowest of a sorted list, as a summary names them: three when there
+/// are more than three shapes, the one lowest when there are two or three,
+/// none for a single shape (the geomean is its figure). A list that named
+/// every shape would point at nothing.
+fn lowest(sorted: &[(f64, String)]) -> Option<String> {
+    let n = match sorted.len() {
+        0 | 1 => return None,
+        2 | 3 => 1,
+        _ => 3,
+    };
+    Some(
+        sorted
+            .iter()
+            .take(n)
+            .map(|(x, l)| format!("{l} {}", num::times(*x)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
+}
+
 fn compared(a: &Analysis<'_, '_, '_>) -> Vec<String> {
     let h = a.group.header;
     let mut out = Vec::new();
@@ -48,9 +68,15 @@ fn compared(a: &Analysis<'_, '_, '_>) -> Vec<String> {
         };
         let mut worst: Vec<&CompareRow> = cmp.rows.iter().collect();
         worst.sort_by(|x, y| y.change().total_cmp(&x.change()));
+        // As `lowest` names them: never every shape.
+        let named = match worst.len() {
+            0 | 1 => 0,
+            2 | 3 => 1,
+            _ => 3,
+        };
         let worst: Vec<String> = worst
             .iter()
-            .take(3)
+            .take(named)
             .map(|r| {
                 format!(
                     "{} {:+.1} % ({})",
@@ -61,12 +87,16 @@ fn compared(a: &Analysis<'_, '_, '_>) -> Vec<String> {
             })
             .collect();
         out.push(format!(
-            "Against the shipped `{name}` (its configs timed as {}): **{}** is **{g:.3}×** as fast, geomean over {} ({}); worst: {}.",
+            "Against the shipped `{name}` (its configs timed as {}): **{}** is **{g:.3}×** as fast, geomean over {} ({}){}.",
             c.method,
             c.against,
             num::count(cmp.rows.len() as u64, "shape", "shapes"),
             verdicts(cmp.rows.iter().map(|r| r.verdict)),
-            worst.join(", ")
+            if worst.is_empty() {
+                String::new()
+            } else {
+                format!("; worst: {}", worst.join(", "))
+            }
         ));
     }
     out
@@ -105,8 +135,9 @@ fn over_baseline(a: &Analysis<'_, '_, '_>, m: &str, rule: &BaselineRule) -> Opti
         .collect();
     least.sort_by(|x, y| x.0.total_cmp(&y.0).then_with(|| x.1.cmp(&y.1)));
     let mut text = format!(
-        "**{m}** over its baseline ({}): **{g:.2}×** geomean across {} ({}",
+        "**{m}** over its baseline ({}): **{}** geomean across {} ({}",
         rule.phrase(),
+        num::times(g),
         num::count(pairs.len() as u64, "shape", "shapes"),
         verdicts(
             pairs
@@ -120,15 +151,11 @@ fn over_baseline(a: &Analysis<'_, '_, '_>, m: &str, rule: &BaselineRule) -> Opti
     if missing > 0 {
         text.push_str(&format!("; no timed baseline at {missing}"));
     }
-    text.push_str(&format!(
-        "); least gained: {}.",
-        least
-            .iter()
-            .take(3)
-            .map(|(x, l)| format!("{l} {x:.2}×"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
+    text.push(')');
+    match lowest(&least) {
+        Some(l) => text.push_str(&format!("; least gained: {l}.")),
+        None => text.push('.'),
+    }
     Some(text)
 }
 
@@ -150,19 +177,17 @@ fn against_method(a: &Analysis<'_, '_, '_>, m: &str, r: &str) -> Option<String> 
         .collect();
     worst.sort_by(|x, y| x.0.total_cmp(&y.0).then_with(|| x.1.cmp(&y.1)));
     Some(format!(
-        "**{m}** against {r}: **{g:.2}×** geomean across {} ({}); worst: {}.",
+        "**{m}** against {r}: **{}** geomean across {} ({}){}.",
+        num::times(g),
         num::count(pairs.len() as u64, "shape", "shapes"),
         verdicts(
             pairs
                 .iter()
                 .map(|(_, b, base)| verdict(base.stats, b.stats))
         ),
-        worst
-            .iter()
-            .take(3)
-            .map(|(x, l)| format!("{l} {x:.2}×"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        lowest(&worst)
+            .map(|w| format!("; worst: {w}"))
+            .unwrap_or_default()
     ))
 }
 
@@ -187,12 +212,14 @@ fn untuned_part(a: &Analysis<'_, '_, '_>, m: &str) -> Option<String> {
             bests.len()
         ),
         Some(x) if wins == 0 => format!(
-            "**{m}**: fastest at none of {}, {x:.2}× the fastest method's time (geomean)",
-            num::count(bests.len() as u64, "shape", "shapes")
+            "**{m}**: fastest at none of {}, {} the fastest method's time (geomean)",
+            num::count(bests.len() as u64, "shape", "shapes"),
+            num::times(x)
         ),
         Some(x) => format!(
-            "**{m}**: fastest at {wins} of {}, {x:.2}× the fastest method's time at the others (geomean)",
-            num::count(bests.len() as u64, "shape", "shapes")
+            "**{m}**: fastest at {wins} of {}, {} the fastest method's time at the others (geomean)",
+            num::count(bests.len() as u64, "shape", "shapes"),
+            num::times(x)
         ),
     };
     if a.gpu {

@@ -51,7 +51,7 @@ fn title(a: &Analysis<'_, '_, '_>, sweep: &Sweep<'_, '_>) -> String {
         .collect();
     if a.reference != Reference::Method(p) {
         if let Some(g) = geomean(speedups.iter().copied()) {
-            parts.push(format!("{p} {g:.2}× over {}", a.reference_name()));
+            parts.push(format!("{p} {} over {}", num::times(g), a.reference_name()));
         }
     }
     if a.gpu {

@@ -1,7 +1,8 @@
-//! "What was timed": each method's kind, kernel, description, baseline rule,
-//! search and jobs; what the baseline means (for the builtin rule, the vLLM
-//! release whose rule it copies); the timing protocol; the device; how to
-//! read the tables.
+//! "What was timed": each method's kind, kernel, what it is (a short name,
+//! and what sets it apart from the methods that share its kernel), baseline
+//! rule, search and jobs; each kernel's whole description once; what the
+//! baseline means (for the builtin rule, the vLLM release whose rule it
+//! copies); the timing protocol; the device; how to read the tables.
 
 use super::*;
 use crate::manifest::BUILTIN_BASELINES;
@@ -135,9 +136,126 @@ fn jobs_cell(jobs: &[&JobRecord]) -> String {
     text
 }
 
+/// Whether a description is visibly cut short: its brackets or backticks
+/// left open, or it ends inside a clause. Workers before 2026-12 recorded
+/// the first line of a wrapped docstring.
+fn looks_cut(description: &str) -> bool {
+    let text = description.trim_end();
+    let mut depth = 0i32;
+    for c in text.chars() {
+        match c {
+            '(' | '[' => depth += 1,
+            ')' | ']' => depth -= 1,
+            _ => {}
+        }
+    }
+    depth > 0 || text.matches('`').count() % 2 == 1 || text.ends_with([':', ',', ';'])
+}
+
+/// A description's whole text as the report prints it once, as a sentence:
+/// an older worker's cut one marked as such.
+fn whole(description: &str) -> String {
+    let text = description.split_whitespace().collect::<Vec<_>>().join(" ");
+    if looks_cut(&text) {
+        format!("{text} … (the worker that ran it kept the first line of its description only).")
+    } else if text.ends_with(['.', '!', '?']) {
+        text
+    } else {
+        format!("{text}.")
+    }
+}
+
+/// The short name of a description, for tables: its text up to the first
+/// bracket, colon, semicolon, comma or full stop outside backticks (the
+/// whole text when there is none).
+fn short_name(description: &str) -> String {
+    let text = description.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut quoted = false;
+    for (i, c) in text.char_indices() {
+        match c {
+            '`' => quoted = !quoted,
+            ' ' if !quoted && text[i + 1..].starts_with('(') => return text[..i].to_string(),
+            ':' | ';' | ',' if !quoted => return text[..i].to_string(),
+            '.' if !quoted && text[i + 1..].starts_with(' ') => return text[..i].to_string(),
+            _ => {}
+        }
+    }
+    text.trim_end_matches('.').to_string()
+}
+
+/// The values each config key takes over a method's jobs, in the order the
+/// configs name the keys (a method's fixed parameters first).
+fn key_values<'j>(jobs: &[&'j JobRecord]) -> indexmap::IndexMap<&'j str, Vec<&'j Json>> {
+    let mut out: indexmap::IndexMap<&str, Vec<&Json>> = indexmap::IndexMap::new();
+    for j in jobs {
+        for (k, v) in &j.config {
+            let values = out.entry(k.as_str()).or_default();
+            if !values.contains(&v) {
+                values.push(v);
+            }
+        }
+    }
+    for values in out.values_mut() {
+        values.sort_by(|x, y| match (x.as_f64(), y.as_f64()) {
+            (Some(x), Some(y)) => x.total_cmp(&y),
+            _ => x.to_string().cmp(&y.to_string()),
+        });
+    }
+    out
+}
+
+/// What sets `method` apart from the other methods of its kernel: each key
+/// it holds at one value that some other method does not hold at that value
+/// alone, and each key some other method lacks (when it takes at most four
+/// values). `DOT_SCALED=0, MX_PTX=1`, `GEMV ∈ {1, 2}`.
+fn set_apart(
+    method: &str,
+    siblings: &[&str],
+    per_method: &HashMap<&str, Vec<&JobRecord>>,
+) -> String {
+    let empty = Vec::new();
+    let values = |m: &str| key_values(per_method.get(m).unwrap_or(&empty));
+    let mine = values(method);
+    let others: Vec<_> = siblings
+        .iter()
+        .filter(|s| **s != method)
+        .map(|s| values(s))
+        .collect();
+    mine.iter()
+        .filter(|(k, v)| {
+            let constant_here = v.len() == 1 && others.iter().any(|o| o.get(*k) != Some(*v));
+            let missing_there = v.len() <= 4 && others.iter().any(|o| !o.contains_key(*k));
+            constant_here || missing_there
+        })
+        .map(|(k, v)| match v.as_slice() {
+            [one] => format!("{k}={}", num::json_text(one)),
+            many => format!(
+                "{k} ∈ {{{}}}",
+                many.iter()
+                    .map(|x| num::json_text(x))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub(super) fn timed(a: &Analysis<'_, '_, '_>) -> Timed {
     let h = a.group.header;
     let per_method = by_method(&a.jobs);
+    let kernel_of = |m: &str| -> String {
+        record_in(h, m)
+            .map(|r| r.kernel.clone())
+            .or_else(|| {
+                per_method
+                    .get(m)
+                    .and_then(|j| j.first())
+                    .map(|j| j.kernel.clone())
+            })
+            .unwrap_or_else(|| DASH.into())
+    };
+    let mut descriptions: Vec<(String, String)> = Vec::new();
     let ships: Vec<&str> = h
         .outputs
         .iter()
@@ -156,14 +274,29 @@ pub(super) fn timed(a: &Analysis<'_, '_, '_>) -> Timed {
     for (m, kind) in &a.methods {
         let jobs = per_method.get(m).cloned().unwrap_or_default();
         let rec = record_in(h, m);
-        let kernel = rec
-            .map(|r| r.kernel.clone())
-            .or_else(|| jobs.first().map(|j| j.kernel.clone()))
-            .unwrap_or_else(|| DASH.into());
-        let description = match rec {
-            Some(r) => r.description.clone().unwrap_or_else(|| DASH.into()),
+        let kernel = kernel_of(m);
+        let mut what = match rec.and_then(|r| r.description.as_deref()) {
+            Some(d) => {
+                if !descriptions.iter().any(|(k, _)| *k == kernel) {
+                    descriptions.push((kernel.clone(), whole(d)));
+                }
+                short_name(d)
+            }
+            None if rec.is_some() => DASH.into(),
             None => "not recorded (older journal)".into(),
         };
+        let siblings: Vec<&str> = a
+            .methods
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| kernel_of(n) == kernel)
+            .collect();
+        if siblings.len() > 1 {
+            let apart = set_apart(m, &siblings, &per_method);
+            if !apart.is_empty() {
+                what.push_str(&format!(", with {apart}"));
+            }
+        }
         let search = if jobs.iter().all(|j| j.config.is_empty()) {
             "one call, no configs".to_string()
         } else {
@@ -179,7 +312,7 @@ pub(super) fn timed(a: &Analysis<'_, '_, '_>) -> Timed {
         rows.push(vec![
             cell(&name),
             cell(&format!("`{kernel}` ({})", kind.as_str())),
-            cell(&truncate(&description, 120)),
+            cell(&what),
             cell(&baseline_rule(a, m).short()),
             cell(&search),
             cell(&jobs_cell(&jobs)),
@@ -201,6 +334,16 @@ pub(super) fn timed(a: &Analysis<'_, '_, '_>) -> Timed {
     );
 
     let mut bullets = Vec::new();
+    if !descriptions.is_empty() {
+        bullets.push(format!(
+            "**What the kernels are**: {}",
+            descriptions
+                .iter()
+                .map(|(k, d)| format!("`{k}`: {d}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
     // What each baseline is.
     let mut explained: Vec<BaselineRule> = Vec::new();
     for (m, _) in &a.methods {
@@ -376,5 +519,98 @@ fn legend_bullet(a: &Analysis<'_, '_, '_>) -> String {
         format!("**Tables**: {}.", parts.join("; "))
     } else {
         format!("**Tables** (every shape: {fixed}): {}.", parts.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_name_ends_at_the_first_bracket_or_clause_and_never_inside_backticks() {
+        let fused = "Our Triton fused MoE (tunelab.kernels.fused_moe; quantised weights: tunelab.kernels.quant_moe), vLLM-style config.";
+        assert_eq!(short_name(fused), "Our Triton fused MoE");
+        assert_eq!(
+            short_name("torch.matmul (cuBLAS on GPU) writing into the preallocated output."),
+            "torch.matmul"
+        );
+        assert_eq!(
+            short_name("CUDA kernel `mxfp4_moe_gemv` (mxfp4_moe_gemv.cu), compiled with NVRTC"),
+            "CUDA kernel `mxfp4_moe_gemv`"
+        );
+        assert_eq!(
+            short_name("vLLM's `a, b: c` call. More."),
+            "vLLM's `a, b: c` call"
+        );
+        assert_eq!(short_name("One plain sentence."), "One plain sentence");
+    }
+
+    #[test]
+    fn a_description_cut_by_an_older_worker_is_marked_and_a_whole_one_is_not() {
+        assert!(looks_cut(
+            "Our Triton fused MoE (tunelab.kernels.fused_moe; quantised weights:"
+        ));
+        assert!(whole("x (y:").ends_with("kept the first line of its description only)."));
+        assert!(!looks_cut(
+            "CUDA kernel `k` (k.cu), compiled with NVRTC and launched natively"
+        ));
+        assert_eq!(
+            whole("A  whole\n sentence (with brackets)."),
+            "A whole sentence (with brackets)."
+        );
+        assert_eq!(
+            whole("CUDA kernel `k`, launched natively"),
+            "CUDA kernel `k`, launched natively."
+        );
+    }
+
+    #[test]
+    fn methods_of_one_kernel_are_told_apart_by_their_configs() {
+        let job = |method: &str, config: serde_json::Value| -> JobRecord {
+            serde_json::from_value(serde_json::json!({
+                "job_id": format!("{method}{config}"), "method": method, "kind": "triton",
+                "kernel": "fused_moe", "shape": {"M": 1}, "config": config, "baseline": false,
+                "status": "ok", "failure": null, "check": null, "stats": null, "flops": null,
+                "bytes": null, "tflops": null, "gbs": null, "roofline_pct": null,
+                "compile_s": null, "duration_s": 1.0, "lane": 0, "kernels": [],
+                "finished_at": "2026-12-02T00:00:00Z"
+            }))
+            .expect("a job record")
+        };
+        let jobs = [
+            job(
+                "triton",
+                serde_json::json!({"DOT_SCALED": 0, "BLOCK_SIZE_M": 16}),
+            ),
+            job(
+                "triton",
+                serde_json::json!({"DOT_SCALED": 0, "BLOCK_SIZE_M": 32}),
+            ),
+            job(
+                "triton_ptx",
+                serde_json::json!({"DOT_SCALED": 0, "MX_PTX": 1, "BLOCK_SIZE_M": 16}),
+            ),
+            job(
+                "triton_ptx",
+                serde_json::json!({"DOT_SCALED": 0, "MX_PTX": 1, "BLOCK_SIZE_M": 32}),
+            ),
+            job(
+                "triton_gemv",
+                serde_json::json!({"DOT_SCALED": 0, "BLOCK_SIZE_M": 1, "GEMV": 1}),
+            ),
+            job(
+                "triton_gemv",
+                serde_json::json!({"DOT_SCALED": 0, "BLOCK_SIZE_M": 1, "GEMV": 2}),
+            ),
+        ];
+        let refs: Vec<&JobRecord> = jobs.iter().collect();
+        let per_method = by_method(&refs);
+        let all = ["triton", "triton_ptx", "triton_gemv"];
+        assert_eq!(set_apart("triton", &all, &per_method), "");
+        assert_eq!(set_apart("triton_ptx", &all, &per_method), "MX_PTX=1");
+        assert_eq!(
+            set_apart("triton_gemv", &all, &per_method),
+            "BLOCK_SIZE_M=1, GEMV ∈ {1, 2}"
+        );
     }
 }
