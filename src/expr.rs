@@ -779,7 +779,11 @@ mod tests {
                 };
             }
             if next(3) == 0 {
-                expr = format!("{expr} {} {}", tops[next(tops.len())], atoms[next(atoms.len())]);
+                expr = format!(
+                    "{expr} {} {}",
+                    tops[next(tops.len())],
+                    atoms[next(atoms.len())]
+                );
             }
             let (a, b) = (values[next(values.len())], values[next(values.len())]);
             let fast = compile_fast(&expr, &scope).map(|f| f.eval(&[Val::Int(a), Val::Int(b)]));

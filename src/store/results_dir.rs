@@ -81,6 +81,26 @@ pub fn create_dirs(dir: &Path, rel: &Path) -> Result<PathBuf, WriteError> {
     Ok(path)
 }
 
+/// Makes the folder `rel` inside `dir` afresh and empty: what was there
+/// goes (a link there is removed, not followed). The folders above it are
+/// made or checked first, as [`create_dirs`] does, so the removal never
+/// reaches through a link to a folder outside `dir`.
+pub fn replace_dir(dir: &Path, rel: &Path) -> Result<PathBuf, WriteError> {
+    let parent = create_dirs(dir, rel.parent().unwrap_or(Path::new("")))?;
+    let name = rel.file_name().ok_or_else(|| WriteError::Io {
+        path: dir.join(rel),
+        source: std::io::Error::other("the path names no folder"),
+    })?;
+    let path = parent.join(name);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path).map_err(io(&path))?,
+        Ok(_) => std::fs::remove_file(&path).map_err(io(&path))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(&path)(e)),
+    }
+    create_dirs(&parent, Path::new(name))
+}
+
 /// Opens a file that did not exist, for writing; never follows a link.
 pub fn create_new(path: &Path) -> Result<File, WriteError> {
     OpenOptions::new()
@@ -167,6 +187,40 @@ mod tests {
             "keep"
         );
         assert!(err.to_string().contains("best.csv.tmp"));
+    }
+
+    #[test]
+    fn a_folder_made_afresh_removes_nothing_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(outside.path().join("triton")).unwrap();
+        std::fs::write(outside.path().join("triton/precious"), "keep").unwrap();
+
+        // What an earlier winner left goes.
+        std::fs::create_dir_all(dir.path().join("ir/M=1/triton")).unwrap();
+        std::fs::write(dir.path().join("ir/M=1/triton/old.ttir"), "old").unwrap();
+        let made = replace_dir(dir.path(), Path::new("ir/M=1/triton")).unwrap();
+        assert_eq!(std::fs::read_dir(&made).unwrap().count(), 0);
+
+        // A shape's folder that is a link to a folder holding `triton/`:
+        // refused, and what lies behind it stays.
+        symlink(outside.path(), dir.path().join("ir/M=2")).unwrap();
+        let err = replace_dir(dir.path(), Path::new("ir/M=2/triton")).unwrap_err();
+        assert!(matches!(err, WriteError::Link { .. }), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("triton/precious")).unwrap(),
+            "keep"
+        );
+
+        // The folder itself a link: the link goes, not what it points at.
+        symlink(
+            outside.path().join("triton"),
+            dir.path().join("ir/M=1/cuda"),
+        )
+        .unwrap();
+        let made = replace_dir(dir.path(), Path::new("ir/M=1/cuda")).unwrap();
+        assert!(!made.is_symlink() && made.is_dir());
+        assert!(outside.path().join("triton/precious").exists());
     }
 
     #[test]
