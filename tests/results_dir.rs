@@ -258,6 +258,56 @@ fn nothing_is_written_through_a_link_inside_a_results_directory() {
     assert_eq!(out.status.code(), Some(4), "{}", show(&out));
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     assert!(run_dir.join("journal.jsonl").is_symlink());
+
+    // A run: a compile cache that is a link (Triton and the native compiler
+    // write into it with plain opens). Refused before anything starts.
+    std::fs::remove_file(run_dir.join("journal.jsonl")).unwrap();
+    for cache in [".cache/triton", ".cache/native", ".cache/aot"] {
+        std::fs::create_dir_all(run_dir.join(".cache")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), run_dir.join(cache)).unwrap();
+        let out = tunelab(
+            "/nonexistent/python",
+            &results,
+            &["run", "tests/fixtures/runs/slow.yaml"],
+        )
+        .output()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{stderr}");
+        assert!(
+            stderr.contains(cache) && stderr.contains("symbolic link"),
+            "{stderr}"
+        );
+        std::fs::remove_file(run_dir.join(cache)).unwrap();
+    }
+    assert_eq!(tree(outside.path()), [PathBuf::from("notes.txt")]);
+
+    // `profile`: its request (written before any GPU is looked for) and
+    // what the profiler writes by name, through a link.
+    for (name, link) in [
+        ("request.json", "profile/request.json"),
+        ("summary.md", "profile/summary.md"),
+        ("profile", "profile"),
+    ] {
+        std::fs::create_dir_all(dir.join("profile")).unwrap();
+        if link == "profile" {
+            std::fs::remove_dir_all(dir.join("profile")).unwrap();
+        }
+        std::os::unix::fs::symlink(&victim, dir.join(link)).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+            .args(["--python", "/nonexistent/python", "profile"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{stderr}");
+        assert!(
+            stderr.contains(name) && stderr.contains("symbolic link"),
+            "{stderr}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        std::fs::remove_file(dir.join(link)).unwrap();
+    }
 }
 
 /// The process ids of `parent`'s children.

@@ -25,6 +25,19 @@ pub(crate) const LOCK: &str = ".lock";
 /// never starts and they were not there before.
 const START_FOLDERS: [&str; 2] = ["logs", ".cache"];
 
+/// What a run writes into by name, its workers and compilers too (logs,
+/// the Triton, native and AOT caches, which Triton and the compilers write
+/// with plain opens): none of it may lead out of the directory.
+pub(crate) const WRITTEN_BY_NAME: [&str; 7] = [
+    "logs",
+    ".cache",
+    ".cache/triton",
+    ".cache/native",
+    ".cache/aot",
+    JOURNAL,
+    PACKED_JOURNAL,
+];
+
 /// A results directory with its lock held.
 pub struct Claim {
     dir: PathBuf,
@@ -77,9 +90,7 @@ impl Claim {
             had,
             kept: false,
         };
-        // What the run writes into by name, its workers too (logs, Triton's
-        // cache): none of it may lead out of the directory.
-        for name in START_FOLDERS.iter().chain(&[JOURNAL, PACKED_JOURNAL]) {
+        for name in WRITTEN_BY_NAME {
             results_dir::refuse_link(&dir.join(name))?;
         }
         Ok(claim)
