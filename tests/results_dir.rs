@@ -431,3 +431,44 @@ fn a_job_that_crashed_or_hung_is_tried_again_once_and_the_report_says_so() {
         "{report}"
     );
 }
+
+#[test]
+fn a_trace_or_out_file_that_is_the_journal_is_refused_before_anything_runs() {
+    let results = tempfile::tempdir().unwrap();
+    let dir = results.path().join("slow/cpu-interpreter");
+    std::fs::create_dir_all(&dir).unwrap();
+    let journal = dir.join("journal.jsonl");
+    let recorded =
+        std::fs::read_to_string(repo().join("tests/fixtures/journals/moe.jsonl")).unwrap();
+    std::fs::write(&journal, &recorded).unwrap();
+    // By its name, and through a link whose name says nothing.
+    let link = results.path().join("trace.json");
+    std::os::unix::fs::symlink(&journal, &link).unwrap();
+    for named in [&journal, &link] {
+        let named = named.to_str().unwrap();
+        let out = tunelab(
+            "/nonexistent/python",
+            results.path(),
+            &["run", "tests/fixtures/runs/slow.yaml", "--trace", named],
+        )
+        .output()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("--trace") && stderr.contains("journal"),
+            "{stderr}"
+        );
+
+        let fixture = repo().join("tests/fixtures/journals/moe.jsonl");
+        let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+            .arg("compare")
+            .args([&fixture, &fixture])
+            .args(["--out", named])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    }
+    assert_eq!(std::fs::read_to_string(&journal).unwrap(), recorded);
+    assert_eq!(tree(&dir), [PathBuf::from("journal.jsonl")]);
+}

@@ -13,6 +13,9 @@ pub(super) fn compare(
     out: Option<&Path>,
 ) -> Result<i32, Failure> {
     let threshold = fail_on_slower.map(threshold).transpose()?;
+    if let Some(why) = out.and_then(crate::store::results_dir::runner_file) {
+        return Err(Failure::bad_input(format!("error: --out: {why}")));
+    }
     let (comparison, warnings) = crate::emit::compare::from_paths(base, new)
         .map_err(|why| Failure::bad_input(format!("error: {why}")))?;
     for w in warnings {

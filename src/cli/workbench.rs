@@ -32,6 +32,9 @@ pub(super) fn ir_pass(settings: &Settings, a: &IrPassArgs<'_>) -> Result<i32, Fa
             a.file.display()
         )));
     }
+    if let Some(why) = a.out.and_then(store::results_dir::runner_file) {
+        return Err(Failure::bad_input(format!("error: --out: {why}")));
+    }
     let ext = a.file.extension().and_then(|e| e.to_str()).unwrap_or("");
     if !matches!(ext, "ttir" | "ttgir") {
         return Err(Failure::bad_input(format!(

@@ -32,6 +32,24 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
     }
 }
 
+/// Why `path`, a file a person named for a command to write (`--trace`,
+/// `--out`), must not be written: it is named as a results directory's
+/// journal or lock are (itself, or the file a link there points at), and
+/// writing it would replace recorded results. `None`: it may be written.
+pub fn runner_file(path: &Path) -> Option<String> {
+    let resolved = std::fs::canonicalize(path).ok();
+    for p in std::iter::once(path).chain(resolved.as_deref()) {
+        let name = p.file_name()?.to_string_lossy();
+        if name.starts_with(super::journal::JOURNAL) || name == super::lock::LOCK {
+            return Some(format!(
+                "{} is named as a results directory's journal or lock are (`journal.jsonl...`, `.lock`): writing it would replace recorded results; name another file",
+                p.display()
+            ));
+        }
+    }
+    None
+}
+
 /// Refuses `path` if it is a symbolic link; fine if it does not exist.
 pub fn refuse_link(path: &Path) -> Result<(), WriteError> {
     match std::fs::symlink_metadata(path) {
@@ -221,6 +239,22 @@ mod tests {
         let made = replace_dir(dir.path(), Path::new("ir/M=1/cuda")).unwrap();
         assert!(!made.is_symlink() && made.is_dir());
         assert!(outside.path().join("triton/precious").exists());
+    }
+
+    #[test]
+    fn a_file_named_for_a_command_may_not_be_a_journal_or_its_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("journal.jsonl");
+        std::fs::write(&journal, "{}\n").unwrap();
+        assert!(runner_file(&journal).is_some());
+        assert!(runner_file(&dir.path().join("journal.jsonl.gz")).is_some());
+        assert!(runner_file(&dir.path().join(".lock")).is_some());
+        // Through a link whose own name says nothing.
+        symlink(&journal, dir.path().join("trace.json")).unwrap();
+        let why = runner_file(&dir.path().join("trace.json")).unwrap();
+        assert!(why.contains("journal.jsonl"), "{why}");
+        assert_eq!(runner_file(&dir.path().join("run.trace.json")), None);
+        assert_eq!(runner_file(Path::new("trace.json")), None);
     }
 
     #[test]
