@@ -259,6 +259,22 @@ fn nothing_is_written_through_a_link_inside_a_results_directory() {
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     assert!(run_dir.join("journal.jsonl").is_symlink());
 
+    // A run: a journal that is a hard link (a backup made with `cp -l`):
+    // neither its torn-looking last line cut off nor anything appended.
+    std::fs::remove_file(run_dir.join("journal.jsonl")).unwrap();
+    std::fs::hard_link(&victim, run_dir.join("journal.jsonl")).unwrap();
+    let out = tunelab(
+        "/nonexistent/python",
+        &results,
+        &["run", "tests/fixtures/runs/slow.yaml"],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("hard links"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+
     // A run: a compile cache that is a link (Triton and the native compiler
     // write into it with plain opens). Refused before anything starts.
     std::fs::remove_file(run_dir.join("journal.jsonl")).unwrap();

@@ -320,5 +320,17 @@ mod tests {
             std::fs::read_to_string(&victim).unwrap(),
             "precious, no newline at the end"
         );
+
+        // A hard link: its torn-looking last line would be cut off in
+        // place, in the other file as well.
+        std::fs::remove_file(dir.path().join(JOURNAL)).unwrap();
+        std::fs::hard_link(&victim, dir.path().join(JOURNAL)).unwrap();
+        let err = pack(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("2 hard links"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "precious, no newline at the end"
+        );
+        assert!(!dir.path().join(PACKED_JOURNAL).exists());
     }
 }

@@ -18,6 +18,8 @@ use std::path::{Component, Path, PathBuf};
 pub enum WriteError {
     #[error("{} is a symbolic link: tunelab writes nothing through a link inside a results directory; replace it with a real folder or file", path.display())]
     Link { path: PathBuf },
+    #[error("{} has {links} hard links: tunelab appends to the journal and repairs it in place, which would change every other name of that file (a copy made with `ln` or `cp -l`); give it a file of its own (cp it to a new name and move that over it)", path.display())]
+    HardLinked { path: PathBuf, links: u64 },
     #[error("cannot write {}: {source}", path.display())]
     Io {
         path: PathBuf,
