@@ -152,6 +152,62 @@ fn a_product_of_a_billion_shapes_is_refused_before_it_is_built() {
 }
 
 #[test]
+fn an_alias_of_a_long_text_is_counted_by_its_bytes() {
+    // 100 kB of text, repeated 50 times by a 150-byte line: 5 MB once
+    // copied (the count of values alone let 20,000 such aliases take 2 GB).
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "experiment: long\nproblem: gemm\ndescription: &d '{}'\nx: [{}]\n",
+        "a".repeat(100_000),
+        vec!["*d"; 50].join(", ")
+    );
+    std::fs::write(dir.path().join("long.yaml"), text).unwrap();
+    let stderr = refused(
+        dir.path(),
+        &["validate", "long.yaml"],
+        &["long.yaml:4:", "more than 4194304 bytes", "alias"],
+    );
+    assert!(!stderr.contains("aaaaaaaaaa"), "no contents: {stderr}");
+}
+
+#[test]
+fn included_files_count_each_time_they_are_included() {
+    // Twenty files, each including the next twice: 2^20 loads of a few
+    // bytes (without a count across files, still running at 20 s).
+    let dir = tempfile::tempdir().unwrap();
+    for i in 1..20 {
+        let next = i + 1;
+        std::fs::write(
+            dir.path().join(format!("l{i}.yaml")),
+            format!("a: {{include: l{next}.yaml}}\nb: {{include: l{next}.yaml}}\n"),
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.path().join("l20.yaml"), "x: 1\n").unwrap();
+    let manifest = "experiment: diamond\nproblem: gemm\nshapes:\n  list: [{M: 64, N: 64, K: 64}]\nmethods:\n  torch: {kind: torch, kernel: torch_matmul, params: {include: l1.yaml}}\n";
+    std::fs::write(dir.path().join("m.yaml"), manifest).unwrap();
+    refused(
+        dir.path(),
+        &["validate", "m.yaml"],
+        &["more than 256 files", "each time it is included"],
+    );
+
+    // One large file, included twice: its bytes count twice.
+    std::fs::write(
+        dir.path().join("big.yaml"),
+        format!("x: '{}'\n", "b".repeat(3 << 20)),
+    )
+    .unwrap();
+    let manifest = "experiment: twice\nproblem: gemm\nshapes:\n  list: [{M: 64, N: 64, K: 64}]\nmethods:\n  torch: {kind: torch, kernel: torch_matmul}\ndescription:\n  include: [big.yaml, big.yaml]\n";
+    std::fs::write(dir.path().join("twice.yaml"), manifest).unwrap();
+    refused(
+        dir.path(),
+        &["validate", "twice.yaml"],
+        &["twice.yaml:8:23", "more than 4194304 bytes together"],
+    );
+}
+
+#[test]
 fn a_manifest_over_the_size_limit_is_not_parsed() {
     let dir = tempfile::tempdir().unwrap();
     let mut text = String::from("experiment: big\nproblem: gemm\nshapes:\n  list:\n");
