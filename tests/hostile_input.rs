@@ -208,6 +208,45 @@ fn included_files_count_each_time_they_are_included() {
 }
 
 #[test]
+fn a_long_chain_of_signs_or_nots_is_refused_before_any_parser_recurses_on_it() {
+    // 5,000 `not`s (20 kB) overflowed the stack in minijinja's parser: the
+    // process aborted (SIGABRT), with no message and no place.
+    let experiments = repo().join("experiments");
+    let nots = format!("{}BLOCK_SIZE_M", "not ".repeat(5000));
+    let signs = format!("{}BLOCK_SIZE_M > 0", "-".repeat(5000));
+    for expr in [&nots, &signs] {
+        let set = format!("methods.triton.constraints=[\"{expr}\"]");
+        for command in ["validate", "plan"] {
+            refused(
+                &experiments,
+                &[command, "quickstart.yaml", "--set", &set],
+                &["--set", "more than the 500 an expression may have"],
+            );
+        }
+    }
+    let set = format!(
+        "outputs=[{{format: report, path: \"{{{{ {}M }}}}.md\"}}]",
+        "-".repeat(5000)
+    );
+    refused(
+        &experiments,
+        &["validate", "quickstart.yaml", "--set", &set],
+        &["more than the 500 a path template may have"],
+    );
+
+    // A journal's output paths are templates too (`report` renders them).
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/journals/moe.jsonl")).unwrap();
+    let long = format!("{{{{ {}E }}}}.json", "not ".repeat(5000));
+    let text = text.replacen("\"path\":\"best.csv\"", &format!("\"path\":\"{long}\""), 1);
+    std::fs::write(dir.path().join("journal.jsonl"), text).unwrap();
+    let (out, _results) = tunelab_in(dir.path(), &["report", "."]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("more than the 500"), "{stderr}");
+}
+
+#[test]
 fn a_manifest_over_the_size_limit_is_not_parsed() {
     let dir = tempfile::tempdir().unwrap();
     let mut text = String::from("experiment: big\nproblem: gemm\nshapes:\n  list:\n");

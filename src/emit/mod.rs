@@ -288,6 +288,14 @@ pub(crate) fn group_by_path<'s, 'a>(
             .map(str::to_string)
             .unwrap_or_else(|| e.to_string()),
     };
+    // A journal is input too (committed, or sent): its templates are
+    // bounded as a manifest's are.
+    crate::expr::check_length(&spec.path, "a path template").map_err(|message| {
+        EmitError::PathTemplate {
+            template: spec.path.chars().take(80).collect(),
+            message,
+        }
+    })?;
     let tmpl = env.template_from_str(&spec.path).map_err(template_error)?;
     let device = Json::Object(crate::manifest::device_fields(&header.device));
     let render = |shape: Option<&select::ShapeFields>| -> Result<String, EmitError> {

@@ -979,6 +979,11 @@ fn check_expr(
     known: &[String],
     device: &DeviceInfo,
 ) -> Result<(), Diagnostic> {
+    // Before any parser: and not quoted, being long.
+    expr::check_length(&e.source, "an expression").map_err(|why| {
+        Diagnostic::at(e.span, format!("invalid expression: {why}"))
+            .help("write a shorter expression: a derived value can hold a part of it")
+    })?;
     let vars = expr::variables(env, &e.source).map_err(|err| {
         let detail = err.detail().map(str::to_string).unwrap_or_else(|| err.to_string());
         Diagnostic::at(e.span, format!("invalid expression `{}`: {detail}", e.source)).help("expressions use Jinja syntax: `BLOCK_SIZE_M * 2 <= device.smem_bytes`, `a if cond else b`")
@@ -1313,6 +1318,10 @@ fn check_output_path(
     device: &DeviceInfo,
 ) -> Result<Vec<Vec<String>>, Diagnostic> {
     let span = template.span;
+    expr::check_length(template, "a path template").map_err(|why| {
+        Diagnostic::at(span, format!("invalid path template: {why}"))
+            .help("path templates name a file: `vllm/E={{E}},N={{N}}.json`")
+    })?;
     let tmpl = env.template_from_str(template).map_err(|e| {
         Diagnostic::at(
             span,
