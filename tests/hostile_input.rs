@@ -428,6 +428,21 @@ fn files_outside_the_repository_are_refused_and_never_quoted() {
     .unwrap();
     let stderr = refused(&inside, &["validate", "csv2.yaml"], &["bad.csv:2:"]);
     assert!(!stderr.contains("password123"), "{stderr}");
+
+    // A file that is no CSV, its first line taken for a header: a column
+    // it lacks is reported without listing what the line holds.
+    std::fs::write(inside.join("notes.txt"), "password hunter2 token_abc\n1\n").unwrap();
+    std::fs::write(
+        inside.join("csv3.yaml"),
+        "experiment: c\nproblem: gemm\nshapes:\n  csv: {path: notes.txt, columns: {M: m}}\nmethods:\n  torch: {kind: torch, kernel: torch_matmul}\n",
+    )
+    .unwrap();
+    let stderr = refused(
+        &inside,
+        &["validate", "csv3.yaml"],
+        &["csv3.yaml:4:", "no column `m`", "has 1 column"],
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
 }
 
 #[test]
