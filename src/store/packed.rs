@@ -23,6 +23,13 @@ pub const MEMBER_BYTES: usize = 64 << 10;
 /// A member header: gzip's magic and the deflate method.
 const MAGIC: [u8; 3] = [0x1f, 0x8b, 0x08];
 
+/// How many times its compressed size a member's text may be. The committed
+/// journals compress 5 to 8 times; a member that inflates further is a
+/// decompression bomb (1.5 MB that decode to 1.5 GB), read no further than
+/// this and skipped as damaged, so reading a packed journal takes memory in
+/// proportion to the file.
+const MAX_RATIO: u64 = 64;
+
 /// What a packed file holds: the text of its whole members, in order, and
 /// the byte ranges it could not read.
 #[derive(Debug, Default)]
@@ -65,10 +72,13 @@ pub fn unpack(raw: &[u8]) -> Unpacked {
     while at < raw.len() {
         let mut cursor = &raw[at..];
         let mut text = Vec::new();
-        let decoded = flate2::bufread::GzDecoder::new(&mut cursor).read_to_end(&mut text);
+        let most = |compressed: usize| MAX_RATIO * compressed as u64 + MEMBER_BYTES as u64;
+        let decoded = flate2::bufread::GzDecoder::new(&mut cursor)
+            .take(most(raw.len() - at) + 1)
+            .read_to_end(&mut text);
         let used = raw.len() - at - cursor.len();
         match decoded {
-            Ok(_) if used > 0 => {
+            Ok(_) if used > 0 && text.len() as u64 <= most(used) => {
                 out.text.extend_from_slice(&text);
                 out.members.push(Member {
                     start: at,
@@ -304,6 +314,31 @@ mod tests {
         assert_eq!(
             after.text.len(),
             before + "{\"type\":\"job\",\"n\":-1}\n".len()
+        );
+    }
+
+    #[test]
+    fn a_member_that_inflates_past_its_ratio_is_skipped_not_read_whole() {
+        // 8 MB of spaces in an 8 kB member, between two good members.
+        let mut raw = compress(b"{\"type\":\"job\",\"n\":1}\n");
+        let bomb_at = raw.len();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        for _ in 0..8 {
+            gz.write_all(&[b' '; 1 << 20]).unwrap();
+        }
+        raw.extend(gz.finish().unwrap());
+        let bomb_end = raw.len();
+        raw.extend(compress(b"{\"type\":\"job\",\"n\":2}\n"));
+        let unpacked = unpack(&raw);
+        assert_eq!(
+            unpacked.text,
+            b"{\"type\":\"job\",\"n\":1}\n{\"type\":\"job\",\"n\":2}\n"
+        );
+        let damage = unpacked.damage(Path::new("j.gz"));
+        assert_eq!(damage.len(), 1, "{damage:?}");
+        assert!(
+            damage[0].contains(&format!("bytes {bomb_at}..{bomb_end}")),
+            "{damage:?}"
         );
     }
 
