@@ -363,6 +363,43 @@ fn integer_overflow_in_an_expression_is_an_error_at_its_place() {
 }
 
 #[test]
+fn numbers_at_the_edges_are_errors_at_their_place_never_a_panic() {
+    let experiments = repo().join("experiments");
+    // A range whose values fit but whose steps do not (values.rs panicked
+    // on `i * step`, or wrapped in a release build).
+    refused(
+        &experiments,
+        &[
+            "plan",
+            "quickstart.yaml",
+            "--set",
+            "methods.triton.space.BLOCK_SIZE_M={range: [-9223372036854775808, 9223372036854775807, 9223372036854775807]}",
+        ],
+        &["integer overflow in -9223372036854775808 * 64"],
+    );
+    // Times that no `Duration` holds (the run panicked making one).
+    for (set, wanted) in [
+        ("protocol.timeout_s=.inf", "found inf"),
+        ("protocol.timeout_s=1e300", "found 1e300"),
+        ("protocol.max_wall_ms=1e300", "found 1e300"),
+    ] {
+        refused(
+            &experiments,
+            &[
+                "run",
+                "quickstart.yaml",
+                "--interpret",
+                "--python",
+                "/nonexistent/python",
+                "--set",
+                set,
+            ],
+            &["--set", wanted],
+        );
+    }
+}
+
+#[test]
 fn files_outside_the_repository_are_refused_and_never_quoted() {
     let stderr = refused_everywhere(
         "include_environ.yaml",
