@@ -156,11 +156,25 @@ fn ceil_div(a: i64, b: i64) -> Result<i64, String> {
         .ok_or_else(|| format!("integer overflow in ceil_div({a}, {b})"))
 }
 
+/// Instructions all the renders of one manifest's output paths may run
+/// together, every output at every shape: [`FUEL`] bounds one render, and
+/// a template that spends it at each of 100,000 shapes would run for hours.
+/// The committed manifests spend a few thousand.
+pub const TOTAL_FUEL: u64 = 4_000_000;
+
 /// Renders a template into at most [`MAX_RENDERED_BYTES`].
 pub fn render_bounded(
     tmpl: &minijinja::Template<'_, '_>,
     ctx: impl serde::Serialize,
 ) -> Result<String, String> {
+    render_counted(tmpl, ctx).map(|(text, _)| text)
+}
+
+/// [`render_bounded`], and the instructions the render ran.
+pub fn render_counted(
+    tmpl: &minijinja::Template<'_, '_>,
+    ctx: impl serde::Serialize,
+) -> Result<(String, u64), String> {
     struct Capped(Vec<u8>);
     impl std::io::Write for Capped {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -176,7 +190,11 @@ pub fn render_bounded(
     }
     let mut out = Capped(Vec::new());
     match tmpl.render_captured_to(ctx, &mut out) {
-        Ok(_) => String::from_utf8(out.0).map_err(|e| e.to_string()),
+        Ok(captured) => {
+            let ran = captured.state().fuel_levels().map_or(0, |(used, _)| used);
+            drop(captured);
+            Ok((String::from_utf8(out.0).map_err(|e| e.to_string())?, ran))
+        }
         Err(e) if e.kind() == minijinja::ErrorKind::WriteFailure => Err(format!(
             "it renders to more than {MAX_RENDERED_BYTES} bytes"
         )),

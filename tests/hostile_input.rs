@@ -120,6 +120,27 @@ fn a_path_template_that_loops_without_end_runs_out_of_fuel() {
 }
 
 #[test]
+fn path_templates_share_one_budget_of_instructions_over_all_shapes() {
+    // Within the fuel of one render, at each of 10,000 shapes: 9 * 10^8
+    // instructions (still running at 60 s).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("fuel.yaml"),
+        "experiment: fuel\nproblem: gemm\nshapes:\n  product: {M: {range: [1, 1000, 1]}, N: {range: [1, 10, 1]}}\n  fixed: {K: 64, dtype: fp16}\nmethods:\n  torch: {kind: torch, kernel: torch_matmul}\noutputs:\n  - {format: best_csv, path: \"{% for i in range(30000) %}{% endfor %}o/{{M}}-{{N}}.csv\"}\n",
+    )
+    .unwrap();
+    refused(
+        dir.path(),
+        &["validate", "fuel.yaml"],
+        &[
+            "fuel.yaml:9:30",
+            "more than 4000000 template instructions over all shapes",
+            "10000 shapes",
+        ],
+    );
+}
+
+#[test]
 fn a_huge_range_is_counted_not_built() {
     refused_everywhere(
         "huge_range.yaml",

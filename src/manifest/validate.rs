@@ -82,6 +82,7 @@ pub fn validate(
     let method_names: Vec<&str> = raw.methods.keys().map(|k| k.as_str()).collect();
     let mut outputs = Vec::new();
     let mut claimed = ClaimedPaths::default();
+    let mut fuel_left = expr::TOTAL_FUEL;
     for o in &raw.outputs {
         let checked = (|| {
             if let Some(m) = &o.method {
@@ -107,7 +108,7 @@ pub fn validate(
                 interpreter.as_ref().map(|i| &i.shapes[..]),
             ];
             for shapes in shape_sets.into_iter().flatten() {
-                for path in check_output_path(&o.path, &env, shapes, device)? {
+                for path in check_output_path(&o.path, &env, shapes, device, &mut fuel_left)? {
                     claimed.claim(path, &o.path)?;
                 }
             }
@@ -1337,11 +1338,14 @@ impl ClaimedPaths {
 /// Output paths are templates; a rendered path must stay inside the results
 /// directory, away from what the runner keeps there. Returns the distinct
 /// rendered paths, as components.
+/// `fuel_left`: what the renders of the manifest's output paths may still
+/// run, all shapes and outputs together ([`expr::TOTAL_FUEL`]).
 fn check_output_path(
     template: &Spanned<String>,
     env: &minijinja::Environment<'static>,
     shapes: &[Shape],
     device: &DeviceInfo,
+    fuel_left: &mut u64,
 ) -> Result<Vec<Vec<String>>, Diagnostic> {
     let span = template.span;
     expr::check_length(template, "a path template").map_err(|why| {
@@ -1364,7 +1368,7 @@ fn check_output_path(
         let mut ctx: serde_json::Map<String, Json> =
             shape.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         ctx.insert("device".into(), Json::Object(device_fields(device)));
-        let rendered = expr::render_bounded(&tmpl, &ctx).map_err(|why| {
+        let (rendered, ran) = expr::render_counted(&tmpl, &ctx).map_err(|why| {
             Diagnostic::at(
                 span,
                 format!(
@@ -1375,6 +1379,19 @@ fn check_output_path(
             .help(format!(
                 "templates may use shape fields ({}) and device.*",
                 shape.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        *fuel_left = fuel_left.checked_sub(ran).ok_or_else(|| {
+            Diagnostic::at(
+                span,
+                format!(
+                    "the output paths run more than {} template instructions over all shapes: this one runs {ran} at each",
+                    expr::TOTAL_FUEL
+                ),
+            )
+            .help(format!(
+                "a path template names a file: write it with shape fields and device.* (`vllm/E={{{{E}}}},N={{{{N}}}}.json`), without loops; there are {} shapes",
+                shapes.len()
             ))
         })?;
         if !rendered_paths.insert(rendered.clone()) {
