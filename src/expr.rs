@@ -162,16 +162,9 @@ fn ceil_div(a: i64, b: i64) -> Result<i64, String> {
 /// The committed manifests spend a few thousand.
 pub const TOTAL_FUEL: u64 = 4_000_000;
 
-/// Renders a template into at most [`MAX_RENDERED_BYTES`].
+/// Renders a template into at most [`MAX_RENDERED_BYTES`]; returns the text
+/// and the instructions the render ran (for [`TOTAL_FUEL`]).
 pub fn render_bounded(
-    tmpl: &minijinja::Template<'_, '_>,
-    ctx: impl serde::Serialize,
-) -> Result<String, String> {
-    render_counted(tmpl, ctx).map(|(text, _)| text)
-}
-
-/// [`render_bounded`], and the instructions the render ran.
-pub fn render_counted(
     tmpl: &minijinja::Template<'_, '_>,
     ctx: impl serde::Serialize,
 ) -> Result<(String, u64), String> {

@@ -138,6 +138,32 @@ fn path_templates_share_one_budget_of_instructions_over_all_shapes() {
             "10000 shapes",
         ],
     );
+
+    // A journal's output path, which `report` renders at each shape: a
+    // journal of 100 shapes (one job each).
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/journals/moe.jsonl")).unwrap();
+    let mut lines = text.lines();
+    let looping = "{% for i in range(30000) %}{% endfor %}{{M}}.csv";
+    let mut journal = lines.next().unwrap().replacen(
+        "\"path\":\"best.csv\"",
+        &format!("\"path\":\"{looping}\""),
+        1,
+    ) + "\n";
+    let job: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    for m in 1..=100 {
+        let mut job = job.clone();
+        job["job_id"] = format!("{m:016x}").into();
+        job["shape"]["M"] = m.into();
+        journal.push_str(&format!("{job}\n"));
+    }
+    std::fs::write(dir.path().join("journal.jsonl"), journal).unwrap();
+    let (out, _results) = tunelab_in(dir.path(), &["report", "."]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("more than 4000000 template instructions over all shapes"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -1368,7 +1368,7 @@ fn check_output_path(
         let mut ctx: serde_json::Map<String, Json> =
             shape.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         ctx.insert("device".into(), Json::Object(device_fields(device)));
-        let (rendered, ran) = expr::render_counted(&tmpl, &ctx).map_err(|why| {
+        let (rendered, ran) = expr::render_bounded(&tmpl, &ctx).map_err(|why| {
             Diagnostic::at(
                 span,
                 format!(
