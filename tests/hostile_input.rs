@@ -478,6 +478,23 @@ fn files_outside_the_repository_are_refused_and_never_quoted() {
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
 
+    // A tunelab.toml in the manifest's own repository (here, its folder) is
+    // the repository's word, not that of the person running tunelab there:
+    // its `allow_read` is not used (it let an error quote a line of a file
+    // anywhere on the machine).
+    std::fs::write(
+        inside.join("tunelab.toml"),
+        format!("allow_read = [\"{}\"]\n", outside.display()),
+    )
+    .unwrap();
+    let stderr = refused(
+        &inside,
+        &["validate", "m.yaml"],
+        &["m.yaml:4:12", "outside", "tunelab.toml is not used"],
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    std::fs::remove_file(inside.join("tunelab.toml")).unwrap();
+
     // Allowed by the person running it, the file is read, and an error in
     // it (an unknown key) names the place without quoting it: it is no
     // manifest (.yaml), whatever the link to it is called.
@@ -488,6 +505,14 @@ fn files_outside_the_repository_are_refused_and_never_quoted() {
         &["secret_token", "shapes.yaml:2:1"],
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
+    // So is a settings file of the person's own, outside the repository.
+    let own = base.path().join("own.toml");
+    std::fs::write(&own, format!("allow_read = [\"{allow}\"]\n")).unwrap();
+    refused(
+        &inside,
+        &["validate", "m.yaml", "--config", own.to_str().unwrap()],
+        &["secret_token", "shapes.yaml:2:1"],
+    );
 
     // A shape CSV outside is refused the same way; one inside is never quoted.
     std::fs::write(outside.join("s.csv"), "M,N,K\n64,64,64\n").unwrap();

@@ -48,7 +48,7 @@ use std::ffi::OsString;
 
 use clap::Parser;
 
-use crate::config::{self, FlagSettings, Settings};
+use crate::config::{self, FlagSettings};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::exit;
 use args::{Cli, Command, GlobalArgs};
@@ -86,11 +86,19 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
 }
 
 fn dispatch(cli: Cli) -> Result<i32, Failure> {
-    let settings = load_settings(&cli.global)?;
-    // The folders tunelab.toml allows, besides those given with --allow-read.
+    let layered =
+        config::load(cli.global.config.as_ref(), &flags(&cli.global)).map_err(settings_error)?;
+    let settings = layered.settings.clone();
+    // The folders the settings allow, besides those given with --allow-read:
+    // from the environment, for every manifest; from a settings file, for a
+    // manifest outside the repository the file lies in (`load_experiment`).
     let allowed = settings.allow_read.clone();
+    let allowed_file = layered.file_of("allow_read");
     let with_settings = |mut args: args::ManifestArgs| {
-        args.allow_read.extend(allowed.iter().cloned());
+        match &allowed_file {
+            Some(file) => args.allowed_by_file = Some((file.clone(), allowed.clone())),
+            None => args.allow_read.extend(allowed.iter().cloned()),
+        }
         args
     };
     match cli.command {
@@ -298,10 +306,4 @@ fn settings_error(e: Box<figment::Error>) -> Failure {
     Failure::bad_input(format!(
         "error: invalid settings: {e}\n  = help: check tunelab.toml and TUNELAB_* variables"
     ))
-}
-
-fn load_settings(global: &GlobalArgs) -> Result<Settings, Failure> {
-    Ok(config::load(global.config.as_ref(), &flags(global))
-        .map_err(settings_error)?
-        .settings)
 }
