@@ -198,6 +198,14 @@ impl Layered {
         }
     }
 
+    /// The settings file a setting's value came from, if it came from one.
+    pub fn file_of(&self, key: &str) -> Option<PathBuf> {
+        match self.figment.find_metadata(key)?.source.as_ref()? {
+            figment::Source::File(path) => Some(path.clone()),
+            _ => None,
+        }
+    }
+
     /// Each setting with its value and the layer it came from.
     pub fn explain(&self) -> Vec<(String, String, String)> {
         let value = serde_json::to_value(&self.settings).expect("settings serialise");

@@ -78,6 +78,25 @@ pub const FUEL: u64 = 100_000;
 /// Bytes a rendered template (an output path) may have.
 pub const MAX_RENDERED_BYTES: usize = 4096;
 
+/// Bytes an expression or a path template may have: several times the
+/// longest a manifest writes (about a hundred), and few enough that the
+/// parsers, minijinja's and the fast path's, which recurse once per sign,
+/// `not`, `**` or bracket, cannot run out of a thread's stack (5,000 `not`s
+/// overflowed the main thread's 8 MiB; a thread of its own has 2 MiB).
+pub const MAX_SOURCE_BYTES: usize = 500;
+
+/// Refuses an expression or path template longer than [`MAX_SOURCE_BYTES`],
+/// before any parser sees it. `what`: "an expression", "a path template".
+pub fn check_length(source: &str, what: &str) -> Result<(), String> {
+    if source.len() <= MAX_SOURCE_BYTES {
+        return Ok(());
+    }
+    Err(format!(
+        "this is {} bytes long, more than the {MAX_SOURCE_BYTES} {what} may have",
+        source.len()
+    ))
+}
+
 /// The minijinja environment every manifest expression is compiled in. It has
 /// no loader, so templates cannot read files; undefined names are errors;
 /// every render and evaluation runs on [`FUEL`].
@@ -137,11 +156,18 @@ fn ceil_div(a: i64, b: i64) -> Result<i64, String> {
         .ok_or_else(|| format!("integer overflow in ceil_div({a}, {b})"))
 }
 
-/// Renders a template into at most [`MAX_RENDERED_BYTES`].
+/// Instructions all the renders of one manifest's output paths may run
+/// together, every output at every shape: [`FUEL`] bounds one render, and
+/// a template that spends it at each of 100,000 shapes would run for hours.
+/// The committed manifests spend a few thousand.
+pub const TOTAL_FUEL: u64 = 4_000_000;
+
+/// Renders a template into at most [`MAX_RENDERED_BYTES`]; returns the text
+/// and the instructions the render ran (for [`TOTAL_FUEL`]).
 pub fn render_bounded(
     tmpl: &minijinja::Template<'_, '_>,
     ctx: impl serde::Serialize,
-) -> Result<String, String> {
+) -> Result<(String, u64), String> {
     struct Capped(Vec<u8>);
     impl std::io::Write for Capped {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -157,7 +183,11 @@ pub fn render_bounded(
     }
     let mut out = Capped(Vec::new());
     match tmpl.render_captured_to(ctx, &mut out) {
-        Ok(_) => String::from_utf8(out.0).map_err(|e| e.to_string()),
+        Ok(captured) => {
+            let ran = captured.state().fuel_levels().map_or(0, |(used, _)| used);
+            drop(captured);
+            Ok((String::from_utf8(out.0).map_err(|e| e.to_string())?, ran))
+        }
         Err(e) if e.kind() == minijinja::ErrorKind::WriteFailure => Err(format!(
             "it renders to more than {MAX_RENDERED_BYTES} bytes"
         )),
@@ -209,6 +239,7 @@ pub fn eval_reference(
     source: &str,
     ctx: &serde_json::Map<String, Json>,
 ) -> Result<Val, String> {
+    check_length(source, "an expression")?;
     let expr = env.compile_expression(source).map_err(|e| e.to_string())?;
     let value = expr.eval(ctx).map_err(|e| e.to_string())?;
     let json = serde_json::to_value(&value).map_err(|e| e.to_string())?;
@@ -240,6 +271,7 @@ pub struct Scope<'a> {
 /// Compiles `source` for the fast path, or `None` when it uses something
 /// outside the subset (the caller then evaluates with minijinja).
 pub fn compile_fast(source: &str, scope: &Scope<'_>) -> Option<Compiled> {
+    check_length(source, "an expression").ok()?;
     let tokens = tokenize(source)?;
     let mut p = Parser {
         tokens,

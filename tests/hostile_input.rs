@@ -120,6 +120,53 @@ fn a_path_template_that_loops_without_end_runs_out_of_fuel() {
 }
 
 #[test]
+fn path_templates_share_one_budget_of_instructions_over_all_shapes() {
+    // Within the fuel of one render, at each of 10,000 shapes: 9 * 10^8
+    // instructions (still running at 60 s).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("fuel.yaml"),
+        "experiment: fuel\nproblem: gemm\nshapes:\n  product: {M: {range: [1, 1000, 1]}, N: {range: [1, 10, 1]}}\n  fixed: {K: 64, dtype: fp16}\nmethods:\n  torch: {kind: torch, kernel: torch_matmul}\noutputs:\n  - {format: best_csv, path: \"{% for i in range(30000) %}{% endfor %}o/{{M}}-{{N}}.csv\"}\n",
+    )
+    .unwrap();
+    refused(
+        dir.path(),
+        &["validate", "fuel.yaml"],
+        &[
+            "fuel.yaml:9:30",
+            "more than 4000000 template instructions over all shapes",
+            "10000 shapes",
+        ],
+    );
+
+    // A journal's output path, which `report` renders at each shape: a
+    // journal of 100 shapes (one job each).
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/journals/moe.jsonl")).unwrap();
+    let mut lines = text.lines();
+    let looping = "{% for i in range(30000) %}{% endfor %}{{M}}.csv";
+    let mut journal = lines.next().unwrap().replacen(
+        "\"path\":\"best.csv\"",
+        &format!("\"path\":\"{looping}\""),
+        1,
+    ) + "\n";
+    let job: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    for m in 1..=100 {
+        let mut job = job.clone();
+        job["job_id"] = format!("{m:016x}").into();
+        job["shape"]["M"] = m.into();
+        journal.push_str(&format!("{job}\n"));
+    }
+    std::fs::write(dir.path().join("journal.jsonl"), journal).unwrap();
+    let (out, _results) = tunelab_in(dir.path(), &["report", "."]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("more than 4000000 template instructions over all shapes"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_huge_range_is_counted_not_built() {
     refused_everywhere(
         "huge_range.yaml",
@@ -149,6 +196,101 @@ fn a_product_of_a_billion_shapes_is_refused_before_it_is_built() {
         "huge_shapes.yaml",
         &["huge_shapes.yaml:6:6", "1000000000 shapes"],
     );
+}
+
+#[test]
+fn an_alias_of_a_long_text_is_counted_by_its_bytes() {
+    // 100 kB of text, repeated 50 times by a 150-byte line: 5 MB once
+    // copied (the count of values alone let 20,000 such aliases take 2 GB).
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "experiment: long\nproblem: gemm\ndescription: &d '{}'\nx: [{}]\n",
+        "a".repeat(100_000),
+        vec!["*d"; 50].join(", ")
+    );
+    std::fs::write(dir.path().join("long.yaml"), text).unwrap();
+    let stderr = refused(
+        dir.path(),
+        &["validate", "long.yaml"],
+        &["long.yaml:4:", "more than 4194304 bytes", "alias"],
+    );
+    assert!(!stderr.contains("aaaaaaaaaa"), "no contents: {stderr}");
+}
+
+#[test]
+fn included_files_count_each_time_they_are_included() {
+    // Twenty files, each including the next twice: 2^20 loads of a few
+    // bytes (without a count across files, still running at 20 s).
+    let dir = tempfile::tempdir().unwrap();
+    for i in 1..20 {
+        let next = i + 1;
+        std::fs::write(
+            dir.path().join(format!("l{i}.yaml")),
+            format!("a: {{include: l{next}.yaml}}\nb: {{include: l{next}.yaml}}\n"),
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.path().join("l20.yaml"), "x: 1\n").unwrap();
+    let manifest = "experiment: diamond\nproblem: gemm\nshapes:\n  list: [{M: 64, N: 64, K: 64}]\nmethods:\n  torch: {kind: torch, kernel: torch_matmul, params: {include: l1.yaml}}\n";
+    std::fs::write(dir.path().join("m.yaml"), manifest).unwrap();
+    refused(
+        dir.path(),
+        &["validate", "m.yaml"],
+        &["more than 256 files", "each time it is included"],
+    );
+
+    // One large file, included twice: its bytes count twice.
+    std::fs::write(
+        dir.path().join("big.yaml"),
+        format!("x: '{}'\n", "b".repeat(3 << 20)),
+    )
+    .unwrap();
+    let manifest = "experiment: twice\nproblem: gemm\nshapes:\n  list: [{M: 64, N: 64, K: 64}]\nmethods:\n  torch: {kind: torch, kernel: torch_matmul}\ndescription:\n  include: [big.yaml, big.yaml]\n";
+    std::fs::write(dir.path().join("twice.yaml"), manifest).unwrap();
+    refused(
+        dir.path(),
+        &["validate", "twice.yaml"],
+        &["twice.yaml:8:23", "more than 4194304 bytes together"],
+    );
+}
+
+#[test]
+fn a_long_chain_of_signs_or_nots_is_refused_before_any_parser_recurses_on_it() {
+    // 5,000 `not`s (20 kB) overflowed the stack in minijinja's parser: the
+    // process aborted (SIGABRT), with no message and no place.
+    let experiments = repo().join("experiments");
+    let nots = format!("{}BLOCK_SIZE_M", "not ".repeat(5000));
+    let signs = format!("{}BLOCK_SIZE_M > 0", "-".repeat(5000));
+    for expr in [&nots, &signs] {
+        let set = format!("methods.triton.constraints=[\"{expr}\"]");
+        for command in ["validate", "plan"] {
+            refused(
+                &experiments,
+                &[command, "quickstart.yaml", "--set", &set],
+                &["--set", "more than the 500 an expression may have"],
+            );
+        }
+    }
+    let set = format!(
+        "outputs=[{{format: report, path: \"{{{{ {}M }}}}.md\"}}]",
+        "-".repeat(5000)
+    );
+    refused(
+        &experiments,
+        &["validate", "quickstart.yaml", "--set", &set],
+        &["more than the 500 a path template may have"],
+    );
+
+    // A journal's output paths are templates too (`report` renders them).
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/journals/moe.jsonl")).unwrap();
+    let long = format!("{{{{ {}E }}}}.json", "not ".repeat(5000));
+    let text = text.replacen("\"path\":\"best.csv\"", &format!("\"path\":\"{long}\""), 1);
+    std::fs::write(dir.path().join("journal.jsonl"), text).unwrap();
+    let (out, _results) = tunelab_in(dir.path(), &["report", "."]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("more than the 500"), "{stderr}");
 }
 
 #[test]
@@ -268,6 +410,43 @@ fn integer_overflow_in_an_expression_is_an_error_at_its_place() {
 }
 
 #[test]
+fn numbers_at_the_edges_are_errors_at_their_place_never_a_panic() {
+    let experiments = repo().join("experiments");
+    // A range whose values fit but whose steps do not (values.rs panicked
+    // on `i * step`, or wrapped in a release build).
+    refused(
+        &experiments,
+        &[
+            "plan",
+            "quickstart.yaml",
+            "--set",
+            "methods.triton.space.BLOCK_SIZE_M={range: [-9223372036854775808, 9223372036854775807, 9223372036854775807]}",
+        ],
+        &["integer overflow in -9223372036854775808 * 64"],
+    );
+    // Times that no `Duration` holds (the run panicked making one).
+    for (set, wanted) in [
+        ("protocol.timeout_s=.inf", "found inf"),
+        ("protocol.timeout_s=1e300", "found 1e300"),
+        ("protocol.max_wall_ms=1e300", "found 1e300"),
+    ] {
+        refused(
+            &experiments,
+            &[
+                "run",
+                "quickstart.yaml",
+                "--interpret",
+                "--python",
+                "/nonexistent/python",
+                "--set",
+                set,
+            ],
+            &["--set", wanted],
+        );
+    }
+}
+
+#[test]
 fn files_outside_the_repository_are_refused_and_never_quoted() {
     let stderr = refused_everywhere(
         "include_environ.yaml",
@@ -299,6 +478,23 @@ fn files_outside_the_repository_are_refused_and_never_quoted() {
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
 
+    // A tunelab.toml in the manifest's own repository (here, its folder) is
+    // the repository's word, not that of the person running tunelab there:
+    // its `allow_read` is not used (it let an error quote a line of a file
+    // anywhere on the machine).
+    std::fs::write(
+        inside.join("tunelab.toml"),
+        format!("allow_read = [\"{}\"]\n", outside.display()),
+    )
+    .unwrap();
+    let stderr = refused(
+        &inside,
+        &["validate", "m.yaml"],
+        &["m.yaml:4:12", "outside", "tunelab.toml is not used"],
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    std::fs::remove_file(inside.join("tunelab.toml")).unwrap();
+
     // Allowed by the person running it, the file is read, and an error in
     // it (an unknown key) names the place without quoting it: it is no
     // manifest (.yaml), whatever the link to it is called.
@@ -309,6 +505,14 @@ fn files_outside_the_repository_are_refused_and_never_quoted() {
         &["secret_token", "shapes.yaml:2:1"],
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
+    // So is a settings file of the person's own, outside the repository.
+    let own = base.path().join("own.toml");
+    std::fs::write(&own, format!("allow_read = [\"{allow}\"]\n")).unwrap();
+    refused(
+        &inside,
+        &["validate", "m.yaml", "--config", own.to_str().unwrap()],
+        &["secret_token", "shapes.yaml:2:1"],
+    );
 
     // A shape CSV outside is refused the same way; one inside is never quoted.
     std::fs::write(outside.join("s.csv"), "M,N,K\n64,64,64\n").unwrap();
@@ -333,6 +537,21 @@ fn files_outside_the_repository_are_refused_and_never_quoted() {
     .unwrap();
     let stderr = refused(&inside, &["validate", "csv2.yaml"], &["bad.csv:2:"]);
     assert!(!stderr.contains("password123"), "{stderr}");
+
+    // A file that is no CSV, its first line taken for a header: a column
+    // it lacks is reported without listing what the line holds.
+    std::fs::write(inside.join("notes.txt"), "password hunter2 token_abc\n1\n").unwrap();
+    std::fs::write(
+        inside.join("csv3.yaml"),
+        "experiment: c\nproblem: gemm\nshapes:\n  csv: {path: notes.txt, columns: {M: m}}\nmethods:\n  torch: {kind: torch, kernel: torch_matmul}\n",
+    )
+    .unwrap();
+    let stderr = refused(
+        &inside,
+        &["validate", "csv3.yaml"],
+        &["csv3.yaml:4:", "no column `m`", "has 1 column"],
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
 }
 
 #[test]

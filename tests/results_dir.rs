@@ -258,6 +258,72 @@ fn nothing_is_written_through_a_link_inside_a_results_directory() {
     assert_eq!(out.status.code(), Some(4), "{}", show(&out));
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     assert!(run_dir.join("journal.jsonl").is_symlink());
+
+    // A run: a journal that is a hard link (a backup made with `cp -l`):
+    // neither its torn-looking last line cut off nor anything appended.
+    std::fs::remove_file(run_dir.join("journal.jsonl")).unwrap();
+    std::fs::hard_link(&victim, run_dir.join("journal.jsonl")).unwrap();
+    let out = tunelab(
+        "/nonexistent/python",
+        &results,
+        &["run", "tests/fixtures/runs/slow.yaml"],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("hard links"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+
+    // A run: a compile cache that is a link (Triton and the native compiler
+    // write into it with plain opens). Refused before anything starts.
+    std::fs::remove_file(run_dir.join("journal.jsonl")).unwrap();
+    for cache in [".cache/triton", ".cache/native", ".cache/aot"] {
+        std::fs::create_dir_all(run_dir.join(".cache")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), run_dir.join(cache)).unwrap();
+        let out = tunelab(
+            "/nonexistent/python",
+            &results,
+            &["run", "tests/fixtures/runs/slow.yaml"],
+        )
+        .output()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{stderr}");
+        assert!(
+            stderr.contains(cache) && stderr.contains("symbolic link"),
+            "{stderr}"
+        );
+        std::fs::remove_file(run_dir.join(cache)).unwrap();
+    }
+    assert_eq!(tree(outside.path()), [PathBuf::from("notes.txt")]);
+
+    // `profile`: its request (written before any GPU is looked for) and
+    // what the profiler writes by name, through a link.
+    for (name, link) in [
+        ("request.json", "profile/request.json"),
+        ("summary.md", "profile/summary.md"),
+        ("profile", "profile"),
+    ] {
+        std::fs::create_dir_all(dir.join("profile")).unwrap();
+        if link == "profile" {
+            std::fs::remove_dir_all(dir.join("profile")).unwrap();
+        }
+        std::os::unix::fs::symlink(&victim, dir.join(link)).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+            .args(["--python", "/nonexistent/python", "profile"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{stderr}");
+        assert!(
+            stderr.contains(name) && stderr.contains("symbolic link"),
+            "{stderr}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        std::fs::remove_file(dir.join(link)).unwrap();
+    }
 }
 
 /// The process ids of `parent`'s children.
@@ -380,4 +446,45 @@ fn a_job_that_crashed_or_hung_is_tried_again_once_and_the_report_says_so() {
         ),
         "{report}"
     );
+}
+
+#[test]
+fn a_trace_or_out_file_that_is_the_journal_is_refused_before_anything_runs() {
+    let results = tempfile::tempdir().unwrap();
+    let dir = results.path().join("slow/cpu-interpreter");
+    std::fs::create_dir_all(&dir).unwrap();
+    let journal = dir.join("journal.jsonl");
+    let recorded =
+        std::fs::read_to_string(repo().join("tests/fixtures/journals/moe.jsonl")).unwrap();
+    std::fs::write(&journal, &recorded).unwrap();
+    // By its name, and through a link whose name says nothing.
+    let link = results.path().join("trace.json");
+    std::os::unix::fs::symlink(&journal, &link).unwrap();
+    for named in [&journal, &link] {
+        let named = named.to_str().unwrap();
+        let out = tunelab(
+            "/nonexistent/python",
+            results.path(),
+            &["run", "tests/fixtures/runs/slow.yaml", "--trace", named],
+        )
+        .output()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("--trace") && stderr.contains("journal"),
+            "{stderr}"
+        );
+
+        let fixture = repo().join("tests/fixtures/journals/moe.jsonl");
+        let out = Command::new(env!("CARGO_BIN_EXE_tunelab"))
+            .arg("compare")
+            .args([&fixture, &fixture])
+            .args(["--out", named])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    }
+    assert_eq!(std::fs::read_to_string(&journal).unwrap(), recorded);
+    assert_eq!(tree(&dir), [PathBuf::from("journal.jsonl")]);
 }

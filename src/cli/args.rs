@@ -414,6 +414,10 @@ pub struct ManifestArgs {
     /// `ir`, `python_path`) must be in the repository that holds it.
     #[arg(long = "allow-read", value_name = "DIR")]
     pub allow_read: Vec<std::path::PathBuf>,
+    /// The folders `allow_read` in a settings file allows, and that file:
+    /// not for a manifest of the repository the file lies in.
+    #[arg(skip)]
+    pub allowed_by_file: Option<(std::path::PathBuf, Vec<std::path::PathBuf>)>,
 }
 
 impl From<ModeArg> for crate::plan::RunMode {

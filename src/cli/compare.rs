@@ -16,6 +16,9 @@ pub(super) fn compare(
     let threshold = fail_on_slower
         .map(|t| percentage("--fail-on-slower", t))
         .transpose()?;
+    if let Some(why) = out.and_then(crate::store::results_dir::runner_file) {
+        return Err(Failure::bad_input(format!("error: --out: {why}")));
+    }
     if !(settings.run_spread.is_finite() && settings.run_spread >= 0.0) {
         return Err(Failure::bad_input(format!(
             "error: run_spread {}: expected a fraction of 0 or more (0.05 is 5 %)",

@@ -28,12 +28,24 @@ pub(super) fn load_experiment(
     args: &ManifestArgs,
     device: &DeviceInfo,
 ) -> Result<Experiment, Failure> {
-    Ok(manifest::load_allowing(
-        path,
-        &args.set,
-        &args.allow_read,
-        device,
-    )?)
+    let mut allowed = args.allow_read.clone();
+    if let Some((file, dirs)) = &args.allowed_by_file {
+        // A repository's own tunelab.toml is the repository's word, not
+        // that of the person running tunelab in it: it may not let its
+        // manifests read outside it.
+        let file = file.canonicalize().unwrap_or_else(|_| file.clone());
+        let home = manifest::repository_of(path);
+        if file.starts_with(&home) {
+            eprintln!(
+                "warning: `allow_read` in {} is not used for {}: a settings file inside a manifest's repository cannot let it read outside it; pass --allow-read DIR (or TUNELAB_ALLOW_READ)",
+                file.display(),
+                path.display()
+            );
+        } else {
+            allowed.extend(dirs.iter().cloned());
+        }
+    }
+    Ok(manifest::load_allowing(path, &args.set, &allowed, device)?)
 }
 
 pub(super) fn validate(

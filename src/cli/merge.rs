@@ -23,6 +23,11 @@ pub(super) fn merge(into: &Path, inputs: &[PathBuf], force: bool) -> Result<i32,
             "error: merging tuned files takes two or more\nnothing was written",
         ));
     }
+    if let Some(why) = crate::store::results_dir::runner_file(into) {
+        return Err(Failure::bad_input(format!(
+            "error: --out: {why}\nnothing was written"
+        )));
+    }
     let files = inputs;
     let outcome = merge::merge(files, into).map_err(|e| match e {
         MergeError::Input { .. } => Failure::bad_input(format!("error: {e}\nnothing was written")),

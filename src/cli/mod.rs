@@ -92,11 +92,17 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         config::load(cli.global.config.as_ref(), &flags(&cli.global)).map_err(settings_error)?;
     // `plan` plans for what `run` would run here unless a profile is asked for.
     let device_chosen = layered.chosen("device_profile");
-    let settings = layered.settings;
-    // The folders tunelab.toml allows, besides those given with --allow-read.
+    let settings = layered.settings.clone();
+    // The folders the settings allow, besides those given with --allow-read:
+    // from the environment, for every manifest; from a settings file, for a
+    // manifest outside the repository the file lies in (`load_experiment`).
     let allowed = settings.allow_read.clone();
+    let allowed_file = layered.file_of("allow_read");
     let with_settings = |mut args: args::ManifestArgs| {
-        args.allow_read.extend(allowed.iter().cloned());
+        match &allowed_file {
+            Some(file) => args.allowed_by_file = Some((file.clone(), allowed.clone())),
+            None => args.allow_read.extend(allowed.iter().cloned()),
+        }
         args
     };
     match cli.command {

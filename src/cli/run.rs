@@ -40,6 +40,13 @@ pub struct Request<'a> {
 /// Runs, and writes the timeline to `trace` if asked, even when the run
 /// failed or was interrupted: that is when a timeline helps most.
 pub(super) fn run_traced(request: &Request<'_>, trace: Option<&Path>) -> Result<i32, Failure> {
+    // Refused before the run, which would otherwise end by replacing the
+    // journal it just appended to with the timeline.
+    if let Some(why) = trace.and_then(store::results_dir::runner_file) {
+        return Err(Failure::bad_input(format!(
+            "error: --trace: {why}\nnothing was written"
+        )));
+    }
     if trace.is_some() {
         crate::trace::enable();
     }

@@ -32,6 +32,9 @@ pub(super) fn ir_pass(settings: &Settings, a: &IrPassArgs<'_>) -> Result<i32, Fa
             a.file.display()
         )));
     }
+    if let Some(why) = a.out.and_then(store::results_dir::runner_file) {
+        return Err(Failure::bad_input(format!("error: --out: {why}")));
+    }
     let ext = a.file.extension().and_then(|e| e.to_str()).unwrap_or("");
     if !matches!(ext, "ttir" | "ttgir") {
         return Err(Failure::bad_input(format!(
@@ -137,13 +140,23 @@ pub(super) fn profile(settings: &Settings, a: &ProfileArgs<'_>) -> Result<i32, F
             }
         )));
     }
-    let out = a.dir.join(profile::FOLDER);
-    std::fs::create_dir_all(&out)
-        .map_err(|e| Failure::environment(format!("error: {}: {e}", out.display())))?;
-    let request_path = out.join("request.json");
+    // Nothing is written through a link inside the results directory: the
+    // folder and the request are made here without following one, and what
+    // the profiler (Python, Triton) then writes by name must not be one.
+    let link_error =
+        |e: store::results_dir::WriteError| Failure::environment(format!("error: {e}"));
+    let out =
+        store::results_dir::create_dirs(a.dir, Path::new(profile::FOLDER)).map_err(link_error)?;
+    for name in profile::WRITTEN {
+        store::results_dir::refuse_link(&out.join(name)).map_err(link_error)?;
+    }
+    for name in [".cache", ".cache/triton"] {
+        store::results_dir::refuse_link(&a.dir.join(name)).map_err(link_error)?;
+    }
     let text = serde_json::to_string_pretty(&request).expect("request serialises") + "\n";
-    std::fs::write(&request_path, text)
-        .map_err(|e| Failure::environment(format!("error: {}: {e}", request_path.display())))?;
+    let request_path =
+        store::results_dir::write_file(&out, Path::new("request.json"), text.as_bytes())
+            .map_err(link_error)?;
     eprintln!(
         "tunelab: profiling {} on {}",
         crate::emit::num::count(request.jobs.len() as u64, "job", "jobs"),

@@ -65,17 +65,7 @@ impl Access {
     /// The manifest's repository (or its folder), and `allowed` besides.
     /// Folders that do not exist are left out: they hold nothing to read.
     pub fn for_manifest(manifest: &Path, allowed: &[PathBuf]) -> Access {
-        let dir = manifest
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-        let home = dir
-            .ancestors()
-            .find(|p| p.join(".git").exists())
-            .unwrap_or(&dir)
-            .to_path_buf();
-        let mut roots = vec![home];
+        let mut roots = vec![repository_of(manifest)];
         roots.extend(allowed.iter().filter_map(|p| p.canonicalize().ok()));
         Access { roots }
     }
@@ -103,6 +93,21 @@ impl Access {
              to allow another folder, pass --allow-read DIR or add it to `allow_read` in tunelab.toml",
         ))
     }
+}
+
+/// The folder a manifest's files may be in unallowed: the repository that
+/// holds it (the nearest folder above it with a `.git`), or its own folder
+/// when it is in no repository; links resolved.
+pub fn repository_of(manifest: &Path) -> PathBuf {
+    let dir = manifest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    dir.ancestors()
+        .find(|p| p.join(".git").exists())
+        .unwrap_or(&dir)
+        .to_path_buf()
 }
 
 /// Reads a regular file of at most `limit` bytes. `what` names it in errors,

@@ -13,11 +13,21 @@
 /// `include`d file) and of a shape CSV.
 pub const MAX_FILE_BYTES: u64 = 4 << 20;
 
+/// Bytes of one manifest's text: its files together (the manifest, its
+/// `extends` parents, its `include`d files, each time one is named), and
+/// the text its YAML aliases repeat, counted each time.
+pub const MAX_MANIFEST_BYTES: u64 = MAX_FILE_BYTES;
+
+/// Files one manifest reads: its `extends` parents and `include`d files,
+/// each time one is named.
+pub const MAX_MANIFEST_FILES: usize = 256;
+
 /// Bytes of a file a method reads (`source`, `ir`): kernels, not data.
 pub const MAX_METHOD_FILE_BYTES: u64 = 16 << 20;
 
 /// Values (scalars, lists and mappings) in one manifest after its YAML
-/// aliases are expanded, and with its includes merged.
+/// aliases are expanded, over all its files (each included file counted
+/// each time it is included).
 pub const MAX_NODES: usize = 250_000;
 
 /// Lists and mappings nested inside each other.

@@ -8,16 +8,18 @@ use std::path::{Path, PathBuf};
 use std::collections::HashMap;
 
 use super::files::Access;
-use super::yaml::{self, Key, Node, Value};
+use super::yaml::{self, Budget, Key, Node, Value};
 use crate::diag::Diagnostic;
 
 /// Loads `path`, resolves `extends` and every `include` (files `access`
 /// allows), then applies `--set` overrides.
+/// Every file the manifest reads counts against one [`Budget`].
 pub fn load_tree(path: &Path, overrides: &[String], access: &Access) -> Result<Node, Diagnostic> {
     let mut stack = Vec::new();
-    let mut root = load_with_extends(path, &mut stack, access)?;
+    let mut budget = Budget::default();
+    let mut root = load_with_extends(path, None, &mut stack, access, &mut budget)?;
     for text in overrides {
-        apply_override(&mut root, text)?;
+        apply_override(&mut root, text, &mut budget)?;
     }
     Ok(root)
 }
@@ -26,12 +28,15 @@ fn canonical(path: &Path) -> PathBuf {
     path.canonicalize().unwrap_or_else(|_| path.to_path_buf())
 }
 
+/// `named_at`: where the file extending this one names it.
 fn load_with_extends(
     path: &Path,
+    named_at: Option<crate::diag::Span>,
     stack: &mut Vec<PathBuf>,
     access: &Access,
+    budget: &mut Budget,
 ) -> Result<Node, Diagnostic> {
-    let mut node = yaml::load_file(path)?;
+    let mut node = yaml::load_file(path, budget, named_at)?;
     if !matches!(node.value, Value::Map(_)) {
         return Err(Diagnostic::at(
             node.span,
@@ -40,7 +45,7 @@ fn load_with_extends(
         .help("start the file with `experiment: NAME`"));
     }
     stack.push(canonical(path));
-    resolve_includes(&mut node, stack, access)?;
+    resolve_includes(&mut node, stack, access, budget)?;
     let parents = take_key(&mut node, "extends");
     let mut merged: Option<Node> = None;
     if let Some(parents) = parents {
@@ -49,7 +54,7 @@ fn load_with_extends(
             check_cycle(&target, stack, span)?;
             access.check(&target, span, "extends")?;
             ensure_exists(&target, span, "extends")?;
-            let base = load_with_extends(&target, stack, access)?;
+            let base = load_with_extends(&target, Some(span), stack, access, budget)?;
             merged = Some(match merged {
                 None => base,
                 Some(acc) => merge(acc, base),
@@ -69,16 +74,17 @@ fn resolve_includes(
     node: &mut Node,
     stack: &mut Vec<PathBuf>,
     access: &Access,
+    budget: &mut Budget,
 ) -> Result<(), Diagnostic> {
     match &mut node.value {
         Value::Seq(items) => {
             for item in items {
-                resolve_includes(item, stack, access)?;
+                resolve_includes(item, stack, access, budget)?;
             }
         }
         Value::Map(entries) => {
             for (_, value) in entries.iter_mut() {
-                resolve_includes(value, stack, access)?;
+                resolve_includes(value, stack, access, budget)?;
             }
             if let Some(files) = take_key(node, "include") {
                 let mut base: Option<Node> = None;
@@ -87,7 +93,7 @@ fn resolve_includes(
                     check_cycle(&target, stack, span)?;
                     access.check(&target, span, "include")?;
                     ensure_exists(&target, span, "include")?;
-                    let mut included = yaml::load_file(&target)?;
+                    let mut included = yaml::load_file(&target, budget, Some(span))?;
                     if !matches!(included.value, Value::Map(_)) {
                         return Err(Diagnostic::at(
                             included.span,
@@ -96,7 +102,7 @@ fn resolve_includes(
                         .help("write the shared keys at the top level of the file"));
                     }
                     stack.push(canonical(&target));
-                    resolve_includes(&mut included, stack, access)?;
+                    resolve_includes(&mut included, stack, access, budget)?;
                     stack.pop();
                     base = Some(match base {
                         None => included,
@@ -233,7 +239,7 @@ pub fn merge(base: Node, overlay: Node) -> Node {
 }
 
 /// `--set protocol.min_samples=50` or `--set shapes.product.M=[1,2]`.
-fn apply_override(root: &mut Node, text: &str) -> Result<(), Diagnostic> {
+fn apply_override(root: &mut Node, text: &str, budget: &mut Budget) -> Result<(), Diagnostic> {
     let origin = PathBuf::from(format!("--set {text}"));
     let Some((path, value_text)) = text.split_once('=') else {
         return Err(
@@ -241,7 +247,7 @@ fn apply_override(root: &mut Node, text: &str) -> Result<(), Diagnostic> {
                 .help("write --set key.path=value, for example --set protocol.min_samples=50"),
         );
     };
-    let value = yaml::parse_str(&origin, value_text.to_string())?;
+    let value = yaml::parse_str(&origin, value_text.to_string(), budget)?;
     let parts: Vec<&str> = path.split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
         return Err(

@@ -55,6 +55,10 @@ pub(super) fn tolerance(t: &Spanned<RawTolerance>, root: Span) -> Result<Toleran
     })
 }
 
+/// The longest a timeout or a time cap may be: a run waits this long at
+/// most, and every such time becomes a `Duration` added to an `Instant`.
+const MAX_SECONDS: f64 = 1e6;
+
 pub(super) fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol, Diagnostic> {
     let section = place(p.span, root);
     let at = |s: Span| place(s, section);
@@ -117,11 +121,33 @@ pub(super) fn protocol(p: &Spanned<RawProtocol>, root: Span) -> Result<Protocol,
             )
             .help(".inf for no cap"));
         }
+        // A finite cap becomes a `Duration`, which a number this large
+        // cannot be (1e300 made the run panic).
+        if cap.value.is_finite() && cap.value / 1e3 > MAX_SECONDS {
+            return Err(Diagnostic::at(
+                at(cap.span),
+                format!(
+                    "`{name}` must be at most {} (ms); found {:?}",
+                    MAX_SECONDS * 1e3,
+                    cap.value
+                ),
+            )
+            .help(".inf for no cap"));
+        }
     }
     if p.timeout_s.is_nan() || p.timeout_s.value <= 0.0 {
         return Err(Diagnostic::at(
             at(p.timeout_s.span),
             "`timeout_s` must be positive",
+        ));
+    }
+    if p.timeout_s.value > MAX_SECONDS {
+        return Err(Diagnostic::at(
+            at(p.timeout_s.span),
+            format!(
+                "`timeout_s` must be at most {MAX_SECONDS} (about 11 days); found {:?}",
+                p.timeout_s.value
+            ),
         ));
     }
     if !(0.0..=100.0).contains(&p.retime_rest.value) {

@@ -620,6 +620,11 @@ pub(super) fn check_expr(
     known: &[String],
     device: &DeviceInfo,
 ) -> Result<(), Diagnostic> {
+    // Before any parser: and not quoted, being long.
+    expr::check_length(&e.source, "an expression").map_err(|why| {
+        Diagnostic::at(e.span, format!("invalid expression: {why}"))
+            .help("write a shorter expression: a derived value can hold a part of it")
+    })?;
     let vars = expr::variables(env, &e.source).map_err(|err| {
         let detail = err.detail().map(str::to_string).unwrap_or_else(|| err.to_string());
         Diagnostic::at(e.span, format!("invalid expression `{}`: {detail}", e.source)).help("expressions use Jinja syntax: `BLOCK_SIZE_M * 2 <= device.smem_bytes`, `a if cond else b`")

@@ -28,6 +28,7 @@ mod yaml;
 
 use std::path::{Path, PathBuf};
 
+pub use files::repository_of;
 pub use model::*;
 pub use validate::default_protocol;
 

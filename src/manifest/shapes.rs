@@ -223,13 +223,17 @@ fn read_csv(spec: &RawCsvShapes, files: &Files<'_>) -> Result<Vec<(Shape, Span)>
             .unwrap_or_else(|| field.clone());
         let Some(index) = headers.iter().position(|h| *h == column) else {
             let field_span = spec.columns.get(field).map_or(path_span, |c| c.span);
+            // The header is the file's first line: it is pointed at, not
+            // listed (a file that is no CSV would have its first line
+            // printed). A column close to the name asked for is named.
             let near = crate::diag::did_you_mean(&column, headers.iter().map(String::as_str));
+            let columns = format!(
+                "the file's header (its line 1) has {}",
+                crate::emit::num::count(headers.len() as u64, "column", "columns")
+            );
             let help = match near {
-                Some(n) => format!(
-                    "did you mean `{n}`? columns in the file: {}",
-                    headers.join(", ")
-                ),
-                None => format!("columns in the file: {}", headers.join(", ")),
+                Some(n) => format!("did you mean `{n}`? {columns}"),
+                None => columns,
             };
             return Err(Diagnostic::at(
                 field_span,

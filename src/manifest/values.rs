@@ -86,8 +86,10 @@ pub(super) fn axis_values(
             )
             .help("narrow the range or take a larger step; `{pow2: [from, to]}` gives powers of two"));
         }
-        (0..count as i64)
-            .map(|i| start + i * step)
+        // Each value lies between `start` and `end`, but `i * step` alone
+        // may not fit: [-2^63, 2^63 - 1, 2^63 - 1] has three values.
+        (0..count)
+            .map(|i| (start as i128 + i * step as i128) as i64)
             .map(Json::from)
             .collect()
     } else if let Some(r) = single("pow2") {

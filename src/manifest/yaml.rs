@@ -138,10 +138,68 @@ impl Node {
     }
 }
 
+/// How much of the limits one manifest has used so far, over all its files
+/// (the manifest, its `extends` parents, its `include`d files, its `--set`
+/// values): values (aliases expanded), text (the files' bytes and the text
+/// aliases repeat) and files read. Counted together, so a file included
+/// many times, or files that each include the next one twice, are refused
+/// as an alias that repeats an alias is, before they are read.
+#[derive(Debug, Default)]
+pub struct Budget {
+    values: usize,
+    text: u64,
+    files: usize,
+}
+
+/// How much a value holds: values (itself and those nested in it) and the
+/// bytes of its scalars' text.
+#[derive(Debug, Clone, Copy)]
+struct Size {
+    values: usize,
+    text: u64,
+}
+
 /// Parses one YAML document from a file, registering the text for diagnostics.
-/// The file must be a regular file of at most [`limits::MAX_FILE_BYTES`].
-pub fn load_file(path: &Path) -> Result<Node, Diagnostic> {
+/// The file must be a regular file of at most [`limits::MAX_FILE_BYTES`], and
+/// fit in what `budget` has left. `named_at`: where another file names it
+/// (`include:`, `extends:`), where a limit it takes the manifest over is
+/// reported.
+pub fn load_file(
+    path: &Path,
+    budget: &mut Budget,
+    named_at: Option<Span>,
+) -> Result<Node, Diagnostic> {
+    let over = |message: String, help: &str| {
+        let d = match named_at {
+            Some(span) => Diagnostic::at(span, message),
+            None => Diagnostic::in_file(path, message),
+        };
+        d.help(help)
+    };
+    const HELP: &str = "a file is read, and counted, each time it is included or extended: \
+                        include shared keys once, at the level that needs them";
+    budget.files += 1;
+    if budget.files > limits::MAX_MANIFEST_FILES {
+        return Err(over(
+            format!(
+                "the manifest reads more than {} files (its `extends` parents and included files, each time one is named)",
+                limits::MAX_MANIFEST_FILES
+            ),
+            HELP,
+        ));
+    }
     let bytes = super::files::read_bounded(path, limits::MAX_FILE_BYTES, "manifest file")?;
+    budget.text += bytes.len() as u64;
+    if budget.text > limits::MAX_MANIFEST_BYTES {
+        return Err(over(
+            format!(
+                "the manifest's files hold more than {} bytes together: {} takes them over",
+                limits::MAX_MANIFEST_BYTES,
+                path.display()
+            ),
+            HELP,
+        ));
+    }
     let text = String::from_utf8(bytes).map_err(|e| {
         Diagnostic::in_file(
             path,
@@ -153,10 +211,10 @@ pub fn load_file(path: &Path) -> Result<Node, Diagnostic> {
         )
         .help("a manifest is a YAML text file")
     })?;
-    parse_str(path, text)
+    parse_str(path, text, budget)
 }
 
-pub fn parse_str(path: &Path, text: String) -> Result<Node, Diagnostic> {
+pub fn parse_str(path: &Path, text: String, budget: &mut Budget) -> Result<Node, Diagnostic> {
     // Editors on some systems start a UTF-8 file with a byte-order mark; it
     // is not part of the first key.
     let text = match text.strip_prefix('\u{feff}') {
@@ -170,10 +228,12 @@ pub fn parse_str(path: &Path, text: String) -> Result<Node, Diagnostic> {
         anchors: HashMap::new(),
         root: None,
         error: None,
-        nodes: 0,
+        budget: std::mem::take(budget),
     };
     let mut parser = Parser::new_from_str(&text);
-    if let Err(e) = parser.load(&mut builder, false) {
+    let loaded = parser.load(&mut builder, false);
+    *budget = std::mem::take(&mut builder.budget);
+    if let Err(e) = loaded {
         let span = span_of(file, *e.marker());
         return Err(Diagnostic::at(span, format!("invalid YAML: {}", e.info()))
             .help("check indentation, quotes and the `key: value` layout on this line or the one above"));
@@ -204,8 +264,8 @@ enum Frame {
     Seq {
         node: Node,
         anchor: usize,
-        /// Values in the list so far, nested ones included (for anchors).
-        size: usize,
+        /// What the list holds so far, nested values included (for anchors).
+        size: Size,
     },
     Map {
         node: Node,
@@ -214,15 +274,24 @@ enum Frame {
         /// The keys so far: a duplicate is found in constant time, so a
         /// mapping of many keys parses in linear time.
         keys: HashSet<String>,
-        size: usize,
+        size: Size,
     },
 }
 
-/// An anchored value and how many values it holds: an alias adds that many
-/// to the document's count without copying anything first.
+impl Size {
+    const ONE: Size = Size { values: 1, text: 0 };
+
+    fn add(&mut self, other: Size) {
+        self.values = self.values.saturating_add(other.values);
+        self.text = self.text.saturating_add(other.text);
+    }
+}
+
+/// An anchored value and how much it holds: an alias adds that much to the
+/// manifest's count without copying anything first.
 struct Anchored {
     node: Node,
-    size: usize,
+    size: Size,
 }
 
 struct TreeBuilder {
@@ -231,24 +300,23 @@ struct TreeBuilder {
     anchors: HashMap<usize, Anchored>,
     root: Option<Node>,
     error: Option<Diagnostic>,
-    /// Values in the document, aliases counted as the values they repeat.
-    nodes: usize,
+    /// The manifest's count so far, this file's values and aliases included.
+    budget: Budget,
 }
 
 impl TreeBuilder {
-    /// Adds `size` values to the document's count; past the limit, the
-    /// error names the place that went over it.
-    fn count(&mut self, size: usize, span: Span, alias: bool) -> bool {
-        self.nodes = self.nodes.saturating_add(size);
-        if self.nodes <= limits::MAX_NODES {
-            return true;
-        }
+    /// Adds `values` values, and `text` bytes an alias repeats, to the
+    /// manifest's count; past a limit, the error names the place that went
+    /// over it.
+    fn count(&mut self, values: usize, text: u64, span: Span, alias: bool) -> bool {
+        self.budget.values = self.budget.values.saturating_add(values);
+        self.budget.text = self.budget.text.saturating_add(text);
         let why = if alias {
             "this alias repeats its anchor's values, which"
         } else {
             "this value"
         };
-        self.error.get_or_insert(
+        let error = if self.budget.values > limits::MAX_NODES {
             Diagnostic::at(
                 span,
                 format!(
@@ -256,12 +324,24 @@ impl TreeBuilder {
                     limits::MAX_NODES
                 ),
             )
-            .help("a manifest describes an experiment; large shape sets belong in a CSV (`shapes: {csv: FILE}`), and YAML aliases that nest other aliases multiply their size"),
-        );
+            .help("a manifest describes an experiment; large shape sets belong in a CSV (`shapes: {csv: FILE}`), YAML aliases that nest other aliases multiply their size, and an included file counts each time it is included")
+        } else if self.budget.text > limits::MAX_MANIFEST_BYTES {
+            Diagnostic::at(
+                span,
+                format!(
+                    "the manifest's text, with what its aliases repeat, is more than {} bytes: this alias takes it over the limit",
+                    limits::MAX_MANIFEST_BYTES
+                ),
+            )
+            .help("an alias repeats its anchor's text each time it is used: anchor short values, and write long text once")
+        } else {
+            return true;
+        };
+        self.error.get_or_insert(error);
         false
     }
 
-    fn push_value(&mut self, node: Node, size: usize) {
+    fn push_value(&mut self, node: Node, size: Size) {
         match self.stack.last_mut() {
             None => self.root = Some(node),
             Some(Frame::Seq {
@@ -269,7 +349,7 @@ impl TreeBuilder {
                 size: total,
                 ..
             }) => {
-                *total += size;
+                total.add(size);
                 if let Value::Seq(items) = &mut seq.value {
                     items.push(node);
                 }
@@ -307,14 +387,14 @@ impl TreeBuilder {
                             }
                         }
                     }
-                    *total += size;
+                    total.add(size);
                     *pending_key = Some(Key {
                         name,
                         span: node.span,
                     });
                 }
                 Some(key) => {
-                    *total += size;
+                    total.add(size);
                     if let Value::Map(entries) = &mut map.value {
                         entries.push((key, node));
                     }
@@ -323,7 +403,7 @@ impl TreeBuilder {
         }
     }
 
-    fn record_anchor(&mut self, anchor: usize, node: &Node, size: usize) {
+    fn record_anchor(&mut self, anchor: usize, node: &Node, size: Size) {
         if anchor > 0 {
             self.anchors.insert(
                 anchor,
@@ -350,7 +430,7 @@ impl TreeBuilder {
             );
             return;
         }
-        if self.count(1, span, false) {
+        if self.count(1, 0, span, false) {
             self.stack.push(frame);
         }
     }
@@ -364,17 +444,23 @@ impl MarkedEventReceiver for TreeBuilder {
         let span = span_of(self.file, mark);
         match ev {
             Event::Scalar(text, style, anchor, _tag) => {
-                if !self.count(1, span, false) {
+                // Its text is counted with the file's bytes; an alias of
+                // it counts it again.
+                if !self.count(1, 0, span, false) {
                     return;
                 }
+                let size = Size {
+                    values: 1,
+                    text: text.len() as u64,
+                };
                 let value = if style == TScalarStyle::Plain {
                     plain_scalar(text)
                 } else {
                     Value::Str(text)
                 };
                 let node = Node { value, span };
-                self.record_anchor(anchor, &node, 1);
-                self.push_value(node, 1);
+                self.record_anchor(anchor, &node, size);
+                self.push_value(node, size);
             }
             Event::SequenceStart(anchor, _) => self.open(
                 Frame::Seq {
@@ -383,7 +469,7 @@ impl MarkedEventReceiver for TreeBuilder {
                         span,
                     },
                     anchor,
-                    size: 1,
+                    size: Size::ONE,
                 },
                 span,
             ),
@@ -396,7 +482,7 @@ impl MarkedEventReceiver for TreeBuilder {
                     anchor,
                     pending_key: None,
                     keys: HashSet::new(),
-                    size: 1,
+                    size: Size::ONE,
                 },
                 span,
             ),
@@ -417,9 +503,10 @@ impl MarkedEventReceiver for TreeBuilder {
                     self.error = Some(Diagnostic::at(span, "alias to an unknown anchor"));
                     return;
                 };
-                // Counted before it is copied: an alias of an alias of ...
-                // is refused without building what it would expand to.
-                if !self.count(size, span, true) {
+                // Counted before it is copied: an alias of an alias of ...,
+                // or of a long text, is refused without building what it
+                // would expand to.
+                if !self.count(size.values, size.text, span, true) {
                     return;
                 }
                 let mut node = self.anchors[&id].node.clone();
@@ -474,7 +561,12 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Node {
-        parse_str(Path::new("t.yaml"), text.to_string()).unwrap()
+        parse_str(
+            Path::new("t.yaml"),
+            text.to_string(),
+            &mut Budget::default(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -505,7 +597,12 @@ mod tests {
 
     #[test]
     fn duplicate_keys_are_errors_that_name_the_first() {
-        let err = parse_str(Path::new("t.yaml"), "a: 1\nb: 2\na: 3\n".into()).unwrap_err();
+        let err = parse_str(
+            Path::new("t.yaml"),
+            "a: 1\nb: 2\na: 3\n".into(),
+            &mut Budget::default(),
+        )
+        .unwrap_err();
         assert_eq!(err.span.map(|s| (s.line, s.col)), Some((3, 1)));
         assert!(err.help.unwrap().contains("line 1"));
     }

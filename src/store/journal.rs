@@ -135,20 +135,31 @@ impl Journal {
     }
 }
 
-/// Opens the live journal for appending and reading, never through a link.
+/// Opens the live journal for appending and reading, never through a link
+/// (symbolic or hard: what is appended or cut off would change a file
+/// outside the results directory, or a backup made of it with hard links).
 pub(crate) fn open_live(path: &Path, create: bool) -> Result<File, StoreError> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     results_dir::refuse_link(path)?;
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .create(create)
         .append(true)
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|e| match results_dir::refuse_link(path) {
-            Err(link) => link.into(),
+            Err(link) => StoreError::from(link),
             Ok(()) => io(path)(e),
-        })
+        })?;
+    let links = file.metadata().map_err(io(path))?.nlink();
+    if links > 1 {
+        return Err(WriteError::HardLinked {
+            path: path.to_path_buf(),
+            links,
+        }
+        .into());
+    }
+    Ok(file)
 }
 
 /// Repairs the live journal at `path` (see [`Journal::repair_torn_line`]),

@@ -18,6 +18,8 @@ use std::path::{Component, Path, PathBuf};
 pub enum WriteError {
     #[error("{} is a symbolic link: tunelab writes nothing through a link inside a results directory; replace it with a real folder or file", path.display())]
     Link { path: PathBuf },
+    #[error("{} has {links} hard links: tunelab appends to the journal and repairs it in place, which would change every other name of that file (a copy made with `ln` or `cp -l`); give it a file of its own (cp it to a new name and move that over it)", path.display())]
+    HardLinked { path: PathBuf, links: u64 },
     #[error("cannot write {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -30,6 +32,24 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// Why `path`, a file a person named for a command to write (`--trace`,
+/// `--out`), must not be written: it is named as a results directory's
+/// journal or lock are (itself, or the file a link there points at), and
+/// writing it would replace recorded results. `None`: it may be written.
+pub fn runner_file(path: &Path) -> Option<String> {
+    let resolved = std::fs::canonicalize(path).ok();
+    for p in std::iter::once(path).chain(resolved.as_deref()) {
+        let name = p.file_name()?.to_string_lossy();
+        if name.starts_with(super::journal::JOURNAL) || name == super::lock::LOCK {
+            return Some(format!(
+                "{} is named as a results directory's journal or lock are (`journal.jsonl...`, `.lock`): writing it would replace recorded results; name another file",
+                p.display()
+            ));
+        }
+    }
+    None
 }
 
 /// Refuses `path` if it is a symbolic link; fine if it does not exist.
@@ -79,6 +99,26 @@ pub fn create_dirs(dir: &Path, rel: &Path) -> Result<PathBuf, WriteError> {
         }
     }
     Ok(path)
+}
+
+/// Makes the folder `rel` inside `dir` afresh and empty: what was there
+/// goes (a link there is removed, not followed). The folders above it are
+/// made or checked first, as [`create_dirs`] does, so the removal never
+/// reaches through a link to a folder outside `dir`.
+pub fn replace_dir(dir: &Path, rel: &Path) -> Result<PathBuf, WriteError> {
+    let parent = create_dirs(dir, rel.parent().unwrap_or(Path::new("")))?;
+    let name = rel.file_name().ok_or_else(|| WriteError::Io {
+        path: dir.join(rel),
+        source: std::io::Error::other("the path names no folder"),
+    })?;
+    let path = parent.join(name);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path).map_err(io(&path))?,
+        Ok(_) => std::fs::remove_file(&path).map_err(io(&path))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(&path)(e)),
+    }
+    create_dirs(&parent, Path::new(name))
 }
 
 /// Opens a file that did not exist, for writing; never follows a link.
@@ -167,6 +207,56 @@ mod tests {
             "keep"
         );
         assert!(err.to_string().contains("best.csv.tmp"));
+    }
+
+    #[test]
+    fn a_folder_made_afresh_removes_nothing_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(outside.path().join("triton")).unwrap();
+        std::fs::write(outside.path().join("triton/precious"), "keep").unwrap();
+
+        // What an earlier winner left goes.
+        std::fs::create_dir_all(dir.path().join("ir/M=1/triton")).unwrap();
+        std::fs::write(dir.path().join("ir/M=1/triton/old.ttir"), "old").unwrap();
+        let made = replace_dir(dir.path(), Path::new("ir/M=1/triton")).unwrap();
+        assert_eq!(std::fs::read_dir(&made).unwrap().count(), 0);
+
+        // A shape's folder that is a link to a folder holding `triton/`:
+        // refused, and what lies behind it stays.
+        symlink(outside.path(), dir.path().join("ir/M=2")).unwrap();
+        let err = replace_dir(dir.path(), Path::new("ir/M=2/triton")).unwrap_err();
+        assert!(matches!(err, WriteError::Link { .. }), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("triton/precious")).unwrap(),
+            "keep"
+        );
+
+        // The folder itself a link: the link goes, not what it points at.
+        symlink(
+            outside.path().join("triton"),
+            dir.path().join("ir/M=1/cuda"),
+        )
+        .unwrap();
+        let made = replace_dir(dir.path(), Path::new("ir/M=1/cuda")).unwrap();
+        assert!(!made.is_symlink() && made.is_dir());
+        assert!(outside.path().join("triton/precious").exists());
+    }
+
+    #[test]
+    fn a_file_named_for_a_command_may_not_be_a_journal_or_its_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("journal.jsonl");
+        std::fs::write(&journal, "{}\n").unwrap();
+        assert!(runner_file(&journal).is_some());
+        assert!(runner_file(&dir.path().join("journal.jsonl.gz")).is_some());
+        assert!(runner_file(&dir.path().join(".lock")).is_some());
+        // Through a link whose own name says nothing.
+        symlink(&journal, dir.path().join("trace.json")).unwrap();
+        let why = runner_file(&dir.path().join("trace.json")).unwrap();
+        assert!(why.contains("journal.jsonl"), "{why}");
+        assert_eq!(runner_file(&dir.path().join("run.trace.json")), None);
+        assert_eq!(runner_file(Path::new("trace.json")), None);
     }
 
     #[test]

@@ -101,9 +101,10 @@ pub fn keep_ir(k: KeepIr<'_>, results: &Results) -> Result<Kept, String> {
         let rel = Path::new(k.folder).join(&folder);
         // The folder is this job's alone: what an earlier winner left goes
         // (a link is removed, not followed), and it is made afresh, never
-        // through a link, before the worker writes into it.
-        let _ = std::fs::remove_dir_all(k.dir.join(&rel));
-        let dir = match crate::store::results_dir::create_dirs(k.dir, &rel) {
+        // through a link, before the worker writes into it. A link above it
+        // is refused before anything is removed: through `ir/<shape>` ->
+        // elsewhere, the removal would reach outside the results directory.
+        let dir = match crate::store::results_dir::replace_dir(k.dir, &rel) {
             Ok(dir) => dir,
             Err(e) => {
                 kept.failed.push((folder, e.to_string()));

@@ -22,6 +22,10 @@ use crate::store::{JobRecord, Results};
 pub const FOLDER: &str = "profile";
 pub const SUMMARY: &str = "summary.md";
 
+/// What the profiler (`tunelab.workbench.profile`) writes by name in the
+/// folder, with plain opens that would follow a link.
+pub const WRITTEN: [&str; 4] = ["proton.hatchet", "ncu", "summary.json", SUMMARY];
+
 /// One job to profile.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProfileJob {
