@@ -36,7 +36,7 @@ use serde_json::{json, Value as Json};
 use super::gpu::{ErrorClass, Gpu, GpuError, Ptr};
 use crate::protocol::lines::{self, LineReader, Wait};
 use crate::protocol::native::{self as message, HelloAnswer};
-use crate::protocol::{FailureKind, JobSample, JobWarmup};
+use crate::protocol::{Empty, FailureKind, JobSample, JobWarmup};
 
 use launch::Prepared;
 
@@ -74,11 +74,40 @@ impl From<GpuError> for Failure {
     }
 }
 
-type Reply = Result<Json, Failure>;
+/// An answer's body, serialised: the text of a JSON object, to which the
+/// envelope's fields are added.
+type Reply = Result<String, Failure>;
 
-/// An answer's body as the line carries it.
+/// An answer's body as the line carries it, serialised once from its type
+/// (with no JSON tree in between: a check's `then` may hold thousands of
+/// samples, and the worker serialises it while the next job waits).
 fn answer(body: impl Serialize) -> Reply {
-    Ok(serde_json::to_value(body).expect("an answer serialises"))
+    Ok(serde_json::to_string(&body).expect("an answer serialises"))
+}
+
+/// The answer's line: the body's fields (or a failure's class and
+/// message), then `id` and `ok`; the caller adds the worker's own fields,
+/// `worker_us` last.
+fn answer_line(id: &Json, response: Reply) -> String {
+    let id = serde_json::to_string(id).expect("an id serialises");
+    match response {
+        Ok(mut text) => {
+            debug_assert!(text.starts_with('{') && text.ends_with('}'), "{text}");
+            text.pop(); // the object's closing brace
+            if text.len() > 1 {
+                text.push(',');
+            }
+            text.push_str(&format!("\"id\":{id},\"ok\":true"));
+            text
+        }
+        Err(f) => {
+            let failure = json!({"ok": false, "class": f.class, "message": f.message});
+            let mut text = serde_json::to_string(&failure).expect("a failure serialises");
+            text.pop();
+            text.push_str(&format!(",\"id\":{id}"));
+            text
+        }
+    }
 }
 
 /// A request, read and checked against the protocol's limits before the
@@ -247,7 +276,7 @@ pub fn main(backend: &str) -> i32 {
                 stopping = op == "shutdown";
                 let reply = Request::read(&op, request).and_then(|request| match &mut server {
                     Ok(s) => s.handle(request),
-                    Err(_) if matches!(request, Request::Shutdown) => Ok(json!({})),
+                    Err(_) if matches!(request, Request::Shutdown) => answer(Empty {}),
                     Err(why) => Err(Failure::new(
                         FailureKind::ProblemError,
                         format!("the native worker cannot use its GPU: {why}"),
@@ -260,19 +289,9 @@ pub fn main(backend: &str) -> i32 {
                 Err(Failure::bad(format!("not a JSON request: {e}"))),
             ),
         };
-        let mut body = match response {
-            Ok(Json::Object(m)) => Json::Object(m),
-            Ok(other) => json!({"value": other}),
-            Err(f) => json!({"ok": false, "class": f.class, "message": f.message}),
-        };
-        body["id"] = id;
-        if body.get("ok").is_none() {
-            body["ok"] = json!(true);
-        }
         // The worker's time runs until its answer is text: serialising it is
         // the worker's work, not the pipe's.
-        let mut text = serde_json::to_string(&body).expect("response serialises");
-        text.pop(); // the object's closing brace
+        let mut text = answer_line(&id, response);
         if let Some(idle) = idle_us {
             text.push_str(&format!(",\"idle_us\":{idle:.1}"));
         }
@@ -363,9 +382,9 @@ impl Server {
             Request::LaunchCost(r) => self.launch_cost(&r),
             Request::Release => {
                 self.release();
-                Ok(json!({}))
+                answer(Empty {})
             }
-            Request::Shutdown => Ok(json!({})),
+            Request::Shutdown => answer(Empty {}),
         }
     }
 
@@ -418,6 +437,21 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_line_is_its_body_then_its_id_and_ok() {
+        let line = answer_line(&json!(7), answer(json!({"launches": 3, "ms": 5.0})));
+        assert_eq!(line, r#"{"launches":3,"ms":5.0,"id":7,"ok":true"#);
+        assert_eq!(
+            answer_line(&json!(8), answer(Empty {})),
+            r#"{"id":8,"ok":true"#
+        );
+        let failed = answer_line(&Json::Null, Err(Failure::bad("unknown op `x`")));
+        assert_eq!(
+            failed,
+            r#"{"ok":false,"class":"bad_request","message":"unknown op `x`","id":null"#
+        );
+    }
 
     #[test]
     fn a_request_is_read_and_held_to_the_protocols_limits_before_any_gpu_call() {
