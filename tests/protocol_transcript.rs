@@ -48,6 +48,19 @@ fn committed_schema_is_current() {
     );
 }
 
+#[test]
+fn the_transcript_expects_the_protocol_this_build_speaks() {
+    let hello = transcript()
+        .into_iter()
+        .find(|s| s["request"]["op"] == "hello")
+        .expect("a hello");
+    assert_eq!(
+        hello["python"]["has"]["protocol"],
+        json!(tunelab::protocol::python::VERSION),
+        "the transcript's hello expects another Python worker protocol than this build's"
+    );
+}
+
 /// A worker process speaking JSON lines on its stdin and stdout.
 struct Peer {
     child: Child,
