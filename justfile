@@ -134,9 +134,10 @@ lint:
 lint-python-native:
     PYO3_PYTHON="$({{python}} -c 'import sys; print(sys.executable)')" cargo clippy -p tunelab-python -- -D warnings
 
-# Regenerate schemas/manifest.schema.json from the Rust types.
+# Regenerate schemas/manifest.schema.json and schemas/worker-protocol.schema.json from the Rust types.
 schemas:
     cargo run --quiet -- schema > schemas/manifest.schema.json
+    cargo run --quiet -- schema --worker-protocol > schemas/worker-protocol.schema.json
 
 # Planner throughput on a 10^7-point space (a measurement, not a test).
 bench-plan:

@@ -17,6 +17,7 @@ pub mod measure;
 pub mod merge;
 pub mod native;
 pub mod plan;
+pub mod protocol;
 pub mod rng;
 pub mod schedule;
 pub mod search;

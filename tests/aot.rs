@@ -18,7 +18,7 @@ use std::time::Duration;
 use indexmap::IndexMap;
 use serde_json::{json, Value as Json};
 
-use tunelab::backend::native::compile::{context, eval};
+use tunelab::backend::native::images::{context, eval};
 use tunelab::backend::native::NativeCompiler;
 use tunelab::backend::{PythonBackend, WorkerSpec};
 use tunelab::device;

@@ -52,7 +52,7 @@ class Trace:
 
 
 def native_lane_trace():
-    """Two Triton jobs with `launch: native` on lane 0, as the lane makes its calls (src/backend/native/lane.rs).
+    """Two Triton jobs with `launch: native` on lane 0, as the lane makes its calls (src/backend/native/lane_backend/).
 
     Every span is 100 µs unless said; protocol (round trip minus worker_us) per call is in the comments.
     """

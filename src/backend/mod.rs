@@ -2,9 +2,9 @@
 //! worker process (Triton, torch, user problems); a native CUDA or HIP
 //! backend implements the same trait.
 
-pub mod lines;
 pub mod native;
 pub mod python;
+pub mod wire;
 pub mod worker;
 
 pub use python::{Probe, PythonBackend};

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::Serialize;
 use serde_json::{json, Value as Json};
 
-use super::worker::{Answer, CallError, Worker, WorkerSpec};
+use super::wire::{batch_of, batches_of, failure_from, sample_body, then_body, unfit};
+use super::worker::{CallError, Worker, WorkerSpec};
 use super::{
     Backend, Checked, Compiled, FirstBatch, JobFailure, SampleBatch, SampleMode, ShapeFacts,
     TimedBatch,
@@ -15,186 +16,76 @@ use super::{
 use indexmap::IndexMap;
 
 use crate::manifest::{ConfigType, MethodKind, ToleranceFor};
-use crate::measure::{L2Flush, Timer};
 use crate::plan::Job;
+use crate::protocol::python::{self as message, ValueType};
+use crate::protocol::{Answer, Empty, JobSample, JobWarmup, SampleAnswer};
 use crate::store::{CheckResult, FailureClass, KernelResources};
 
 /// The worker protocol this runner speaks (docs/worker-protocol.md). A worker
 /// that answers `hello` with another version is refused at start-up.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = message::VERSION;
 
 /// How long a new worker may take to import torch and Triton and answer `hello`.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// A worker's answer to `hello`: what it runs on.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Hello {
-    pub protocol: u32,
-    pub python: String,
-    pub torch: Option<String>,
-    pub triton: Option<String>,
-    pub cuda: Option<String>,
-}
+pub type Hello = message::HelloAnswer;
+
+/// A kernel whose IR a worker wrote (`keep_ir`): its resources and files.
+pub type KeptKernel = message::KeptKernel;
 
 /// A worker's answer to `probe`: whether the problem has each method, and
 /// the config types each declares.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Probe {
     pub methods: IndexMap<String, ProbedMethod>,
     /// Every method the problem has.
     pub available: Vec<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ProbedMethod {
     pub found: bool,
     /// `None`: the method declares no types.
     pub config_types: Option<IndexMap<String, ConfigType>>,
     /// The first line of the method's documentation, if it has one.
-    #[serde(default)]
     pub description: Option<String>,
+}
+
+impl From<message::ProbeAnswer> for Probe {
+    fn from(a: message::ProbeAnswer) -> Probe {
+        let config_type = |t: ValueType| match t {
+            ValueType::Int => ConfigType::Int,
+            ValueType::Float => ConfigType::Float,
+            ValueType::Str => ConfigType::Str,
+            ValueType::Bool => ConfigType::Bool,
+        };
+        Probe {
+            methods: a
+                .methods
+                .into_iter()
+                .map(|(name, m)| {
+                    let method = ProbedMethod {
+                        found: m.found,
+                        config_types: m.config_types.map(|types| {
+                            types
+                                .into_iter()
+                                .map(|(k, t)| (k, config_type(t)))
+                                .collect()
+                        }),
+                        description: m.description,
+                    };
+                    (name, method)
+                })
+                .collect(),
+            available: a.available,
+        }
+    }
 }
 
 /// The failure a worker's `ok: false` answer reports (its class and message).
 pub fn failure_of(response: &Json) -> JobFailure {
     failure_from(response.class(), response.message())
-}
-
-/// The failure a worker's answer names by its `class` and `message`.
-pub fn failure_from(class: Option<&str>, message: Option<&str>) -> JobFailure {
-    let class = match class.unwrap_or("") {
-        "compile_error" => FailureClass::CompileError,
-        "out_of_resources" => FailureClass::OutOfResources,
-        "launch_error" => FailureClass::LaunchError,
-        "mismatch" => FailureClass::Mismatch,
-        "nan" => FailureClass::Nan,
-        _ => FailureClass::ProblemError,
-    };
-    JobFailure::new(class, message.unwrap_or("no message").to_string())
-}
-
-/// A kernel whose IR a worker wrote (`keep_ir`): its resources and files.
-#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
-pub struct KeptKernel {
-    pub name: String,
-    pub n_regs: Option<u32>,
-    pub n_spills: Option<u32>,
-    pub shared: u64,
-    pub num_warps: u32,
-    pub num_stages: u32,
-    /// File names written, in the job's folder.
-    pub files: Vec<String>,
-}
-
-/// `null` where a problem's count is not a finite number (JSON has no NaN).
-#[derive(Deserialize)]
-struct DescribeReply {
-    flops: Option<f64>,
-    bytes: Option<f64>,
-    /// Methods that cannot run in this worker; a compile worker cannot tell
-    /// and leaves it out.
-    #[serde(default)]
-    unavailable: IndexMap<String, String>,
-}
-
-#[derive(Deserialize)]
-struct CompileReply {
-    seconds: f64,
-    /// Only when asked for (`compile_with_recipe`).
-    #[serde(default)]
-    recipe: Option<Json>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct CheckReply {
-    /// The kernels the check compiled and launched (absent from a worker
-    /// that predates the field).
-    #[serde(default)]
-    pub(crate) kernels: Vec<KernelResources>,
-    passed: bool,
-    max_abs_err: Option<f64>,
-    max_rel_err: Option<f64>,
-    mismatch_frac: f64,
-    nan_count: u64,
-    inf_count: u64,
-    elements: u64,
-}
-
-impl From<CheckReply> for CheckResult {
-    fn from(r: CheckReply) -> CheckResult {
-        CheckResult {
-            passed: r.passed,
-            max_abs_err: r.max_abs_err,
-            max_rel_err: r.max_rel_err,
-            mismatch_frac: r.mismatch_frac,
-            nan_count: r.nan_count,
-            inf_count: r.inf_count,
-            elements: r.elements,
-        }
-    }
-}
-
-#[derive(Deserialize)]
-pub(crate) struct SampleReply {
-    pub us: Vec<f64>,
-    pub timer: Timer,
-    pub sm_clock_mhz: Option<f64>,
-}
-
-impl SampleReply {
-    /// The batch, if the worker sent as many samples as it was asked for.
-    pub(crate) fn into_batch(self, count: u32) -> Result<SampleBatch, JobFailure> {
-        if self.us.len() != count as usize {
-            return Err(JobFailure::new(
-                FailureClass::Crash,
-                format!(
-                    "protocol error: asked for {count} samples, got {}",
-                    self.us.len()
-                ),
-            ));
-        }
-        Ok(SampleBatch {
-            us: self.us,
-            timer: self.timer,
-            sm_clock_mhz: self.sm_clock_mhz,
-        })
-    }
-}
-
-/// The `sample` request both workers take (Python's and the native one).
-pub(crate) fn sample_request(job_id: &str, count: u32, mode: SampleMode) -> serde_json::Value {
-    // The protocol knows a read and a memset; no flush is a size of zero.
-    let flush = mode.flush;
-    let (bytes, with) = match flush.with {
-        L2Flush::Off => (0, "read"),
-        L2Flush::Read => (flush.bytes, "read"),
-        L2Flush::Memset => (flush.bytes, "memset"),
-    };
-    json!({
-        "job_id": job_id,
-        "count": count,
-        "flush_bytes": bytes,
-        "flush_with": with,
-        "timing": mode.timing.as_str(),
-        "graph_calls": mode.graph_calls,
-    })
-}
-
-/// The `then` of a `check` request (both workers take it): what to do
-/// after a passing check, in the same call.
-pub(crate) fn then_request(first: &FirstBatch) -> Json {
-    let mut sample = sample_request("", first.count, first.mode);
-    if let Some(fields) = sample.as_object_mut() {
-        fields.remove("job_id");
-    }
-    let mut then = json!({
-        "warmup": {"min_launches": first.warmup_launches, "min_ms": first.warmup_ms},
-        "sample": sample,
-    });
-    if let Some(until) = &first.until {
-        then["until"] = json!(until);
-    }
-    then
 }
 
 /// A `check` answer's `then`: the first batches, their failure, or `None`
@@ -208,72 +99,7 @@ pub(crate) fn then_reply(
         .get_mut("then")
         .map(Json::take)
         .filter(|t| !t.is_null())?;
-    Some(ThenAnswer::read(serde_json::from_value(then), count))
-}
-
-/// A `check` answer's `then`, as both workers send it: the warm-up and the
-/// first batch (and, from a worker that went on under `until`, the batches
-/// after it in `more`), or why they failed.
-#[derive(Deserialize)]
-pub(crate) struct ThenAnswer {
-    #[serde(default)]
-    ok: bool,
-    sample: Option<SampleReply>,
-    wall_ms: Option<f64>,
-    #[serde(default)]
-    more: Vec<MoreBatch>,
-    class: Option<String>,
-    message: Option<String>,
-}
-
-/// A batch a worker took after the first under `until`.
-#[derive(Deserialize)]
-pub(crate) struct MoreBatch {
-    sample: SampleReply,
-    wall_ms: f64,
-}
-
-impl ThenAnswer {
-    /// A `then` as parsed, from either worker's answer: its batches, or the
-    /// failure that it does not fit.
-    pub(crate) fn read(
-        parsed: serde_json::Result<ThenAnswer>,
-        count: u32,
-    ) -> Result<Vec<TimedBatch>, JobFailure> {
-        match parsed {
-            Ok(then) => then.into_batches(count),
-            Err(e) => Err(JobFailure::new(
-                FailureClass::Crash,
-                format!("protocol error: the `then` of the answer to `check` does not fit ({e})"),
-            )),
-        }
-    }
-
-    /// The batches in order, if they went well and each holds the `count`
-    /// samples asked for.
-    pub(crate) fn into_batches(self, count: u32) -> Result<Vec<TimedBatch>, JobFailure> {
-        if !self.ok {
-            return Err(failure_from(self.class.as_deref(), self.message.as_deref()));
-        }
-        let (Some(first), Some(wall_ms)) = (self.sample, self.wall_ms) else {
-            return Err(JobFailure::new(
-                FailureClass::Crash,
-                "protocol error: the `then` of the answer to `check` has no `sample` or `wall_ms`",
-            ));
-        };
-        std::iter::once(MoreBatch {
-            sample: first,
-            wall_ms,
-        })
-        .chain(self.more)
-        .map(|b| {
-            b.sample.into_batch(count).map(|batch| TimedBatch {
-                batch,
-                wall_ms: b.wall_ms,
-            })
-        })
-        .collect()
-    }
+    Some(batches_of(serde_json::from_value(then), count))
 }
 
 pub struct PythonBackend {
@@ -319,7 +145,7 @@ impl PythonBackend {
             })?;
             // Importing torch and Triton takes seconds, more on a loaded machine:
             // wait for the worker to be ready so start-up never eats a job's timeout.
-            let hello = match w.call("hello", serde_json::json!({}), STARTUP_TIMEOUT) {
+            let hello = match w.call_as::<Json>("hello", &Empty {}, None, STARTUP_TIMEOUT) {
                 // A start-up that fails ends in a Python exception: its last
                 // line says why (`No module named 'torch'`).
                 Err(CallError::Crash { status, stderr }) => Err(format!(
@@ -358,9 +184,16 @@ impl PythonBackend {
         Ok(self.worker.as_mut().expect("just started"))
     }
 
-    /// One call; a dead or hung worker is discarded so the next call starts a new one.
-    fn call(&mut self, op: &str, body: Json, timeout: Duration) -> Result<Json, JobFailure> {
-        let result = self.worker()?.call(op, body, timeout);
+    /// One call; a dead or hung worker is discarded so the next call starts
+    /// a new one. `job` names the job in the trace.
+    fn call<B: Serialize>(
+        &mut self,
+        op: &str,
+        body: &B,
+        job: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Json, JobFailure> {
+        let result = self.worker()?.call_as::<Json>(op, body, job, timeout);
         let response = match result {
             Ok(r) => r,
             Err(e) => {
@@ -398,19 +231,21 @@ impl PythonBackend {
         }
     }
 
-    fn check_body(
-        &self,
-        job: &Job,
-        kernel: &str,
-        kind: &str,
+    fn check_body<'a>(
+        &'a self,
+        job: &'a Job,
+        kernel: &'a str,
+        kind: &'a str,
         tol: ToleranceFor,
         seed: u64,
-    ) -> Json {
-        json!({
-            "job": self.job_json(job, kernel, kind),
-            "seed": seed,
-            "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "max_mismatch": tol.max_mismatch},
-        })
+    ) -> message::Check<'a> {
+        message::Check {
+            job: self.job_message(job, kernel, kind),
+            seed,
+            tolerance: tolerance(tol),
+            then: None,
+            reuse: false,
+        }
     }
 
     /// How many worker processes this backend has started: a restart frees
@@ -421,8 +256,17 @@ impl PythonBackend {
 
     /// One call of an op outside the [`Backend`] trait (the native path's
     /// `share`, `compare`, `recipe`), with this backend's timeout.
-    pub fn request(&mut self, op: &str, body: Json) -> Result<Json, JobFailure> {
-        self.call(op, body, self.timeout)
+    pub fn request<B: Serialize>(&mut self, op: &str, body: &B) -> Result<Json, JobFailure> {
+        self.call(op, body, None, self.timeout)
+    }
+
+    /// [`PythonBackend::request`] whose answer must have the fields of `T`.
+    pub fn request_as<B: Serialize, T: DeserializeOwned>(
+        &mut self,
+        op: &str,
+        body: &B,
+    ) -> Result<T, JobFailure> {
+        self.call_for(op, body, None, self.timeout)
     }
 
     /// A compile worker's `compile` of a Triton job that also makes the
@@ -435,8 +279,12 @@ impl PythonBackend {
         kind: &str,
         ask: &Json,
     ) -> Result<Compiled, JobFailure> {
-        let body = json!({"job": self.job_json(job, kernel, kind), "recipe": ask});
-        let r: CompileReply = self.call_for("compile", body, self.timeout)?;
+        let body = json_of(&message::Compile {
+            job: self.job_message(job, kernel, kind),
+            recipe: Some(ask),
+        });
+        let r: message::CompileAnswer =
+            self.call_for("compile", &body, Some(&job.id), self.timeout)?;
         Ok(Compiled {
             seconds: r.seconds,
             recipe: r.recipe,
@@ -458,31 +306,36 @@ impl PythonBackend {
         self
     }
 
-    pub fn job_json(&self, job: &Job, kernel: &str, kind: &str) -> Json {
-        let mut method = json!({"name": job.method, "kind": kind, "kernel": kernel});
-        if let Some(ir) = self.ir_files.get(&job.method) {
-            method["ir"] = json!(ir.display().to_string());
-        }
+    /// A job as the worker takes it, running the problem's `kernel` of `kind`.
+    pub fn job_message<'a>(
+        &'a self,
+        job: &'a Job,
+        kernel: &'a str,
+        kind: &'a str,
+    ) -> message::Job<'a> {
         let variant = job.variant.as_deref();
-        if let Some(v) = variant.filter(|v| !v.modules.is_empty()) {
-            let modules: serde_json::Map<String, Json> = v
-                .modules
-                .iter()
-                .map(|(name, file)| (name.clone(), json!(file.display().to_string())))
-                .collect();
-            method["modules"] = Json::Object(modules);
+        message::Job {
+            job_id: &job.id,
+            problem: &self.problem,
+            shape: &job.shape,
+            method: message::JobMethod {
+                name: &job.method,
+                kind,
+                kernel,
+                ir: self
+                    .ir_files
+                    .get(&job.method)
+                    .map(|ir| ir.display().to_string()),
+                modules: variant.filter(|v| !v.modules.is_empty()).map(|v| {
+                    v.modules
+                        .iter()
+                        .map(|(name, file)| (name.clone(), file.display().to_string()))
+                        .collect()
+                }),
+            },
+            config: &job.config,
+            plant_us: variant.map(|v| v.plant_us).filter(|us| *us > 0.0),
         }
-        let mut body = json!({
-            "job_id": job.id,
-            "problem": self.problem,
-            "shape": job.shape,
-            "method": method,
-            "config": job.config,
-        });
-        if let Some(v) = variant.filter(|v| v.plant_us > 0.0) {
-            body["plant_us"] = json!(v.plant_us);
-        }
-        body
     }
 
     /// Starts the worker (if needed) and returns its `hello`: what it runs on.
@@ -500,27 +353,27 @@ impl PythonBackend {
         shape: &Json,
         methods: &[(&str, MethodKind)],
     ) -> Result<Probe, JobFailure> {
-        let names: Vec<&str> = methods.iter().map(|(n, _)| *n).collect();
-        let kinds: serde_json::Map<String, Json> = methods
-            .iter()
-            .map(|(n, k)| (n.to_string(), json!(k.as_str())))
-            .collect();
-        self.call_for(
-            "probe",
-            json!({"problem": self.problem, "shape": shape, "methods": names, "kinds": kinds}),
-            self.timeout,
-        )
+        let problem = self.problem.clone();
+        let body = message::Probe {
+            problem: &problem,
+            shape,
+            methods: methods.iter().map(|(n, _)| *n).collect(),
+            kinds: methods.iter().map(|(n, k)| (*n, k.as_str())).collect(),
+        };
+        let answer: message::ProbeAnswer = self.call_for("probe", &body, None, self.timeout)?;
+        Ok(answer.into())
     }
 
     /// One call whose reply must have the fields of `T`: a missing or
     /// mistyped field is the worker's failure, never a zero.
-    fn call_for<T: DeserializeOwned>(
+    fn call_for<B: Serialize, T: DeserializeOwned>(
         &mut self,
         op: &str,
-        body: Json,
+        body: &B,
+        job: Option<&str>,
         timeout: Duration,
     ) -> Result<T, JobFailure> {
-        let reply = self.call(op, body, timeout)?;
+        let reply = self.call(op, body, job, timeout)?;
         self.parse(op, reply)
     }
 
@@ -531,10 +384,7 @@ impl PythonBackend {
             if let Some(mut w) = self.worker.take() {
                 w.kill();
             }
-            JobFailure::new(
-                FailureClass::Crash,
-                format!("protocol error: the worker's answer to `{op}` does not fit ({e})"),
-            )
+            unfit(&format!("the worker's answer to `{op}`"), e)
         })
     }
 
@@ -547,13 +397,12 @@ impl PythonBackend {
         kind: &str,
         dir: &std::path::Path,
     ) -> Result<Vec<KeptKernel>, JobFailure> {
-        #[derive(Deserialize)]
-        struct Reply {
-            kernels: Vec<KeptKernel>,
-        }
-        let body =
-            json!({"job": self.job_json(job, kernel, kind), "dir": dir.display().to_string()});
-        let r: Reply = self.call_for("keep_ir", body, self.timeout)?;
+        let body = json_of(&message::KeepIr {
+            job: self.job_message(job, kernel, kind),
+            dir: dir.display().to_string(),
+        });
+        let r: message::KeepIrAnswer =
+            self.call_for("keep_ir", &body, Some(&job.id), self.timeout)?;
         Ok(r.kernels)
     }
 
@@ -570,13 +419,29 @@ impl PythonBackend {
     }
 }
 
+/// A request that borrows from the backend, detached from it for the call.
+fn json_of(body: &impl Serialize) -> Json {
+    serde_json::to_value(body).expect("a request serialises")
+}
+
+/// A lane's tolerance as the worker takes it.
+pub(crate) fn tolerance(tol: ToleranceFor) -> message::Tolerance {
+    message::Tolerance {
+        atol: tol.atol,
+        rtol: tol.rtol,
+        max_mismatch: tol.max_mismatch,
+    }
+}
+
 impl Backend for PythonBackend {
     fn describe(&mut self, shape: &Json, seed: u64) -> Result<ShapeFacts, JobFailure> {
-        let r: DescribeReply = self.call_for(
-            "describe",
-            json!({"problem": self.problem, "shape": shape, "seed": seed}),
-            self.timeout,
-        )?;
+        let problem = self.problem.clone();
+        let body = message::Describe {
+            problem: &problem,
+            shape,
+            seed: Some(seed),
+        };
+        let r: message::DescribeAnswer = self.call_for("describe", &body, None, self.timeout)?;
         Ok(ShapeFacts {
             flops: r.flops,
             bytes: r.bytes,
@@ -585,8 +450,12 @@ impl Backend for PythonBackend {
     }
 
     fn compile(&mut self, job: &Job, kernel: &str, kind: &str) -> Result<f64, JobFailure> {
-        let body = json!({"job": self.job_json(job, kernel, kind)});
-        let r: CompileReply = self.call_for("compile", body, self.timeout)?;
+        let body = json_of(&message::Compile {
+            job: self.job_message(job, kernel, kind),
+            recipe: None,
+        });
+        let r: message::CompileAnswer =
+            self.call_for("compile", &body, Some(&job.id), self.timeout)?;
         Ok(r.seconds)
     }
 
@@ -598,11 +467,15 @@ impl Backend for PythonBackend {
         tol: ToleranceFor,
         seed: u64,
     ) -> Result<CheckResult, JobFailure> {
-        let body = self.check_body(job, kernel, kind, tol, seed);
         self.kernels.clear();
-        let mut r: CheckReply = self.call_for("check", body, self.timeout)?;
-        self.kernels = std::mem::take(&mut r.kernels);
-        Ok(r.into())
+        let reply = {
+            let body = self.check_body(job, kernel, kind, tol, seed);
+            let body = json_of(&body);
+            self.call("check", &body, Some(&job.id), self.timeout)?
+        };
+        let r: message::CheckAnswer = self.parse("check", reply)?;
+        self.kernels = r.kernels.into_iter().map(KernelResources::from).collect();
+        Ok(r.comparison.into())
     }
 
     fn check_then_sample(
@@ -614,21 +487,22 @@ impl Backend for PythonBackend {
         seed: u64,
         first: FirstBatch,
     ) -> Result<Checked, JobFailure> {
-        let mut body = self.check_body(job, kernel, kind, tol, seed);
-        body["then"] = then_request(&first);
-        if first.reuse_check {
-            body["reuse"] = Json::Bool(true);
-        }
         self.kernels.clear();
-        let mut reply = self.call("check", body, self.timeout)?;
+        let mut reply = {
+            let mut body = self.check_body(job, kernel, kind, tol, seed);
+            body.then = Some(then_body(&first));
+            body.reuse = first.reuse_check;
+            let body = json_of(&body);
+            self.call("check", &body, Some(&job.id), self.timeout)?
+        };
         let batch = then_reply(&mut reply, first.count);
-        let mut r: CheckReply = self.parse("check", reply)?;
-        self.kernels = std::mem::take(&mut r.kernels);
+        let r: message::CheckAnswer = self.parse("check", reply)?;
+        self.kernels = r.kernels.into_iter().map(KernelResources::from).collect();
         if let Some(Err(f)) = &batch {
             self.after_failure(f);
         }
         Ok(Checked {
-            check: r.into(),
+            check: r.comparison.into(),
             first: batch,
         })
     }
@@ -642,11 +516,14 @@ impl Backend for PythonBackend {
     }
 
     fn warmup(&mut self, job_id: &str, launches: u32, ms: f64) -> Result<(), JobFailure> {
-        self.call(
-            "warmup",
-            json!({"job_id": job_id, "min_launches": launches, "min_ms": ms}),
-            self.timeout,
-        )?;
+        let body = JobWarmup {
+            job_id: job_id.to_string(),
+            warmup: crate::protocol::Warmup {
+                min_launches: launches as u64,
+                min_ms: ms,
+            },
+        };
+        self.call("warmup", &body, Some(job_id), self.timeout)?;
         Ok(())
     }
 
@@ -656,8 +533,11 @@ impl Backend for PythonBackend {
         count: u32,
         mode: SampleMode,
     ) -> Result<SampleBatch, JobFailure> {
-        let r: SampleReply =
-            self.call_for("sample", sample_request(job_id, count, mode), self.timeout)?;
-        r.into_batch(count)
+        let body = JobSample {
+            job_id: job_id.to_string(),
+            sample: sample_body(count, mode),
+        };
+        let r: SampleAnswer = self.call_for("sample", &body, Some(job_id), self.timeout)?;
+        batch_of(r, count)
     }
 }

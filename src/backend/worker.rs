@@ -11,108 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value as Json};
 
-use super::lines::{self, LineReader, ReadError, Wait};
-
-/// An answer as a call reads it: the fields every answer carries (its
-/// request's id, `ok`, and the worker's own time and how it met the
-/// request, where it says), whatever else it holds.
-pub trait Answer: DeserializeOwned {
-    fn id(&self) -> Option<u64>;
-    fn ok(&self) -> bool;
-    fn worker_us(&self) -> Option<f64>;
-    fn worker_met(&self) -> Option<&str>;
-    /// The worker's wait between its previous answer and this request
-    /// (workers that say: the native worker's `idle_us`).
-    fn worker_idle_us(&self) -> Option<f64>;
-    /// When the worker read this request, on the host's monotonic clock
-    /// (`at_ns`; workers that say), so a trace can place the worker's own
-    /// time inside the round trip.
-    fn worker_at_ns(&self) -> Option<u64>;
-    /// A failed answer's failure class and message.
-    fn class(&self) -> Option<&str>;
-    fn message(&self) -> Option<&str>;
-}
-
-impl Answer for Json {
-    fn id(&self) -> Option<u64> {
-        self.get("id").and_then(Json::as_u64)
-    }
-    fn ok(&self) -> bool {
-        self.get("ok").and_then(Json::as_bool) == Some(true)
-    }
-    fn worker_us(&self) -> Option<f64> {
-        self.get("worker_us").and_then(Json::as_f64)
-    }
-    fn worker_met(&self) -> Option<&str> {
-        self.get("met").and_then(Json::as_str)
-    }
-    fn worker_idle_us(&self) -> Option<f64> {
-        self.get("idle_us").and_then(Json::as_f64)
-    }
-    fn worker_at_ns(&self) -> Option<u64> {
-        self.get("at_ns").and_then(Json::as_u64)
-    }
-    fn class(&self) -> Option<&str> {
-        self.get("class").and_then(Json::as_str)
-    }
-    fn message(&self) -> Option<&str> {
-        self.get("message").and_then(Json::as_str)
-    }
-}
-
-/// The fields every answer carries, for a typed answer to take in whole:
-/// `answer_envelope! { pub struct X { own fields } }` declares `X` with them
-/// and implements [`Answer`] for it.
-#[macro_export]
-macro_rules! answer_envelope {
-    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($(#[$fmeta:meta])* $fvis:vis $field:ident : $ty:ty,)* }) => {
-        $(#[$meta])*
-        #[derive(serde::Deserialize)]
-        $vis struct $name {
-            id: Option<u64>,
-            #[serde(default)]
-            ok: bool,
-            worker_us: Option<f64>,
-            idle_us: Option<f64>,
-            at_ns: Option<u64>,
-            met: Option<String>,
-            class: Option<String>,
-            message: Option<String>,
-            $($(#[$fmeta])* $fvis $field: $ty,)*
-        }
-
-        impl $crate::backend::worker::Answer for $name {
-            fn id(&self) -> Option<u64> {
-                self.id
-            }
-            fn ok(&self) -> bool {
-                self.ok
-            }
-            fn worker_us(&self) -> Option<f64> {
-                self.worker_us
-            }
-            fn worker_met(&self) -> Option<&str> {
-                self.met.as_deref()
-            }
-            fn worker_idle_us(&self) -> Option<f64> {
-                self.idle_us
-            }
-            fn worker_at_ns(&self) -> Option<u64> {
-                self.at_ns
-            }
-            fn class(&self) -> Option<&str> {
-                self.class.as_deref()
-            }
-            fn message(&self) -> Option<&str> {
-                self.message.as_deref()
-            }
-        }
-    };
-}
+use crate::protocol::lines::{self, LineReader, ReadError, Wait};
+use crate::protocol::Answer;
 
 /// One request's line: `id` and `op` first, then the body's own fields
 /// (an object's), spliced in as serialised rather than inserted into it.
@@ -492,7 +395,7 @@ impl Worker {
         self.pending = self.pending.saturating_sub(1);
         match read {
             Ok(Some(text)) => {
-                let response: A = serde_json::from_str(&text).map_err(|e| {
+                let response = A::parse(&text).map_err(|e| {
                     CallError::Protocol(format!("not an answer to `{op}` ({e}): {text}"))
                 })?;
                 // We kill a worker on timeout, so a late answer to an earlier

@@ -339,8 +339,13 @@ Exit codes: 0 written, 2 no journal or nothing to profile, 3 some jobs could not
     },
     /// Check the Python, torch, Triton and GPU setup, and say how to fix what is missing.
     Doctor,
-    /// Print the manifest JSON schema.
-    Schema,
+    /// Print the manifest JSON schema (or, with --worker-protocol, the worker protocol's).
+    Schema {
+        /// The JSON schema of the worker protocol's messages instead
+        /// (schemas/worker-protocol.schema.json).
+        #[arg(long)]
+        worker_protocol: bool,
+    },
     /// Print the effective settings and where each came from.
     Config,
     /// The native worker a run starts for each GPU that runs native methods

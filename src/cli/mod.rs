@@ -273,8 +273,12 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         ),
         Command::Devices { json } => environment::devices(json),
         Command::Doctor => environment::doctor(&settings),
-        Command::Schema => {
-            say_raw!("{}", crate::manifest::json_schema());
+        Command::Schema { worker_protocol } => {
+            if worker_protocol {
+                say_raw!("{}", crate::protocol::json_schema());
+            } else {
+                say_raw!("{}", crate::manifest::json_schema());
+            }
             Ok(exit::OK)
         }
         Command::Config => environment::config(&cli.global),

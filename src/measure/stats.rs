@@ -78,7 +78,7 @@ impl std::fmt::Display for Flag {
 }
 
 /// What measured a sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Timer {
     /// A CUDA (or HIP) event pair around each launch.
@@ -106,7 +106,7 @@ const TIMER_LIMIT_US: f64 = 5.0;
 /// The part of a protocol that says when a job has enough samples: what a
 /// native worker that takes a job's batches itself (a `check`'s
 /// `then.until`) is given, so that it stops where the runner would.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StopRule {
     pub min_samples: u32,
@@ -115,8 +115,10 @@ pub struct StopRule {
     /// A cap; `.inf` in a manifest (no cap) travels as `null`, which JSON has
     /// where it has no infinity.
     #[serde(with = "cap")]
+    #[schemars(with = "Option<f64>")]
     pub max_gpu_ms: f64,
     #[serde(with = "cap")]
+    #[schemars(with = "Option<f64>")]
     pub max_wall_ms: f64,
     /// Racing's threshold: once there are `min_samples`, stop when the lower
     /// end of the median's 95 % confidence interval is above this

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use indexmap::IndexMap;
 use serde_json::Value as Json;
 
-use crate::backend::native::compile::{context, eval};
+use crate::backend::native::images::{context, eval};
 use crate::backend::native::NativeCompiler;
 use crate::backend::PythonBackend;
 use crate::emit::aot::cexpr::{self, CEnv, CVal};

@@ -7,13 +7,14 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value as Json};
+use serde::Serialize;
+use serde_json::json;
 
-use crate::backend::python::{failure_from, failure_of};
-use crate::backend::worker::{Answer, CallError, Sent, Worker};
+use crate::backend::wire::{failure_from, unfit};
+use crate::backend::worker::{CallError, Sent, Worker};
 use crate::backend::JobFailure;
-use crate::native::server::PROTOCOL;
+use crate::protocol::native::{self as message, VERSION as PROTOCOL};
+use crate::protocol::{Answer, Answered};
 use crate::store::FailureClass;
 
 /// How long a native worker may take to open its GPU and answer `hello`.
@@ -33,14 +34,7 @@ pub struct NativeSpawn {
 }
 
 /// A native worker's answer to `hello`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct NativeHello {
-    pub protocol: u32,
-    pub backend: String,
-    pub device: String,
-    pub uuid: String,
-    pub driver: String,
-}
+pub type NativeHello = message::HelloAnswer;
 
 /// A request sent ahead to a native worker, and which of its processes got it.
 #[derive(Debug)]
@@ -118,25 +112,19 @@ impl NativeProcess {
                     ),
                 )
             })?;
-            let body = match &self.helpers {
-                Some(h) => json!({"helpers": h}),
-                None => json!({}),
+            let body = message::Hello {
+                helpers: self.helpers.clone(),
             };
-            let hello = match w.call("hello", body, STARTUP_TIMEOUT) {
-                Ok(r) if r.get("ok").and_then(Json::as_bool) == Some(true) => {
-                    serde_json::from_value::<NativeHello>(r).map_err(|e| {
-                        JobFailure::new(
-                            FailureClass::Crash,
-                            format!("the native worker's hello does not fit ({e})"),
-                        )
-                    })
-                }
-                Ok(r) => Err(failure_of(&r)),
-                Err(e) => Err(JobFailure::new(
-                    FailureClass::Crash,
-                    format!("the native worker did not start: {e}"),
-                )),
-            };
+            let hello =
+                match w.call_as::<Answered<NativeHello>>("hello", &body, None, STARTUP_TIMEOUT) {
+                    Ok(r) if r.ok() => Ok(r.into_body().expect("an ok answer has its body")),
+                    Ok(r) => Err(failure_from(r.class(), r.message())),
+                    Err(CallError::Protocol(e)) => Err(unfit("the native worker's hello", e)),
+                    Err(e) => Err(JobFailure::new(
+                        FailureClass::Crash,
+                        format!("the native worker did not start: {e}"),
+                    )),
+                };
             let hello = match hello {
                 Ok(h) if h.protocol != PROTOCOL => Err(JobFailure::new(
                     FailureClass::Crash,
@@ -169,17 +157,11 @@ impl NativeProcess {
         Ok(self.hello.as_ref().expect("a started worker said hello"))
     }
 
-    /// One call; a worker that fails to answer, or reports a fault, is
+    /// One call whose answer is read as `A` (an [`Answered`] message, or a
+    /// JSON tree); a worker that fails to answer, or reports a fault, is
     /// discarded so the next call starts a fresh one.
-    pub fn call(&mut self, op: &str, body: Json) -> Result<Json, JobFailure> {
-        let job = crate::trace::enabled()
-            .then(|| {
-                body.get("job_id")
-                    .and_then(Json::as_str)
-                    .map(str::to_string)
-            })
-            .flatten();
-        self.call_as(op, &body, job.as_deref())
+    pub fn call<A: Answer>(&mut self, op: &str, body: &impl Serialize) -> Result<A, JobFailure> {
+        self.call_as(op, body, None)
     }
 
     /// [`NativeProcess::call`] with the request and answer typed (see

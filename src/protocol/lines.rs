@@ -163,7 +163,8 @@ pub struct LineReader<R> {
 
 /// How the last line was met: what the reader was doing when its last byte
 /// came.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum Met {
     /// It was there when the reader looked.
     Ready,
