@@ -21,8 +21,12 @@ pub const MAX_GRAPH_CALLS: u64 = 10_000;
 /// Launches one warm-up batch queues at most between its event pair.
 pub const MAX_WARMUP_BATCH: u64 = 4096;
 /// The spin kernel ahead of a batch is sized to outlast the host's queueing
-/// of the batch (1.5 × the last batch's queueing time per sample × count),
-/// and held to this many microseconds at most.
+/// of the batch (1.5 × the last queueing time per sample × count), and held
+/// to this many microseconds at most. A batch the host needs longer than
+/// that to queue goes in chunks, each behind its own spin (the Python
+/// worker's `tunelab.timers`: a Python library call such as triton_kernels'
+/// costs about a millisecond of host time a launch; a native launch queues
+/// in microseconds, far within the cap).
 pub const MAX_SPIN_US: f64 = 20_000.0;
 
 fn three() -> u64 {
