@@ -12,6 +12,8 @@ and in bf16 and fp16 on a GPU. Skipped where .peers is absent (docs/peers.md).
 
 import ast
 import os
+import sys
+import types
 
 import torch
 
@@ -29,6 +31,8 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SOURCE = peers.vllm_fused_moe_source()
 needs_source = pytest.mark.skipif(SOURCE is None, reason="no vLLM fused_moe.py in .peers: run `just peers`")
 KERNEL_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel")
+# The name vLLM's kernel source is compiled under (vLLM itself is never imported).
+PEER_MODULE = "tunelab_peer_vllm_fused_moe"
 TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -36,7 +40,14 @@ def vllm_kernel():
     """vLLM's fused_moe_kernel, compiled from its source as the wheel ships it."""
     text = SOURCE.read_text()
     tree = ast.parse(text)
-    namespace = {"triton": triton, "tl": tl}
+    # A module of its own, registered by name: Triton's code generator reads a
+    # called JIT function's `__module__` (a bare exec namespace leaves it None,
+    # which compiling for a GPU cannot take; the interpreter never looks).
+    module = types.ModuleType(PEER_MODULE)
+    module.__file__ = str(SOURCE)
+    module.__dict__.update(triton=triton, tl=tl)
+    sys.modules[PEER_MODULE] = module
+    namespace = module.__dict__
     found = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name in KERNEL_FUNCTIONS:
@@ -47,8 +58,7 @@ def vllm_kernel():
         node = found[name]
         # The decorators' lines too: Triton reads the function's source.
         first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-        module = ast.Module(body=[node], type_ignores=[])
-        code = compile(module, str(SOURCE), "exec")
+        code = compile(ast.Module(body=[node], type_ignores=[]), str(SOURCE), "exec")
         assert first >= 1
         exec(code, namespace)
     return namespace["fused_moe_kernel"]
@@ -142,7 +152,8 @@ def test_swap_ab_is_vllms_rule():
         assert swapped(problem, 16, 64, (9, 0)) and swapped(problem, 32, 128, (9, 0))
         assert not swapped(problem, 64, 64, (9, 0)) and not swapped(problem, 16, 32, (9, 0))
         assert not swapped(problem, 16, 64, (10, 0)) and not swapped(problem, 16, 64, (8, 9))
-        assert not swapped(problem, 16, 64, None)
+        # None: the GPU this runs on (none under the interpreter).
+        assert swapped(problem, 16, 64, None) == (quant_moe.current_capability() == (9, 0))
     assert not swapped(mxfp4, 16, 64, (9, 0))
     with pytest.raises(ValueError, match="decides SWAP_AB itself"):
         quant_moe.make_quant_plan(fp8, {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64,
