@@ -938,6 +938,9 @@ fn drain(
         }
         drop(event_tx);
         let mut display = progress::Progress::new(outcome.planned, opts.progress, run.started);
+        if opts.ab.is_some() {
+            display = display.of_pairs();
+        }
         loop {
             // A second without an event lets the display say the run goes on.
             let event = match event_rx.recv_timeout(Duration::from_secs(1)) {
@@ -980,6 +983,7 @@ fn drain(
                     } else {
                         outcome.ok += 1;
                     }
+                    display.pair(p.failure.is_some());
                     journal.append(&Entry::AbPair(p))?;
                 }
                 Event::Retired(r) => {

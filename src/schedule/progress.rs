@@ -41,6 +41,8 @@ pub struct Progress {
     last_line: Instant,
     /// The tenth of the total whose completion writes the next plain line.
     next_tenth: u64,
+    /// What is counted: "jobs", or an A/B's "pairs".
+    unit: &'static str,
 }
 
 impl Progress {
@@ -64,7 +66,21 @@ impl Progress {
             last_shape: String::new(),
             last_line: now,
             next_tenth: 1,
+            unit: "jobs",
         }
+    }
+
+    /// The display of an A/B run: it counts pairs.
+    pub fn of_pairs(mut self) -> Progress {
+        self.unit = "pairs";
+        self
+    }
+
+    /// An A/B pair is done (its own line was written above with `note`).
+    pub fn pair(&mut self, failed: bool) {
+        self.done += 1;
+        self.failed += u64::from(failed);
+        self.count_done();
     }
 
     pub fn job(&mut self, r: &JobRecord) {
@@ -83,6 +99,11 @@ impl Progress {
             }
         }
         self.last_shape = format!("{shape} {}", r.method);
+        self.count_done();
+    }
+
+    /// After each job or pair: the terminal line redrawn, a plain line when due.
+    fn count_done(&mut self) {
         match self.style {
             Style::Off => {}
             Style::Terminal => self.redraw(),
@@ -117,7 +138,11 @@ impl Progress {
             Style::Terminal => eprintln!(),
             Style::Plain => eprintln!(
                 "{}",
-                final_line(self.done, self.total, self.failed, self.elapsed())
+                final_line(self.done, self.total, self.failed, self.elapsed()).replacen(
+                    " jobs done",
+                    &format!(" {} done", self.unit),
+                    1
+                )
             ),
         }
     }
@@ -135,16 +160,19 @@ impl Progress {
 
     fn plain(&mut self) {
         self.last_line = Instant::now();
-        eprintln!(
-            "{}",
-            plain_line(
-                self.done,
-                self.total,
-                self.failed,
-                self.elapsed(),
-                self.eta()
-            )
-        );
+        eprintln!("{}", self.plain_text());
+    }
+
+    /// The plain line as of now, in this display's unit.
+    fn plain_text(&self) -> String {
+        plain_line(
+            self.done,
+            self.total,
+            self.failed,
+            self.elapsed(),
+            self.eta(),
+        )
+        .replacen(" jobs done", &format!(" {} done", self.unit), 1)
     }
 
     fn redraw(&self) {
@@ -155,8 +183,8 @@ impl Progress {
             .map(|(us, _)| format!("best {us:.1} us"))
             .unwrap_or_default();
         let line = format!(
-            "[{}/{}] failed {}  ETA {:.0}s  {}  {}",
-            self.done, self.total, self.failed, eta, self.last_shape, best
+            "[{}/{} {}] failed {}  ETA {:.0}s  {}  {}",
+            self.done, self.total, self.unit, self.failed, eta, self.last_shape, best
         );
         let width = 118;
         let shown: String = line.chars().take(width).collect();
@@ -214,6 +242,20 @@ fn duration(s: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An A/B run counts its pairs (a log showed `0/74 jobs done` to the end).
+    #[test]
+    fn an_ab_display_counts_pairs_done_and_failed() {
+        let mut p = Progress::new(74, false, Instant::now()).of_pairs();
+        p.pair(false);
+        p.pair(true);
+        let line = p.plain_text();
+        assert!(
+            line.starts_with("progress: 2/74 pairs done (2 %), 1 failed"),
+            "{line}"
+        );
+        assert!(!line.contains("ETA not known"), "{line}");
+    }
 
     #[test]
     fn plain_lines_say_done_failed_elapsed_and_eta_without_control_characters() {
