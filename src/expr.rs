@@ -1,12 +1,17 @@
-//! Expressions in manifests: constraints, derived values and baselines.
+//! Expressions in manifests: constraints, derived values, baselines, native
+//! launch expressions and the fields of output path templates.
 //!
-//! minijinja defines the language: every expression is compiled by it, its
-//! syntax errors and undeclared variables are what users see, and it is the
-//! fallback evaluator. Planning a 10-million-point space cannot afford an
-//! interpreter round-trip per point, so the common subset (literals, names,
-//! `device.*`, arithmetic, comparisons, `and`/`or`/`not`, `x if c else y`,
-//! `min`/`max`/`abs`/`ceil_div`/`log2`/`is_pow2`) is also compiled here into a
-//! closure tree over numbered slots. Tests check that both agree.
+//! tunelab evaluates them with its own small language, compiled into a
+//! closure tree over numbered slots: literals, names, `device.*`, `name[i]`
+//! (path templates), arithmetic, comparisons, `in [..]`, `is defined`,
+//! `and`/`or`/`not`, `x if c else y`, `min`/`max`/`abs`/`ceil_div`/`log2`/
+//! `is_pow2`. An evaluation costs time linear in the expression and builds no
+//! value longer than its inputs, so a manifest of a few hundred bytes cannot
+//! make it run away (issue 46: Jinja's filters, `range`, loops and string
+//! repetition could). The syntax is Jinja's subset: minijinja parses every
+//! expression at validation, for its syntax errors and the names it reads,
+//! and the tests hold this evaluator to minijinja's on the subset; minijinja
+//! never evaluates a manifest's expression or renders its path.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -70,9 +75,9 @@ impl Val {
     }
 }
 
-/// Instructions one template render or one expression evaluation may run
-/// (minijinja's fuel). A constraint or an output path needs a few dozen; a
-/// loop of loops in a path template would otherwise run for hours.
+/// Instructions one minijinja parse-time evaluation may run (minijinja's
+/// fuel): a safety net; tunelab's own evaluator runs every manifest
+/// expression.
 pub const FUEL: u64 = 100_000;
 
 /// Bytes a rendered template (an output path) may have.
@@ -156,46 +161,125 @@ fn ceil_div(a: i64, b: i64) -> Result<i64, String> {
         .ok_or_else(|| format!("integer overflow in ceil_div({a}, {b})"))
 }
 
-/// Instructions all the renders of one manifest's output paths may run
-/// together, every output at every shape: [`FUEL`] bounds one render, and
-/// a template that spends it at each of 100,000 shapes would run for hours.
-/// The committed manifests spend a few thousand.
-pub const TOTAL_FUEL: u64 = 4_000_000;
+/// What tunelab's expressions are, for the error that refuses anything else.
+pub const LANGUAGE: &str = "numbers, 'strings', names, device.*, + - * / // % **, comparisons, \
+`in [a, b]`, `is defined`, and/or/not, `x if c else y`, min/max/abs/ceil_div/log2/is_pow2";
 
-/// Renders a template into at most [`MAX_RENDERED_BYTES`]; returns the text
-/// and the instructions the render ran (for [`TOTAL_FUEL`]).
-pub fn render_bounded(
-    tmpl: &minijinja::Template<'_, '_>,
-    ctx: impl serde::Serialize,
-) -> Result<(String, u64), String> {
-    struct Capped(Vec<u8>);
-    impl std::io::Write for Capped {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            if self.0.len() + buf.len() > MAX_RENDERED_BYTES {
-                return Err(std::io::Error::other("too long"));
+/// Why an expression is refused: it uses something outside [`LANGUAGE`].
+pub fn outside_language(source: &str) -> String {
+    let shown: String = source.chars().take(120).collect();
+    format!("`{shown}` is not an expression of tunelab's language ({LANGUAGE}; arithmetic on numbers only)")
+}
+
+/// A context (names to JSON values) laid out for the compiled evaluator:
+/// top-level values as slots; `obj.key` and `list[i]` of scalars as constants.
+struct Flat {
+    slots: HashMap<String, usize>,
+    values: Vec<Val>,
+    constants: HashMap<String, Val>,
+}
+
+fn flatten(ctx: &serde_json::Map<String, Json>) -> Flat {
+    let mut flat = Flat {
+        slots: HashMap::new(),
+        values: Vec::new(),
+        constants: HashMap::new(),
+    };
+    for (name, value) in ctx {
+        match value {
+            Json::Object(fields) => {
+                for (key, v) in fields {
+                    if !v.is_object() && !v.is_array() {
+                        flat.constants
+                            .insert(format!("{name}.{key}"), Val::from_json(v));
+                    }
+                }
             }
-            self.0.extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
+            Json::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    if !v.is_object() && !v.is_array() {
+                        flat.constants
+                            .insert(format!("{name}[{i}]"), Val::from_json(v));
+                    }
+                }
+            }
+            scalar => {
+                flat.slots.insert(name.clone(), flat.values.len());
+                flat.values.push(Val::from_json(scalar));
+            }
         }
     }
-    let mut out = Capped(Vec::new());
-    match tmpl.render_captured_to(ctx, &mut out) {
-        Ok(captured) => {
-            let ran = captured.state().fuel_levels().map_or(0, |(used, _)| used);
-            drop(captured);
-            Ok((String::from_utf8(out.0).map_err(|e| e.to_string())?, ran))
+    flat
+}
+
+/// Evaluates an expression on `ctx` (a shape's fields, a config's keys,
+/// `device` as an object of its facts).
+pub fn evaluate(source: &str, ctx: &serde_json::Map<String, Json>) -> Result<Val, String> {
+    check_length(source, "an expression")?;
+    let flat = flatten(ctx);
+    let scope = Scope {
+        slots: &flat.slots,
+        constants: &flat.constants,
+    };
+    let compiled = compile_fast(source, &scope).ok_or_else(|| outside_language(source))?;
+    compiled.eval(&flat.values)
+}
+
+/// A value as Jinja prints it: integers as digits, a whole float with `.0`,
+/// booleans and none in lower case.
+fn render_value(v: &Val) -> String {
+    match v {
+        Val::None => "none".into(),
+        Val::Bool(b) => b.to_string(),
+        Val::Int(i) => i.to_string(),
+        Val::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e16 => format!("{f:.1}"),
+        Val::Float(f) => f.to_string(),
+        Val::Str(s) => s.to_string(),
+    }
+}
+
+/// Renders an output path template: text and `{{ expression }}` fields
+/// (`vllm/E={{E}},N={{N}},device_name={{device.vllm_name}}.json`,
+/// `block_shape=[{{block_shape[0]}},{{block_shape[1]}}]`), into at most
+/// [`MAX_RENDERED_BYTES`]. Jinja's statements and comments (`{% %}`,
+/// `{# #}`) are refused: a path names a file, and a loop could print for
+/// hours.
+pub fn render_path(template: &str, ctx: &serde_json::Map<String, Json>) -> Result<String, String> {
+    check_length(template, "a path template")?;
+    if template.contains("{%") || template.contains("{#") {
+        return Err("`{%` statements and `{#` comments are not allowed: a path template holds text and `{{ field }}`s".into());
+    }
+    let flat = flatten(ctx);
+    let scope = Scope {
+        slots: &flat.slots,
+        constants: &flat.constants,
+    };
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find("{{") {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 2..];
+        let close = after.find("}}").ok_or("a `{{` is not closed by `}}`")?;
+        let source = after[..close].trim();
+        let compiled = compile_fast(source, &scope).ok_or_else(|| outside_language(source))?;
+        out.push_str(&render_value(&compiled.eval(&flat.values)?));
+        if out.len() > MAX_RENDERED_BYTES {
+            return Err(format!(
+                "it renders to more than {MAX_RENDERED_BYTES} bytes"
+            ));
         }
-        Err(e) if e.kind() == minijinja::ErrorKind::WriteFailure => Err(format!(
+        rest = &after[close + 2..];
+    }
+    if rest.contains("}}") {
+        return Err("a `}}` has no `{{` before it".into());
+    }
+    out.push_str(rest);
+    if out.len() > MAX_RENDERED_BYTES {
+        return Err(format!(
             "it renders to more than {MAX_RENDERED_BYTES} bytes"
-        )),
-        Err(e) if e.kind() == minijinja::ErrorKind::OutOfFuel => Err(format!(
-            "it runs more than {FUEL} template instructions (a loop too many?)"
-        )),
-        Err(e) => Err(e.detail().unwrap_or("cannot be rendered").to_string()),
+        ));
     }
+    Ok(out)
 }
 
 fn fold_numbers(
@@ -233,8 +317,10 @@ pub fn variables(
     Ok(expr.undeclared_variables(true))
 }
 
-/// Evaluates with minijinja: the reference semantics.
-pub fn eval_reference(
+/// Evaluates with minijinja: the reference semantics the tests hold the
+/// compiled evaluator to (never used on a manifest's expression).
+#[cfg(test)]
+fn eval_reference(
     env: &Environment<'static>,
     source: &str,
     ctx: &serde_json::Map<String, Json>,
@@ -268,8 +354,11 @@ pub struct Scope<'a> {
     pub constants: &'a HashMap<String, Val>,
 }
 
-/// Compiles `source` for the fast path, or `None` when it uses something
-/// outside the subset (the caller then evaluates with minijinja).
+/// Compiles `source`, or `None` when it uses something outside the language
+/// ([`LANGUAGE`]). A name the scope does not hold compiles to an error at
+/// evaluation (as minijinja's strict undefined does), so that `x is defined
+/// and x == 1` reads an absent `x` safely; validation names unknown names
+/// before anything is evaluated.
 pub fn compile_fast(source: &str, scope: &Scope<'_>) -> Option<Compiled> {
     check_length(source, "an expression").ok()?;
     let tokens = tokenize(source)?;
@@ -277,6 +366,7 @@ pub fn compile_fast(source: &str, scope: &Scope<'_>) -> Option<Compiled> {
         tokens,
         pos: 0,
         scope,
+        string_literal: false,
     };
     let eval = p.expr()?;
     if p.pos != p.tokens.len() {
@@ -362,6 +452,11 @@ struct Parser<'a, 's> {
     tokens: Vec<Tok>,
     pos: usize,
     scope: &'a Scope<'s>,
+    /// Whether what was parsed last is a string literal (or one in
+    /// brackets): arithmetic on one is refused, since minijinja, which
+    /// parses an expression after this parser accepts it, folds constants
+    /// as it parses, and `'x' * 99999999 + ...` would allocate gigabytes.
+    string_literal: bool,
 }
 
 impl Parser<'_, '_> {
@@ -446,8 +541,68 @@ impl Parser<'_, '_> {
         self.compare()
     }
 
+    /// `name is defined`, `name is not defined`: whether the scope holds the name.
+    fn defined_test(&mut self) -> Option<Eval> {
+        let name = match self.tokens.get(self.pos..self.pos + 3) {
+            Some([Tok::Name(n), Tok::Name(is), _]) if is == "is" => n.clone(),
+            _ => return None,
+        };
+        let negated = matches!(self.tokens.get(self.pos + 2), Some(Tok::Name(n)) if n == "not");
+        let at = self.pos + 2 + usize::from(negated);
+        if !matches!(self.tokens.get(at), Some(Tok::Name(d)) if d == "defined") {
+            return None;
+        }
+        self.pos = at + 1;
+        let known =
+            self.scope.slots.contains_key(&name) || self.scope.constants.contains_key(&name);
+        let value = known != negated;
+        Some(Box::new(move |_| Ok(Val::Bool(value))))
+    }
+
+    /// `[a, b, ...]` after `in`: the items, each an expression.
+    fn list(&mut self) -> Option<Vec<Eval>> {
+        if !self.eat_op("[") {
+            return None;
+        }
+        let mut items = Vec::new();
+        if self.eat_op("]") {
+            return Some(items);
+        }
+        loop {
+            items.push(self.or()?);
+            if self.eat_op("]") {
+                return Some(items);
+            }
+            if !self.eat_op(",") {
+                return None;
+            }
+        }
+    }
+
     fn compare(&mut self) -> Option<Eval> {
+        if let Some(test) = self.defined_test() {
+            return Some(test);
+        }
         let left = self.additive()?;
+        let negated_in = matches!(
+            (self.tokens.get(self.pos), self.tokens.get(self.pos + 1)),
+            (Some(Tok::Name(n)), Some(Tok::Name(i))) if n == "not" && i == "in"
+        );
+        if negated_in || matches!(self.peek(), Some(Tok::Name(n)) if n == "in") {
+            self.pos += 1 + usize::from(negated_in);
+            let items: Arc<[Eval]> = self.list()?.into();
+            return Some(Box::new(move |s| {
+                let x = left(s)?;
+                let mut found = false;
+                for item in items.iter() {
+                    if compare("==", &x, &item(s)?)?.truthy() {
+                        found = true;
+                        break;
+                    }
+                }
+                Ok(Val::Bool(found != negated_in))
+            }));
+        }
         for op in ["==", "!=", "<=", ">=", "<", ">"] {
             if self.eat_op(op) {
                 let right = self.additive()?;
@@ -479,7 +634,11 @@ impl Parser<'_, '_> {
             } else {
                 return Some(left);
             };
+            let left_string = self.string_literal;
             let right = self.multiplicative()?;
+            if left_string || self.string_literal {
+                return None;
+            }
             left = Box::new(move |s| arith(op, &left(s)?, &right(s)?));
         }
     }
@@ -489,7 +648,11 @@ impl Parser<'_, '_> {
         loop {
             let op = ["//", "*", "/", "%"].into_iter().find(|op| self.eat_op(op));
             let Some(op) = op else { return Some(left) };
+            let left_string = self.string_literal;
             let right = self.power()?;
+            if left_string || self.string_literal {
+                return None;
+            }
             left = Box::new(move |s| arith(op, &left(s)?, &right(s)?));
         }
     }
@@ -499,7 +662,12 @@ impl Parser<'_, '_> {
     fn power(&mut self) -> Option<Eval> {
         let base = self.unary()?;
         if self.eat_op("**") {
+            let base_string = self.string_literal;
             let exp = self.unary()?;
+            if base_string || self.string_literal {
+                return None;
+            }
+            self.string_literal = false;
             return Some(Box::new(move |s| arith("**", &base(s)?, &exp(s)?)));
         }
         Some(base)
@@ -508,6 +676,9 @@ impl Parser<'_, '_> {
     fn unary(&mut self) -> Option<Eval> {
         if self.eat_op("-") {
             let inner = self.unary()?;
+            if self.string_literal {
+                return None;
+            }
             return Some(Box::new(move |s| arith("-", &Val::Int(0), &inner(s)?)));
         }
         if self.eat_op("+") {
@@ -519,6 +690,10 @@ impl Parser<'_, '_> {
     fn primary(&mut self) -> Option<Eval> {
         let tok = self.peek()?.clone();
         self.pos += 1;
+        // A bracketed expression keeps what its inside set.
+        if !matches!(tok, Tok::Op("(")) {
+            self.string_literal = matches!(tok, Tok::Str(_));
+        }
         let node: Eval = match tok {
             Tok::Int(i) => Box::new(move |_| Ok(Val::Int(i))),
             Tok::Float(f) => Box::new(move |_| Ok(Val::Float(f))),
@@ -543,15 +718,34 @@ impl Parser<'_, '_> {
                         return None;
                     };
                     self.pos += 1;
-                    let v = self.scope.constants.get(&format!("{name}.{attr}"))?.clone();
-                    Box::new(move |_| Ok(v.clone()))
+                    let key = format!("{name}.{attr}");
+                    match self.scope.constants.get(&key).cloned() {
+                        Some(v) => Box::new(move |_| Ok(v.clone())),
+                        None => Box::new(move |_| Err(format!("`{key}` is not defined"))),
+                    }
+                }
+                _ if self.eat_op("[") => {
+                    // `name[i]`: an item of a list-valued field (path templates).
+                    let Some(Tok::Int(i)) = self.peek().cloned() else {
+                        return None;
+                    };
+                    self.pos += 1;
+                    if !self.eat_op("]") {
+                        return None;
+                    }
+                    let key = format!("{name}[{i}]");
+                    match self.scope.constants.get(&key).cloned() {
+                        Some(v) => Box::new(move |_| Ok(v.clone())),
+                        None => Box::new(move |_| Err(format!("`{key}` is not defined"))),
+                    }
                 }
                 _ => {
                     if let Some(v) = self.scope.constants.get(&name).cloned() {
                         Box::new(move |_| Ok(v.clone()))
-                    } else {
-                        let slot = *self.scope.slots.get(&name)?;
+                    } else if let Some(&slot) = self.scope.slots.get(&name) {
                         Box::new(move |s| Ok(s[slot].clone()))
+                    } else {
+                        Box::new(move |_| Err(format!("`{name}` is not defined")))
                     }
                 }
             },
@@ -755,10 +949,91 @@ mod tests {
             slots: &slots,
             constants: &constants,
         };
-        assert!(compile_fast("M | abs", &scope).is_none());
-        assert!(compile_fast("M in [1, 2]", &scope).is_none());
-        assert!(compile_fast("1 < M < 3", &scope).is_none());
-        assert!(compile_fast("unknown + 1", &scope).is_none());
+        // Outside the language: filters, chained comparisons, string
+        // concatenation, calls of anything but the six functions.
+        for source in [
+            "M | abs",
+            "1 < M < 3",
+            "'x' ~ M",
+            "range(10)",
+            "M is odd",
+            "[1, 2]",
+            "M in (1, 2)",
+            // Arithmetic on a string literal: minijinja would fold it as it parses.
+            "'x' * 99999999",
+            "M + ('x' * 2)",
+            "('x' if M else 'y') * 3",
+        ] {
+            assert!(compile_fast(source, &scope).is_none(), "{source}");
+        }
+        // A name the scope lacks is an error when it is read, not before.
+        let unknown = compile_fast("unknown + 1", &scope).unwrap();
+        assert_eq!(
+            unknown.eval(&[Val::Int(1)]).unwrap_err(),
+            "`unknown` is not defined"
+        );
+        let guarded = compile_fast("unknown is defined and unknown == 'fp8'", &scope).unwrap();
+        assert_eq!(guarded.eval(&[Val::Int(1)]).unwrap(), Val::Bool(false));
+    }
+
+    #[test]
+    fn membership_and_defined_agree_with_minijinja() {
+        let vars = [
+            ("M", Json::from(48)),
+            ("dtype", Json::from("fp8")),
+            ("act", Json::from("bf16")),
+        ];
+        for source in [
+            "dtype in ['bf16', 'fp16']",
+            "dtype not in ['bf16', 'fp16']",
+            "act in ['bf16', 'fp16'] and M in [16, 48]",
+            "M in []",
+            "M + 1 in [49]",
+            "not M in [48]",
+            "128 if M <= 64 or (dtype is defined and dtype == 'fp8') else 64",
+            "dtype is not defined",
+        ] {
+            check_agrees(source, &vars);
+        }
+    }
+
+    #[test]
+    fn path_templates_render_fields_and_refuse_statements() {
+        let ctx: serde_json::Map<String, Json> = serde_json::from_value(serde_json::json!({
+            "E": 128, "N": 2880, "x": 2.0, "block_shape": [128, 64],
+            "device": {"vllm_name": "NVIDIA_H200"}
+        }))
+        .unwrap();
+        assert_eq!(
+            render_path(
+                "vllm/E={{E}},N={{ N }},device_name={{device.vllm_name}},block_shape=[{{block_shape[0]}},{{block_shape[1]}}].json",
+                &ctx
+            )
+            .unwrap(),
+            "vllm/E=128,N=2880,device_name=NVIDIA_H200,block_shape=[128,64].json"
+        );
+        assert_eq!(
+            render_path("{{ N // 2 }}-{{x}}.csv", &ctx).unwrap(),
+            "1440-2.0.csv"
+        );
+        let mut long = ctx.clone();
+        long.insert("tag".into(), Json::from("t".repeat(3000)));
+        assert!(render_path("{{tag}}/{{tag}}.md", &long)
+            .unwrap_err()
+            .contains("more than 4096 bytes"));
+        for (template, why) in [
+            ("{% for i in range(9) %}x{% endfor %}.md", "statements"),
+            ("{# c #}x.md", "statements"),
+            ("{{ E ~ E }}.md", "not an expression"),
+            ("{{ 'x' * 99999999 }}.md", "not an expression"),
+            ("{{ ('x') + ('x') }}.md", "not an expression"),
+            ("{{ E | string }}.md", "not an expression"),
+            ("{{E.md", "not closed"),
+            ("{{ F }}.md", "`F` is not defined"),
+        ] {
+            let err = render_path(template, &ctx).unwrap_err();
+            assert!(err.contains(why), "{template}: {err}");
+        }
     }
 
     /// Random expressions over hostile integers (the extremes of i64, zero,

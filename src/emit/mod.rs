@@ -294,49 +294,27 @@ pub(crate) fn group_by_path<'s, 'a>(
     spec: &OutputSpec,
     sel: &'s Selection<'a>,
 ) -> Result<IndexMap<String, Vec<&'s ShapeOutcome<'a>>>, EmitError> {
-    let env = crate::expr::environment();
-    let template_error = |e: minijinja::Error| EmitError::PathTemplate {
-        template: spec.path.clone(),
-        message: e
-            .detail()
-            .map(str::to_string)
-            .unwrap_or_else(|| e.to_string()),
-    };
     // A journal is input too (committed, or sent): its templates are
-    // bounded as a manifest's are.
+    // rendered as a manifest's are, by tunelab's bounded evaluator.
     crate::expr::check_length(&spec.path, "a path template").map_err(|message| {
         EmitError::PathTemplate {
             template: spec.path.chars().take(80).collect(),
             message,
         }
     })?;
-    let tmpl = env.template_from_str(&spec.path).map_err(template_error)?;
     let device = Json::Object(crate::manifest::device_fields(&header.device));
-    // Over all shapes, as validation bounds a manifest's output paths.
-    let fuel_left = std::cell::Cell::new(crate::expr::TOTAL_FUEL);
     let render = |shape: Option<&select::ShapeFields>| -> Result<String, EmitError> {
         let mut ctx = serde_json::Map::new();
         if let Some(shape) = shape {
             ctx.extend(shape.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
         ctx.insert("device".into(), device.clone());
-        let (path, ran) = crate::expr::render_bounded(&tmpl, &ctx).map_err(|message| {
+        let path = crate::expr::render_path(&spec.path, &ctx).map_err(|message| {
             EmitError::PathTemplate {
                 template: spec.path.clone(),
                 message,
             }
         })?;
-        let left = fuel_left
-            .get()
-            .checked_sub(ran)
-            .ok_or_else(|| EmitError::PathTemplate {
-                template: spec.path.clone(),
-                message: format!(
-                    "it runs more than {} template instructions over all shapes",
-                    crate::expr::TOTAL_FUEL
-                ),
-            })?;
-        fuel_left.set(left);
         check_relative(&path)?;
         Ok(path)
     };

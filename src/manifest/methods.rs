@@ -613,7 +613,8 @@ pub(super) fn declare(
     Ok(())
 }
 
-/// Compiles an expression with minijinja and checks every name it reads.
+/// Checks an expression: its length, that it is in tunelab's language, and
+/// every name it reads (as minijinja parses it).
 pub(super) fn check_expr(
     e: &Expr,
     env: &minijinja::Environment<'static>,
@@ -625,22 +626,34 @@ pub(super) fn check_expr(
         Diagnostic::at(e.span, format!("invalid expression: {why}"))
             .help("write a shorter expression: a derived value can hold a part of it")
     })?;
+    // Jinja's syntax, tunelab's language: what tunelab does not evaluate
+    // (filters, `range`, string repetition and concatenation, chained
+    // comparisons) is refused first, before minijinja parses it (minijinja
+    // folds constants as it parses: `'x' * 99999999` is 100 MB).
+    let slots: std::collections::HashMap<String, usize> = known
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.clone(), i))
+        .collect();
+    let constants: std::collections::HashMap<String, expr::Val> = device_fields(device)
+        .iter()
+        .map(|(k, v)| (format!("device.{k}"), expr::Val::from_json(v)))
+        .collect();
+    let scope = expr::Scope {
+        slots: &slots,
+        constants: &constants,
+    };
+    if expr::compile_fast(&e.source, &scope).is_none() {
+        return Err(Diagnostic::at(e.span, expr::outside_language(&e.source)).help(
+            "write it with those: `BLOCK_SIZE_M * 2 <= device.smem_bytes`, `dtype in ['bf16', 'fp16']`, `a if cond else b`",
+        ));
+    }
     let vars = expr::variables(env, &e.source).map_err(|err| {
         let detail = err.detail().map(str::to_string).unwrap_or_else(|| err.to_string());
         Diagnostic::at(e.span, format!("invalid expression `{}`: {detail}", e.source)).help("expressions use Jinja syntax: `BLOCK_SIZE_M * 2 <= device.smem_bytes`, `a if cond else b`")
     })?;
     let device_fields = device_fields(device);
-    let functions = [
-        "min",
-        "max",
-        "abs",
-        "ceil_div",
-        "log2",
-        "is_pow2",
-        "range",
-        "dict",
-        "namespace",
-    ];
+    let functions = ["min", "max", "abs", "ceil_div", "log2", "is_pow2"];
     let mut names: Vec<&String> = vars.iter().collect();
     names.sort();
     for var in names {

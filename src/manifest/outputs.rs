@@ -120,62 +120,25 @@ impl ClaimedPaths {
 
 /// Output paths are templates; a rendered path must stay inside the results
 /// directory, away from what the runner keeps there. Returns the distinct
-/// rendered paths, as components. `fuel_left`: what the renders of the
-/// manifest's output paths may still run, all shapes and outputs together
-/// ([`expr::TOTAL_FUEL`]).
+/// rendered paths, as components.
 pub(super) fn check_output_path(
     template: &Spanned<String>,
-    env: &minijinja::Environment<'static>,
     shapes: &[Shape],
     device: &DeviceInfo,
-    fuel_left: &mut u64,
 ) -> Result<Vec<Vec<String>>, Diagnostic> {
     let span = template.span;
-    expr::check_length(template, "a path template").map_err(|why| {
-        Diagnostic::at(span, format!("invalid path template: {why}"))
-            .help("path templates name a file: `vllm/E={{E}},N={{N}}.json`")
-    })?;
-    let tmpl = env.template_from_str(template).map_err(|e| {
-        Diagnostic::at(
-            span,
-            format!(
-                "invalid path template `{}`: {}",
-                template.value,
-                e.detail().unwrap_or("syntax error")
-            ),
-        )
-        .help("path templates use Jinja syntax: `vllm/E={{E}},N={{N}}.json`")
-    })?;
     let mut rendered_paths = HashSet::new();
     for shape in shapes {
         let mut ctx: serde_json::Map<String, Json> =
             shape.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         ctx.insert("device".into(), Json::Object(device_fields(device)));
-        let (rendered, ran) = expr::render_bounded(&tmpl, &ctx).map_err(|why| {
-            Diagnostic::at(
-                span,
-                format!(
-                    "path template `{}` cannot be rendered: {why}",
-                    template.value,
-                ),
-            )
-            .help(format!(
-                "templates may use shape fields ({}) and device.*",
-                shape.keys().cloned().collect::<Vec<_>>().join(", ")
-            ))
-        })?;
-        *fuel_left = fuel_left.checked_sub(ran).ok_or_else(|| {
-            Diagnostic::at(
-                span,
-                format!(
-                    "the output paths run more than {} template instructions over all shapes: this one runs {ran} at each",
-                    expr::TOTAL_FUEL
-                ),
-            )
-            .help(format!(
-                "a path template names a file: write it with shape fields and device.* (`vllm/E={{{{E}}}},N={{{{N}}}}.json`), without loops; there are {} shapes",
-                shapes.len()
-            ))
+        let rendered = expr::render_path(template, &ctx).map_err(|why| {
+            let shown: String = template.value.chars().take(120).collect();
+            Diagnostic::at(span, format!("path template `{shown}` cannot be rendered: {why}"))
+                .help(format!(
+                    "a path template is text and `{{{{ field }}}}`s: shape fields ({}), device.*, `name[i]` of a list, or an expression of them (`vllm/E={{{{E}}}},N={{{{N}}}}.json`)",
+                    shape.keys().cloned().collect::<Vec<_>>().join(", ")
+                ))
         })?;
         if !rendered_paths.insert(rendered.clone()) {
             continue;

@@ -72,7 +72,6 @@ pub fn validate(
     let method_names: Vec<&str> = raw.methods.keys().map(|k| k.as_str()).collect();
     let mut outputs = Vec::new();
     let mut claimed = ClaimedPaths::default();
-    let mut fuel_left = expr::TOTAL_FUEL;
     for o in &raw.outputs {
         let checked = (|| {
             if let Some(m) = &o.method {
@@ -98,7 +97,7 @@ pub fn validate(
                 interpreter.as_ref().map(|i| &i.shapes[..]),
             ];
             for shapes in shape_sets.into_iter().flatten() {
-                for path in check_output_path(&o.path, &env, shapes, device, &mut fuel_left)? {
+                for path in check_output_path(&o.path, shapes, device)? {
                     claimed.claim(path, &o.path)?;
                 }
             }

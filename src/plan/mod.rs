@@ -505,7 +505,8 @@ pub fn device_constants(device: &DeviceInfo) -> HashMap<String, Val> {
 /// Called with each valid point's slots; returns (flow, whether it became a job).
 type Visit<'v> = dyn FnMut(&[Val]) -> (ControlFlow<()>, bool) + 'v;
 
-/// A compiled expression: the fast path, or minijinja when outside the subset.
+/// A compiled expression: against this plan's slots, or (an expression the
+/// slots do not cover) evaluated on a context built from them.
 enum Check<'e> {
     Fast(Compiled),
     Reference(&'e Expr),
@@ -515,7 +516,6 @@ enum Check<'e> {
 struct SpacePlan<'a> {
     method: &'a Method,
     shape: &'a Shape,
-    env: &'a minijinja::Environment<'static>,
     device_json: Json,
     /// Slot names: shape fields, params, axes, derived.
     names: Vec<String>,
@@ -637,7 +637,6 @@ impl<'a> SpacePlan<'a> {
         Ok(SpacePlan {
             method,
             shape,
-            env,
             device_json,
             keys: names[first_axis_slot..]
                 .iter()
@@ -662,8 +661,7 @@ impl<'a> SpacePlan<'a> {
                     ctx.insert(name.clone(), v.to_json());
                 }
                 ctx.insert("device".into(), self.device_json.clone());
-                expr::eval_reference(self.env, &e.source, &ctx)
-                    .map_err(|err| self.eval_error(Some(e), slots, err))
+                expr::evaluate(&e.source, &ctx).map_err(|err| self.eval_error(Some(e), slots, err))
             }
         }
     }

@@ -348,10 +348,7 @@ pub fn context(job: &Job, device: &Json) -> Map<String, Json> {
 
 /// Evaluates an expression of a native method for one job.
 pub fn eval(e: &Expr, ctx: &Map<String, Json>) -> Result<Json, JobFailure> {
-    thread_local! {
-        static ENV: minijinja::Environment<'static> = crate::expr::environment();
-    }
-    ENV.with(|env| crate::expr::eval_reference(env, &e.source, ctx))
+    crate::expr::evaluate(&e.source, ctx)
         .map(|v| v.to_json())
         .map_err(|m| {
             JobFailure::new(

@@ -103,7 +103,6 @@ fn follows_rule(rule: &str, job: &JobRecord) -> bool {
     let Some(exprs) = crate::manifest::builtin_baseline(rule) else {
         return false;
     };
-    let env = crate::expr::environment();
     let ctx: serde_json::Map<String, Json> = job
         .shape
         .iter()
@@ -113,7 +112,7 @@ fn follows_rule(rule: &str, job: &JobRecord) -> bool {
         let Some(have) = job.config.get(*param).and_then(Json::as_f64) else {
             return false;
         };
-        crate::expr::eval_reference(&env, source, &ctx)
+        crate::expr::evaluate(source, &ctx)
             .ok()
             .and_then(|v| v.to_json().as_f64())
             .is_some_and(|want| want == have)
