@@ -2226,3 +2226,58 @@ fn aiter_tables_have_one_row_per_shape_whatever_the_activation() {
     assert!(err.contains("give aiter one lookup key"), "{err}");
     assert!(err.contains("takes the first row of a shape"), "{err}");
 }
+
+/// The report's headline compares against what vLLM runs where the report's
+/// method is vLLM's call with vLLM's own setting as its baseline: the
+/// committed H200 MXFP4 run (triton_kernels with split_k 1), naming the
+/// fastest method per shape; never where the baseline is the same config in
+/// tunelab's own kernel (the H100 MXFP4 run), nor where the baseline jobs
+/// predate vLLM 0.33's rule (the fp8 runs of 2026-11).
+#[test]
+fn the_headline_is_against_what_vllm_runs_only_where_the_baseline_is_that() {
+    let summary = |experiment: &str, device: &str| {
+        let results = committed(experiment, device)?;
+        let report = render(&results)["report.md"].clone();
+        Some(
+            report
+                .split("## Summary")
+                .nth(1)?
+                .lines()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+    };
+    if let Some(s) = summary("gptoss-mxfp4", "NVIDIA_H200") {
+        assert!(
+            s.contains("- **Against what vLLM 0.33 runs for MXFP4 experts on sm_90 (triton_kernels' heuristic with split_k 1)** (triton_kernels's baseline)"),
+            "{s}"
+        );
+        assert!(
+            s.contains("geomean over 24 shapes") && s.contains("slower at none"),
+            "{s}"
+        );
+        assert!(
+            s.contains("fastest: cuda_gemv at 2 (2.56×–2.59×), triton_kernels at 20"),
+            "{s}"
+        );
+        assert!(
+            s.contains("Kernels other than triton_kernels's: their fastest is 0.71× as fast"),
+            "{s}"
+        );
+    }
+    if let Some(s) = summary("gptoss", "NVIDIA_H200") {
+        assert!(s.contains("**Against what vLLM 0.33 runs without a tuned file (its default config)** (triton_vllm's baseline)"), "{s}");
+    }
+    for (experiment, device) in [
+        ("gptoss-mxfp4", "NVIDIA_H100_80GB_HBM3"),
+        ("gptoss-fp8", "NVIDIA_H200"),
+    ] {
+        if let Some(s) = summary(experiment, device) {
+            assert!(
+                !s.contains("Against what vLLM"),
+                "{experiment} {device}: {s}"
+            );
+        }
+    }
+}

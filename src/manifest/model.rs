@@ -581,11 +581,41 @@ pub fn builtin_baseline(name: &str) -> Option<Vec<(&'static str, &'static str)>>
             ("num_warps", "4 if M <= 128 else 8"),
             ("num_stages", "4 if M <= 32 else 3"),
         ]),
+        // What vLLM 0.33 runs for gpt-oss's MXFP4 experts on sm_90: OpenAI's
+        // triton_kernels with its own heuristic's tiles under the one
+        // constraint vLLM sets there, split_k 1 (docs/peers.md); the
+        // triton_kernels method's keys, 0 leaving a key to the heuristic.
+        "vllm_triton_kernels_sm90" => Some(vec![
+            ("w1_block_m", "0"),
+            ("w2_block_m", "0"),
+            ("w1_split_k", "1"),
+            ("w2_split_k", "1"),
+            ("w1_num_stages", "0"),
+            ("w2_num_stages", "0"),
+        ]),
         _ => None,
     }
 }
 
-pub const BUILTIN_BASELINES: &[&str] = &["vllm_moe_default"];
+pub const BUILTIN_BASELINES: &[&str] = &["vllm_moe_default", "vllm_triton_kernels_sm90"];
+
+/// What a builtin rule run in a kernel is in a consumer's terms, where that
+/// is what the consumer runs: vLLM's default config in vLLM's own call
+/// structure (`fused_moe_vllm`, tunelab's mirror held to vLLM's kernel, or
+/// the `vllm` method), vLLM's triton_kernels setting in triton_kernels. The
+/// same config in another kernel is not what vLLM runs. The report's
+/// headline compares against it.
+pub fn consumer_runs(rule: &str, kernel: &str) -> Option<&'static str> {
+    match (rule, kernel) {
+        ("vllm_moe_default", "fused_moe_vllm" | "vllm") => {
+            Some("what vLLM 0.33 runs without a tuned file (its default config)")
+        }
+        ("vllm_triton_kernels_sm90", "triton_kernels") => Some(
+            "what vLLM 0.33 runs for MXFP4 experts on sm_90 (triton_kernels' heuristic with split_k 1)",
+        ),
+        _ => None,
+    }
+}
 
 /// The dtype spelled in a shape, if any.
 pub fn shape_dtype(shape: &Shape) -> Option<&str> {

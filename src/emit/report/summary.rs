@@ -359,8 +359,111 @@ fn problems(a: &Analysis<'_, '_, '_>) -> Option<String> {
     (!parts.is_empty()).then(|| format!("{}.", parts.join("; ")))
 }
 
+/// The headline where the report's method has a baseline that is what a
+/// consumer runs (vLLM's default config, vLLM's triton_kernels setting):
+/// the fastest method the run found at each shape against it, which method
+/// that is, and the same without the method's own tuned configs (what
+/// tunelab's other kernels do against it).
+/// Returns the line and how many shapes it covers.
+fn against_what_users_run(a: &Analysis<'_, '_, '_>) -> Option<(String, usize)> {
+    let m = a.primary?;
+    // The method's kernel (recorded in the run header) says whether its
+    // baseline is the consumer's call; the methods of that kernel (its bare
+    // heuristic, say) are not tunelab's kernels.
+    let kernel_of =
+        |method: &str| super::timed::record_in(a.group.header, method).map(|r| r.kernel.clone());
+    let rule = super::timed::baseline_rule_name(a, m)?;
+    let kernel = kernel_of(m)?;
+    let what = crate::manifest::consumer_runs(&rule, &kernel)?;
+    // Only where the baseline jobs are the rule as vLLM has it now: a
+    // journal from before the rule changed timed something else.
+    if !super::timed::baseline_follows(a, m, &rule) {
+        return None;
+    }
+    let mut ratios: Vec<f64> = Vec::new();
+    let mut verdicts_seen = Vec::new();
+    let mut winners: Vec<(&str, Vec<f64>)> = Vec::new();
+    let mut others: Vec<(f64, String)> = Vec::new();
+    for s in &a.group.shapes {
+        let Some(base) = s.method(m).and_then(|o| o.baseline) else {
+            continue;
+        };
+        let Some((o, best)) = s.overall_best() else {
+            continue;
+        };
+        let r = base.time_us() / best.time_us();
+        ratios.push(r);
+        verdicts_seen.push(verdict(base.stats, best.stats));
+        match winners.iter_mut().find(|(w, _)| *w == o.method) {
+            Some((_, rs)) => rs.push(r),
+            None => winners.push((o.method, vec![r])),
+        }
+        let other = s
+            .methods
+            .iter()
+            .filter(|x| kernel_of(x.method) != kernel_of(m))
+            .filter_map(|x| x.best)
+            .map(|b| b.time_us())
+            .min_by(f64::total_cmp);
+        if let Some(t) = other {
+            others.push((base.time_us() / t, a.labels.label(s.shape)));
+        }
+    }
+    let g = geomean(ratios.iter().copied())?;
+    let slower = verdicts_seen
+        .iter()
+        .filter(|v| **v == Verdict::Slow)
+        .count();
+    let range = |rs: &[f64]| {
+        let lo = rs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = rs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (lo, hi) = (num::times(lo), num::times(hi));
+        if lo == hi {
+            lo
+        } else {
+            format!("{lo}–{hi}")
+        }
+    };
+    let fastest: Vec<String> = winners
+        .iter()
+        .map(|(w, rs)| format!("{w} at {} ({})", rs.len(), range(rs)))
+        .collect();
+    let mut text = format!(
+        "**Against {what}** ({m}'s baseline): the fastest method at each shape is **{}** as fast, geomean over {} ({}{}); fastest: {}.",
+        num::times(g),
+        num::count(ratios.len() as u64, "shape", "shapes"),
+        verdicts(verdicts_seen.iter().copied()),
+        if slower > 0 { "" } else { "; slower at none" },
+        fastest.join(", ")
+    );
+    if let Some(og) = geomean(others.iter().map(|(r, _)| *r)) {
+        let ahead = others.iter().filter(|(r, _)| *r >= 1.0).count();
+        others.sort_by(|x, y| x.0.total_cmp(&y.0).then_with(|| x.1.cmp(&y.1)));
+        text.push_str(&format!(
+            " Kernels other than {m}'s: their fastest is {} as fast (geomean), ahead at {ahead} of {}{}.",
+            num::times(og),
+            others.len(),
+            lowest(&others)
+                .map(|l| format!("; furthest behind: {l}"))
+                .unwrap_or_default()
+        ));
+    }
+    Some((text, ratios.len()))
+}
+
 pub(super) fn summary(a: &Analysis<'_, '_, '_>) -> Vec<String> {
     let mut lines = compared(a);
+    let headline = against_what_users_run(a);
+    // Which method is fastest where: the headline names them when it
+    // covers every shape with a timing.
+    let timed_shapes = a
+        .group
+        .shapes
+        .iter()
+        .filter(|s| s.overall_best().is_some())
+        .count();
+    let winners_named = headline.as_ref().is_some_and(|(_, n)| *n == timed_shapes);
+    lines.extend(headline.map(|(text, _)| text));
     let mut ordered: Vec<&str> = a.methods.iter().map(|(m, _)| *m).collect();
     if let Some(p) = a.primary {
         ordered.retain(|m| *m != p);
@@ -402,7 +505,9 @@ pub(super) fn summary(a: &Analysis<'_, '_, '_>) -> Vec<String> {
     if let (Some(at), Some(line)) = (no_baseline_at, untuned(a, &no_baseline)) {
         lines.insert(at, line);
     }
-    lines.extend(fastest_per_shape(a));
+    if !winners_named {
+        lines.extend(fastest_per_shape(a));
+    }
     lines.extend(bound(a));
     lines.extend(problems(a));
     if lines.is_empty() {

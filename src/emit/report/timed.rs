@@ -50,6 +50,9 @@ impl BaselineRule {
             BaselineRule::Builtin { name, .. } if name == "vllm_moe_default" => {
                 "vLLM's default config".into()
             }
+            BaselineRule::Builtin { name, .. } if name == "vllm_triton_kernels_sm90" => {
+                "vLLM's triton_kernels setting".into()
+            }
             BaselineRule::Builtin { name, .. } => format!("the `{name}` config"),
             BaselineRule::Manifest => "the manifest's baseline config".into(),
             BaselineRule::None => "no baseline".into(),
@@ -96,6 +99,40 @@ pub(super) fn baseline_rule(a: &Analysis<'_, '_, '_>, method: &str) -> BaselineR
         }
     }
     BaselineRule::Manifest
+}
+
+/// The builtin rule a method's baseline is: named in the run header,
+/// inferred for an old journal, or a config the manifest writes out that is
+/// the rule's at every baseline job's shape (gptoss-mxfp4's triton_kernels
+/// baseline is `vllm_triton_kernels_sm90` written out).
+pub(super) fn baseline_rule_name(a: &Analysis<'_, '_, '_>, method: &str) -> Option<String> {
+    match baseline_rule(a, method) {
+        BaselineRule::Builtin { name, .. } => Some(name),
+        BaselineRule::None => None,
+        BaselineRule::Manifest => {
+            let jobs: Vec<&JobRecord> = a
+                .jobs
+                .iter()
+                .copied()
+                .filter(|j| j.method == method && j.baseline)
+                .collect();
+            BUILTIN_BASELINES
+                .iter()
+                .find(|rule| !jobs.is_empty() && jobs.iter().all(|j| follows_rule(rule, j)))
+                .map(|rule| rule.to_string())
+        }
+    }
+}
+
+/// Whether every baseline job of a method has the config a builtin rule
+/// gives at its shape today (a journal from before a rule changed does not).
+pub(super) fn baseline_follows(a: &Analysis<'_, '_, '_>, method: &str, rule: &str) -> bool {
+    let mut jobs = a
+        .jobs
+        .iter()
+        .filter(|j| j.method == method && j.baseline)
+        .peekable();
+    jobs.peek().is_some() && jobs.all(|j| follows_rule(rule, j))
 }
 
 /// Whether a job's config is what a builtin rule gives at its shape.
@@ -368,6 +405,12 @@ pub(super) fn timed(a: &Analysis<'_, '_, '_>) -> Timed {
                 explained.push(key);
                 let what = if name == "vllm_moe_default" {
                     VLLM_MOE_DEFAULT.to_string()
+                } else if let Some(what) = with
+                    .first()
+                    .and_then(|w| record_in(a.group.header, w))
+                    .and_then(|r| crate::manifest::consumer_runs(name, &r.kernel))
+                {
+                    what.to_string()
                 } else {
                     format!("the builtin rule `{name}`")
                 };
@@ -388,8 +431,17 @@ pub(super) fn timed(a: &Analysis<'_, '_, '_>) -> Timed {
                         .filter(|j| j.method == *m && j.baseline)
                         .map(|j| config_text(&j.config)),
                 );
+                let kernel = record_in(a.group.header, m)
+                    .map(|r| r.kernel.clone())
+                    .unwrap_or_default();
+                let rule = baseline_rule_name(a, m)
+                    .map(|r| match crate::manifest::consumer_runs(&r, &kernel) {
+                        Some(what) => format!(": `{r}`, {what}"),
+                        None => format!(": the builtin rule `{r}`"),
+                    })
+                    .unwrap_or_default();
                 bullets.push(format!(
-                    "**Baseline** of {m}: the config the manifest gives{}.",
+                    "**Baseline** of {m}: the config the manifest gives{}{rule}.",
                     match configs.as_slice() {
                         [] => String::new(),
                         [one] => format!(", {one}"),
