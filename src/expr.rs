@@ -361,18 +361,41 @@ pub struct Scope<'a> {
 /// before anything is evaluated.
 pub fn compile_fast(source: &str, scope: &Scope<'_>) -> Option<Compiled> {
     check_length(source, "an expression").ok()?;
-    let tokens = tokenize(source)?;
+    parse(source, scope).ok()
+}
+
+/// Compiles `source`, or the byte offset where reading it stopped.
+fn parse(source: &str, scope: &Scope<'_>) -> Result<Compiled, usize> {
+    let (tokens, offsets) = tokenize_at(source)?;
     let mut p = Parser {
         tokens,
         pos: 0,
         scope,
         string_literal: false,
+        seen: std::cell::Cell::new(0),
     };
-    let eval = p.expr()?;
+    let at = |token: usize| offsets.get(token).copied().unwrap_or(source.len());
+    let eval = p.expr().ok_or_else(|| at(p.seen.get()))?;
     if p.pos != p.tokens.len() {
-        return None;
+        return Err(at(p.pos));
     }
-    Some(Compiled { eval })
+    Ok(Compiled { eval })
+}
+
+/// Why `source` is refused, for validation's message: where reading it
+/// stopped, and what the language is ([`LANGUAGE`]).
+pub fn explain_refusal(source: &str, scope: &Scope<'_>) -> String {
+    let at = match parse(source, scope) {
+        Ok(_) => return format!("`{source}` is an expression tunelab reads"),
+        Err(at) => at,
+    };
+    let rest: String = source[at..].chars().take(40).collect();
+    let place = if rest.trim().is_empty() {
+        "it ends too soon".to_string()
+    } else {
+        format!("it cannot be read from `{}`", rest.trim_end())
+    };
+    format!("{}: {place}", outside_language(source))
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -385,6 +408,12 @@ pub(crate) enum Tok {
 }
 
 pub(crate) fn tokenize(s: &str) -> Option<Vec<Tok>> {
+    tokenize_at(s).ok().map(|(tokens, _)| tokens)
+}
+
+/// The tokens and the byte offset each starts at, or the offset of what is
+/// not a token.
+fn tokenize_at(s: &str) -> Result<(Vec<Tok>, Vec<usize>), usize> {
     const OPS: [&str; 20] = [
         "**", "//", "==", "!=", "<=", ">=", "(", ")", ",", ".", "+", "-", "*", "/", "%", "<", ">",
         "~", "[", "]",
@@ -392,12 +421,14 @@ pub(crate) fn tokenize(s: &str) -> Option<Vec<Tok>> {
     let bytes = s.as_bytes();
     let mut i = 0;
     let mut out = Vec::new();
+    let mut offsets = Vec::new();
     while i < bytes.len() {
         let c = bytes[i] as char;
         if c.is_whitespace() {
             i += 1;
         } else if c.is_ascii_digit() {
             let start = i;
+            offsets.push(start);
             while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'_') {
                 i += 1;
             }
@@ -421,31 +452,34 @@ pub(crate) fn tokenize(s: &str) -> Option<Vec<Tok>> {
             }
             let text = s[start..i].replace('_', "");
             out.push(if is_float {
-                Tok::Float(text.parse().ok()?)
+                Tok::Float(text.parse().map_err(|_| start)?)
             } else {
-                Tok::Int(text.parse().ok()?)
+                Tok::Int(text.parse().map_err(|_| start)?)
             });
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
+            offsets.push(start);
             while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
                 i += 1;
             }
             out.push(Tok::Name(s[start..i].to_string()));
         } else if c == '\'' || c == '"' {
-            let end = s[i + 1..].find(c)? + i + 1;
+            let end = s[i + 1..].find(c).ok_or(i)? + i + 1;
             let text = &s[i + 1..end];
             if text.contains('\\') {
-                return None;
+                return Err(i);
             }
+            offsets.push(i);
             out.push(Tok::Str(text.to_string()));
             i = end + 1;
         } else {
-            let op = OPS.iter().find(|op| s[i..].starts_with(**op))?;
+            let op = OPS.iter().find(|op| s[i..].starts_with(**op)).ok_or(i)?;
+            offsets.push(i);
             out.push(Tok::Op(op));
             i += op.len();
         }
     }
-    Some(out)
+    Ok((out, offsets))
 }
 
 struct Parser<'a, 's> {
@@ -457,10 +491,13 @@ struct Parser<'a, 's> {
     /// parses an expression after this parser accepts it, folds constants
     /// as it parses, and `'x' * 99999999 + ...` would allocate gigabytes.
     string_literal: bool,
+    /// The furthest token looked at: where reading stopped, when it does.
+    seen: std::cell::Cell<usize>,
 }
 
 impl Parser<'_, '_> {
     fn peek(&self) -> Option<&Tok> {
+        self.seen.set(self.seen.get().max(self.pos));
         self.tokens.get(self.pos)
     }
 

@@ -644,7 +644,7 @@ pub(super) fn check_expr(
         constants: &constants,
     };
     if expr::compile_fast(&e.source, &scope).is_none() {
-        return Err(Diagnostic::at(e.span, expr::outside_language(&e.source)).help(
+        return Err(Diagnostic::at(e.span, expr::explain_refusal(&e.source, &scope)).help(
             "write it with those: `BLOCK_SIZE_M * 2 <= device.smem_bytes`, `dtype in ['bf16', 'fp16']`, `a if cond else b`",
         ));
     }
