@@ -195,8 +195,10 @@ def strategy_of(name):
     return name.rsplit("-", 1)[-1]
 
 
-def plan_jobs(tunelab, overrides=()):
+def plan_jobs(tunelab, overrides=(), device=None):
     cmd = [str(tunelab), "plan", str(MANIFEST), "--jobs"]
+    if device:
+        cmd += ["--device", device]
     for o in overrides:
         cmd += ["--set", o]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -205,17 +207,20 @@ def plan_jobs(tunelab, overrides=()):
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
 
-def plan_configs(tunelab, native=False):
+def plan_configs(tunelab, native=False, device=None):
     """The shape and the configs tunelab will run, from `tunelab plan --jobs`.
 
     Taking the list from tunelab itself (rather than re-reading the YAML) is
     what makes triton.autotune search exactly the same points. With `native`,
     the manifest with the native override must plan the very same jobs (the
     override is accepted, and changes how they are launched, not which).
+    `device`: a device profile to plan for (a dry run on a machine without a
+    GPU, where `tunelab plan` would show the interpreter's plan); None plans
+    for the GPU found.
     """
-    jobs = plan_jobs(tunelab)
+    jobs = plan_jobs(tunelab, device=device)
     if native:
-        native_jobs = plan_jobs(tunelab, [NATIVE_OVERRIDE])
+        native_jobs = plan_jobs(tunelab, [NATIVE_OVERRIDE], device=device)
         if [(j["shape"], j["config"]) for j in native_jobs] != [(j["shape"], j["config"]) for j in jobs]:
             raise BenchError(f"`--set {NATIVE_OVERRIDE}` plans other jobs than {MANIFEST.name}", 2)
     shapes = {json.dumps(j["shape"], sort_keys=True) for j in jobs}
@@ -1313,7 +1318,9 @@ def main(argv=None):
     try:
         tunelab = find_tunelab(args.tunelab)
         native = any(is_native(n) for n in args.contenders)
-        shape, configs = plan_configs(tunelab, native=native)
+        # A dry run plans for a Hopper GPU wherever it runs (the benchmark's
+        # space is sized for one; see HOPPER_SMEM_BYTES).
+        shape, configs = plan_configs(tunelab, native=native, device="h100" if args.dry_run else None)
         if args.dry_run:
             args.nvrtc = None
             if native:
