@@ -23,7 +23,7 @@ import platform
 import sys
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from tunelab import PROTOCOL_VERSION
 from tunelab.failures import (BAD_REQUEST, COMPILE_ERROR, PROBLEM_ERROR, WorkerError, bad_request, classify,
@@ -75,7 +75,8 @@ KEEP_PREPARED = 8
 class Prepared:
     """A job kept ready between its check and its warmup/sample calls."""
 
-    def __init__(self, job_id, problem, inputs, launch, ctx=None, verdict=None, asked=None):
+    def __init__(self, job_id: str, problem: Any, inputs: Any, launch: Any, ctx: Any = None,
+                 verdict: Optional[dict[str, Any]] = None, asked: Optional[tuple[int, float, float, float]] = None):
         self.job_id = job_id
         self.problem = problem
         self.inputs = inputs
@@ -85,14 +86,14 @@ class Prepared:
         self.ctx = ctx
         # graph_calls -> the CUDA graph of that many launches (timing "graph"),
         # freed with the job.
-        self.graphs = {}
+        self.graphs: dict[int, Any] = {}
         # The passing check's answer (without `then`), given again to a
         # `check` that asks to reuse it.
         self.verdict = verdict or {}
         # (seed, atol, rtol, max_mismatch) of that check.
         self.asked = asked
 
-    def free(self):
+    def free(self) -> None:
         """Give back at once the memory pools of the CUDA graphs this job
         captured (their launches' allocations), whoever else still refers
         to the graph objects."""
@@ -103,7 +104,7 @@ class Prepared:
 
 
 class Worker(NativeOps):
-    def __init__(self, role: str, mode: str, target=None):
+    def __init__(self, role: str, mode: str, target: Any = None) -> None:
         self.role = role
         self.mode = mode
         # Set for a compile worker that compiles for a GPU it cannot see. Such
@@ -124,13 +125,13 @@ class Worker(NativeOps):
         # A lane with a target builds nothing itself (`inputs: native`): the
         # native worker builds the shape's data from this description.
         # (key, the problem's description, its layout)
-        self._native_data: Optional[tuple[tuple[str, str, int], dict, dict]] = None
+        self._native_data: Optional[tuple[tuple[str, str, int], dict[str, Any], dict[str, Any]]] = None
         # (key, inputs, expected output, bytes) of the last shape checked.
         self._shape_cache: Optional[tuple[tuple[str, str, int], Any, Any, float]] = None
         # The shape's tensors shared with a native worker: (key, output, reply).
-        self._shared: Optional[tuple[tuple[str, str, int], Any, dict, Any]] = None
+        self._shared: Optional[tuple[tuple[str, str, int], Any, dict[str, Any], Any]] = None
         self.stopping = False
-        self._timer = None
+        self._timer: Optional[CudaEventTimer | WallTimer] = None
         self._handlers = {
             "hello": self.hello,
             "probe": self.probe,
@@ -172,7 +173,7 @@ class Worker(NativeOps):
         us = (time.perf_counter() - started) * 1e6
         return b"%s,\"worker_us\":%.1f}\n" % (text[:-1], us)
 
-    def _handle(self, raw: bytes) -> dict:
+    def _handle(self, raw: bytes) -> dict[str, Any]:
         try:
             request = json.loads(raw)
         except Exception as exc:
@@ -201,7 +202,7 @@ class Worker(NativeOps):
 
     # ---- ops
 
-    def hello(self, request: dict) -> dict:
+    def hello(self, request: dict[str, Any]) -> dict[str, Any]:
         torch = self.torch
         if torch is None:
             # A compile worker: torch is not imported, and importing it now
@@ -233,7 +234,7 @@ class Worker(NativeOps):
             "cuda": cuda_version,
         }
 
-    def probe(self, request: dict) -> dict:
+    def probe(self, request: dict[str, Any]) -> dict[str, Any]:
         """Import and construct the problem at one shape and look up the
         named methods, without building inputs or touching a GPU. The runner
         asks once per experiment before its first job (and `tunelab validate`
@@ -268,7 +269,7 @@ class Worker(NativeOps):
             }
         return {"methods": methods, "available": [str(n) for n in available]}
 
-    def describe(self, request: dict) -> dict:
+    def describe(self, request: dict[str, Any]) -> dict[str, Any]:
         name, shape = request.get("problem"), request.get("shape")
         if not isinstance(name, str) or not isinstance(shape, dict):
             raise bad_request("describe needs 'problem' (string) and 'shape' (object)")
@@ -296,7 +297,7 @@ class Worker(NativeOps):
             facts["inputs_s"] = time.perf_counter() - started
         return facts
 
-    def compile(self, request: dict) -> dict:
+    def compile(self, request: dict[str, Any]) -> dict[str, Any]:
         job = Job(request.get("job"))
         problem, method = self._problem_and_method(job)
         compile_method = getattr(method, "compile", None)
@@ -319,7 +320,7 @@ class Worker(NativeOps):
             answer["recipe"] = self._recipe_after_compile(job, (problem, method, ctx), ask)
         return answer
 
-    def keep_ir(self, request: dict) -> dict:
+    def keep_ir(self, request: dict[str, Any]) -> dict[str, Any]:
         """Compile one job (or find it in the cache) and write its kernels' IR
         and metadata under `dir` (tunelab.workbench.dump). Needs no GPU in a
         compile worker with a target; the interpreter has no IR to keep."""
@@ -341,7 +342,7 @@ class Worker(NativeOps):
             kernels = dump.write_kernels(ctx.kernels.values(), directory, load=self.target is None)
         return {"kernels": kernels}
 
-    def check(self, request: dict) -> dict:
+    def check(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_lane("check")
         job = Job(request.get("job"))
         seed = _int_field(request, "seed", default=0)
@@ -408,7 +409,7 @@ class Worker(NativeOps):
             reply["then"] = self._then(job.job_id, then)
         return reply
 
-    def _check_again(self, job_id: str, then) -> dict:
+    def _check_again(self, job_id: str, then: object) -> dict[str, Any]:
         """A `check` with `"reuse": true` of a job still prepared: the verdict
         its check gave (its output is not compared again), then `then`."""
         prepared = self._kept.pop(job_id)
@@ -425,13 +426,13 @@ class Worker(NativeOps):
         """The job the last check prepared, or None after a failed one."""
         return self._kept.get(self._last) if self._last is not None else None
 
-    def _keep(self, prepared: Prepared):
+    def _keep(self, prepared: Prepared) -> None:
         """`prepared` is kept (see `_trim`)."""
         self._kept[prepared.job_id] = prepared
         self._last = prepared.job_id
         self._trim()
 
-    def _trim(self):
+    def _trim(self) -> None:
         """The oldest kept jobs dropped down to KEEP_PREPARED, or down to the
         newest alone where torch holds three quarters of the GPU's memory. It
         counts what torch reserves, not what it has allocated: a kept job's
@@ -447,7 +448,7 @@ class Worker(NativeOps):
         while len(self._kept) > keep:
             self._forget(next(iter(self._kept)))
 
-    def _then(self, job_id: str, then) -> dict:
+    def _then(self, job_id: str, then: object) -> dict[str, Any]:
         """What a passing check's request asks to follow in the same call: the
         warm-up and the first batch, as `warmup` and `sample` take them. Their
         failure is reported here, so the check's verdict still stands."""
@@ -463,7 +464,7 @@ class Worker(NativeOps):
             return {"ok": False, "class": err.failure_class, "message": err.message}
         return {"ok": True, "warmup": warmed, "sample": sampled, "wall_ms": wall_ms}
 
-    def warmup(self, request: dict) -> dict:
+    def warmup(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_lane("warmup")
         prepared = self._prepared_for(request)
         min_launches = _int_field(request, "min_launches", default=3, minimum=0, maximum=_MAX_SAMPLES)
@@ -472,7 +473,7 @@ class Worker(NativeOps):
             launches, ms = self._timing().warmup(prepared.launch, min_launches, min_ms)
         return {"launches": launches, "ms": ms}
 
-    def sample(self, request: dict) -> dict:
+    def sample(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_lane("sample")
         prepared = self._prepared_for(request)
         count = _int_field(request, "count", minimum=1, maximum=_MAX_SAMPLES)
@@ -497,30 +498,30 @@ class Worker(NativeOps):
                 name = timer.name
         return {"us": us, "timer": name, "sm_clock_mhz": clock}
 
-    def release(self, request: dict) -> dict:
+    def release(self, request: dict[str, Any]) -> dict[str, Any]:
         self._drop_prepared()
         return {}
 
-    def _forget(self, job_id: str):
+    def _forget(self, job_id: str) -> None:
         prepared = self._kept.pop(job_id, None)
         if prepared is not None:
             prepared.free()
         if self._last == job_id:
             self._last = None
 
-    def _drop_prepared(self):
+    def _drop_prepared(self) -> None:
         """Forget every prepared job, their graphs' memory given back at once."""
         for job_id in list(self._kept):
             self._forget(job_id)
 
-    def shutdown(self, request: dict) -> dict:
+    def shutdown(self, request: dict[str, Any]) -> dict[str, Any]:
         self._drop_prepared()
         self.stopping = True
         return {}
 
     # ---- helpers
 
-    def _shape_data(self, problem, name: str, shape: dict, seed: int):
+    def _shape_data(self, problem: Any, name: str, shape: dict[str, Any], seed: int) -> tuple[Any, Any, float]:
         """(inputs, reference, bytes) for one shape, built once per (problem, shape, seed).
 
         Configs of one shape arrive back to back and their inputs and
@@ -548,7 +549,7 @@ class Worker(NativeOps):
             self._shape_cache = (key, inputs, expected, nbytes)
         return self._shape_cache[1:]
 
-    def _job_context(self, job: Job):
+    def _job_context(self, job: Job) -> Any:
         """The JIT context of a job: its compile options, and for an `ir:`
         method the IR file (read, and copied under its hash into Triton's cache)."""
         ir = ir_path = None
@@ -562,16 +563,16 @@ class Worker(NativeOps):
                 raise WorkerError(PROBLEM_ERROR, str(exc)) from exc
         return jit.JobContext(job.config, ir, ir_path, job.modules)
 
-    def _plant(self, launch, plant_us: float):
+    def _plant(self, launch: Any, plant_us: float) -> Any:
         """The launch with a slowdown of `plant_us` planted after it (tunelab.variant)."""
         from tunelab import variant
 
         if self.mode == "gpu":
-            timer = self._timing()
+            timer = cast(CudaEventTimer, self._timing())  # a GPU's
             return variant.plant_on_gpu(self.torch, launch, plant_us, timer._sm_clock)
         return variant.plant_on_cpu(launch, plant_us)
 
-    def _compile(self, job: Job, problem, method, ctx):
+    def _compile(self, job: Job, problem: Any, method: Any, ctx: Any) -> Any:
         """`Method.compile` under the job's context; for an `ir:` method, the
         source kernel first, to hold the IR file to the specialisation, warps
         and target the source compiles at this shape (tunelab.workbench.ircheck)."""
@@ -593,11 +594,11 @@ class Worker(NativeOps):
         _require_ir_applied(job, ctx)
         return compiled
 
-    def _require_lane(self, op: str):
+    def _require_lane(self, op: str) -> None:
         if self.role != "lane":
             raise bad_request(f"a {self.role} worker does not serve {op!r}; start one with --role lane")
 
-    def _problem_and_method(self, job: Job):
+    def _problem_and_method(self, job: Job) -> tuple[Any, Any]:
         with stage("problem"):
             problem = _make_problem(job.problem, job.shape)
             methods = problem.methods()
@@ -606,7 +607,7 @@ class Worker(NativeOps):
             raise bad_request(f"problem {job.problem!r} has no method {job.method!r} (it has: {known})")
         return problem, methods[job.method]
 
-    def _prepared_for(self, request: dict) -> Prepared:
+    def _prepared_for(self, request: dict[str, Any]) -> Prepared:
         job_id = request.get("job_id")
         prepared = self._kept.get(job_id) if isinstance(job_id, str) else None
         if prepared is None:
@@ -614,12 +615,12 @@ class Worker(NativeOps):
             raise bad_request(f"job {job_id!r} is not prepared (prepared: {have}); send a passing check first")
         return prepared
 
-    def _timing(self):
+    def _timing(self) -> CudaEventTimer | WallTimer:
         if self._timer is None:
             self._timer = CudaEventTimer(self.torch) if self.mode == "gpu" else WallTimer()
         return self._timer
 
-    def _collect_if_crowded(self):
+    def _collect_if_crowded(self) -> None:
         """Free GPU tensors that only reference cycles still hold.
 
         A method's launch objects can sit in reference cycles (closures over
@@ -637,12 +638,12 @@ class Worker(NativeOps):
             gc.collect()
             cuda.empty_cache()
 
-    def _synchronize(self):
+    def _synchronize(self) -> None:
         if self.mode == "gpu":
             self.torch.cuda.synchronize()
 
 
-def _failure(request_id, failure_class: str, message: str) -> dict:
+def _failure(request_id: Optional[int], failure_class: str, message: str) -> dict[str, Any]:
     return {"id": request_id, "ok": False, "class": failure_class, "message": message}
 
 
@@ -650,7 +651,7 @@ def _failure(request_id, failure_class: str, message: str) -> dict:
 # process set-up and the loop
 
 
-def _parse_args(argv):
+def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tunelab.worker", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--role",
@@ -679,7 +680,7 @@ def _parse_args(argv):
 
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     args = _parse_args(argv)
     _die_with_runner()
     protocol = _claim_stdout()

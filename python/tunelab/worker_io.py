@@ -21,8 +21,10 @@ import select
 import sys
 import threading
 import time
+from typing import Any, BinaryIO
 
-def _claim_stdout():
+
+def _claim_stdout() -> BinaryIO:
     """Keep the real stdout for the protocol; send everything else to stderr."""
     sys.stdout.flush()
     protocol_fd = os.dup(1)
@@ -30,7 +32,7 @@ def _claim_stdout():
     sys.stdout = sys.stderr
     return os.fdopen(protocol_fd, "wb")
 
-def _truthy(value) -> bool:
+def _truthy(value: object) -> bool:
     return str(value).strip().lower() in ("1", "true", "on", "yes")
 
 def choose_mode(require_gpu: bool = False) -> str:
@@ -62,7 +64,7 @@ def choose_mode(require_gpu: bool = False) -> str:
     os.environ["TRITON_INTERPRET"] = "1"
     return "interpreter"
 
-def _encode(response: dict) -> bytes:
+def _encode(response: dict[str, Any]) -> bytes:
     """The response as compact JSON, without a newline."""
     try:
         text = json.dumps(response, allow_nan=False, separators=(",", ":"))
@@ -73,7 +75,7 @@ def _encode(response: dict) -> bytes:
     return text.encode("utf-8")
 
 
-def _finite(value):
+def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -202,7 +204,7 @@ def _warm_triton_key() -> threading.Thread:
     to the interpreter would leave Triton's own jit functions compiled ones.
     """
 
-    def warm():
+    def warm() -> None:
         try:
             from triton.runtime.cache import triton_key
 
@@ -221,7 +223,7 @@ class _RefuseImport:
         self.name = name
         self.who = "a compile worker" if role == "compile" else "a lane whose inputs are built natively"
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
         if fullname == self.name or fullname.startswith(self.name + "."):
             raise ImportError(f"{self.who} does not import {fullname}")
         return None

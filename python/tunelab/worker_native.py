@@ -30,17 +30,17 @@ class NativeOps:
     target: Any
     torch: Any
     device: Any
-    _native_data: Optional[tuple[tuple[str, str, int], dict, dict]]
+    _native_data: Optional[tuple[tuple[str, str, int], dict[str, Any], dict[str, Any]]]
     _shape_cache: Optional[tuple[tuple[str, str, int], Any, Any, float]]
-    _shared: Optional[tuple[tuple[str, str, int], Any, dict, Any]]
+    _shared: Optional[tuple[tuple[str, str, int], Any, dict[str, Any], Any]]
     _require_lane: Callable[[str], None]
-    _shape_data: Callable[[Any, str, dict, int], Any]
+    _shape_data: Callable[[Any, str, dict[str, Any], int], tuple[Any, Any, float]]
     _synchronize: Callable[[], None]
-    _problem_and_method: Callable[[Job], Any]
+    _problem_and_method: Callable[[Job], tuple[Any, Any]]
     _job_context: Callable[[Job], Any]
     _compile: Callable[[Job, Any, Any, Any], Any]
 
-    def _recipe_after_compile(self, job: Job, compiled: tuple, ask: dict) -> dict:
+    def _recipe_after_compile(self, job: Job, compiled: tuple[Any, Any, Any], ask: dict[str, Any]) -> dict[str, Any]:
         """The job's native launch recipe, made by the compile worker that has
         just compiled it (`compile` with `recipe: {seed, cache_dir}`), so the
         lane need not ask its own worker. Only over stand-ins of the data the
@@ -60,7 +60,7 @@ class NativeOps:
             traceback.print_exception(exc, file=sys.stderr)
             return {"ok": False, "class": PROBLEM_ERROR, "message": "internal worker error: " + summarize(exc)}
 
-    def share(self, request: dict) -> dict:
+    def share(self, request: dict[str, Any]) -> dict[str, Any]:
         """Share a shape's inputs and a fresh output with the native worker."""
         self._require_lane("share")
         if self.mode != "gpu":
@@ -102,7 +102,7 @@ class NativeOps:
         self._shared = (key, out, reply, reference)
         return reply
 
-    def _shared_for(self, request: dict):
+    def _shared_for(self, request: dict[str, Any]) -> tuple[tuple[str, str, int], Any, dict[str, Any], Any]:
         name, shape = request.get("problem"), request.get("shape")
         seed = request.get("seed", 0)
         key = (name, json.dumps(shape, sort_keys=True), seed)
@@ -110,7 +110,7 @@ class NativeOps:
             raise bad_request("this shape's tensors are not shared; send 'share' first")
         return self._shared
 
-    def compare(self, request: dict) -> dict:
+    def compare(self, request: dict[str, Any]) -> dict[str, Any]:
         """Compare the shared output (a native launch wrote it) with the reference."""
         self._require_lane("compare")
         tolerance = request.get("tolerance")
@@ -130,7 +130,7 @@ class NativeOps:
         result.pop("mismatch")
         return result
 
-    def digest(self, request: dict) -> dict:
+    def digest(self, request: dict[str, Any]) -> dict[str, Any]:
         """The SHA-256 of the shared output's bytes: for tests that compare bits."""
         self._require_lane("digest")
         import hashlib
@@ -140,14 +140,15 @@ class NativeOps:
         data = out.contiguous().view(self.torch.uint8).cpu().numpy().tobytes()
         return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
-    def native_data(self, request: dict) -> dict:
+    def native_data(self, request: dict[str, Any]) -> dict[str, Any]:
         """A shape's data as the native worker builds it (`inputs: native`):
         every tensor, how it is filled, and the reference operator
         (tunelab.native_data.layout)."""
         self._require_lane("native_data")
         return self._describe(*_shape_of("native_data", request))[1]
 
-    def _describe(self, name: str, shape: dict, seed, key) -> tuple[dict, dict]:
+    def _describe(self, name: str, shape: dict[str, Any], seed: int,
+                  key: tuple[str, str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the problem's description, its layout) of a shape's data, kept for the shape."""
         if self._native_data is not None and self._native_data[0] == key:
             return self._native_data[1:]
@@ -168,7 +169,7 @@ class NativeOps:
         self._native_data = (key, description, layout)
         return description, layout
 
-    def recipe(self, request: dict) -> dict:
+    def recipe(self, request: dict[str, Any]) -> dict[str, Any]:
         """How to launch a Triton job natively: its cubin, symbol, grid, block,
         shared memory and arguments over the shared tensors (or, in a lane
         without torch, the tensors the native worker built)."""
@@ -179,7 +180,8 @@ class NativeOps:
             raise bad_request("recipe needs 'cache_dir', where the cubin goes")
         return self._recipe(job, request.get("seed", 0), cache_dir)
 
-    def _recipe(self, job: Job, seed, cache_dir: str, compiled: Optional[tuple] = None) -> dict:
+    def _recipe(self, job: Job, seed: Any, cache_dir: str,
+                compiled: Optional[tuple[Any, Any, Any]] = None) -> dict[str, Any]:
         """`recipe`'s answer; `compiled`: (problem, method, JIT context) where
         this worker has just compiled the job (else compiled, or found, here)."""
         if self.target is None:
@@ -217,13 +219,13 @@ class NativeOps:
         recipe["kernels"] = [jit.resources(compiled, load=True)] if self.target is None else []
         return recipe
 
-    def _shared_inputs(self, job: Job, seed):
+    def _shared_inputs(self, job: Job, seed: Any) -> tuple[Any, dict[int, int], int]:
         """(inputs, data address -> tensor index, the output's index) of the shared shape."""
         _, _, shared, _ = self._shared_for({"problem": job.problem, "shape": job.shape, "seed": seed})
         assert self._shape_cache is not None  # _shared_for built the shape
         return self._shape_cache[1], {t["ptr"]: i for i, t in enumerate(shared["tensors"])}, shared["out"]
 
-    def _described_inputs(self, job: Job, seed):
+    def _described_inputs(self, job: Job, seed: Any) -> tuple[Any, dict[int, int], int]:
         """`_shared_inputs` in a lane without torch (`inputs: native`): stand-ins
         of the tensors the native worker built, whose made-up addresses name
         them (tunelab.native_data)."""
@@ -241,7 +243,7 @@ class NativeOps:
         inputs, addresses = native_data.stand_ins(description)
         return inputs, addresses, layout["out"]
 
-    def recipes(self, request: dict) -> dict:
+    def recipes(self, request: dict[str, Any]) -> dict[str, Any]:
         """`recipe` for several jobs of the shared shape in one call: one
         answer per job, in order, each a recipe with `"ok": true` or the
         job's own failure (`"ok": false`, `class`, `message`)."""
@@ -249,7 +251,7 @@ class NativeOps:
         jobs = request.get("jobs")
         if not isinstance(jobs, list) or not jobs:
             raise bad_request("recipes needs 'jobs', a non-empty list of jobs")
-        answers: list = []
+        answers: list[dict[str, Any]] = []
         for job in jobs:
             try:
                 answers.append({"ok": True, **self.recipe({**request, "job": job})})

@@ -8,6 +8,7 @@ Moved out of tunelab.worker, whose ops use them; none keeps state.
 
 import os
 import sys
+from typing import Any, Optional
 
 from tunelab.failures import COMPILE_ERROR, PROBLEM_ERROR, WorkerError, summarize
 from tunelab.worker_request import Job
@@ -15,7 +16,7 @@ from tunelab.worker_request import Job
 _TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
 
 
-def _description(method):
+def _description(method: Any) -> Optional[str]:
     """What a report calls the method: its `description` where it has one (a
     library method says which version of the library runs), else its class's
     docstring's first sentence. A description that fails to build is left out."""
@@ -32,7 +33,7 @@ def _description(method):
 _ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf")
 
 
-def _summary(doc):
+def _summary(doc: Optional[str]) -> Optional[str]:
     """A method class's docstring's first sentence, whole however many lines
     it is wrapped over: what a report calls the method. The sentence ends at
     the first full stop followed by a space or the paragraph's end, outside
@@ -57,7 +58,7 @@ def _summary(doc):
     return text or None
 
 
-def _type_names(method: str, declared) -> dict:
+def _type_names(method: str, declared: object) -> dict[str, str]:
     """A method's `config_types` ({key: int | float | str | bool}) as protocol names."""
     if not isinstance(declared, dict):
         raise WorkerError(PROBLEM_ERROR, f"method {method!r}: config_types must be a dict of key -> type")
@@ -69,13 +70,13 @@ def _type_names(method: str, declared) -> dict:
     return out
 
 
-def _make_problem(name: str, shape: dict):
+def _make_problem(name: str, shape: dict[str, Any]) -> Any:
     from tunelab.problems import resolve
 
     return resolve(name)(shape)
 
 
-def _require_ir_applied(job: Job, ctx):
+def _require_ir_applied(job: Job, ctx: Any) -> None:
     """An IR file whose kernel the method never compiled ran nothing: a failure, not a silent source run."""
     if ctx.ir is not None and not ctx.ir_applied and ctx.launched:
         raise WorkerError(COMPILE_ERROR, f"IR file {job.ir} defines kernel @{ctx.ir.entry}, which method "
@@ -88,7 +89,7 @@ def _triton_cache_dir() -> str:
     return knobs.cache.dir or os.path.join(os.path.expanduser("~"), ".triton", "cache")
 
 
-def _unavailable(method, problem):
+def _unavailable(method: Any, problem: Any) -> Optional[str]:
     """The method's one-line reason it cannot run here, or None (no hook: it can).
 
     A hook that raises does not fail the shape: its error becomes the reason."""
@@ -102,7 +103,7 @@ def _unavailable(method, problem):
     return str(reason) if reason else None
 
 
-def _poison(torch, out):
+def _poison(torch: Any, out: Any) -> None:
     """Fill the output with values no correct method leaves behind.
 
     NaN for floating outputs (any element the method fails to write then shows
@@ -114,7 +115,7 @@ def _poison(torch, out):
         out.fill_(torch.iinfo(out.dtype).min)
 
 
-def _bytes_for(problem, inputs) -> float:
+def _bytes_for(problem: Any, inputs: Any) -> float:
     """The problem's minimal bytes for these inputs where it can count them
     (`bytes_for`, e.g. the experts a routing selects), else its `bytes()`.
 
