@@ -75,7 +75,7 @@ pack +DIRS:
 # `pip install .` there gives the `tunelab` command (.venv/bin/tunelab, which
 # the recipes then run) and `import tunelab`; it compiles the Rust core once
 # (the README says how long), and pip shows its progress.
-# Make .venv with torch, triton, numpy, pytest (with pytest-xdist), pandas and mypy, and install tunelab into it.
+# Make .venv with torch, triton, numpy, pytest (with pytest-xdist), pandas, mypy and ruff, and install tunelab into it.
 setup:
     test -x .venv/bin/python || python3 -m venv .venv
     .venv/bin/python -m pip install -q --disable-pip-version-check torch triton numpy
@@ -84,7 +84,7 @@ setup:
 
 # Also the type check and the installed wheel's API tests.
 # Everything CI checks: formatting, lints, the HIP build, Rust tests, Python tests, the interpreter end to end.
-test: lint check-hip
+test: lint lint-python check-hip
     TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets
     PYTHONPATH=python {{python}} -m pytest -q -n {{pytest_workers}} python/tests --ignore=python/tests/api
     just typecheck
@@ -126,6 +126,10 @@ check-hip:
 lint:
     cargo fmt --all -- --check
     cargo clippy --all-targets -- -D warnings
+
+# ruff over the Python code: package, tests, bench and scripts (pyproject.toml's [tool.ruff]).
+lint-python:
+    {{python}} -m ruff check .
 
 # Not part of `just test` (CI): it checks pyo3 and the runner's crates once
 # more (about a minute on 2 cores); the wheel build in `just test-api`

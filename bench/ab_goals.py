@@ -123,7 +123,7 @@ def main() -> int:
             "ab", MANIFEST, "--only", only, "--a", str(tuned("tune1")), "--results-dir", str(out / name),
             "--quiet", *extra, *more, python=python)
         state[name] = {"exit": code, "seconds": round(seconds, 1), **headline_counts(text),
-                       "headline": next((l for l in text.splitlines() if l.startswith("B against A")), "")}
+                       "headline": next((line for line in text.splitlines() if line.startswith("B against A")), "")}
         pack(out / name / "gptoss-ab" / device, python=python)
 
     for step in args.steps:

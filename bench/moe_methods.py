@@ -65,7 +65,7 @@ import triton  # noqa: E402
 
 from tunelab.compare import compare  # noqa: E402
 from tunelab.kernels.fused_moe import PERSISTENT_CONFIG_KEYS, persistent_default_config  # noqa: E402
-from tunelab.problems.moe import CONFIG_KEYS, FusedMoE, vllm_default_config  # noqa: E402
+from tunelab.problems.moe import FusedMoE, vllm_default_config  # noqa: E402
 from tunelab.worker import CudaEventTimer, Prepared  # noqa: E402
 
 PEAK_GBS = {"H100": 3350.0, "H200": 4800.0}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import statistics
 import sys
 from pathlib import Path

@@ -231,7 +231,7 @@ def main(argv=None):
             programs = triton.cdiv(w_words, block)
             out = torch.empty(experts.numel() * programs, dtype=torch.int32, device="cuda")
 
-            def fn(block=block, warps=warps, programs=programs, out=out):
+            def fn(block=block, warps=warps, programs=programs, out=out, w_words=w_words, s_words=s_words):
                 stream_kernel[(programs, experts.numel())](w1, s1, experts, out, w_words, s_words, w1.stride(0),
                                                            s1.stride(0), BLOCK=block, num_warps=warps)
             fn()

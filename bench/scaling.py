@@ -402,7 +402,7 @@ def limits(run, wall):
     if lg.get("s"):
         out.append(f"longest group {lg['s']:.1f} s ({lg.get('method')} {lg.get('shape')}, {lg.get('jobs')} jobs): "
                    f"{100 * lg['s'] / wall:.0f} % of the wall time; no lane finishes before it")
-    waits = sum(l["wait_for_compile_s"] for l in t["lanes"].values())
+    waits = sum(lane["wait_for_compile_s"] for lane in t["lanes"].values())
     pool = t["compile_pool"]
     if pool["workers"]:
         out.append(f"compile pool: {pool['workers']} workers {100 * (pool['busy_fraction'] or 0):.0f} % busy; "

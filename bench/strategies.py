@@ -22,7 +22,6 @@ import argparse
 import datetime
 import gzip
 import json
-import os
 import shlex
 import shutil
 import statistics

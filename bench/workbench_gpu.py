@@ -131,10 +131,12 @@ def main() -> int:
     config = json.dumps(winner["config"])
     shape = json.dumps(winner["shape"])
     manifest = out / "workbench.yaml"
+    description = (f"gptoss {args.shape}: the tuned fused-MoE config from source, from IR, from edited IR "
+                   f"({target['name']} capped at {cap} registers), and with maxnreg as a compile option")
     manifest.write_text(f"""# Written by bench/workbench_gpu.py: the winner of {args.shape} (gptoss, method triton)
 # run from source, from its kept TTGIR, from an edited TTGIR and under a compile option.
 experiment: gptoss-workbench
-description: "gptoss {args.shape}: the tuned fused-MoE config from source, from IR, from edited IR ({target['name']} capped at {cap} registers), and with maxnreg as a compile option"
+description: "{description}"
 problem: moe
 shapes:
   list: [{shape}]

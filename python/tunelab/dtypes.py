@@ -40,7 +40,7 @@ class PointerStandIn:
         return 0
 
 
-def use_stand_ins():
+def use_stand_ins() -> None:
     """From now on `torch_dtype` and `INDEX`/`WEIGHT` dtypes are stand-ins (compile workers)."""
     global _STAND_INS
     names = {**_NAMES, "i32": "int32", "u8": "uint8", "fp8e4m3": "float8_e4m3fn"}

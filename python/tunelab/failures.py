@@ -5,6 +5,7 @@ Triton or CUDA raised (docs/worker-protocol.md, "Failures")."""
 import contextlib
 import sys
 import traceback
+from collections.abc import Iterator
 
 # Failure classes a worker may send (the runner adds crash and timeout).
 BAD_REQUEST = "bad_request"
@@ -89,7 +90,7 @@ def summarize(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def stage(name: str):
+def stage(name: str) -> Iterator[None]:
     """Turn any exception raised inside into a WorkerError classed by `name`.
 
     The full traceback goes to stderr for whoever reads the worker's log; the

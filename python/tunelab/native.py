@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+from typing import Any
 
 # Triton scalar types -> the protocol's argument types. Each slot is 8 bytes
 # and the driver reads a parameter's own size from it, so the narrower
@@ -128,7 +129,7 @@ def describe_tensor(torch, name: str, t) -> dict:
     }
 
 
-def new_output(problem, inputs, expected):
+def new_output(problem: Any, inputs: Any, expected: Any) -> Any:
     """The output a native method writes: the problem's own (`new_output`), or
     a tensor like the reference."""
     make = getattr(problem, "new_output", None)

@@ -6,6 +6,8 @@ import math
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any, Optional
 
 from tunelab.failures import LAUNCH_ERROR, WorkerError, summarize
 
@@ -15,7 +17,7 @@ class WallTimer:
 
     name = "wall"
 
-    def warmup(self, launch, min_launches: int, min_ms: float):
+    def warmup(self, launch: Callable[[], object], min_launches: int, min_ms: float) -> tuple[int, float]:
         launches = 0
         started = time.perf_counter()
         while True:
@@ -25,7 +27,8 @@ class WallTimer:
             if launches >= min_launches and ms >= min_ms:
                 return launches, ms
 
-    def sample(self, launch, count: int, flush_bytes: int, flush_with: str = "read"):
+    def sample(self, launch: Callable[[], object], count: int, flush_bytes: int,
+               flush_with: str = "read") -> tuple[list[float], Optional[int]]:
         us = []
         for _ in range(count):
             started = time.perf_counter()
@@ -35,7 +38,7 @@ class WallTimer:
 
     graph_name = "wall"
 
-    def sample_graph(self, prepared, count: int, graph_calls: int):
+    def sample_graph(self, prepared: Any, count: int, graph_calls: int) -> tuple[list[float], Optional[int]]:
         """The graph timing's emulation: wall-clock over graph_calls back-to-back
         launches, per launch. One warm-up launch first, once per prepared job
         and graph size, as a capture would make."""
@@ -76,23 +79,23 @@ class CudaEventTimer:
     # Times a batch's chunks may be queued again after outrunning their spin.
     _REQUEUES = 2
 
-    def __init__(self, torch):
+    def __init__(self, torch: Any) -> None:
         self._torch = torch
-        self._starts = []
-        self._ends = []
-        self._flush = None
-        self._clock = None
+        self._starts: list[Any] = []
+        self._ends: list[Any] = []
+        self._flush: Any = None
+        self._clock: Optional[SmClock] = None
         # Host time to queue one sample (flush, two events, launch); refined
         # after every sample call and used to size the spin kernel.
         self._enqueue_us = 50.0
 
-    def _events(self, count: int):
+    def _events(self, count: int) -> tuple[list[Any], list[Any]]:
         while len(self._starts) < count:
             self._starts.append(self._torch.cuda.Event(enable_timing=True))
             self._ends.append(self._torch.cuda.Event(enable_timing=True))
         return self._starts[:count], self._ends[:count]
 
-    def _flush_buffer(self, nbytes: int):
+    def _flush_buffer(self, nbytes: int) -> Any:
         """The first `nbytes` (rounded up to whole int32 words) of the flush buffer, as int32."""
         if nbytes <= 0:
             return None
@@ -103,7 +106,7 @@ class CudaEventTimer:
             self._flush = self._torch.zeros(words, dtype=self._torch.int32, device="cuda")
         return self._flush[:words]
 
-    def _flusher(self, nbytes: int, flush_with: str):
+    def _flusher(self, nbytes: int, flush_with: str) -> Optional[Callable[[], object]]:
         """A callable that evicts L2 before a sample, or None.
 
         "read" reduces the buffer to one value, leaving L2 full of clean lines;
@@ -115,7 +118,8 @@ class CudaEventTimer:
         if buf is None:
             return None
         if flush_with == "memset":
-            return buf.zero_
+            zero: Callable[[], object] = buf.zero_
+            return zero
         torch = self._torch
         return lambda: torch.amax(buf)
 
@@ -135,7 +139,7 @@ class CudaEventTimer:
         spin(int(spin_us * self._SPIN_CYCLES_PER_US))
         return spin_us
 
-    def _queue_held(self, count: int, queue_one) -> None:
+    def _queue_held(self, count: int, queue_one: Callable[[int], None]) -> None:
         """Queue samples 0..count-1 (`queue_one(i)` queues sample i: its flush,
         event pair and launch) in chunks, each behind its own spin kernel.
 
@@ -166,7 +170,7 @@ class CudaEventTimer:
                 continue
             done += chunk
 
-    def warmup(self, launch, min_launches: int, min_ms: float):
+    def warmup(self, launch: Callable[[], object], min_launches: int, min_ms: float) -> tuple[int, float]:
         starts, ends = self._events(1)
         start, end = starts[0], ends[0]
         launches, ms = 0, 0.0
@@ -194,7 +198,8 @@ class CudaEventTimer:
             needed = math.ceil((min_ms - ms) / per_launch) if per_launch > 0 else 2 * batch
             batch = max(1, min(needed, 4 * batch, self._MAX_WARMUP_BATCH))
 
-    def sample(self, launch, count: int, flush_bytes: int, flush_with: str = "read"):
+    def sample(self, launch: Callable[[], object], count: int, flush_bytes: int,
+               flush_with: str = "read") -> tuple[list[float], Optional[int]]:
         torch = self._torch
         flush = self._flusher(flush_bytes, flush_with)
         starts, ends = self._events(count)
@@ -212,14 +217,14 @@ class CudaEventTimer:
         clock = self._sm_clock()
         return [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)], clock
 
-    def _sm_clock(self):
+    def _sm_clock(self) -> Optional[int]:
         if self._clock is None:
             self._clock = SmClock(self._torch)
         return self._clock.read()
 
     graph_name = "cuda_graph"
 
-    def sample_graph(self, prepared, count: int, graph_calls: int):
+    def sample_graph(self, prepared: Any, count: int, graph_calls: int) -> tuple[list[float], Optional[int]]:
         """`count` replays of one CUDA graph holding `graph_calls` launches back
         to back, each between an event pair; a sample is elapsed / graph_calls.
 
@@ -245,7 +250,7 @@ class CudaEventTimer:
         clock = self._sm_clock()
         return [start.elapsed_time(end) * 1e3 / graph_calls for start, end in zip(starts, ends)], clock
 
-    def _capture(self, launch, calls: int):
+    def _capture(self, launch: Callable[[], object], calls: int) -> Any:
         torch = self._torch
         # Warm up on a side stream, as torch's CUDA graph notes ask: whatever the
         # first call sets up (workspaces, handles) is not captured.
@@ -280,12 +285,12 @@ class SmClock:
     fails the reader is dropped, so a missing NVML costs one try, not one per call.
     """
 
-    def __init__(self, torch):
+    def __init__(self, torch: Any) -> None:
         self._torch = torch
         self._read = self._pick()
 
-    def _pick(self):
-        torch_clock = getattr(self._torch.cuda, "clock_rate", None)
+    def _pick(self) -> Optional[Callable[[], Any]]:
+        torch_clock: Optional[Callable[[], Any]] = getattr(self._torch.cuda, "clock_rate", None)
         if torch_clock is not None:
             return torch_clock
         try:
@@ -299,7 +304,7 @@ class SmClock:
         except Exception:
             return None
 
-    def read(self):
+    def read(self) -> Optional[int]:
         if self._read is None:
             return None
         try:

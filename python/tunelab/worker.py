@@ -16,25 +16,37 @@ code, lands on stderr and cannot corrupt a response.
 """
 
 import argparse
-import contextlib
 import gc
 import json
-import math
 import os
 import platform
-import select
 import sys
-import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from tunelab import PROTOCOL_VERSION
-from tunelab.failures import (BAD_REQUEST, COMPILE_ERROR, LAUNCH_ERROR, OUT_OF_RESOURCES, PROBLEM_ERROR,
-                              WorkerError, bad_request, classify, stage, summarize)
+from tunelab.failures import (BAD_REQUEST, COMPILE_ERROR, PROBLEM_ERROR, WorkerError, bad_request, classify,
+                              stage, summarize)
 from tunelab.timers import CudaEventTimer, SmClock, WallTimer
+from tunelab.worker_io import (_RefuseImport, _Requests, _claim_stdout, _die_with_runner, _encode, _spin_seconds,
+                               _truthy, _warm_triton_key, choose_mode)
+from tunelab.worker_native import NativeOps
+from tunelab.worker_problem import (_bytes_for, _description, _make_problem, _poison, _require_ir_applied,
+                                    _triton_cache_dir, _type_names, _unavailable)
+from tunelab.worker_request import Job, _int_field, _number_field
 from tunelab.workbench import jit
 from tunelab.workbench.jit import COMPILE_OPTIONS
+
+# The worker is split along its seams: tunelab.worker_request (request
+# fields), tunelab.worker_problem (calling a problem and its methods),
+# tunelab.worker_native (the native-launch ops, a mixin of Worker) and
+# tunelab.worker_io (the protocol's I/O and the process's set-up). What
+# other code imports from here stays importable from here.
+__all__ = [
+    "FLUSH_WITH", "KEEP_PREPARED", "TIMINGS", "CudaEventTimer", "Job", "Prepared", "SmClock", "WallTimer",
+    "Worker", "WorkerError", "_Requests", "choose_mode", "classify", "main", "summarize",
+]
 
 _MAX_SAMPLES = 1_000_000
 FLUSH_WITH = ("read", "memset")  # how a sample's L2 flush evicts the cache
@@ -42,67 +54,6 @@ FLUSH_WITH = ("read", "memset")  # how a sample's L2 flush evicts the cache
 # "hot" (no flush), "graph" (graph_calls launches captured in one CUDA graph).
 TIMINGS = ("cold", "hot", "graph")
 _MAX_GRAPH_CALLS = 10_000
-
-
-# --------------------------------------------------------------------------
-# request fields
-
-
-def _int_field(request: dict, key: str, default=None, minimum=None, maximum=None) -> int:
-    value = request.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"{key!r} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise bad_request(f"{key!r} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise bad_request(f"{key!r} must be <= {maximum}, got {value}")
-    return value
-
-
-def _number_field(obj: dict, key: str, default=None) -> float:
-    value = obj.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise bad_request(f"{key!r} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-class Job:
-    """The JOB object of a request, validated."""
-
-    def __init__(self, raw):
-        if not isinstance(raw, dict):
-            raise bad_request("request needs a 'job' object")
-        self.job_id = raw.get("job_id")
-        self.problem = raw.get("problem")
-        self.shape = raw.get("shape")
-        self.config = raw.get("config", {})
-        method = raw.get("method")
-        if not isinstance(self.job_id, str) or not self.job_id:
-            raise bad_request("job.job_id must be a non-empty string")
-        if not isinstance(self.problem, str) or not self.problem:
-            raise bad_request("job.problem must be a string (a builtin name or 'module.path:ClassName')")
-        if not isinstance(self.shape, dict):
-            raise bad_request("job.shape must be an object")
-        if not isinstance(self.config, dict):
-            raise bad_request("job.config must be an object")
-        if not isinstance(method, dict):
-            raise bad_request("job.method must be an object")
-        # `kernel` names the problem's method; a method entry without one is
-        # named after itself.
-        self.method = method.get("kernel") or method.get("name")
-        if not isinstance(self.method, str):
-            raise bad_request("job.method needs a 'kernel' (or 'name') string")
-        # An `ir:` method: the IR file (absolute path) its kernel is compiled from.
-        self.ir = method.get("ir")
-        if self.ir is not None and (not isinstance(self.ir, str) or not self.ir):
-            raise bad_request("job.method.ir must be a path to an IR file")
-        # An A/B side's code (tunelab.variant): module name -> the file run instead.
-        self.modules = method.get("modules") or {}
-        if not isinstance(self.modules, dict) or not all(
-                isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.modules.items()):
-            raise bad_request("job.method.modules must map module names to files")
-        # A planted slowdown (an A/B side's testing knob): microseconds of spin after each launch.
-        self.plant_us = _number_field(raw, "plant_us", default=0.0)
 
 
 # --------------------------------------------------------------------------
@@ -124,7 +75,8 @@ KEEP_PREPARED = 8
 class Prepared:
     """A job kept ready between its check and its warmup/sample calls."""
 
-    def __init__(self, job_id, problem, inputs, launch, ctx=None, verdict=None, asked=None):
+    def __init__(self, job_id: str, problem: Any, inputs: Any, launch: Any, ctx: Any = None,
+                 verdict: Optional[dict[str, Any]] = None, asked: Optional[tuple[int, float, float, float]] = None):
         self.job_id = job_id
         self.problem = problem
         self.inputs = inputs
@@ -134,14 +86,14 @@ class Prepared:
         self.ctx = ctx
         # graph_calls -> the CUDA graph of that many launches (timing "graph"),
         # freed with the job.
-        self.graphs = {}
+        self.graphs: dict[int, Any] = {}
         # The passing check's answer (without `then`), given again to a
         # `check` that asks to reuse it.
         self.verdict = verdict or {}
         # (seed, atol, rtol, max_mismatch) of that check.
         self.asked = asked
 
-    def free(self):
+    def free(self) -> None:
         """Give back at once the memory pools of the CUDA graphs this job
         captured (their launches' allocations), whoever else still refers
         to the graph objects."""
@@ -151,8 +103,8 @@ class Prepared:
         self.graphs.clear()
 
 
-class Worker:
-    def __init__(self, role: str, mode: str, target=None):
+class Worker(NativeOps):
+    def __init__(self, role: str, mode: str, target: Any = None) -> None:
         self.role = role
         self.mode = mode
         # Set for a compile worker that compiles for a GPU it cannot see. Such
@@ -173,13 +125,13 @@ class Worker:
         # A lane with a target builds nothing itself (`inputs: native`): the
         # native worker builds the shape's data from this description.
         # (key, the problem's description, its layout)
-        self._native_data: Optional[tuple[tuple[str, str, int], dict, dict]] = None
+        self._native_data: Optional[tuple[tuple[str, str, int], dict[str, Any], dict[str, Any]]] = None
         # (key, inputs, expected output, bytes) of the last shape checked.
         self._shape_cache: Optional[tuple[tuple[str, str, int], Any, Any, float]] = None
         # The shape's tensors shared with a native worker: (key, output, reply).
-        self._shared: Optional[tuple[tuple[str, str, int], Any, dict, Any]] = None
+        self._shared: Optional[tuple[tuple[str, str, int], Any, dict[str, Any], Any]] = None
         self.stopping = False
-        self._timer = None
+        self._timer: Optional[CudaEventTimer | WallTimer] = None
         self._handlers = {
             "hello": self.hello,
             "probe": self.probe,
@@ -221,7 +173,7 @@ class Worker:
         us = (time.perf_counter() - started) * 1e6
         return b"%s,\"worker_us\":%.1f}\n" % (text[:-1], us)
 
-    def _handle(self, raw: bytes) -> dict:
+    def _handle(self, raw: bytes) -> dict[str, Any]:
         try:
             request = json.loads(raw)
         except Exception as exc:
@@ -250,7 +202,7 @@ class Worker:
 
     # ---- ops
 
-    def hello(self, request: dict) -> dict:
+    def hello(self, request: dict[str, Any]) -> dict[str, Any]:
         torch = self.torch
         if torch is None:
             # A compile worker: torch is not imported, and importing it now
@@ -282,7 +234,7 @@ class Worker:
             "cuda": cuda_version,
         }
 
-    def probe(self, request: dict) -> dict:
+    def probe(self, request: dict[str, Any]) -> dict[str, Any]:
         """Import and construct the problem at one shape and look up the
         named methods, without building inputs or touching a GPU. The runner
         asks once per experiment before its first job (and `tunelab validate`
@@ -317,7 +269,7 @@ class Worker:
             }
         return {"methods": methods, "available": [str(n) for n in available]}
 
-    def describe(self, request: dict) -> dict:
+    def describe(self, request: dict[str, Any]) -> dict[str, Any]:
         name, shape = request.get("problem"), request.get("shape")
         if not isinstance(name, str) or not isinstance(shape, dict):
             raise bad_request("describe needs 'problem' (string) and 'shape' (object)")
@@ -345,7 +297,7 @@ class Worker:
             facts["inputs_s"] = time.perf_counter() - started
         return facts
 
-    def compile(self, request: dict) -> dict:
+    def compile(self, request: dict[str, Any]) -> dict[str, Any]:
         job = Job(request.get("job"))
         problem, method = self._problem_and_method(job)
         compile_method = getattr(method, "compile", None)
@@ -368,27 +320,7 @@ class Worker:
             answer["recipe"] = self._recipe_after_compile(job, (problem, method, ctx), ask)
         return answer
 
-    def _recipe_after_compile(self, job: Job, compiled: tuple, ask: dict) -> dict:
-        """The job's native launch recipe, made by the compile worker that has
-        just compiled it (`compile` with `recipe: {seed, cache_dir}`), so the
-        lane need not ask its own worker. Only over stand-ins of the data the
-        native worker builds (`inputs: native`): the tensors are named by the
-        same indices in every worker. Answered as in `recipes`: `ok` and the
-        recipe, or the failure, which is not the compile's (the lane asks
-        again and the job's check records it)."""
-        if self.target is None:
-            return {"ok": False, "class": BAD_REQUEST,
-                    "message": "only a worker without a GPU (--target) makes recipes when it compiles"}
-        try:
-            return {"ok": True, **self._recipe(job, ask.get("seed", 0), ask["cache_dir"], compiled)}
-        except WorkerError as err:
-            return {"ok": False, "class": err.failure_class, "message": err.message}
-        except Exception as exc:  # noqa: BLE001 - the recipe's bug, not the compile's, as in `recipes`
-            print("tunelab worker: internal error making a recipe after a compile:", file=sys.stderr)
-            traceback.print_exception(exc, file=sys.stderr)
-            return {"ok": False, "class": PROBLEM_ERROR, "message": "internal worker error: " + summarize(exc)}
-
-    def keep_ir(self, request: dict) -> dict:
+    def keep_ir(self, request: dict[str, Any]) -> dict[str, Any]:
         """Compile one job (or find it in the cache) and write its kernels' IR
         and metadata under `dir` (tunelab.workbench.dump). Needs no GPU in a
         compile worker with a target; the interpreter has no IR to keep."""
@@ -410,7 +342,7 @@ class Worker:
             kernels = dump.write_kernels(ctx.kernels.values(), directory, load=self.target is None)
         return {"kernels": kernels}
 
-    def check(self, request: dict) -> dict:
+    def check(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_lane("check")
         job = Job(request.get("job"))
         seed = _int_field(request, "seed", default=0)
@@ -477,7 +409,7 @@ class Worker:
             reply["then"] = self._then(job.job_id, then)
         return reply
 
-    def _check_again(self, job_id: str, then) -> dict:
+    def _check_again(self, job_id: str, then: object) -> dict[str, Any]:
         """A `check` with `"reuse": true` of a job still prepared: the verdict
         its check gave (its output is not compared again), then `then`."""
         prepared = self._kept.pop(job_id)
@@ -494,13 +426,13 @@ class Worker:
         """The job the last check prepared, or None after a failed one."""
         return self._kept.get(self._last) if self._last is not None else None
 
-    def _keep(self, prepared: Prepared):
+    def _keep(self, prepared: Prepared) -> None:
         """`prepared` is kept (see `_trim`)."""
         self._kept[prepared.job_id] = prepared
         self._last = prepared.job_id
         self._trim()
 
-    def _trim(self):
+    def _trim(self) -> None:
         """The oldest kept jobs dropped down to KEEP_PREPARED, or down to the
         newest alone where torch holds three quarters of the GPU's memory. It
         counts what torch reserves, not what it has allocated: a kept job's
@@ -516,7 +448,7 @@ class Worker:
         while len(self._kept) > keep:
             self._forget(next(iter(self._kept)))
 
-    def _then(self, job_id: str, then) -> dict:
+    def _then(self, job_id: str, then: object) -> dict[str, Any]:
         """What a passing check's request asks to follow in the same call: the
         warm-up and the first batch, as `warmup` and `sample` take them. Their
         failure is reported here, so the check's verdict still stands."""
@@ -532,7 +464,7 @@ class Worker:
             return {"ok": False, "class": err.failure_class, "message": err.message}
         return {"ok": True, "warmup": warmed, "sample": sampled, "wall_ms": wall_ms}
 
-    def warmup(self, request: dict) -> dict:
+    def warmup(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_lane("warmup")
         prepared = self._prepared_for(request)
         min_launches = _int_field(request, "min_launches", default=3, minimum=0, maximum=_MAX_SAMPLES)
@@ -541,7 +473,7 @@ class Worker:
             launches, ms = self._timing().warmup(prepared.launch, min_launches, min_ms)
         return {"launches": launches, "ms": ms}
 
-    def sample(self, request: dict) -> dict:
+    def sample(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_lane("sample")
         prepared = self._prepared_for(request)
         count = _int_field(request, "count", minimum=1, maximum=_MAX_SAMPLES)
@@ -566,239 +498,30 @@ class Worker:
                 name = timer.name
         return {"us": us, "timer": name, "sm_clock_mhz": clock}
 
-    def release(self, request: dict) -> dict:
+    def release(self, request: dict[str, Any]) -> dict[str, Any]:
         self._drop_prepared()
         return {}
 
-    def _forget(self, job_id: str):
+    def _forget(self, job_id: str) -> None:
         prepared = self._kept.pop(job_id, None)
         if prepared is not None:
             prepared.free()
         if self._last == job_id:
             self._last = None
 
-    def _drop_prepared(self):
+    def _drop_prepared(self) -> None:
         """Forget every prepared job, their graphs' memory given back at once."""
         for job_id in list(self._kept):
             self._forget(job_id)
 
-    # ---- native launches (tunelab.native, docs/native-backend.md)
-
-    def share(self, request: dict) -> dict:
-        """Share a shape's inputs and a fresh output with the native worker."""
-        self._require_lane("share")
-        if self.mode != "gpu":
-            raise WorkerError(PROBLEM_ERROR, "native methods need a GPU; this worker runs Triton's interpreter")
-        name, shape, seed, key = _shape_of("share", request)
-        if self._shared is not None and self._shared[0] == key:
-            return self._shared[2]
-        with stage("problem"):
-            problem = _make_problem(name, shape)
-        inputs, expected, _ = self._shape_data(problem, name, shape, seed)
-        from tunelab import native
-
-        torch = self.torch
-        with stage("problem"):
-            out = native.new_output(problem, inputs, expected)
-            if tuple(out.shape) != tuple(expected.shape):
-                raise ValueError(f"the output {tuple(out.shape)} and the reference {tuple(expected.shape)} differ in shape")
-            tensors = [(k, v) for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.is_cuda]
-            tensors.append(("out", out))
-            # The reference too, where the native worker can compare with it
-            # (tunelab_compare: contiguous, float32/16 or bfloat16): the runner
-            # then asks it instead of this worker's `compare`.
-            reference = None
-            comparable = (torch.float32, torch.float16, torch.bfloat16)
-            if (expected.is_cuda and out.is_contiguous() and out.dtype in comparable
-                    and expected.dtype in comparable):
-                reference = expected.contiguous()
-                tensors.append(("reference", reference))
-            described = [native.describe_tensor(torch, k, v) for k, v in tensors]
-            reply = {
-                "tensors": described,
-                "out": len(tensors) - 1 - (reference is not None),
-                "reference": len(tensors) - 1 if reference is not None else None,
-                "poison": native.poison_pattern(torch, out.dtype).hex(),
-                "elements": out.numel(),
-                "uuid": str(torch.cuda.get_device_properties(self.device).uuid),
-            }
-        # The reference copy (when expected was not contiguous) lives as long as the share.
-        self._shared = (key, out, reply, reference)
-        return reply
-
-    def _shared_for(self, request: dict):
-        name, shape = request.get("problem"), request.get("shape")
-        seed = request.get("seed", 0)
-        key = (name, json.dumps(shape, sort_keys=True), seed)
-        if self._shared is None or self._shared[0] != key or self._shape_cache is None or self._shape_cache[0] != key:
-            raise bad_request("this shape's tensors are not shared; send 'share' first")
-        return self._shared
-
-    def compare(self, request: dict) -> dict:
-        """Compare the shared output (a native launch wrote it) with the reference."""
-        self._require_lane("compare")
-        tolerance = request.get("tolerance")
-        if not isinstance(tolerance, dict):
-            raise bad_request("compare needs a 'tolerance' object {atol, rtol, max_mismatch}")
-        atol = _number_field(tolerance, "atol")
-        rtol = _number_field(tolerance, "rtol")
-        max_mismatch = _number_field(tolerance, "max_mismatch", default=0.0)
-        _, out, _, _ = self._shared_for(request)
-        assert self._shape_cache is not None  # _shared_for built the shape
-        expected = self._shape_cache[2]
-        with stage("problem"):
-            from tunelab.compare import compare
-
-            self._synchronize()
-            result = compare(out, expected, atol=atol, rtol=rtol, max_mismatch=max_mismatch)
-        result.pop("mismatch")
-        return result
-
-    def digest(self, request: dict) -> dict:
-        """The SHA-256 of the shared output's bytes: for tests that compare bits."""
-        self._require_lane("digest")
-        import hashlib
-
-        _, out, _, _ = self._shared_for(request)
-        self._synchronize()
-        data = out.contiguous().view(self.torch.uint8).cpu().numpy().tobytes()
-        return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-
-    def native_data(self, request: dict) -> dict:
-        """A shape's data as the native worker builds it (`inputs: native`):
-        every tensor, how it is filled, and the reference operator
-        (tunelab.native_data.layout)."""
-        self._require_lane("native_data")
-        return self._describe(*_shape_of("native_data", request))[1]
-
-    def _describe(self, name: str, shape: dict, seed, key) -> tuple[dict, dict]:
-        """(the problem's description, its layout) of a shape's data, kept for the shape."""
-        if self._native_data is not None and self._native_data[0] == key:
-            return self._native_data[1:]
-        from tunelab import native_data
-
-        with stage("problem"):
-            problem = _make_problem(name, shape)
-            describe = getattr(problem, "native_data", None)
-            if describe is None:
-                raise WorkerError(PROBLEM_ERROR, f"problem {name!r} does not describe its data for the native "
-                                                 "worker (it has no native_data()); run it with inputs: python")
-            try:
-                description = describe()
-                layout = native_data.layout(description, seed)
-            except ValueError as exc:
-                raise WorkerError(PROBLEM_ERROR, f"problem {name!r} cannot have its data built natively at this "
-                                                 f"shape: {exc}; run it with inputs: python") from exc
-        self._native_data = (key, description, layout)
-        return description, layout
-
-    def recipe(self, request: dict) -> dict:
-        """How to launch a Triton job natively: its cubin, symbol, grid, block,
-        shared memory and arguments over the shared tensors (or, in a lane
-        without torch, the tensors the native worker built)."""
-        self._require_lane("recipe")
-        job = Job(request.get("job"))
-        cache_dir = request.get("cache_dir")
-        if not isinstance(cache_dir, str) or not cache_dir:
-            raise bad_request("recipe needs 'cache_dir', where the cubin goes")
-        return self._recipe(job, request.get("seed", 0), cache_dir)
-
-    def _recipe(self, job: Job, seed, cache_dir: str, compiled: Optional[tuple] = None) -> dict:
-        """`recipe`'s answer; `compiled`: (problem, method, JIT context) where
-        this worker has just compiled the job (else compiled, or found, here)."""
-        if self.target is None:
-            inputs, tensors, out_index = self._shared_inputs(job, seed)
-        else:
-            inputs, tensors, out_index = self._described_inputs(job, seed)
-        if compiled is not None:
-            problem, method, ctx = compiled
-        else:
-            problem, method = self._problem_and_method(job)
-            # The same JIT context as a Python check: the config's compile options
-            # and an `ir:` method's IR apply to the kernel launched natively too.
-            ctx = self._job_context(job)
-            self._compile(job, problem, method, ctx)
-        with stage("bind"), jit.active(ctx):
-            launch = method.bind(problem, inputs, job.config)
-        _require_ir_applied(job, ctx)
-        native_launch = getattr(launch, "native", None)
-        if native_launch is None:
-            raise WorkerError(
-                PROBLEM_ERROR,
-                f"method {job.method!r} does not offer a native launch (its Launch has no 'native'); use launch: python",
-            )
-        from tunelab import native
-
-        kernel, compiled, grid, values = native_launch
-        # The method's own output stands for the shared (built) one: the native launch writes there.
-        tensors[launch.out.data_ptr()] = out_index
-        try:
-            recipe = native.triton_recipe(kernel, compiled, grid, values, tensors, cache_dir)
-        except native.NotNative as exc:
-            raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} cannot be launched natively: {exc}") from exc
-        # What the compiler made of it, as a Python check reports it. Without
-        # a GPU here to load it on, the native worker reports what it loads.
-        recipe["kernels"] = [jit.resources(compiled, load=True)] if self.target is None else []
-        return recipe
-
-    def _shared_inputs(self, job: Job, seed):
-        """(inputs, data address -> tensor index, the output's index) of the shared shape."""
-        _, _, shared, _ = self._shared_for({"problem": job.problem, "shape": job.shape, "seed": seed})
-        assert self._shape_cache is not None  # _shared_for built the shape
-        return self._shape_cache[1], {t["ptr"]: i for i, t in enumerate(shared["tensors"])}, shared["out"]
-
-    def _described_inputs(self, job: Job, seed):
-        """`_shared_inputs` in a lane without torch (`inputs: native`): stand-ins
-        of the tensors the native worker built, whose made-up addresses name
-        them (tunelab.native_data)."""
-        shape = _shape_of("recipe", {"problem": job.problem, "shape": job.shape, "seed": seed})
-        if self.role == "compile":
-            # Deterministic from the shape and seed: the description the
-            # lane's worker gives the native worker, made here again.
-            self._describe(*shape)
-        elif self._native_data is None or self._native_data[0] != shape[3]:
-            raise bad_request("this shape's data is not described; send 'native_data' first")
-        from tunelab import native_data
-
-        assert self._native_data is not None  # described above
-        _, description, layout = self._native_data
-        inputs, addresses = native_data.stand_ins(description)
-        return inputs, addresses, layout["out"]
-
-    def recipes(self, request: dict) -> dict:
-        """`recipe` for several jobs of the shared shape in one call: one
-        answer per job, in order, each a recipe with `"ok": true` or the
-        job's own failure (`"ok": false`, `class`, `message`)."""
-        self._require_lane("recipes")
-        jobs = request.get("jobs")
-        if not isinstance(jobs, list) or not jobs:
-            raise bad_request("recipes needs 'jobs', a non-empty list of jobs")
-        answers: list = []
-        for job in jobs:
-            try:
-                answers.append({"ok": True, **self.recipe({**request, "job": job})})
-            except WorkerError as err:
-                answers.append({"ok": False, "class": err.failure_class, "message": err.message})
-            except Exception as exc:  # noqa: BLE001 - one job's bug is that job's answer, as `_handle` does
-                print("tunelab worker: internal error in recipes:", file=sys.stderr)
-                traceback.print_exception(exc, file=sys.stderr)
-                message = "internal worker error: " + summarize(exc)
-                answers.append({"ok": False, "class": PROBLEM_ERROR, "message": message})
-            if answers[-1].get("class") == LAUNCH_ERROR:
-                break  # the CUDA context may be poisoned: nothing after it is trusted
-        # Jobs not reached after a fault: unanswered, asked for again at their own checks.
-        unreached = {"ok": False, "class": LAUNCH_ERROR, "message": "not prepared: an earlier job of the batch faulted"}
-        answers += [unreached] * (len(jobs) - len(answers))
-        return {"recipes": answers}
-
-    def shutdown(self, request: dict) -> dict:
+    def shutdown(self, request: dict[str, Any]) -> dict[str, Any]:
         self._drop_prepared()
         self.stopping = True
         return {}
 
     # ---- helpers
 
-    def _shape_data(self, problem, name: str, shape: dict, seed: int):
+    def _shape_data(self, problem: Any, name: str, shape: dict[str, Any], seed: int) -> tuple[Any, Any, float]:
         """(inputs, reference, bytes) for one shape, built once per (problem, shape, seed).
 
         Configs of one shape arrive back to back and their inputs and
@@ -826,7 +549,7 @@ class Worker:
             self._shape_cache = (key, inputs, expected, nbytes)
         return self._shape_cache[1:]
 
-    def _job_context(self, job: Job):
+    def _job_context(self, job: Job) -> Any:
         """The JIT context of a job: its compile options, and for an `ir:`
         method the IR file (read, and copied under its hash into Triton's cache)."""
         ir = ir_path = None
@@ -840,16 +563,16 @@ class Worker:
                 raise WorkerError(PROBLEM_ERROR, str(exc)) from exc
         return jit.JobContext(job.config, ir, ir_path, job.modules)
 
-    def _plant(self, launch, plant_us: float):
+    def _plant(self, launch: Any, plant_us: float) -> Any:
         """The launch with a slowdown of `plant_us` planted after it (tunelab.variant)."""
         from tunelab import variant
 
         if self.mode == "gpu":
-            timer = self._timing()
+            timer = cast(CudaEventTimer, self._timing())  # a GPU's
             return variant.plant_on_gpu(self.torch, launch, plant_us, timer._sm_clock)
         return variant.plant_on_cpu(launch, plant_us)
 
-    def _compile(self, job: Job, problem, method, ctx):
+    def _compile(self, job: Job, problem: Any, method: Any, ctx: Any) -> Any:
         """`Method.compile` under the job's context; for an `ir:` method, the
         source kernel first, to hold the IR file to the specialisation, warps
         and target the source compiles at this shape (tunelab.workbench.ircheck)."""
@@ -871,11 +594,11 @@ class Worker:
         _require_ir_applied(job, ctx)
         return compiled
 
-    def _require_lane(self, op: str):
+    def _require_lane(self, op: str) -> None:
         if self.role != "lane":
             raise bad_request(f"a {self.role} worker does not serve {op!r}; start one with --role lane")
 
-    def _problem_and_method(self, job: Job):
+    def _problem_and_method(self, job: Job) -> tuple[Any, Any]:
         with stage("problem"):
             problem = _make_problem(job.problem, job.shape)
             methods = problem.methods()
@@ -884,7 +607,7 @@ class Worker:
             raise bad_request(f"problem {job.problem!r} has no method {job.method!r} (it has: {known})")
         return problem, methods[job.method]
 
-    def _prepared_for(self, request: dict) -> Prepared:
+    def _prepared_for(self, request: dict[str, Any]) -> Prepared:
         job_id = request.get("job_id")
         prepared = self._kept.get(job_id) if isinstance(job_id, str) else None
         if prepared is None:
@@ -892,12 +615,12 @@ class Worker:
             raise bad_request(f"job {job_id!r} is not prepared (prepared: {have}); send a passing check first")
         return prepared
 
-    def _timing(self):
+    def _timing(self) -> CudaEventTimer | WallTimer:
         if self._timer is None:
             self._timer = CudaEventTimer(self.torch) if self.mode == "gpu" else WallTimer()
         return self._timer
 
-    def _collect_if_crowded(self):
+    def _collect_if_crowded(self) -> None:
         """Free GPU tensors that only reference cycles still hold.
 
         A method's launch objects can sit in reference cycles (closures over
@@ -915,123 +638,12 @@ class Worker:
             gc.collect()
             cuda.empty_cache()
 
-    def _synchronize(self):
+    def _synchronize(self) -> None:
         if self.mode == "gpu":
             self.torch.cuda.synchronize()
 
 
-_TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
-
-
-def _shape_of(op: str, request: dict):
-    """(problem, shape, seed, the key a shape's data is kept under) of a request about one shape."""
-    name, shape = request.get("problem"), request.get("shape")
-    if not isinstance(name, str) or not isinstance(shape, dict):
-        raise bad_request(f"{op} needs 'problem' (a string) and 'shape' (an object)")
-    seed = _int_field(request, "seed", default=0)
-    return name, shape, seed, (name, json.dumps(shape, sort_keys=True), seed)
-
-
-def _description(method):
-    """What a report calls the method: its `description` where it has one (a
-    library method says which version of the library runs), else its class's
-    docstring's first sentence. A description that fails to build is left out."""
-    try:
-        own = getattr(method, "description", None)
-    except Exception as exc:  # noqa: BLE001 - the run goes on without it
-        print(f"tunelab worker: a method's description failed: {summarize(exc)}", file=sys.stderr)
-        own = None
-    if isinstance(own, str) and own.strip():
-        return own.strip().splitlines()[0]
-    return _summary(type(method).__doc__)
-
-
-_ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf")
-
-
-def _summary(doc):
-    """A method class's docstring's first sentence, whole however many lines
-    it is wrapped over: what a report calls the method. The sentence ends at
-    the first full stop followed by a space or the paragraph's end, outside
-    brackets and backticks (a dotted module path or "e.g." does not end it)."""
-    if not doc:
-        return None
-    paragraph = doc.strip().split("\n\n")[0]
-    text = " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
-    depth, quoted = 0, False
-    for i, c in enumerate(text):
-        if c == "`":
-            quoted = not quoted
-        elif quoted:
-            continue
-        elif c in "([":
-            depth += 1
-        elif c in ")]":
-            depth = max(0, depth - 1)
-        elif c == "." and depth == 0 and text[i + 1 : i + 2] == " ":
-            if not text[:i].lower().endswith(_ABBREVIATIONS):
-                return text[: i + 1]
-    return text or None
-
-
-def _type_names(method: str, declared) -> dict:
-    """A method's `config_types` ({key: int | float | str | bool}) as protocol names."""
-    if not isinstance(declared, dict):
-        raise WorkerError(PROBLEM_ERROR, f"method {method!r}: config_types must be a dict of key -> type")
-    out = {}
-    for key, kind in declared.items():
-        if kind not in _TYPE_NAMES:
-            raise WorkerError(PROBLEM_ERROR, f"method {method!r}: config_types[{key!r}] must be int, float, str or bool")
-        out[str(key)] = _TYPE_NAMES[kind]
-    return out
-
-
-def _make_problem(name: str, shape: dict):
-    from tunelab.problems import resolve
-
-    return resolve(name)(shape)
-
-
-def _require_ir_applied(job: Job, ctx):
-    """An IR file whose kernel the method never compiled ran nothing: a failure, not a silent source run."""
-    if ctx.ir is not None and not ctx.ir_applied and ctx.launched:
-        raise WorkerError(COMPILE_ERROR, f"IR file {job.ir} defines kernel @{ctx.ir.entry}, which method "
-                                         f"{job.method!r} does not launch (it launches: {', '.join(ctx.launched)})")
-
-
-def _triton_cache_dir() -> str:
-    from triton import knobs
-
-    return knobs.cache.dir or os.path.join(os.path.expanduser("~"), ".triton", "cache")
-
-
-def _unavailable(method, problem):
-    """The method's one-line reason it cannot run here, or None (no hook: it can).
-
-    A hook that raises does not fail the shape: its error becomes the reason."""
-    hook = getattr(method, "unavailable", None)
-    if hook is None:
-        return None
-    try:
-        reason = hook(problem)
-    except Exception as exc:  # noqa: BLE001 - a user's method may raise anything
-        return f"its unavailable() check failed: {summarize(exc)}"
-    return str(reason) if reason else None
-
-
-def _poison(torch, out):
-    """Fill the output with values no correct method leaves behind.
-
-    NaN for floating outputs (any element the method fails to write then shows
-    up in nan_count); the most negative value for integer outputs.
-    """
-    if out.dtype.is_floating_point or out.dtype.is_complex:
-        out.fill_(float("nan"))
-    elif out.dtype != torch.bool:
-        out.fill_(torch.iinfo(out.dtype).min)
-
-
-def _failure(request_id, failure_class: str, message: str) -> dict:
+def _failure(request_id: Optional[int], failure_class: str, message: str) -> dict[str, Any]:
     return {"id": request_id, "ok": False, "class": failure_class, "message": message}
 
 
@@ -1039,220 +651,7 @@ def _failure(request_id, failure_class: str, message: str) -> dict:
 # process set-up and the loop
 
 
-def _claim_stdout():
-    """Keep the real stdout for the protocol; send everything else to stderr."""
-    sys.stdout.flush()
-    protocol_fd = os.dup(1)
-    os.dup2(2, 1)  # native code writing to fd 1 (printf, ptxas) now reaches stderr
-    sys.stdout = sys.stderr
-    return os.fdopen(protocol_fd, "wb")
-
-
-def _truthy(value) -> bool:
-    return str(value).strip().lower() in ("1", "true", "on", "yes")
-
-
-def choose_mode(require_gpu: bool = False) -> str:
-    """GPU when torch sees one and the interpreter was not asked for.
-
-    Must run before anything imports triton: Triton reads TRITON_INTERPRET
-    when a kernel is decorated, so the variable is set here for the CPU case.
-    With `require_gpu` (`--mode gpu`: the runner found this lane's GPU), a
-    worker whose torch sees none stops with why, rather than interpreting.
-    """
-    if require_gpu:
-        import torch
-
-        if not torch.cuda.is_available():
-            facts = [f"torch {torch.__version__}", f"CUDA {torch.version.cuda}", f"HIP {torch.version.hip}"]
-            for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
-                if var in os.environ:
-                    facts.append(f"{var}={os.environ[var]!r}")
-            sys.exit(f"tunelab worker: --mode gpu, and torch sees no GPU here ({', '.join(facts)}); "
-                     "tunelab found one: is this Python's torch built for it? "
-                     "`tunelab run --interpret` runs on the CPU instead")
-        return "gpu"
-    if _truthy(os.environ.get("TRITON_INTERPRET", "0")):
-        return "interpreter"
-    import torch
-
-    if torch.cuda.is_available():
-        return "gpu"
-    os.environ["TRITON_INTERPRET"] = "1"
-    return "interpreter"
-
-
-def _bytes_for(problem, inputs) -> float:
-    """The problem's minimal bytes for these inputs where it can count them
-    (`bytes_for`, e.g. the experts a routing selects), else its `bytes()`.
-
-    A `bytes_for` that fails costs only the refinement: the shape is still
-    described and its jobs still run, with `bytes()`; the reason goes to stderr."""
-    bytes_for = getattr(problem, "bytes_for", None)
-    if bytes_for is not None:
-        try:
-            return float(bytes_for(inputs))
-        except Exception as exc:  # noqa: BLE001 - a user's problem may raise anything
-            print(f"tunelab worker: {type(problem).__name__}.bytes_for failed ({type(exc).__name__}: {exc}); "
-                  "using bytes()", file=sys.stderr, flush=True)
-    return float(problem.bytes())
-
-
-def _encode(response: dict) -> bytes:
-    """The response as compact JSON, without a newline."""
-    try:
-        text = json.dumps(response, allow_nan=False, separators=(",", ":"))
-    except ValueError:
-        # JSON has no NaN or infinity; a problem's flops or a timer could
-        # still produce one. Send null rather than an unparsable line.
-        text = json.dumps(_finite(response), allow_nan=False, separators=(",", ":"))
-    return text.encode("utf-8")
-
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
-
-
-# How long the worker spins for its next request after answering one before it
-# sleeps (docs/worker-protocol.md, "Waiting for a line"); TUNELAB_SPIN_US sets
-# it (0 always sleeps). Waking a CPU that went idle costs more than the
-# runner's work between two calls; on a native lane this worker waits while the
-# native worker warms up and samples a job (17 ms median, 36 ms p90 on an H200).
-WORKER_SPIN_US = 50_000
-# A spin step (a poll) that takes longer than this was preempted: another
-# thread wanted the CPU, and the worker sleeps instead.
-_CONTENDED_S = 50e-6
-# How often a spin looks whether the host is crowded (_crowded).
-_CROWD_LOOK_S = 100e-6
-
-
-def _spin_seconds() -> float:
-    try:
-        return max(0, int(os.environ.get("TUNELAB_SPIN_US", WORKER_SPIN_US))) / 1e6
-    except ValueError:
-        return WORKER_SPIN_US / 1e6
-
-
-class _Requests:
-    """Request lines from a pipe: spinning for the next one for a while after
-    each answer (polling without sleeping, and giving up as soon as the spin
-    is preempted or any thread waits for a CPU), then asleep until it comes.
-
-    Reads the file descriptor itself: a buffered reader could hold a line
-    that `poll` does not see.
-    """
-
-    def __init__(self, fd: int, spin_s: float):
-        self._fd = fd
-        self._spin_s = spin_s
-        self._buf = bytearray()
-        self.met = "ready"
-        self._poll = select.poll()
-        self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-
-    def readline(self) -> bytes:
-        """The next line with its newline; the last one without; b"" at end of file.
-
-        `met` then says how its last byte was met: "ready" (read with an
-        earlier line), "spinning" or "asleep".
-        """
-        self.met = "ready"
-        while True:
-            end = self._buf.find(b"\n")
-            if end >= 0:
-                line = bytes(self._buf[: end + 1])
-                del self._buf[: end + 1]
-                return line
-            self.met = self._wait()
-            chunk = os.read(self._fd, 65536)
-            if not chunk:
-                line = bytes(self._buf)
-                self._buf.clear()
-                return line
-            self._buf += chunk
-
-    def _wait(self) -> str:
-        # A request already in the pipe (sent ahead) is read at once, before
-        # any look at /proc/loadavg, and met "ready".
-        if self._poll.poll(0):
-            return "ready"
-        if self._spin_s > 0:
-            poll, clock = self._poll.poll, time.perf_counter
-            now = clock()
-            until, next_look = now + self._spin_s, now
-            while now < until:
-                if now >= next_look:
-                    next_look = now + _CROWD_LOOK_S
-                    if _crowded():
-                        break
-                if poll(0):
-                    return "spinning"
-                # No yield: it would hand the CPU to whatever else is runnable
-                # on it for a whole slice (milliseconds), and the request
-                # would wait that long.
-                step, now = now, clock()
-                if now - step > _CONTENDED_S:
-                    # Preempted: this CPU is wanted, so it will not idle, and
-                    # sleeping costs no wake-up from idle.
-                    break
-        self._poll.poll()
-        return "asleep"
-
-
-def _crowded() -> bool:
-    """Whether more threads are runnable than the host has CPUs online
-    (/proc/loadavg; never where there is none): one of them waits for a CPU,
-    and a spin would keep it waiting, since the scheduler places a woken
-    thread on an idle CPU and a spinning one does not look idle."""
-    global _LOADAVG
-    if _LOADAVG is None:
-        try:
-            _LOADAVG = (os.open("/proc/loadavg", os.O_RDONLY), os.sysconf("SC_NPROCESSORS_ONLN"))
-        except (OSError, ValueError):
-            _LOADAVG = (None, 0)
-    fd, cpus = _LOADAVG
-    if fd is None:
-        return False
-    try:
-        return int(os.pread(fd, 128, 0).split()[3].split(b"/")[0]) > cpus
-    except (OSError, IndexError, ValueError):
-        return False
-
-
-_LOADAVG: tuple[int | None, int] | None = None  # (/proc/loadavg's descriptor, CPUs online), opened once
-
-
-def _warm_triton_key() -> threading.Thread:
-    """Has Triton hash its own sources on a thread (returned, started), while this one imports torch.
-
-    The first kernel a process looks up in Triton's cache makes Triton hash
-    its compiler's sources and libtriton (0.35 s of a lane's first `recipes`
-    call on an H200 host, 2026-11-23), after the seconds of `import torch`.
-    Reading and hashing release the GIL, so a thread pays it meanwhile. Only
-    under `--mode gpu`: importing Triton before `choose_mode` could fall back
-    to the interpreter would leave Triton's own jit functions compiled ones.
-    """
-
-    def warm():
-        try:
-            from triton.runtime.cache import triton_key
-
-            triton_key()  # kept by functools.lru_cache for the first lookup
-        except Exception:
-            pass  # only an optimisation: the first lookup computes it as before
-
-    thread = threading.Thread(target=warm, name="warm-triton-key", daemon=True)
-    thread.start()
-    return thread
-
-
-def _parse_args(argv):
+def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tunelab.worker", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--role",
@@ -1280,57 +679,8 @@ def _parse_args(argv):
     return args
 
 
-class _RefuseImport:
-    """A meta-path finder that makes `import NAME` (and its submodules) fail."""
 
-    def __init__(self, name: str, role: str):
-        self.name = name
-        self.who = "a compile worker" if role == "compile" else "a lane whose inputs are built natively"
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname == self.name or fullname.startswith(self.name + "."):
-            raise ImportError(f"{self.who} does not import {fullname}")
-        return None
-
-
-RUNNER_PID_VAR = "TUNELAB_RUNNER_PID"
-
-
-def _die_with_runner() -> None:
-    """End this worker when the runner that started it is gone.
-
-    A runner stopped by SIGKILL cannot stop its workers, and a worker busy
-    in a kernel that hangs never reads the closed pipe: it would run on,
-    holding its GPU. A thread checks twice a second whether the runner
-    (named by TUNELAB_RUNNER_PID) is still this process's parent, or, for a
-    worker started through a wrapper that did not exec, still alive.
-    """
-    value = os.environ.get(RUNNER_PID_VAR, "")
-    if not value.isdigit():
-        return
-    runner = int(value)
-    direct = os.getppid() == runner
-
-    def gone() -> bool:
-        if direct:
-            return os.getppid() != runner
-        try:
-            os.kill(runner, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
-
-    def watch() -> None:
-        while not gone():
-            time.sleep(0.5)
-        os.kill(os.getpid(), 9)
-
-    threading.Thread(target=watch, name="runner-watch", daemon=True).start()
-
-
-def main(argv=None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     args = _parse_args(argv)
     _die_with_runner()
     protocol = _claim_stdout()

@@ -36,7 +36,7 @@ class VllmMoE:
     call runs with vLLM's own choice (its tuned JSON files or its default).
     Biases go in through `biased_moe_quant_config` (or the older
     `w1_bias`/`w2_bias` arguments); gpt-oss's activation is "swigluoai".
-    Unquantised weights only."""
+    Unquantised weights only."""  # noqa: E501 - its first line is the description
 
     name = "vllm"
     kind = "library"
@@ -108,7 +108,7 @@ def _vllm_entry():
         bias = None
         if "quant_config" in params:
             try:
-                from vllm.model_executor.layers.fused_moe.config import biased_moe_quant_config
+                from vllm.model_executor.layers.fused_moe.config import biased_moe_quant_config  # noqa: F401 - does this vLLM have it
 
                 bias = "quant_config"
             except ImportError:

@@ -265,7 +265,7 @@ def unavailable_reason(problem) -> str | None:
 
 
 class TritonKernelsMoE:
-    """OpenAI's triton_kernels matmul_ogs MoE as vLLM 0.33 runs gpt-oss's MXFP4 experts on sm_90, tiles by opt_flags within the config's constraints."""
+    """OpenAI's triton_kernels matmul_ogs MoE as vLLM 0.33 runs gpt-oss's MXFP4 experts on sm_90, tiles by opt_flags within the config's constraints."""  # noqa: E501 - its first line is the description
 
     name = "triton_kernels"
     kind = "library"
