@@ -242,20 +242,24 @@ def read_journal(path: PathLike) -> JobRecords:
     )
 
 
-def compare(base: PathLike, new: PathLike, fail_on_slower: Optional[float] = None) -> dict[str, Any]:
+def compare(base: PathLike, new: PathLike, fail_on_slower: Optional[float] = None,
+            run_spread: Optional[float] = None) -> dict[str, Any]:
     """NEW against BASE, as `tunelab compare BASE NEW` computes it.
 
     BASE and NEW are results directories or journal files, or BASE is a
     consumer's shipped file (a vLLM JSON) whose configs NEW's run timed
     (`run --compare-to`). Returns a dict: `rows` (per shape and method:
     `base_us`, `new_us`, `speedup` = base / new, `verdict` FAST / SAME / SLOW
-    by 95 % confidence-interval overlap, both configs), `geomean_speedup`,
-    `notes` (what could not be compared), `markdown` (what the command
-    prints) and, with `fail_on_slower` (0.02 for 2 %), the `regressions`
-    beyond it. Raises ValueError when a side cannot be read or compared.
+    / AMBIGUOUS against a margin of the run-to-run spread, both configs),
+    `geomean_speedup`, `notes` (what could not be compared), `markdown` (what
+    the command prints) and, with `fail_on_slower` (0.02 for 2 %), the
+    `regressions` beyond it. `run_spread`: how far apart separate runs of one
+    config come out (default 0.05, as the command's; docs/ab.md). Raises
+    ValueError when a side cannot be read or compared.
     """
     threshold = None if fail_on_slower is None else float(fail_on_slower)
-    return _native.compare(os.fspath(base), os.fspath(new), threshold)
+    spread = None if run_spread is None else float(run_spread)
+    return _native.compare(os.fspath(base), os.fspath(new), threshold, spread)
 
 
 @dataclass

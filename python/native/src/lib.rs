@@ -263,15 +263,23 @@ fn read_journal(py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
 /// their verdicts, the geometric-mean speedup and the markdown the command
 /// prints. A threshold (0.02 for 2 %) also lists the regressions beyond it.
 #[pyfunction]
-#[pyo3(signature = (base, new, fail_on_slower=None))]
+#[pyo3(signature = (base, new, fail_on_slower=None, run_spread=None))]
 fn compare(
     py: Python<'_>,
     base: PathBuf,
     new: PathBuf,
     fail_on_slower: Option<f64>,
+    run_spread: Option<f64>,
 ) -> PyResult<Py<PyAny>> {
     let text = py.detach(|| -> Result<String, String> {
-        let (cmp, warnings) = tunelab::emit::compare::from_paths(&base, &new)?;
+        let mut options = tunelab::emit::compare::Options::default();
+        if let Some(spread) = run_spread {
+            if !(0.0..1.0).contains(&spread) {
+                return Err(format!("run_spread must be a fraction in [0, 1), got {spread}"));
+            }
+            options.spread = spread;
+        }
+        let (cmp, warnings) = tunelab::emit::compare::from_paths(&base, &new, &options)?;
         let rows: Vec<Json> = cmp
             .rows
             .iter()
