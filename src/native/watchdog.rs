@@ -4,7 +4,7 @@
 //! inside a kernel that hangs never reads its closed pipe: it would run on,
 //! orphaned, holding its GPU. The runner names itself in
 //! [`RUNNER_PID_VAR`] when it starts a worker (the Python worker reads the
-//! same variable, `tunelab.worker._die_with_runner`), and a thread of the
+//! same variable, `tunelab.worker_io._die_with_runner`), and a thread of the
 //! worker checks twice a second that the runner is still its parent.
 
 use std::time::Duration;
