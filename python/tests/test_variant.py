@@ -136,3 +136,60 @@ def test_a_gpu_plant_adds_about_what_it_was_asked(shared_worker):
         medians.append(us[len(us) // 2])
     added = medians[1] - medians[0]
     assert 37.5 <= added <= 62.5, f"{added:.2f} us added for 50 asked (medians {medians})"
+
+
+def test_a_module_that_imports_from_a_swapped_one_runs_again_against_it(tmp_path):
+    pkg = tmp_path / "abdeps"  # a package of its own: abpkg may be another test's, imported from its folder
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("WHO = 'original'\n\ndef who():\n    return WHO\n")
+    (pkg / "user.py").write_text("from abdeps.mod import who\n\ndef greet():\n    return who()\n")
+    (pkg / "bystander.py").write_text("from abdeps.mod import WHO\n")  # a constant alone: not followed
+    replacement = tmp_path / "mod_dep.py"
+    replacement.write_text("WHO = 'replacement'\n\ndef who():\n    return WHO\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import abdeps.bystander
+        import abdeps.user
+    finally:
+        sys.path.remove(str(tmp_path))
+
+    before, bystander = abdeps.user, abdeps.bystander
+    with variant.swapped({"abdeps.mod": str(replacement)}):
+        from abdeps import user
+
+        assert user.greet() == "replacement"
+        assert user is not before and sys.modules["abdeps.user"] is user
+        assert sys.modules["abdeps.bystander"] is bystander
+    assert sys.modules["abdeps.user"] is before and abdeps.user is before and before.greet() == "original"
+
+
+def test_the_moe_launchers_take_a_swapped_kernel_module(tmp_path):
+    """An A/B side whose change is in a kernel module (moe_kernels) must reach
+    the launches that other modules bound at their import (fused_moe's,
+    the persistent kernel's tile code, the quantised GEMMs')."""
+    import tunelab.kernels.fused_moe as fused_before
+    import tunelab.kernels.quant_moe  # noqa: F401 - imported, so a dependent
+
+    source = (PYTHON_DIR / "tunelab" / "kernels" / "moe_kernels.py").read_text()
+    path = tmp_path / "moe_kernels_a.py"
+    path.write_text(source + "\n# side A\n")
+    with variant.swapped({"tunelab.kernels.moe_kernels": str(path)}):
+        kernels = sys.modules["tunelab.kernels.moe_kernels"]
+        from tunelab.kernels import fused_moe, quant_moe
+
+        assert kernels.__file__ == str(path)
+        assert fused_moe.moe_gemm1_kernel is kernels.moe_gemm1_kernel
+        assert fused_moe.PersistentMoELaunch is sys.modules["tunelab.kernels.moe_persistent"].PersistentMoELaunch
+        assert sys.modules["tunelab.kernels.moe_persistent_kernels"]._gemm1_rows is kernels._gemm1_rows
+        assert sys.modules["tunelab.kernels.quant_moe_kernels"]._gemm1_rows is kernels._gemm1_rows
+        assert quant_moe.moe_align_kernel is kernels.moe_align_kernel
+    assert sys.modules["tunelab.kernels.fused_moe"] is fused_before
+    # Both named, the launcher first: it still runs after the kernels it imports are in place.
+    launcher = tmp_path / "fused_moe_a.py"
+    launcher.write_text((PYTHON_DIR / "tunelab" / "kernels" / "fused_moe.py").read_text() + "\n# side A\n")
+    with variant.swapped({"tunelab.kernels.fused_moe": str(launcher), "tunelab.kernels.moe_kernels": str(path)}):
+        from tunelab.kernels import fused_moe
+
+        assert fused_moe.__file__ == str(launcher)
+        assert fused_moe.moe_gemm1_kernel is sys.modules["tunelab.kernels.moe_kernels"].moe_gemm1_kernel

@@ -16,20 +16,23 @@ import hashlib
 import importlib.util
 import sys
 import time
+import types
 from typing import Any, Callable, Iterator, Optional
 
-# (module name, file, file's digest) -> the module loaded from that file.
-_LOADED: dict[tuple[str, str, str], Any] = {}
+# (module name, file, file's digest, what was swapped in before it) -> the module loaded from that file.
+_LOADED: dict[tuple[str, str, str, tuple], Any] = {}
 
 
-def _load(name: str, path: str):
-    """The module `name` as `path` defines it, loaded once per content. It
-    keeps `name` as its name, so its own imports of the package resolve to
-    the package as it is, and Triton keys its kernels by their source (the
-    file's), so they compile apart from the module they stand in for."""
+def _load(name: str, path: str, against: tuple = ()):
+    """The module `name` as `path` defines it, loaded once per content (and
+    per `against`: the replacements already in place when it runs, which its
+    imports of them bind, see swapped). It keeps `name` as its name, so its own
+    imports of the package resolve to the package as it is, and Triton keys
+    its kernels by their source (the file's), so they compile apart from the
+    module they stand in for."""
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    key = (name, path, digest)
+    key = (name, path, digest, against)
     if key not in _LOADED:
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
@@ -55,20 +58,33 @@ def swapped(modules: dict[str, str] | None) -> Iterator[None]:
     package's attribute (`from a.b import c`). A module bound before, or a
     name a problem imported at its own module's top, still refers to what
     it did: tunelab's problems import their kernels where they bind and
-    compile, which runs inside."""
+    compile, which runs inside. A module of a swapped one's package that
+    was imported before and refers to it (see _dependents: fused_moe's
+    launches bind moe_kernels' kernels when it runs) is run again from its
+    own file against the replacement, and swapped in the same way."""
     if not modules:
         yield
         return
     saved: list[tuple[str, Any, Any, Any]] = []
+
+    def install(name: str, replacement) -> None:
+        parent_name, _, attr = name.rpartition(".")
+        parent = sys.modules.get(parent_name) if parent_name else None
+        saved.append((name, sys.modules.get(name), parent, getattr(parent, attr, None) if parent else None))
+        sys.modules[name] = replacement
+        if parent is not None:
+            setattr(parent, attr, replacement)
+
     try:
-        for name, path in modules.items():
-            replacement = _load(name, path)
-            parent_name, _, attr = name.rpartition(".")
-            parent = sys.modules.get(parent_name) if parent_name else None
-            saved.append((name, sys.modules.get(name), parent, getattr(parent, attr, None) if parent else None))
-            sys.modules[name] = replacement
-            if parent is not None:
-                setattr(parent, attr, replacement)
+        # Named modules first, then their dependents, each after the modules it
+        # refers to (as imported now), so that its imports find them swapped.
+        order = _in_order({name: (path, _refers_to(sys.modules[name]) if name in sys.modules else set())
+                           for name, path in modules.items()})
+        order += _dependents(set(modules))
+        against: list[tuple[str, int]] = []
+        for name, path in order:
+            install(name, _load(name, path, tuple(against)))
+            against.append((name, id(sys.modules[name])))
         yield
     finally:
         for name, module, parent, attribute in reversed(saved):
@@ -82,6 +98,61 @@ def swapped(modules: dict[str, str] | None) -> Iterator[None]:
                     delattr(parent, attr)
                 else:
                     setattr(parent, attr, attribute)
+
+
+def _refers_to(module) -> set[str]:
+    """Names of the modules `module`'s globals come from: modules, and the
+    functions, classes and Triton kernels they define (a constant imported
+    alone says nothing of where it came from)."""
+    try:
+        from triton.runtime.jit import KernelInterface
+    except ImportError:  # pragma: no cover - tunelab's workers have Triton
+        KernelInterface = ()
+    out = set()
+    for value in list(vars(module).values()):
+        if isinstance(value, types.ModuleType):
+            out.add(value.__name__)
+        elif isinstance(value, (types.FunctionType, type, KernelInterface)):
+            # A kernel (JITFunction, or the interpreter's wrapper) names its function's module.
+            origin = getattr(getattr(value, "fn", value), "__module__", None)
+            if isinstance(origin, str):
+                out.add(origin)
+    return out
+
+
+def _dependents(names: set[str]) -> list[tuple[str, str]]:
+    """(name, file) of the already imported modules of the swapped modules'
+    packages that refer to one of them, directly or through another such
+    module, each after those of them it refers to. Without running these
+    again, a side whose change is in tunelab.kernels.moe_kernels would run
+    the launches of fused_moe, which bound the working tree's kernels when
+    it was first imported."""
+    packages = {n.rpartition(".")[0] for n in names}
+    candidates = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name not in names and name.rpartition(".")[0] in packages and isinstance(path, str):
+            candidates[name] = (path, _refers_to(module))
+    found: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for name, (_, refs) in candidates.items():
+            if name not in found and refs & (names | found):
+                found.add(name)
+                grew = True
+    return _in_order({name: candidates[name] for name in found})
+
+
+def _in_order(modules: dict[str, tuple[str, set[str]]]) -> list[tuple[str, str]]:
+    """(name, file) of {name: (file, names it refers to)}, each after the
+    others it refers to (where they refer to each other: in name order)."""
+    ordered: list[str] = []
+    while len(ordered) < len(modules):
+        left = [n for n in sorted(modules) if n not in ordered]
+        ready = [n for n in left if not (modules[n][1] & set(left)) - {n}]
+        ordered.extend(ready or left[:1])
+    return [(name, modules[name][0]) for name in ordered]
 
 
 class Planted:
