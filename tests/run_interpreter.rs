@@ -7,42 +7,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn python() -> Option<String> {
-    match std::env::var("TUNELAB_TEST_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            eprintln!("TUNELAB_TEST_PYTHON is not set: skipping the interpreter end-to-end test (run `just test`)");
-            None
-        }
-    }
-}
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn tunelab(python: &str, results: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tunelab"));
-    cmd.current_dir(repo())
-        .args(args)
-        .arg("--results-dir")
-        .arg(results)
-        .args(["--python", python, "--interpret", "--quiet"])
-        .env("PYTHONPATH", repo().join("tests/fixtures/problems"));
-    cmd
-}
-
-fn show(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+mod interpreter;
+use interpreter::{python, repo, show, tunelab};
 
 fn journal(dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("journal.jsonl"))
