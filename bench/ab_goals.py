@@ -23,6 +23,10 @@ STEP is any of (default: all of them but tune2, in this order):
 - tune2   a second tune like tune1 into OUT/tune2: two runs of one
           commit, for `compare` (about 2.5 min more).
 
+--picks DIR has the A/B steps time the picks of the results directory DIR
+(for example the committed results/gptoss/<device>) instead of tune1's,
+so that null, plant3 and plant10 need no tune first.
+
 Each step writes its evidence under OUT (default
 results/bench/<device>/ab-goals; --out DIR), journals packed for
 committing; steps.json keeps each step's exit status, wall time and
@@ -89,6 +93,14 @@ def headline_counts(text: str) -> dict:
     return {"pairs": pairs, "same": same, "ambiguous": ambiguous, "slow": slow, "fast": fast}
 
 
+def picks_name(picks: Path) -> str:
+    """The picks' directory as the repository names it, where it lies inside the repository."""
+    try:
+        return str(picks.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(picks)
+
+
 def pack(*dirs: Path, python: str):
     for d in dirs:
         if (d / "journal.jsonl").is_file():
@@ -100,6 +112,8 @@ def main() -> int:
     parser.add_argument("steps", nargs="*", choices=[*STEPS, "tune2"], default=STEPS)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--interpret", action="store_true")
+    parser.add_argument("--picks", type=Path, default=None,
+                        help="the results directory whose picks the A/B steps time (default: OUT/tune1)")
     args = parser.parse_args()
     python = os.environ.get("TUNELAB_PYTHON", sys.executable)
     device = device_dir(args.interpret)
@@ -119,10 +133,12 @@ def main() -> int:
         return out / name / "gptoss" / device
 
     def ab(name: str, *more: str):
+        picks = args.picks or tuned("tune1")
         code, text, seconds = tunelab(
-            "ab", MANIFEST, "--only", only, "--a", str(tuned("tune1")), "--results-dir", str(out / name),
+            "ab", MANIFEST, "--only", only, "--a", str(picks), "--results-dir", str(out / name),
             "--quiet", *extra, *more, python=python)
-        state[name] = {"exit": code, "seconds": round(seconds, 1), **headline_counts(text),
+        state[name] = {"exit": code, "seconds": round(seconds, 1), "a_side": picks_name(picks),
+                       **headline_counts(text),
                        "headline": next((line for line in text.splitlines() if line.startswith("B against A")), "")}
         pack(out / name / "gptoss-ab" / device, python=python)
 
@@ -187,7 +203,8 @@ def summary(state: dict) -> str:
         s = state.get(name, {})
         if s:
             n, slow = s.get("pairs", 0), s.get("slow", 0)
-            row(f"planted {name[5:]} %: SLOW at {goal} of pairs", f"{slow} of {n}; {s['seconds']:.0f} s",
+            side = f" (A: {s['a_side']})" if s.get("a_side") else ""
+            row(f"planted {name[5:]} %: SLOW at {goal} of pairs", f"{slow} of {n}; {s['seconds']:.0f} s{side}",
                 n > 0 and slow >= share * n)
     for name, what in (("committed", "the committed run against tune1"), ("tunes", "tune1 against tune2")):
         s = state.get(f"compare-{name}", {})

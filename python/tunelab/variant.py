@@ -17,7 +17,7 @@ import importlib.util
 import sys
 import time
 import types
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 # (module name, file, file's digest, what was swapped in before it) -> the module loaded from that file.
 _LOADED: dict[tuple[str, str, str, tuple], Any] = {}
@@ -190,51 +190,69 @@ def plant_on_cpu(launch: Callable[[], Any], plant_us: float) -> Planted:
     return Planted(launch, spin, plant_us)
 
 
-def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float,
-                 sm_clock_mhz: Callable[[], Optional[float]], samples: int = 64) -> Planted:
+def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
     """The GPU's plant: a spin kernel (`torch.cuda._sleep`, which counts SM
     clock cycles) queued after the launch, sized so that a launch with it
-    takes `plant_us` longer than without it: what queueing one more kernel
-    costs (the gap between two kernels, measured here from event pairs
-    around one and two empty spins, tiny kernels whose medians hardly
-    move), plus the spin's cycles at the SM clock. The clock is read again
-    before each batch (`Planted.before_batch`, which the worker calls), so a
-    GPU that falls under its power cap spins as long as asked; a CUDA graph
-    keeps the count it was captured with. Without a clock reading, the
-    cycles per microsecond are timed once here."""
+    takes `plant_us` longer than without it. A spin of c cycles queued
+    behind the launch adds g + c / r microseconds: g what one more kernel
+    costs there (the gap between two kernels and an empty spin), r the
+    cycles a microsecond the spin runs at. Both are timed where the spin
+    runs, behind a launch, with the host ahead of the GPU: the launch, then
+    event pairs around an empty spin and around a probe spin as long as
+    the planned one. Timed on an idle GPU instead, the gap holds the host's
+    launch latency too (several microseconds, more than a small plant): on
+    an H200 a 3 % plant then added 2.1 % (10 %: 8.5 %) over gpt-oss's 74
+    pairs (2026-12-02). Timed again before each batch (`Planted.before_batch`,
+    which the worker calls), the medians of the last five timings taken,
+    so a GPU that falls under its power cap spins as long as asked. A CUDA
+    graph keeps the count it was captured with."""
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None:
         raise RuntimeError("torch.cuda._sleep is missing: this torch cannot plant a slowdown")
 
-    def median_us(fn) -> float:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
-        for start, end in zip(starts, ends):
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize()
-        times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
-        return times[len(times) // 2]
+    def event():
+        return torch.cuda.Event(enable_timing=True)
 
-    one = median_us(lambda: sleep(0))
-    gap = max(0.0, median_us(lambda: (sleep(0), sleep(0))) - one)
-    probe_cycles = 200_000  # about 100 µs at 2 GHz
-    timed_per_us = probe_cycles / max(median_us(lambda: sleep(probe_cycles)) - one, 1e-3)
-    state = {"cycles": 0}
+    # About 100 µs at 2 GHz: the first probe, before a plan exists.
+    state: dict[str, Any] = {"cycles": 0, "probe": 200_000, "gaps": [], "rates": []}
 
-    def size():
-        mhz = sm_clock_mhz()
-        per_us = float(mhz) if mhz else timed_per_us
+    def time_behind_launch():
+        """One timing of (g, r) behind a launch."""
+        probe = state["probe"]
+        e0, e1, e2 = event(), event(), event()
+        launch()
+        e0.record()
+        sleep(0)
+        e1.record()
+        sleep(probe)
+        e2.record()
+        e2.synchronize()
+        gap = e0.elapsed_time(e1) * 1e3
+        spun = e1.elapsed_time(e2) * 1e3 - gap
+        state["gaps"] = (state["gaps"] + [gap])[-5:]
+        state["rates"] = (state["rates"] + [probe / max(spun, 1e-3)])[-5:]
+
+    def median(values: list) -> float:
+        return sorted(values)[len(values) // 2]
+
+    def size() -> float:
+        time_behind_launch()
+        gap, per_us = median(state["gaps"]), median(state["rates"])
+        state["gap"] = gap
         state["cycles"] = max(0, int(round((plant_us - gap) * per_us)))
+        # The next probe as long as the spin (at least about 10 µs).
+        state["probe"] = max(state["cycles"], 20_000)
         return per_us
 
+    for _ in range(2):
+        time_behind_launch()
     per_us = size()
-    planted = Planted(launch, lambda: sleep(state["cycles"]), max(plant_us, gap))
+    planted = Planted(launch, lambda: sleep(state["cycles"]), max(plant_us, state["gap"]))
     planted.before_batch = size
     print(
         f"tunelab worker: planted {planted.planted_us:.2f} us a launch (asked {plant_us:.2f}): "
-        f"kernel gap {gap:.2f} us, {per_us:.0f} cycles/us, spin {state['cycles']} cycles",
+        f"behind a launch, one more kernel {state['gap']:.2f} us, {per_us:.0f} cycles/us; "
+        f"spin {state['cycles']} cycles",
         file=sys.stderr,
     )
     return planted

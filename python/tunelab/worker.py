@@ -23,7 +23,7 @@ import platform
 import sys
 import time
 import traceback
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 from tunelab import PROTOCOL_VERSION
 from tunelab.failures import (BAD_REQUEST, COMPILE_ERROR, PROBLEM_ERROR, WorkerError, bad_request, classify,
@@ -568,8 +568,7 @@ class Worker(NativeOps):
         from tunelab import variant
 
         if self.mode == "gpu":
-            timer = cast(CudaEventTimer, self._timing())  # a GPU's
-            return variant.plant_on_gpu(self.torch, launch, plant_us, timer._sm_clock)
+            return variant.plant_on_gpu(self.torch, launch, plant_us)
         return variant.plant_on_cpu(launch, plant_us)
 
     def _compile(self, job: Job, problem: Any, method: Any, ctx: Any) -> Any:
