@@ -4,6 +4,7 @@ from other files, and a planted slowdown, in-process and through a worker."""
 import pathlib
 import sys
 import time
+import types
 
 import pytest
 
@@ -121,6 +122,71 @@ def test_malformed_variants_are_bad_requests(shared_worker):
     job["method"] = {**job["method"], "modules": {"tunelab.kernels.matmul": 3}}
     reply = shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
     assert reply["ok"] is False and reply["class"] == "bad_request", reply
+
+
+class _FakeGpu:
+    """A stream on a virtual clock: an op starts when the GPU is free and the
+    host has queued it (the host's time is the wall clock), and takes its
+    duration; an event records when the stream reaches it. `_sleep` spins
+    at 5 cycles a microsecond (a hold of 10 ms, so a loaded host still
+    queues what is timed behind it) and costs 1 µs of its own; queueing a kernel
+    costs the host 5 µs (a launch's API cost)."""
+
+    CYCLES_PER_US = 5.0
+
+    def __init__(self, launch_us: float):
+        self.free_at = 0.0  # µs on the host's clock
+        self.launch_us = launch_us
+        self.slept: list[int] = []
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                self.at = None
+
+            def record(self):
+                self.at = gpu._run(0.0)
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) / 1e3
+
+            def synchronize(self):
+                variant.host_wait(max(0.0, gpu.free_at - time.perf_counter() * 1e6))
+
+        def _sleep(cycles):
+            gpu.slept.append(cycles)
+            variant.host_wait(5.0)
+            gpu._run(1.0 + cycles / self.CYCLES_PER_US)
+
+        self.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(_sleep=_sleep, Event=Event))
+
+    def _run(self, us: float) -> float:
+        self.free_at = max(self.free_at, time.perf_counter() * 1e6) + us
+        return self.free_at
+
+    def launch(self):
+        variant.host_wait(5.0)
+        self._run(self.launch_us)
+        return "out"
+
+
+@pytest.mark.parametrize("launch_us", [2.0, 5000.0])
+def test_a_gpu_plant_is_sized_where_it_runs_and_waits_on_the_host_too(launch_us):
+    # A kernel shorter than the host takes to queue the next (2 µs) and one
+    # far longer: the gap one more kernel costs is the GPU's own 1 µs either
+    # way (timed behind a hold spin, not behind the host's 5 µs), the rate 5
+    # cycles a microsecond, so a 300 µs plant spins (300 - 1) x 5 cycles.
+    gpu = _FakeGpu(launch_us)
+    planted = variant.plant_on_gpu(gpu.torch, gpu.launch, 300.0)
+    assert planted.planted_us == 300.0
+    gpu.slept.clear()
+    started = time.perf_counter()
+    assert planted() == "out"
+    host_us = (time.perf_counter() - started) * 1e6
+    assert gpu.slept == [pytest.approx(299 * 5, rel=0.01)]
+    # And the host waits the plant too: where the host bounds the launch,
+    # the spin alone would run while the GPU waits for it.
+    assert host_us >= 300.0
 
 
 @pytest.mark.skipif(MODE != "gpu", reason="plants a spin kernel on a GPU")

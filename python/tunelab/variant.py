@@ -182,30 +182,35 @@ def plant_on_cpu(launch: Callable[[], Any], plant_us: float) -> Planted:
     """The interpreter's plant: a busy wait of `plant_us` after the launch,
     on the wall clock its samples are timed by."""
 
-    def spin():
-        until = time.perf_counter() + plant_us / 1e6
-        while time.perf_counter() < until:
-            pass
+    return Planted(launch, lambda: host_wait(plant_us), plant_us)
 
-    return Planted(launch, spin, plant_us)
+
+def host_wait(us: float) -> None:
+    """Busy-waits `us` microseconds on the host."""
+    until = time.perf_counter() + us / 1e6
+    while time.perf_counter() < until:
+        pass
 
 
 def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
     """The GPU's plant: a spin kernel (`torch.cuda._sleep`, which counts SM
-    clock cycles) queued after the launch, sized so that a launch with it
-    takes `plant_us` longer than without it. A spin of c cycles queued
-    behind the launch adds g + c / r microseconds: g what one more kernel
-    costs there (the gap between two kernels and an empty spin), r the
-    cycles a microsecond the spin runs at. Both are timed where the spin
-    runs, behind a launch, with the host ahead of the GPU: the launch, then
-    event pairs around an empty spin and around a probe spin as long as
-    the planned one. Timed on an idle GPU instead, the gap holds the host's
-    launch latency too (several microseconds, more than a small plant): on
-    an H200 a 3 % plant then added 2.1 % (10 %: 8.5 %) over gpt-oss's 74
-    pairs (2026-12-02). Timed again before each batch (`Planted.before_batch`,
-    which the worker calls), the medians of the last five timings taken,
-    so a GPU that falls under its power cap spins as long as asked. A CUDA
-    graph keeps the count it was captured with."""
+    clock cycles) queued after the launch, then a wait of `plant_us` on the
+    host, so that a launch with them takes `plant_us` longer whichever side
+    bounds it. Where the GPU does (the host queues ahead), the spin adds its
+    time and the host's wait is hidden; where the host does (many small
+    kernels, Python launch costs), the GPU waits for the host anyway and a
+    spin alone runs inside that wait, adding nothing: on an H200 a 3 % plant
+    without the host's wait showed 10-34 % of itself at torch's M <= 2
+    pairs (2026-12-02). The spin's count: c cycles behind the launch add
+    g + c / r microseconds, g what one more kernel costs there (the gap
+    between two kernels and an empty spin), r the cycles a microsecond it
+    runs at; both timed where the GPU is ahead of nothing but the queue: a
+    hold spin first, then event pairs around an empty spin and around a
+    probe as long as the planned spin, all queued behind the launch while
+    the hold runs. Timed before each batch (`Planted.before_batch`, which
+    the worker calls), the medians of the last five taken, so a GPU that
+    falls under its power cap spins as long as asked. A CUDA graph keeps
+    the count it was captured with (and no host wait)."""
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None:
         raise RuntimeError("torch.cuda._sleep is missing: this torch cannot plant a slowdown")
@@ -213,14 +218,17 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
     def event():
         return torch.cuda.Event(enable_timing=True)
 
-    # About 100 µs at 2 GHz: the first probe, before a plan exists.
+    # About 100 µs at 2 GHz: the first probe, before a plan exists. The hold
+    # (about 25 µs) keeps the GPU busy while the host queues what is timed.
     state: dict[str, Any] = {"cycles": 0, "probe": 200_000, "gaps": [], "rates": []}
+    hold_cycles = 50_000
 
     def time_behind_launch():
-        """One timing of (g, r) behind a launch."""
+        """One timing of (g, r) behind the launch."""
         probe = state["probe"]
         e0, e1, e2 = event(), event(), event()
         launch()
+        sleep(hold_cycles)
         e0.record()
         sleep(0)
         e1.record()
@@ -244,15 +252,19 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
         state["probe"] = max(state["cycles"], 20_000)
         return per_us
 
+    def spin():
+        sleep(state["cycles"])
+        host_wait(plant_us)
+
     for _ in range(2):
         time_behind_launch()
     per_us = size()
-    planted = Planted(launch, lambda: sleep(state["cycles"]), max(plant_us, state["gap"]))
+    planted = Planted(launch, spin, max(plant_us, state["gap"]))
     planted.before_batch = size
     print(
         f"tunelab worker: planted {planted.planted_us:.2f} us a launch (asked {plant_us:.2f}): "
         f"behind a launch, one more kernel {state['gap']:.2f} us, {per_us:.0f} cycles/us; "
-        f"spin {state['cycles']} cycles",
+        f"spin {state['cycles']} cycles, then {plant_us:.2f} us on the host",
         file=sys.stderr,
     )
     return planted
