@@ -23,6 +23,9 @@ STEP is any of (default: all of them but tune2, in this order):
 - tune2   a second tune like tune1 into OUT/tune2: two runs of one
           commit, for `compare` (about 2.5 min more).
 
+A plant step also records how much of the plant B's rounds show
+(`realised`: per pair, B's extra time over the plant).
+
 --picks DIR has the A/B steps time the picks of the results directory DIR
 (for example the committed results/gptoss/<device>) instead of tune1's,
 so that null, plant3 and plant10 need no tune first.
@@ -44,7 +47,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -91,6 +96,32 @@ def headline_counts(text: str) -> dict:
         return {}
     pairs, same, ambiguous, slow, fast = map(int, m.groups())
     return {"pairs": pairs, "same": same, "ambiguous": ambiguous, "slow": slow, "fast": fast}
+
+
+def realised(ab_dir: Path) -> dict:
+    """How much of the planted slowdown B's rounds show, per pair: (the
+    geometric mean of the rounds' B / A, less 1) x A's median in the A/B
+    rounds, over the plant in microseconds. Returns the median share over
+    the pairs, the lowest, and how many pairs realised under 2/3."""
+    path = ab_dir / "journal.jsonl.gz"
+    if not path.is_file():
+        path = ab_dir / "journal.jsonl"
+    opener = gzip.open if path.suffix == ".gz" else open
+    shares = []
+    with opener(path, "rt") as f:
+        for line in f:
+            entry = json.loads(line)
+            rounds = entry.get("rounds") or []
+            if entry.get("type") != "ab_pair" or not entry.get("plant_us") or not rounds:
+                continue
+            ratio = math.exp(sum(math.log(r["b_us"] / r["a_us"]) for r in rounds) / len(rounds))
+            a_us = sorted(r["a_us"] for r in rounds)[len(rounds) // 2]
+            shares.append((ratio - 1) * a_us / entry["plant_us"])
+    if not shares:
+        return {}
+    shares.sort()
+    return {"pairs": len(shares), "median_share": round(shares[len(shares) // 2], 3),
+            "lowest_share": round(shares[0], 3), "under_two_thirds": sum(s < 2 / 3 for s in shares)}
 
 
 def picks_name(picks: Path) -> str:
@@ -141,6 +172,8 @@ def main() -> int:
                        **headline_counts(text),
                        "headline": next((line for line in text.splitlines() if line.startswith("B against A")), "")}
         pack(out / name / "gptoss-ab" / device, python=python)
+        if "--plant-slowdown" in more:
+            state[name]["realised"] = realised(out / name / "gptoss-ab" / device)
 
     for step in args.steps:
         if step in ("tune1", "tune2"):
@@ -206,6 +239,11 @@ def summary(state: dict) -> str:
             side = f" (A: {s['a_side']})" if s.get("a_side") else ""
             row(f"planted {name[5:]} %: SLOW at {goal} of pairs", f"{slow} of {n}; {s['seconds']:.0f} s{side}",
                 n > 0 and slow >= share * n)
+            r = s.get("realised")
+            if r:
+                row(f"planted {name[5:]} %: how much of it the rounds show",
+                    f"{100 * r['median_share']:.0f} % at the median pair, {100 * r['lowest_share']:.0f} % at the "
+                    f"lowest; under 2/3 at {r['under_two_thirds']} of {r['pairs']}", None)
     for name, what in (("committed", "the committed run against tune1"), ("tunes", "tune1 against tune2")):
         s = state.get(f"compare-{name}", {})
         if s:

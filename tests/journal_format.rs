@@ -272,16 +272,21 @@ fn a_b_records_are_read_back_latest_pair_record_winning() {
     assert!(results.jobs.is_empty());
 }
 
-/// A committed format-4 journal (a whole gpt-oss tune on an H200,
-/// 2026-11-25) reads as format 5, every job as it was.
+/// A format-4 journal as a run wrote it (an excerpt of a whole gpt-oss
+/// tune on an H200, 2026-11-25: its run records and the records of 36 jobs,
+/// 6 of them recorded twice by the resume) reads as format 5, every job as
+/// it was.
 #[test]
 fn a_committed_format_4_journal_reads_as_format_5() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("results/bench/NVIDIA_H200/tune-gptoss-fresh/gptoss");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/journals/format4_gptoss");
     let packed = std::fs::read(dir.join("journal.jsonl.gz")).unwrap();
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&packed[..]), &mut text)
-        .unwrap();
+    // Packed in members, as `tunelab pack` writes.
+    std::io::Read::read_to_string(
+        &mut flate2::read::MultiGzDecoder::new(&packed[..]),
+        &mut text,
+    )
+    .unwrap();
     let first = text.lines().next().unwrap();
     assert!(first.contains(r#""format":4"#), "committed in format 4");
     // A resumed run records some jobs again: the latest record of each id counts.
@@ -365,8 +370,12 @@ fn a_committed_format_2_journal_reads_as_re_timed_back_to_back() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/gptoss-attention/NVIDIA_H200");
     let packed = std::fs::read(dir.join("journal.jsonl.gz")).unwrap();
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&packed[..]), &mut text)
-        .unwrap();
+    // Packed in members, as `tunelab pack` writes.
+    std::io::Read::read_to_string(
+        &mut flate2::read::MultiGzDecoder::new(&packed[..]),
+        &mut text,
+    )
+    .unwrap();
     assert!(
         text.lines().next().unwrap().contains(r#""format":2"#),
         "committed in format 2"

@@ -3,6 +3,7 @@
 //! with both winners and both timings of each.
 
 use super::*;
+use crate::emit::select::PICK_MARGIN;
 use crate::measure::{tied, Timing};
 use crate::store::FinalRecord;
 
@@ -136,9 +137,16 @@ pub(super) fn table(
         );
     }
     let beyond = all.iter().filter(|d| !d.within_noise()).count();
+    // The pick takes configs within PICK_MARGIN of the fastest as a tie
+    // (emit::select): a re-timed winner that close is no reason to differ.
+    let past_margin = all
+        .iter()
+        .filter(|d| !d.within_noise() && d.gain().is_some_and(|g| g > 1.0 + PICK_MARGIN))
+        .count();
     let note = format!(
-        "Finalists re-timed under {names}: another winner at {} of {compared} (shape, method) pairs, {beyond} of them beyond noise (CIs apart){}. Cells: config ({rank} µs / re-timed µs); gain = the {rank} winner's re-timed µs / the other winner's.",
+        "Finalists re-timed under {names}: another winner at {} of {compared} (shape, method) pairs, {beyond} of them beyond noise (CIs apart), {past_margin} by more than the pick's margin ({} %){}. Cells: config ({rank} µs / re-timed µs); gain = the {rank} winner's re-timed µs / the other winner's.",
         all.len(),
+        PICK_MARGIN * 100.0,
         if all.len() > limit {
             format!("; the {limit} largest here, all in [the details]({details_link})")
         } else {
