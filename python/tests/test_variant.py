@@ -128,15 +128,16 @@ class _FakeGpu:
     """A stream on a virtual clock: an op starts when the GPU is free and the
     host has queued it (the host's time is the wall clock), and takes its
     duration; an event records when the stream reaches it. `_sleep` spins
-    at 5 cycles a microsecond (a hold of 10 ms, so a loaded host still
-    queues what is timed behind it) and costs 1 µs of its own; queueing a kernel
-    costs the host 5 µs (a launch's API cost)."""
+    at 40 cycles a microsecond (a hold of 10 ms, so a loaded host still
+    queues what is timed behind it) and costs 1 µs of its own; queueing a
+    kernel costs the host 5 µs (a launch's API cost), a launch `host_us`."""
 
-    CYCLES_PER_US = 5.0
+    CYCLES_PER_US = 40.0
 
-    def __init__(self, launch_us: float):
+    def __init__(self, launch_us: float, host_us: float = 5.0):
         self.free_at = 0.0  # µs on the host's clock
         self.launch_us = launch_us
+        self.host_us = host_us
         self.slept: list[int] = []
         gpu = self
 
@@ -165,17 +166,30 @@ class _FakeGpu:
         return self.free_at
 
     def launch(self):
-        variant.host_wait(5.0)
+        variant.host_wait(self.host_us)
         self._run(self.launch_us)
         return "out"
+
+    def sample_spans(self, launch, count: int) -> list[float]:
+        """`count` launches back to back, each between an event pair, as a
+        timer samples them; the spans in µs."""
+        spans = []
+        for _ in range(count):
+            start, end = self.torch.cuda.Event(), self.torch.cuda.Event()
+            start.record()
+            launch()
+            end.record()
+            spans.append(start.elapsed_time(end) * 1e3)
+        end.synchronize()
+        return spans
 
 
 @pytest.mark.parametrize("launch_us", [2.0, 5000.0])
 def test_a_gpu_plant_is_sized_where_it_runs_and_waits_on_the_host_too(launch_us):
     # A kernel shorter than the host takes to queue the next (2 µs) and one
     # far longer: the gap one more kernel costs is the GPU's own 1 µs either
-    # way (timed behind a hold spin, not behind the host's 5 µs), the rate 5
-    # cycles a microsecond, so a 300 µs plant spins (300 - 1) x 5 cycles.
+    # way (timed behind a hold spin, not behind the host's 5 µs), the rate 40
+    # cycles a microsecond, so a 300 µs plant spins (300 - 1) x 40 cycles.
     gpu = _FakeGpu(launch_us)
     planted = variant.plant_on_gpu(gpu.torch, gpu.launch, 300.0)
     assert planted.planted_us == 300.0
@@ -183,10 +197,28 @@ def test_a_gpu_plant_is_sized_where_it_runs_and_waits_on_the_host_too(launch_us)
     started = time.perf_counter()
     assert planted() == "out"
     host_us = (time.perf_counter() - started) * 1e6
-    assert gpu.slept == [pytest.approx(299 * 5, rel=0.01)]
+    assert gpu.slept == [pytest.approx(299 * 40, rel=0.01)]
     # And the host waits the plant too: where the host bounds the launch,
     # the spin alone would run while the GPU waits for it.
     assert host_us >= 300.0
+
+
+@pytest.mark.parametrize("host_us", [5.0, 1000.0])
+def test_a_gpu_plant_adds_its_time_whether_the_gpu_or_the_host_bounds_the_launch(host_us):
+    # A 500 µs kernel queued in 5 µs (the GPU bounds it) and a 2 µs one the
+    # host takes 1000 µs to queue (the host bounds it: Python launch costs).
+    # Timed back to back by event pairs, a 40 µs plant adds about 40 µs to
+    # each sample either way. Without the host's wait the host-bound samples
+    # would gain only what queueing the spin costs (the spin runs while the
+    # host queues the next launch).
+    launch_us = 500.0 if host_us == 5.0 else 2.0
+    gpu = _FakeGpu(launch_us, host_us)
+    plain = gpu.sample_spans(gpu.launch, 40)
+    planted = variant.plant_on_gpu(gpu.torch, gpu.launch, 40.0)
+    spans = gpu.sample_spans(planted, 40)
+    added = sorted(spans)[20] - sorted(plain)[20]
+    # (Wide bounds: the host-bound spans carry the host's own jitter.)
+    assert 30.0 <= added <= 60.0, f"{added:.1f} us added for 40 asked"
 
 
 @pytest.mark.skipif(MODE != "gpu", reason="plants a spin kernel on a GPU")

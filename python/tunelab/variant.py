@@ -194,23 +194,28 @@ def host_wait(us: float) -> None:
 
 def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
     """The GPU's plant: a spin kernel (`torch.cuda._sleep`, which counts SM
-    clock cycles) queued after the launch, then a wait of `plant_us` on the
-    host, so that a launch with them takes `plant_us` longer whichever side
-    bounds it. Where the GPU does (the host queues ahead), the spin adds its
-    time and the host's wait is hidden; where the host does (many small
-    kernels, Python launch costs), the GPU waits for the host anyway and a
-    spin alone runs inside that wait, adding nothing: on an H200 a 3 % plant
-    without the host's wait showed 10-34 % of itself at torch's M <= 2
-    pairs (2026-12-02). The spin's count: c cycles behind the launch add
-    g + c / r microseconds, g what one more kernel costs there (the gap
-    between two kernels and an empty spin), r the cycles a microsecond it
-    runs at; both timed where the GPU is ahead of nothing but the queue: a
-    hold spin first, then event pairs around an empty spin and around a
-    probe as long as the planned spin, all queued behind the launch while
-    the hold runs. Timed before each batch (`Planted.before_batch`, which
-    the worker calls), the medians of the last five taken, so a GPU that
-    falls under its power cap spins as long as asked. A CUDA graph keeps
-    the count it was captured with (and no host wait)."""
+    clock cycles) queued after the launch, and the host held until
+    `plant_us` after it began queueing the spin, so that a launch with them
+    takes `plant_us` longer whichever side bounds it. Where the GPU does
+    (the host queues ahead of it), the spin adds its time and the host's
+    wait is hidden; where the host does (many small kernels, Python launch
+    costs), the GPU waits for the host anyway and a spin alone would run
+    inside that wait. (On an H200, 2026-12-02, a 3 % plant without the
+    host's wait showed 25-34 % of itself at torch's M <= 2 and
+    triton_vllm's M=2 pairs; some of that may have been the gap's error
+    below, which the hold now removes: this version has not run on a GPU.)
+    The spin's count: c cycles behind the launch add g + c / r
+    microseconds, g what one more kernel costs there (the gap between two
+    kernels and an empty spin), r the cycles a microsecond it runs at;
+    both timed with the host ahead of the GPU: a hold spin of about 200 µs
+    first, then event pairs around an empty spin and around a probe as long
+    as the planned spin, all queued behind the launch while the hold runs
+    (timed behind a bare short launch, g held the host's launch latency and
+    the spin came out short). Timed before each batch
+    (`Planted.before_batch`, which the worker calls), the medians of the
+    last five taken, so a GPU that falls under its power cap spins as long
+    as asked. A CUDA graph keeps the count it was captured with (and no
+    host wait)."""
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None:
         raise RuntimeError("torch.cuda._sleep is missing: this torch cannot plant a slowdown")
@@ -219,9 +224,10 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
         return torch.cuda.Event(enable_timing=True)
 
     # About 100 µs at 2 GHz: the first probe, before a plan exists. The hold
-    # (about 25 µs) keeps the GPU busy while the host queues what is timed.
+    # (about 200 µs) keeps the GPU busy while the host queues what is timed:
+    # four calls into CUDA from Python, tens of microseconds on a loaded host.
     state: dict[str, Any] = {"cycles": 0, "probe": 200_000, "gaps": [], "rates": []}
-    hold_cycles = 50_000
+    hold_cycles = 400_000
 
     def time_behind_launch():
         """One timing of (g, r) behind the launch."""
@@ -253,8 +259,12 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
         return per_us
 
     def spin():
+        # The host's deadline counts from before the spin is queued: the
+        # host's path gains the plant, not the plant and the queueing.
+        until = time.perf_counter() + plant_us / 1e6
         sleep(state["cycles"])
-        host_wait(plant_us)
+        while time.perf_counter() < until:
+            pass
 
     for _ in range(2):
         time_behind_launch()

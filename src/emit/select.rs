@@ -395,8 +395,9 @@ pub fn fastest<'a>(timed: impl IntoIterator<Item = Timed<'a>>) -> Option<Timed<'
 
 /// Configs whose medians are this close (as a fraction of the faster) tie
 /// for the pick, however narrow their intervals. One run's intervals say
-/// little of the next run's: two runs of one commit on one H200 put the
-/// same config 1.35 % apart at the median pair (docs/ab.md), so configs
+/// little of the next run's: a second run of nearly the same commit on
+/// another H200 instance put the same config 1.35 % apart at the median
+/// pair (385 pairs, docs/ab.md), so configs
 /// closer than their intervals can tell swap places from run to run, and
 /// the exported file with them. Measured on two back-to-back tunes of
 /// gpt-oss E=32 N=2880 on an H200 (2026-12-02, 74 (shape, method) pairs,
@@ -412,7 +413,7 @@ pub const PICK_MARGIN: f64 = 0.005;
 
 /// Tied for the pick: within the noise of the difference, or within
 /// [`PICK_MARGIN`].
-fn tied_for_pick(a: &Stats, b: &Stats) -> bool {
+pub(crate) fn tied_for_pick(a: &Stats, b: &Stats) -> bool {
     let gap = (a.median_us.ln() - b.median_us.ln()).abs();
     crate::measure::indistinguishable(a, b) || gap <= PICK_MARGIN.ln_1p()
 }
@@ -441,8 +442,15 @@ pub fn pick<'a>(
         })
         .collect();
     for &timing in retime_with {
-        let under: Option<Vec<&FinalRecord>> =
-            tie.iter().map(|t| retimed(&t.job.job_id, timing)).collect();
+        // A timing counts only where it re-timed every job of the tie with a
+        // usable median (a zero or NaN would tie with nothing and empty it).
+        let under: Option<Vec<&FinalRecord>> = tie
+            .iter()
+            .map(|t| {
+                retimed(&t.job.job_id, timing)
+                    .filter(|f| f.stats.median_us.is_finite() && f.stats.median_us > 0.0)
+            })
+            .collect();
         let Some(under) = under else { continue };
         let Some(fastest_under) = under.iter().copied().min_by(|a, b| {
             a.stats
@@ -822,6 +830,40 @@ mod tests {
         ];
         let under =
             |id: &str, t: Timing| tied_graph.iter().find(|f| f.job_id == id && f.timing == t);
+        assert_eq!(
+            pick(&timed, &[Timing::Graph], under).unwrap().job.job_id,
+            "s"
+        );
+        // Under graph replay 0.3 % apart, with intervals too narrow to
+        // overlap: tied by the margin, so config order decides.
+        let narrow = |id: &str, median: f64| FinalRecord {
+            stats: Stats {
+                ci_low_us: median - 0.05,
+                ci_high_us: median + 0.05,
+                ..retimed(id, Timing::Graph, median).stats
+            },
+            ..retimed(id, Timing::Graph, median)
+        };
+        let margin_graph = [narrow("s", 80.24), narrow("l", 80.0)];
+        let under = |id: &str, t: Timing| {
+            margin_graph
+                .iter()
+                .find(|f| f.job_id == id && f.timing == t)
+        };
+        assert!(!crate::measure::indistinguishable(
+            &margin_graph[0].stats,
+            &margin_graph[1].stats
+        ));
+        assert_eq!(
+            pick(&timed, &[Timing::Graph], under).unwrap().job.job_id,
+            "s"
+        );
+        // A re-timing with a zero median is no timing: config order again.
+        let broken = [
+            retimed("s", Timing::Graph, 0.0),
+            retimed("l", Timing::Graph, 80.0),
+        ];
+        let under = |id: &str, t: Timing| broken.iter().find(|f| f.job_id == id && f.timing == t);
         assert_eq!(
             pick(&timed, &[Timing::Graph], under).unwrap().job.job_id,
             "s"

@@ -3,7 +3,7 @@
 //! with both winners and both timings of each.
 
 use super::*;
-use crate::emit::select::PICK_MARGIN;
+use crate::emit::select::{tied_for_pick, PICK_MARGIN};
 use crate::measure::{tied, Timing};
 use crate::store::FinalRecord;
 
@@ -137,14 +137,18 @@ pub(super) fn table(
         );
     }
     let beyond = all.iter().filter(|d| !d.within_noise()).count();
-    // The pick takes configs within PICK_MARGIN of the fastest as a tie
-    // (emit::select): a re-timed winner that close is no reason to differ.
+    // The pick's own test of a tie (emit::select: within the noise of the
+    // difference or PICK_MARGIN): a re-timed winner it ties is no reason to differ.
     let past_margin = all
         .iter()
-        .filter(|d| !d.within_noise() && d.gain().is_some_and(|g| g > 1.0 + PICK_MARGIN))
+        .filter(|d| {
+            d.ranked
+                .1
+                .is_some_and(|r| !tied_for_pick(&r.stats, &d.other.2.stats))
+        })
         .count();
     let note = format!(
-        "Finalists re-timed under {names}: another winner at {} of {compared} (shape, method) pairs, {beyond} of them beyond noise (CIs apart), {past_margin} by more than the pick's margin ({} %){}. Cells: config ({rank} µs / re-timed µs); gain = the {rank} winner's re-timed µs / the other winner's.",
+        "Finalists re-timed under {names}: another winner at {} of {compared} (shape, method) pairs, {beyond} of them beyond noise (CIs apart), {past_margin} apart by the pick's own test (beyond the noise of the difference and {} %){}. Cells: config ({rank} µs / re-timed µs); gain = the {rank} winner's re-timed µs / the other winner's.",
         all.len(),
         PICK_MARGIN * 100.0,
         if all.len() > limit {
