@@ -349,7 +349,7 @@ def test_profiling_without_a_gpu_says_so_in_one_line(tmp_path):
     request.write_text(json.dumps({"experiment": "x", "device": "d", "calls": 1, "jobs": []}))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(PYTHON_DIR)
-    done = subprocess.run([sys.executable, "-m", "tunelab.workbench.profile", str(request), "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "tunelab.profiler", str(request), "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 4, done.stderr
     last = done.stderr.strip().splitlines()[-1]

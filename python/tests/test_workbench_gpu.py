@@ -6,7 +6,7 @@
   numbers a compile worker reads from the cubin.
 - An edited IR (a register cap in the TTGIR module) runs, passes its check and
   uses the registers it asked for.
-- `python -m tunelab.workbench.profile` takes a Proton profile.
+- `python -m tunelab.profiler` takes a Proton profile.
 
 Skipped without a GPU. Run on an H100 with
     PYTHONPATH=python python -m pytest -q python/tests/test_workbench_gpu.py
@@ -111,7 +111,7 @@ def test_proton_profiles_a_job(tmp_path):
     path = tmp_path / "request.json"
     path.write_text(json.dumps(request))
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
-    done = subprocess.run([sys.executable, "-m", "tunelab.workbench.profile", str(path), "--out", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "tunelab.profiler", str(path), "--out", str(tmp_path),
                            "--no-ncu"], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "summary.json").read_text())

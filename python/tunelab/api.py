@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Optional, Sequence, Union
 
-from tunelab import _native
+import tunelab._native as _native
 from tunelab._native import ManifestError, SettingsError
 
 if TYPE_CHECKING:

@@ -162,7 +162,7 @@ pub(super) fn profile(settings: &Settings, a: &ProfileArgs<'_>) -> Result<i32, F
         crate::emit::num::count(request.jobs.len() as u64, "job", "jobs"),
         request.device
     );
-    let mut cmd = python_module(settings, "tunelab.workbench.profile", &extra_path)?;
+    let mut cmd = python_module(settings, "tunelab.profiler", &extra_path)?;
     cmd.arg(&request_path).arg("--out").arg(&out);
     if !a.ncu {
         cmd.arg("--no-ncu");

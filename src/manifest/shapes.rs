@@ -227,9 +227,10 @@ fn read_csv(spec: &RawCsvShapes, files: &Files<'_>) -> Result<Vec<(Shape, Span)>
             // listed (a file that is no CSV would have its first line
             // printed). A column close to the name asked for is named.
             let near = crate::diag::did_you_mean(&column, headers.iter().map(String::as_str));
+            let n = headers.len();
             let columns = format!(
-                "the file's header (its line 1) has {}",
-                crate::emit::num::count(headers.len() as u64, "column", "columns")
+                "the file's header (its line 1) has {n} column{}",
+                if n == 1 { "" } else { "s" }
             );
             let help = match near {
                 Some(n) => format!("did you mean `{n}`? {columns}"),

@@ -5,7 +5,7 @@
 //!   manifest), each winner compiled once more by a worker that writes its
 //!   kernels' IR and metadata under the results directory;
 //! - [`profile`]: what `tunelab profile` re-runs, as the request its Python
-//!   side (`tunelab.workbench.profile`) reads;
+//!   side (`tunelab.profiler`) reads;
 //! - [`aot`]: the `aot` output, the winners' images with a C dispatcher.
 //!
 //! Imports `store`, `emit`, `plan` and `backend`: it sits beside `schedule`.

@@ -1,5 +1,5 @@
 //! `tunelab profile`: which jobs of a results directory are profiled, and
-//! the request its Python side reads (`python -m tunelab.workbench.profile`,
+//! the request its Python side reads (`python -m tunelab.profiler`,
 //! which re-runs them under Proton, and under Nsight Compute when `ncu` is
 //! on PATH, and writes `profile/summary.md`).
 //!
@@ -22,7 +22,7 @@ use crate::store::{JobRecord, Results};
 pub const FOLDER: &str = "profile";
 pub const SUMMARY: &str = "summary.md";
 
-/// What the profiler (`tunelab.workbench.profile`) writes by name in the
+/// What the profiler (`tunelab.profiler`) writes by name in the
 /// folder, with plain opens that would follow a link.
 pub const WRITTEN: [&str; 4] = ["proton.hatchet", "ncu", "summary.json", SUMMARY];
 
