@@ -82,11 +82,12 @@ setup:
     @echo "setup: installing tunelab: pip compiles its Rust core now (see the README's Install for how long)"
     .venv/bin/python -m pip install --disable-pip-version-check ".[dev]"
 
-# Also the type check and the installed wheel's API tests.
+# Also the type check and the installed wheel's API tests; pytest names its 15
+# slowest tests (CI's time goes mostly to Triton's interpreter).
 # Everything CI checks: formatting, lints, the HIP build, Rust tests, Python tests, the interpreter end to end.
 test: lint lint-python check-hip
     TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets
-    PYTHONPATH=python {{python}} -m pytest -q -n {{pytest_workers}} python/tests --ignore=python/tests/api
+    PYTHONPATH=python {{python}} -m pytest -q -n {{pytest_workers}} --durations=15 python/tests --ignore=python/tests/api
     just typecheck
     just test-api
 
