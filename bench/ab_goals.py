@@ -102,15 +102,18 @@ def realised(ab_dir: Path) -> dict:
     """How much of the planted slowdown B's rounds show, per pair: (the
     geometric mean of the rounds' B / A, less 1) x A's median in the A/B
     rounds, over the plant in microseconds. Returns the median share over
-    the pairs, the lowest, and how many pairs realised under 2/3."""
+    the pairs, the lowest, and how many pairs realised under 2/3. Only the
+    journal's last run counts: a step run again appends to its journal."""
     path = ab_dir / "journal.jsonl.gz"
     if not path.is_file():
         path = ab_dir / "journal.jsonl"
     opener = gzip.open if path.suffix == ".gz" else open
-    shares = []
+    shares: list[float] = []
     with opener(path, "rt") as f:
         for line in f:
             entry = json.loads(line)
+            if entry.get("type") == "run":
+                shares = []
             rounds = entry.get("rounds") or []
             if entry.get("type") != "ab_pair" or not entry.get("plant_us") or not rounds:
                 continue

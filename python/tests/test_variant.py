@@ -221,7 +221,33 @@ def test_a_gpu_plant_adds_its_time_whether_the_gpu_or_the_host_bounds_the_launch
     assert 30.0 <= added <= 60.0, f"{added:.1f} us added for 40 asked"
 
 
-@pytest.mark.skipif(MODE != "gpu", reason="plants a spin kernel on a GPU")
+@pytest.mark.parametrize("plant_us, burns, cycles", [(300.0, 14, 19 * 40), (15.0, 0, 14 * 40)])
+def test_a_gpu_plant_burns_what_it_can_and_spins_the_rest(plant_us, burns, cycles):
+    # A burn of 20 µs on the simulated GPU (the host queues it in 5 µs)
+    # behind a 5 ms kernel: a 300 µs plant is one more kernel (1 µs), 14
+    # burns (280 µs) and a spin of the 19 µs left; a 15 µs plant, shorter
+    # than a burn, only spins. And the samples gain the plant either way.
+    gpu = _FakeGpu(5000.0)
+    burned = []
+
+    def burn():
+        burned.append(1)
+        variant.host_wait(5.0)
+        gpu._run(20.0)
+
+    plain = gpu.sample_spans(gpu.launch, 9)
+    planted = variant.plant_on_gpu(gpu.torch, gpu.launch, plant_us, burn)
+    gpu.slept.clear()
+    burned.clear()
+    planted()
+    assert len(burned) == burns
+    assert gpu.slept == [pytest.approx(cycles, abs=2)]
+    spans = gpu.sample_spans(planted, 9)
+    added = sorted(spans)[4] - sorted(plain)[4]
+    assert plant_us * 0.9 <= added <= plant_us * 1.1 + 2.0, f"{added:.1f} us added for {plant_us} asked"
+
+
+@pytest.mark.skipif(MODE != "gpu", reason="plants kernels on a GPU")
 def test_a_gpu_plant_adds_about_what_it_was_asked(shared_worker):
     # A small GEMM timed cold with and without 50 µs planted: the medians
     # differ by the plant, give or take a quarter (the kernel gap is

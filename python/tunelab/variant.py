@@ -5,8 +5,8 @@ a planted slowdown (a testing knob).
 
 A job carries them in its JOB object (docs/worker-protocol.md, "JOB"):
 `method.modules` maps a module's dotted name to the file to run instead, and
-`plant_us` asks for a spin of that many microseconds after every launch,
-inside whatever times the launch.
+`plant_us` asks for that many microseconds of busy GPU (or host) after
+every launch, inside whatever times the launch.
 """
 
 from __future__ import annotations
@@ -192,29 +192,52 @@ def host_wait(us: float) -> None:
         pass
 
 
-def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
-    """The GPU's plant: a spin kernel (`torch.cuda._sleep`, which counts SM
-    clock cycles) queued after the launch, and the host held until
-    `plant_us` after it began queueing the spin, so that a launch with them
-    takes `plant_us` longer whichever side bounds it. Where the GPU does
-    (the host queues ahead of it), the spin adds its time and the host's
-    wait is hidden; where the host does (many small kernels, Python launch
-    costs), the GPU waits for the host anyway and a spin alone would run
-    inside that wait. (On an H200, 2026-12-02, a 3 % plant without the
-    host's wait showed 25-34 % of itself at torch's M <= 2 and
-    triton_vllm's M=2 pairs; some of that may have been the gap's error
-    below, which the hold now removes: this version has not run on a GPU.)
-    The spin's count: c cycles behind the launch add g + c / r
-    microseconds, g what one more kernel costs there (the gap between two
-    kernels and an empty spin), r the cycles a microsecond it runs at;
-    both timed with the host ahead of the GPU: a hold spin of about 200 µs
-    first, then event pairs around an empty spin and around a probe as long
-    as the planned spin, all queued behind the launch while the hold runs
-    (timed behind a bare short launch, g held the host's launch latency and
-    the spin came out short). Timed before each batch
+def tensor_core_burn(torch) -> Callable[[], Any]:
+    """A kernel that draws about the power a large GEMM draws: one bf16
+    matmul, 1024 x 1024 by 1024 x 4096 (8.6 GFLOP: several microseconds on
+    an H200, and 128 to 256 output tiles, enough to keep every SM busy),
+    into a buffer of its own. The plant queues it instead of idling where
+    the plant is long enough (plant_on_gpu)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    a = torch.randn(1024, 1024, device=device, dtype=torch.bfloat16)
+    b = torch.randn(1024, 4096, device=device, dtype=torch.bfloat16)
+    c = torch.empty(1024, 4096, device=device, dtype=torch.bfloat16)
+    return lambda: torch.matmul(a, b, out=c)
+
+
+def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float,
+                 burn: Callable[[], Any] | None = None) -> Planted:
+    """The GPU's plant: kernels queued after the launch that keep the GPU
+    busy for `plant_us`, and the host held until `plant_us` after it began
+    queueing them, so that a launch with them takes `plant_us` longer
+    whichever side bounds it. Where the GPU does (the host queues ahead of
+    it), the kernels add their time and the host's wait is hidden; where
+    the host does (many small kernels, Python launch costs), the GPU waits
+    for the host anyway and kernels alone would run inside that wait.
+
+    The kernels: as many `burn` calls as fit (tensor_core_burn: a matmul
+    that draws the power a large GEMM does), then a spin (`torch.cuda._sleep`,
+    which counts SM clock cycles) for the rest. Why burn rather than spin:
+    a kernel under the GPU's power cap runs at the clock the cap allows;
+    an idle spin after it lowers the power drawn, the clock climbs, and the
+    next launch runs faster, so the launch loses less than was planted (on
+    an H200, 2026-12-02, an idle 3 % plant showed 0.7-3.1 % at gpt-oss's
+    M >= 1536 pairs). A plant shorter than one burn only spins: there the
+    kernel is short, and the power it draws is not what bounds it.
+
+    Sizing: k burns and a spin of c cycles behind the launch add
+    k b + g + c / r microseconds, b what one more burn costs there (its
+    time and its gap), g what one more kernel costs (the gap between two
+    kernels and an empty spin), r the cycles a microsecond the spin runs
+    at; k = floor((plant - g) / b), c = (plant - g - k b) r. All three are
+    timed with the host ahead of the GPU: a hold spin of about 200 µs
+    first, then event pairs around an empty spin, a probe spin as long as
+    the planned one and the planned burns, all queued behind the launch
+    while the hold runs (timed behind a bare short launch, g held the host's
+    launch latency and the spin came out short). Timed before each batch
     (`Planted.before_batch`, which the worker calls), the medians of the
-    last five taken, so a GPU that falls under its power cap spins as long
-    as asked. A CUDA graph keeps the count it was captured with (and no
+    last five taken, so a GPU that falls under its power cap plants as
+    long as asked. A CUDA graph keeps the plan it was captured with (and no
     host wait)."""
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None:
@@ -225,14 +248,15 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
 
     # About 100 µs at 2 GHz: the first probe, before a plan exists. The hold
     # (about 200 µs) keeps the GPU busy while the host queues what is timed:
-    # four calls into CUDA from Python, tens of microseconds on a loaded host.
-    state: dict[str, Any] = {"cycles": 0, "probe": 200_000, "gaps": [], "rates": []}
+    # the calls into CUDA from Python, tens of microseconds on a loaded host.
+    state: dict[str, Any] = {"cycles": 0, "probe": 200_000, "burns": 0, "gaps": [], "rates": [], "burn_us": []}
     hold_cycles = 400_000
 
     def time_behind_launch():
-        """One timing of (g, r) behind the launch."""
+        """One timing of (g, r, b) behind the launch."""
         probe = state["probe"]
-        e0, e1, e2 = event(), event(), event()
+        burns = max(1, state["burns"])
+        e0, e1, e2, e3 = event(), event(), event(), event()
         launch()
         sleep(hold_cycles)
         e0.record()
@@ -240,11 +264,17 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
         e1.record()
         sleep(probe)
         e2.record()
-        e2.synchronize()
+        if burn is not None:
+            for _ in range(burns):
+                burn()
+        e3.record()
+        e3.synchronize()
         gap = e0.elapsed_time(e1) * 1e3
         spun = e1.elapsed_time(e2) * 1e3 - gap
         state["gaps"] = (state["gaps"] + [gap])[-5:]
         state["rates"] = (state["rates"] + [probe / max(spun, 1e-3)])[-5:]
+        if burn is not None:
+            state["burn_us"] = (state["burn_us"] + [e2.elapsed_time(e3) * 1e3 / burns])[-5:]
 
     def median(values: list) -> float:
         return sorted(values)[len(values) // 2]
@@ -253,15 +283,23 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
         time_behind_launch()
         gap, per_us = median(state["gaps"]), median(state["rates"])
         state["gap"] = gap
-        state["cycles"] = max(0, int(round((plant_us - gap) * per_us)))
+        rest = max(0.0, plant_us - gap)
+        if burn is not None:
+            burn_us = median(state["burn_us"])
+            state["burn_each"] = burn_us
+            state["burns"] = int(rest // burn_us) if burn_us > 0 else 0
+            rest -= state["burns"] * burn_us
+        state["cycles"] = max(0, int(round(rest * per_us)))
         # The next probe as long as the spin (at least about 10 µs).
         state["probe"] = max(state["cycles"], 20_000)
         return per_us
 
     def spin():
-        # The host's deadline counts from before the spin is queued: the
+        # The host's deadline counts from before the kernels are queued: the
         # host's path gains the plant, not the plant and the queueing.
         until = time.perf_counter() + plant_us / 1e6
+        for _ in range(state["burns"]):
+            burn()
         sleep(state["cycles"])
         while time.perf_counter() < until:
             pass
@@ -271,10 +309,11 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float) -> Planted:
     per_us = size()
     planted = Planted(launch, spin, max(plant_us, state["gap"]))
     planted.before_batch = size
+    burned = (f"{state['burns']} burns of {state['burn_each']:.2f} us, " if burn is not None else "")
     print(
         f"tunelab worker: planted {planted.planted_us:.2f} us a launch (asked {plant_us:.2f}): "
         f"behind a launch, one more kernel {state['gap']:.2f} us, {per_us:.0f} cycles/us; "
-        f"spin {state['cycles']} cycles, then {plant_us:.2f} us on the host",
+        f"{burned}spin {state['cycles']} cycles, then {plant_us:.2f} us on the host",
         file=sys.stderr,
     )
     return planted

@@ -131,6 +131,8 @@ class Worker(NativeOps):
         # The shape's tensors shared with a native worker: (key, output, reply).
         self._shared: Optional[tuple[tuple[str, str, int], Any, dict[str, Any], Any]] = None
         self.stopping = False
+        # What a planted slowdown queues on a GPU (tunelab.variant.tensor_core_burn).
+        self._burn: Optional[Any] = None
         self._timer: Optional[CudaEventTimer | WallTimer] = None
         self._handlers = {
             "hello": self.hello,
@@ -568,7 +570,9 @@ class Worker(NativeOps):
         from tunelab import variant
 
         if self.mode == "gpu":
-            return variant.plant_on_gpu(self.torch, launch, plant_us)
+            if self._burn is None:  # one burn's buffers for every planted job
+                self._burn = variant.tensor_core_burn(self.torch)
+            return variant.plant_on_gpu(self.torch, launch, plant_us, self._burn)
         return variant.plant_on_cpu(launch, plant_us)
 
     def _compile(self, job: Job, problem: Any, method: Any, ctx: Any) -> Any:
