@@ -113,7 +113,12 @@ def test_split_k_matches_one_split(fmt, extra, split_k, align, device):
     fp32 reassociation. K = 160 is three K steps of 64 with a tail, so three
     splits take one step each and two take two and one; N = 40 leaves a
     partial column tile in both GEMMs. A second call must give the same bits:
-    the tiles' counters were reset by their last split."""
+    the tiles' counters were reset by their last split. Both ways of finding
+    blocks at three splits; at two, the alignment kernel's alone (where the
+    blocks come from is the same at any split count, and each case takes
+    the interpreter seconds)."""
+    if split_k == 2 and align == "self":
+        pytest.skip("self-alignment is split three ways in the split_k=3 case")
     p = FusedMoE(shape(fmt, M=3, K=160))
     inputs = p.inputs(4, device)
     config = dict(CFG, **extra)
@@ -138,14 +143,16 @@ GEMV_CFG = {"BLOCK_SIZE_M": 1, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 64, "GROUP_SI
 
 @pytest.mark.parametrize("gemv", [1, 2])
 @pytest.mark.parametrize("split_k", [1, 2])
-@pytest.mark.parametrize("M", [1, 5])
+@pytest.mark.parametrize("M", [1, 3])
 def test_gemv_matches_reference(M, split_k, gemv, align, device):
     """GEMV=1 and 2 (one token a block on CUDA cores; 2 in packed f16 on a
     GPU, 1's code under the interpreter): K = 96 is three scale groups,
     so the second K step of 64 has a masked group; w2's rows (N = 40) are
-    padded to 64 with zero codes; M = 5 with topk 3 over 4 experts puts several
-    tokens on one expert (a block each). A second call gives the same bits."""
-    p = FusedMoE(shape(MXFP4, M=M, E=4, topk=3))
+    padded to 64 with zero codes; M = 3 with topk 2 over 2 experts puts every
+    token on both experts, three tokens on one expert (a block each). A
+    second call gives the same bits. (Small: the interpreter runs a program
+    at a time, and each token-expert pair is one.)"""
+    p = FusedMoE(shape(MXFP4, M=M, E=2, topk=2))
     config = dict(GEMV_CFG, SPLIT_K=split_k, GEMV=gemv)
     if INTERPRETED and gemv == 2:
         # The interpreter runs GEMV=1's arithmetic for GEMV=2 (PTX does not run there): the plan
@@ -160,12 +167,17 @@ def test_gemv_matches_reference(M, split_k, gemv, align, device):
     check(first, p.reference(inputs), "mxfp4")
     mma = run("fused_moe", p, inputs, CFG)
     torch.testing.assert_close(first.float(), mma.out.float(), atol=2e-3, rtol=2e-3)
+    if INTERPRETED and split_k == 1:
+        # The interpreter runs programs one at a time, so one split leaves
+        # nothing to race and no counter to reset between calls; a GEMV launch
+        # takes it seconds.
+        return
     launch.out.fill_(float("nan"))
     launch()
     assert torch.equal(launch.out, first)
 
 
-@pytest.mark.parametrize("gemv,split_k", [(1, 1), (1, 2), (1, 8), pytest.param(2, 8, marks=GPU)])
+@pytest.mark.parametrize("gemv,split_k", [(1, 1), (1, 2), (1, 4), pytest.param(2, 8, marks=GPU)])
 @pytest.mark.parametrize("activation", ["swiglu_oai", "silu"])
 def test_gemv_tile_major_weights_with_tail_tiles(activation, gemv, split_k, device):
     """GEMV reads weights copied tile by tile (gemv_tile_major), each column
@@ -175,7 +187,8 @@ def test_gemv_tile_major_weights_with_tail_tiles(activation, gemv, split_k, devi
     is 3.25 scale groups: the copies' padding past K must read as zeros.
     gpt-oss's SwiGLU takes gate and up interleaved, SiLU in two halves. With
     two K steps (BLOCK_SIZE_K 64), SPLIT_K 2 gives each split one and the last
-    split's load ahead nothing; SPLIT_K 8 leaves six splits empty."""
+    split's load ahead nothing; SPLIT_K 4 leaves two splits empty (8, on a
+    GPU, six)."""
     p = FusedMoE(shape(MXFP4, M=2, E=4, topk=3, N=44, K=104, activation=activation))
     assert p.interleaved == (activation == "swiglu_oai")
     inputs = p.inputs(6, device)

@@ -8,11 +8,12 @@ includes host time only if the GPU ran dry inside the sample: the failure the
 spin kernel ahead of a batch exists to prevent.
 """
 
+import time
 import types
 
 import pytest
 
-from tunelab.timers import CudaEventTimer
+from tunelab.timers import CudaEventTimer, WallTimer
 
 
 class FakeGpu:
@@ -113,3 +114,14 @@ def test_graph_samples_are_held_the_same_way(patched_clock):
     prepared = types.SimpleNamespace(graphs={10: graph}, launch=None)
     us, _ = timer.sample_graph(prepared, 64, 10)
     assert max(us) == pytest.approx(30.0, abs=0.01), us  # 300 us a replay / 10 calls
+
+
+@pytest.mark.parametrize("min_launches, min_ms, least", [(0, 0.0, 0), (2, 0.0, 2), (0, 1.0, 1)])
+def test_the_interpreters_warmup_launches_until_both_limits_are_met_and_not_at_all_for_none(min_launches, min_ms,
+                                                                                              least):
+    # The interpreter's protocol asks for no warm-up (its check has launched
+    # the kernel, and there is nothing to compile): (0, 0) launches nothing.
+    calls = []
+    launches, ms = WallTimer().warmup(lambda: calls.append(time.sleep(0.002)), min_launches, min_ms)
+    assert launches == len(calls) and launches >= least and ms >= min_ms
+    assert launches == least or min_ms > 0

@@ -18,14 +18,15 @@ class WallTimer:
     name = "wall"
 
     def warmup(self, launch: Callable[[], object], min_launches: int, min_ms: float) -> tuple[int, float]:
-        launches = 0
+        """Launches until both limits are met: none when both are 0 (the
+        interpreter compiles nothing, and the check has launched already)."""
+        launches, ms = 0, 0.0
         started = time.perf_counter()
-        while True:
+        while launches < min_launches or ms < min_ms:
             launch()
             launches += 1
             ms = (time.perf_counter() - started) * 1e3
-            if launches >= min_launches and ms >= min_ms:
-                return launches, ms
+        return launches, ms
 
     def sample(self, launch: Callable[[], object], count: int, flush_bytes: int,
                flush_with: str = "read") -> tuple[list[float], Optional[int]]:

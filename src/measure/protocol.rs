@@ -143,10 +143,12 @@ impl Protocol {
     }
 
     /// The protocol an interpreter run uses instead: its timings mean nothing
-    /// and each launch takes seconds, so two samples, no flush, no finalists.
+    /// and each launch takes seconds, so two samples, no flush, no finalists,
+    /// and no warm-up (the check has launched the kernel, and the interpreter
+    /// compiles nothing).
     pub fn for_interpreter(&self) -> Protocol {
         Protocol {
-            warmup_launches: 1,
+            warmup_launches: 0,
             warmup_ms: 0.0,
             retime_with: Vec::new(),
             flush: L2Flush::Off,

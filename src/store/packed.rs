@@ -267,9 +267,11 @@ mod tests {
             "kept {kept} of 8000 lines"
         );
         assert!(kept < 8000);
-        // Every line read is a whole line of the original.
+        // Every line read is a whole line of the original (a set of them: a
+        // substring search per line took this test 35 s unoptimised).
         let original = String::from_utf8(text).unwrap();
-        assert!(got.lines().all(|l| original.contains(l)));
+        let whole: std::collections::HashSet<&str> = original.lines().collect();
+        assert!(got.lines().all(|l| whole.contains(l)));
     }
 
     #[test]
