@@ -190,6 +190,7 @@ fn ab_setup() -> AbSetup {
         rounds: 16,
         batch: 32,
         threshold: 0.01,
+        extra_rounds: 0,
         plant: 0.03,
     }
 }
@@ -226,6 +227,7 @@ fn ab_pair() -> AbPair {
         aa: vec![round(false)],
         rounds: vec![round(false), round(true)],
         lost_rounds: 1,
+        extra_rounds: 0,
         a_stats: j.stats.clone(),
         b_stats: None,
         failure: Some(tunelab::store::Failure {

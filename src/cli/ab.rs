@@ -39,6 +39,7 @@ pub struct Request<'a> {
     pub b_code: &'a [String],
     pub aa_rounds: u32,
     pub rounds: u32,
+    pub extra_rounds: u32,
     pub threshold: Option<&'a str>,
     pub fail_on_slower: Option<&'a str>,
     pub plant: Option<&'a str>,
@@ -572,6 +573,7 @@ fn plan(
         rounds: r.rounds,
         batch: schedule::lane::retime_count(&protocol, timed_as),
         threshold: j.threshold,
+        extra_rounds: r.extra_rounds,
         plant: j.plant,
     };
     // The setup's id: the sides, how they are timed, every pair's configs
@@ -625,6 +627,8 @@ fn plan(
             setup: setup.id.clone(),
             aa_rounds: r.aa_rounds,
             rounds: r.rounds,
+            extra_rounds: r.extra_rounds,
+            threshold: j.threshold,
             plant: j.plant,
         },
         pairs,
@@ -660,12 +664,17 @@ fn time_pairs(
         return Ok(false);
     }
     eprintln!(
-        "tunelab ab: {} (A: {}, B: {}), {} A/A and {} A/B rounds each",
+        "tunelab ab: {} (A: {}, B: {}), {} A/A and {} A/B rounds each{}",
         count(plan.pairs.len() as u64, "pair", "pairs"),
         s.a_path.display(),
         s.b_path.display(),
         r.aa_rounds,
-        r.rounds
+        r.rounds,
+        if r.extra_rounds > 0 {
+            format!(" ({} more where the verdict is AMBIGUOUS)", r.extra_rounds)
+        } else {
+            String::new()
+        }
     );
     let opts = RunOptions {
         exp: ab_exp,

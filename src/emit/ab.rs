@@ -18,7 +18,7 @@ use crate::manifest::OutputFormat;
 use crate::measure::paired::{
     apparent_difference, equivalence, ratio_interval, round_spread, RatioInterval,
 };
-use crate::measure::{geomean, Verdict};
+use crate::measure::{geomean, paired, Verdict};
 use crate::store::{AbPair, AbSetup, AbSide, PicksSource, Results, RunHeader};
 
 /// One pair judged.
@@ -58,7 +58,7 @@ pub fn judge(pair: &AbPair, threshold: f64) -> Judged<'_> {
     let aa_logs: Vec<f64> = pair.aa.iter().map(|r| r.log_ratio()).collect();
     let interval = ratio_interval(&logs);
     let aa = apparent_difference(&aa_logs);
-    let margin = threshold.max(aa.unwrap_or(0.0));
+    let margin = paired::margin(&aa_logs, threshold);
     Judged {
         pair,
         interval,
@@ -217,7 +217,7 @@ pub fn markdown(o: &AbOutcome<'_>) -> String {
     if s.plant > 0.0 {
         let _ = writeln!(
             out,
-            "- **B carries a planted slowdown** (a testing knob): a spin of {} of A's median in the A/A rounds after each of B's launches, inside the timed region.",
+            "- **B carries a planted slowdown** (a testing knob): kernels that keep the GPU busy (the interpreter: the host) for {} of A's median in the A/A rounds after each of B's launches, inside the timed region.",
             pct(s.plant)
         );
     }
@@ -236,6 +236,15 @@ pub fn markdown(o: &AbOutcome<'_>) -> String {
         s.batch,
         p.timing.as_str()
     );
+    if s.extra_rounds > 0 {
+        let extended = o.pairs.iter().filter(|p| p.pair.extra_rounds > 0).count();
+        let _ = writeln!(
+            out,
+            "- A pair whose verdict after those rounds was AMBIGUOUS took {} more, once, and was judged on all of them: {} here.",
+            s.extra_rounds,
+            count(extended as u64, "pair", "pairs")
+        );
+    }
     let _ = writeln!(
         out,
         "- Verdict: the 95 % t-interval of the mean of the rounds' log(B / A), against a margin of the larger of the {} threshold and how far apart the A/A rounds put A and its copy: SAME within it, SLOW or FAST wholly outside, AMBIGUOUS across its edge (docs/ab.md).\n",
@@ -524,6 +533,7 @@ mod tests {
             aa: (0..6).map(|i| round(i, 1.0)).collect(),
             rounds: (0..16).map(|i| round(i, 1.0 + slower)).collect(),
             lost_rounds: 0,
+            extra_rounds: 0,
             a_stats: None,
             b_stats: None,
             failure: None,
@@ -552,6 +562,7 @@ mod tests {
                 rounds: 16,
                 batch: 32,
                 threshold: 0.01,
+                extra_rounds: 0,
                 plant: 0.0,
             }],
             ab_pairs: pairs,

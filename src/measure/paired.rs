@@ -132,6 +132,20 @@ pub fn apparent_difference(aa_log_ratios: &[f64]) -> Option<f64> {
     Some(mean.abs().exp() - 1.0)
 }
 
+/// A pair's equivalence margin: the larger of `threshold` and how far
+/// apart its A/A rounds put A and its copy (their log ratios).
+pub fn margin(aa_log_ratios: &[f64], threshold: f64) -> f64 {
+    threshold.max(apparent_difference(aa_log_ratios).unwrap_or(0.0))
+}
+
+/// A pair's verdict from its A/A and A/B rounds' log ratios: the A/B
+/// rounds' interval against [`margin`]. `None` with fewer than two A/B
+/// rounds. The report judges by it, and an A/B lane by it decides whether
+/// a pair takes its extra rounds.
+pub fn verdict(aa_log_ratios: &[f64], ab_log_ratios: &[f64], threshold: f64) -> Option<Verdict> {
+    ratio_interval(ab_log_ratios).map(|i| equivalence(&i, margin(aa_log_ratios, threshold)))
+}
+
 /// FAST / SAME / SLOW / AMBIGUOUS of a ratio (B over A, new over base)
 /// against an equivalence margin (a fraction): SAME when the interval lies
 /// within [1/(1+margin), 1+margin], SLOW when it lies wholly above it, FAST

@@ -29,6 +29,12 @@ pub struct AbTiming {
     pub setup: String,
     pub aa_rounds: u32,
     pub rounds: u32,
+    /// Rounds added, once, to a pair whose verdict after `rounds` is
+    /// AMBIGUOUS (0: none).
+    pub extra_rounds: u32,
+    /// The smallest change a verdict calls FAST or SLOW (a fraction): the
+    /// verdict that decides on the extra rounds is taken against it.
+    pub threshold: f64,
     /// B's planted slowdown as a fraction of A's median in the A/A rounds.
     pub plant: f64,
 }
@@ -158,6 +164,7 @@ pub(super) fn run_pair(
         aa: Vec::new(),
         rounds: Vec::new(),
         lost_rounds: 0,
+        extra_rounds: 0,
         a_stats: None,
         b_stats: None,
         failure: None,
@@ -228,7 +235,9 @@ pub(super) fn run_pair(
             .map_err(|f| failed("B", f))?;
         record.b = ab_job(&sides[B]);
         let (mut a_all, mut b_all) = (Sampling::default(), Sampling::default());
-        for r in 0..timing.rounds {
+        let mut planned = timing.rounds;
+        let mut r = 0;
+        while r < planned {
             if ctx.stopping() {
                 return Ok(());
             }
@@ -249,6 +258,14 @@ pub(super) fn run_pair(
                     pool(&mut b_all, b);
                 }
                 None => record.lost_rounds += 1,
+            }
+            r += 1;
+            if r == timing.rounds && timing.extra_rounds > 0 && ambiguous(&record, timing.threshold)
+            {
+                // Once, so that the verdict is looked at twice at most
+                // (docs/ab.md, "The verdict").
+                planned += timing.extra_rounds;
+                record.extra_rounds = timing.extra_rounds;
             }
         }
         if record.rounds.is_empty() {
@@ -291,6 +308,13 @@ pub(super) fn run_pair(
     record.finished_at = now_rfc3339();
     emit(Event::AbPair(Box::new(record)));
     None
+}
+
+/// Whether a pair's rounds so far leave its verdict AMBIGUOUS.
+fn ambiguous(record: &AbPair, threshold: f64) -> bool {
+    let logs = |rounds: &[AbRound]| rounds.iter().map(AbRound::log_ratio).collect::<Vec<f64>>();
+    crate::measure::paired::verdict(&logs(&record.aa), &logs(&record.rounds), threshold)
+        == Some(crate::measure::Verdict::Ambiguous)
 }
 
 /// A side's job as its record names it, before or after its check.
@@ -396,12 +420,15 @@ mod tests {
     use serde_json::json;
     use std::collections::HashMap;
 
-    /// A config's time is its `us`, plus the job's planted spin; a config
-    /// with `fails` fails its check. Logs each check and sample by job id.
+    /// A config's time is its `us`, plus the job's planted spin, and with
+    /// `wobble` (a fraction) that much above and below it on alternate
+    /// batches; a config with `fails` fails its check. Logs each check and
+    /// sample by job id.
     #[derive(Default)]
     struct Fake {
         prepared: HashMap<String, Job>,
         log: Vec<String>,
+        batches: HashMap<String, usize>,
     }
 
     impl Backend for Fake {
@@ -450,8 +477,17 @@ mod tests {
         ) -> Result<SampleBatch, JobFailure> {
             self.log.push(format!("sample {id}"));
             let job = &self.prepared[id];
-            let us = job.config["us"].as_f64().unwrap()
-                + job.variant.as_ref().map_or(0.0, |v| v.plant_us);
+            let nth = self.batches.entry(id.to_string()).or_default();
+            *nth += 1;
+            let wobble = job
+                .config
+                .get("wobble")
+                .and_then(|w| w.as_f64())
+                .unwrap_or(0.0);
+            let sign = if *nth % 2 == 0 { 1.0 } else { -1.0 };
+            let us = (job.config["us"].as_f64().unwrap()
+                + job.variant.as_ref().map_or(0.0, |v| v.plant_us))
+                * (1.0 + sign * wobble);
             Ok(SampleBatch {
                 us: (0..count)
                     .map(|k| us * (1.0 + 0.001 * (k % 3) as f64))
@@ -483,6 +519,8 @@ mod tests {
             setup: "s".into(),
             aa_rounds: 2,
             rounds: 4,
+            extra_rounds: 3,
+            threshold: 0.01,
             plant,
         };
         let peak = |_: Option<&str>| 1000.0;
@@ -564,6 +602,21 @@ mod tests {
         assert!((p.plant_us - 10.01).abs() < 0.01, "{}", p.plant_us);
         let ratio = (p.rounds.iter().map(|r| r.log_ratio()).sum::<f64>() / 4.0).exp();
         assert!((ratio - 1.1).abs() < 0.002, "{ratio}");
+    }
+
+    #[test]
+    fn only_a_pair_left_ambiguous_takes_the_extra_rounds_once() {
+        // B 1.5 % slower, each batch 2 % off either way: four rounds leave
+        // the interval across the 1 % margin, so three more run, once.
+        let (p, _) = pair(json!({"us": 101.5, "wobble": 0.02}), 0.0);
+        assert_eq!((p.rounds.len(), p.extra_rounds), (7, 3));
+        let firsts: Vec<bool> = p.rounds.iter().map(|r| r.b_first).collect();
+        assert_eq!(firsts, [false, true, false, true, false, true, false]);
+        // Clearly slower, and the same: decided after four.
+        for b in [json!({"us": 110.0}), json!({"us": 100.0})] {
+            let (p, _) = pair(b, 0.0);
+            assert_eq!((p.rounds.len(), p.extra_rounds), (4, 0));
+        }
     }
 
     #[test]

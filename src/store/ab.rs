@@ -31,6 +31,10 @@ pub struct AbSetup {
     pub batch: u32,
     /// The smallest change a verdict calls FAST or SLOW (a fraction).
     pub threshold: f64,
+    /// Rounds added, once, to a pair whose verdict after `rounds` is
+    /// AMBIGUOUS (0, and absent from the record: none; A/Bs before it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub extra_rounds: u32,
     /// B's planted slowdown as a fraction of A's median in the A/A rounds
     /// (a testing knob; 0: none).
     pub plant: f64,
@@ -92,6 +96,10 @@ pub struct AbPair {
     pub rounds: Vec<AbRound>,
     /// Rounds that lost a side's batch (a failed call) and count for nothing.
     pub lost_rounds: u32,
+    /// Rounds added because the verdict after the setup's `rounds` was
+    /// AMBIGUOUS (0, and absent from the record: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub extra_rounds: u32,
     /// Every sample of each side in the A/B rounds, summarised.
     pub a_stats: Option<Stats>,
     pub b_stats: Option<Stats>,
@@ -134,4 +142,8 @@ impl AbRound {
     pub fn log_ratio(&self) -> f64 {
         (self.b_us / self.a_us).ln()
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
