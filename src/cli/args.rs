@@ -188,8 +188,8 @@ Each pair's verdict: the 95 % t-interval of the mean of its rounds' log(B / A), 
         /// Rounds of A against B per pair.
         #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=1000))]
         rounds: u32,
-        /// Rounds added, once, to a pair whose verdict after --rounds is AMBIGUOUS (0: none).
-        #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=1000))]
+        /// Rounds added, once, to a pair whose verdict after --rounds is AMBIGUOUS (0, the default: none; docs/ab.md says why).
+        #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
         extra_rounds: u32,
         /// The smallest change a verdict calls FAST or SLOW: `1%` (the default) or `0.01`.
         #[arg(long, value_name = "PERCENT")]
