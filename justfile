@@ -142,6 +142,7 @@ lint:
 # ruff over the Python code: package, tests, bench and scripts (pyproject.toml's [tool.ruff]).
 lint-python:
     {{python}} -m ruff check .
+    {{python}} -m ruff format --check .
 
 # Not part of `just test` (CI): it checks pyo3 and the runner's crates once
 # more (about a minute on 2 cores); the wheel build in `just test-api`

@@ -123,8 +123,12 @@ def realised(ab_dir: Path) -> dict:
     if not shares:
         return {}
     shares.sort()
-    return {"pairs": len(shares), "median_share": round(shares[len(shares) // 2], 3),
-            "lowest_share": round(shares[0], 3), "under_two_thirds": sum(s < 2 / 3 for s in shares)}
+    return {
+        "pairs": len(shares),
+        "median_share": round(shares[len(shares) // 2], 3),
+        "lowest_share": round(shares[0], 3),
+        "under_two_thirds": sum(s < 2 / 3 for s in shares),
+    }
 
 
 def picks_name(picks: Path) -> str:
@@ -146,8 +150,12 @@ def main() -> int:
     parser.add_argument("steps", nargs="*", choices=[*STEPS, "tune2"], default=STEPS)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--interpret", action="store_true")
-    parser.add_argument("--picks", type=Path, default=None,
-                        help="the results directory whose picks the A/B steps time (default: OUT/tune1)")
+    parser.add_argument(
+        "--picks",
+        type=Path,
+        default=None,
+        help="the results directory whose picks the A/B steps time (default: OUT/tune1)",
+    )
     args = parser.parse_args()
     python = os.environ.get("TUNELAB_PYTHON", sys.executable)
     device = device_dir(args.interpret)
@@ -169,19 +177,35 @@ def main() -> int:
     def ab(name: str, *more: str):
         picks = args.picks or tuned("tune1")
         code, text, seconds = tunelab(
-            "ab", MANIFEST, "--only", only, "--a", str(picks), "--results-dir", str(out / name),
-            "--quiet", *extra, *more, python=python)
-        state[name] = {"exit": code, "seconds": round(seconds, 1), "a_side": picks_name(picks),
-                       **headline_counts(text),
-                       "headline": next((line for line in text.splitlines() if line.startswith("B against A")), "")}
+            "ab",
+            MANIFEST,
+            "--only",
+            only,
+            "--a",
+            str(picks),
+            "--results-dir",
+            str(out / name),
+            "--quiet",
+            *extra,
+            *more,
+            python=python,
+        )
+        state[name] = {
+            "exit": code,
+            "seconds": round(seconds, 1),
+            "a_side": picks_name(picks),
+            **headline_counts(text),
+            "headline": next((line for line in text.splitlines() if line.startswith("B against A")), ""),
+        }
         pack(out / name / "gptoss-ab" / device, python=python)
         if "--plant-slowdown" in more:
             state[name]["realised"] = realised(out / name / "gptoss-ab" / device)
 
     for step in args.steps:
         if step in ("tune1", "tune2"):
-            code, text, seconds = tunelab("run", MANIFEST, "--only", only, "--results-dir", str(out / step),
-                                          "--quiet", *extra[:1], python=python)
+            code, text, seconds = tunelab(
+                "run", MANIFEST, "--only", only, "--results-dir", str(out / step), "--quiet", *extra[:1], python=python
+            )
             state[step] = {"exit": code, "seconds": round(seconds, 1)}
             pack(tuned(step), python=python)
         elif step == "null":
@@ -191,24 +215,42 @@ def main() -> int:
         elif step == "plant10":
             ab("plant10", "--plant-slowdown", "10%")
         elif step == "compare":
-            runs = [("committed", ROOT / "results" / "gptoss" / device, tuned("tune1")),
-                    ("tunes", tuned("tune1"), tuned("tune2"))]
+            runs = [
+                ("committed", ROOT / "results" / "gptoss" / device, tuned("tune1")),
+                ("tunes", tuned("tune1"), tuned("tune2")),
+            ]
             for name, base, new in runs:
                 if not (base.is_dir() and new.is_dir()):
                     continue
-                code, text, _ = tunelab("compare", str(base), str(new), "--fail-on-slower", GATE,
-                                        "--out", str(out / f"compare-{name}.md"), python=python)
+                code, text, _ = tunelab(
+                    "compare",
+                    str(base),
+                    str(new),
+                    "--fail-on-slower",
+                    GATE,
+                    "--out",
+                    str(out / f"compare-{name}.md"),
+                    python=python,
+                )
                 picks = re.search(r"Picks: (\d+) of (\d+) pairs picked the same config in both runs \((\d+) by", text)
                 first = text.splitlines()[2] if len(text.splitlines()) > 2 else ""
-                state[f"compare-{name}"] = {"exit": code, "headline": first.strip("*"),
-                                            "picks": picks.groups() if picks else None}
+                state[f"compare-{name}"] = {
+                    "exit": code,
+                    "headline": first.strip("*"),
+                    "picks": picks.groups() if picks else None,
+                }
         state_path.write_text(json.dumps(state, indent=2) + "\n")
 
     table = summary(state)
     print("\n" + table)
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        ).stdout.strip()
     except OSError:  # no git on the GPU machine: the tune's journal names the binary's commit
         commit = ""
     commit = commit or "that of the binary (its journals' fingerprint)"
@@ -217,7 +259,8 @@ def main() -> int:
         f"`python bench/ab_goals.py` ({datetime.date.today().isoformat()}, commit {commit}): "
         f"`tunelab ab` and `tunelab compare` on `{MANIFEST}` (gpt-oss bf16, no companions) at `--only {ONLY}`. "
         f"Each step's exit status, wall time and headline are in `steps.json`; the A/B reports in "
-        f"`<step>/gptoss-ab/{device}/report.md`, the comparisons in `compare-*.md`.\n\n{table}\n")
+        f"`<step>/gptoss-ab/{device}/report.md`, the comparisons in `compare-*.md`.\n\n{table}\n"
+    )
     return 0
 
 
@@ -233,25 +276,31 @@ def summary(state: dict) -> str:
         n = null.get("pairs", 0)
         row(f"null A/B: gate {GATE} passes", f"exit {null['exit']}", null["exit"] == 0)
         row("null A/B: SAME or AMBIGUOUS >= 95 %", f"{ok} of {n}", n > 0 and ok >= 0.95 * n)
-        row("the A/B of 74 pairs takes <= 3 min", f"{null['seconds']:.0f} s (the whole command)",
-            null["seconds"] <= 180)
+        row(
+            "the A/B of 74 pairs takes <= 3 min", f"{null['seconds']:.0f} s (the whole command)", null["seconds"] <= 180
+        )
     for name, share, goal in (("plant3", 0.90, ">= 90 %"), ("plant10", 1.0, "all")):
         s = state.get(name, {})
         if s:
             n, slow = s.get("pairs", 0), s.get("slow", 0)
             side = f" (A: {s['a_side']})" if s.get("a_side") else ""
-            row(f"planted {name[5:]} %: SLOW at {goal} of pairs", f"{slow} of {n}; {s['seconds']:.0f} s{side}",
-                n > 0 and slow >= share * n)
+            row(
+                f"planted {name[5:]} %: SLOW at {goal} of pairs",
+                f"{slow} of {n}; {s['seconds']:.0f} s{side}",
+                n > 0 and slow >= share * n,
+            )
             r = s.get("realised")
             if r:
-                row(f"planted {name[5:]} %: how much of it the rounds show",
+                row(
+                    f"planted {name[5:]} %: how much of it the rounds show",
                     f"{100 * r['median_share']:.0f} % at the median pair, {100 * r['lowest_share']:.0f} % at the "
-                    f"lowest; under 2/3 at {r['under_two_thirds']} of {r['pairs']}", None)
+                    f"lowest; under 2/3 at {r['under_two_thirds']} of {r['pairs']}",
+                    None,
+                )
     for name, what in (("committed", "the committed run against tune1"), ("tunes", "tune1 against tune2")):
         s = state.get(f"compare-{name}", {})
         if s:
-            row(f"compare {what}: gate {GATE} passes (defaults)", f"exit {s['exit']}: {s['headline']}",
-                s["exit"] == 0)
+            row(f"compare {what}: gate {GATE} passes (defaults)", f"exit {s['exit']}: {s['headline']}", s["exit"] == 0)
             if s.get("picks"):
                 same, total, fastest = s["picks"]
                 row(f"picks agree, {what}", f"{same} of {total} ({fastest} by the fastest alone)", None)

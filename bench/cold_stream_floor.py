@@ -73,8 +73,16 @@ def stream_kernel(src, out, n_words, BLOCK: tl.constexpr, TILES_PER_PROGRAM: tl.
 
 
 @triton.jit
-def routed_stream_kernel(topk_ids, experts, out, words_per_expert, tiles_per_slot, n_tiles,
-                         BLOCK: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr):
+def routed_stream_kernel(
+    topk_ids,
+    experts,
+    out,
+    words_per_expert,
+    tiles_per_slot,
+    n_tiles,
+    BLOCK: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
+):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     acc = tl.zeros([BLOCK], dtype=tl.int32)
@@ -172,8 +180,9 @@ def stream_launches(buffer: torch.Tensor, sm_count: int):
                 out = torch.empty(programs, dtype=torch.int32, device="cuda")
 
                 def launch(programs=programs, per_program=per_program, block=block, warps=warps, out=out):
-                    stream_kernel[(programs,)](buffer, out, n_words, BLOCK=block, TILES_PER_PROGRAM=per_program,
-                                               num_warps=warps)
+                    stream_kernel[(programs,)](
+                        buffer, out, n_words, BLOCK=block, TILES_PER_PROGRAM=per_program, num_warps=warps
+                    )
 
                 yield f"BLOCK {block * 4} B, {warps} warps, {programs} programs x {per_program} tiles", launch
 
@@ -190,11 +199,26 @@ def routed_launches(experts: torch.Tensor, topk_ids: torch.Tensor, sm_count: int
             for programs, per_program in grids(n_tiles, sm_count):
                 out = torch.empty(programs, dtype=torch.int32, device="cuda")
 
-                def launch(programs=programs, per_program=per_program, block=block, warps=warps, out=out,
-                           tiles_per_slot=tiles_per_slot, n_tiles=n_tiles):
-                    routed_stream_kernel[(programs,)](topk_ids, experts, out, words_per_expert, tiles_per_slot,
-                                                      n_tiles, BLOCK=block, TILES_PER_PROGRAM=per_program,
-                                                      num_warps=warps)
+                def launch(
+                    programs=programs,
+                    per_program=per_program,
+                    block=block,
+                    warps=warps,
+                    out=out,
+                    tiles_per_slot=tiles_per_slot,
+                    n_tiles=n_tiles,
+                ):
+                    routed_stream_kernel[(programs,)](
+                        topk_ids,
+                        experts,
+                        out,
+                        words_per_expert,
+                        tiles_per_slot,
+                        n_tiles,
+                        BLOCK=block,
+                        TILES_PER_PROGRAM=per_program,
+                        num_warps=warps,
+                    )
 
                 yield f"BLOCK {block * 4} B, {warps} warps, {programs} programs x {per_program} tiles", launch
 
@@ -204,12 +228,14 @@ def routed_buffers(problem, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     expert ids for the call's M * topk slots, as many as the bound counts."""
     distinct = round(problem.expected_distinct_experts())
     if distinct != problem.M * problem.topk:
-        raise SystemExit(f"--routed takes shapes whose slots select distinct experts (M * topk <= E at M=1); "
-                         f"M={problem.M} topk={problem.topk} E={problem.E} expects {problem.expected_distinct_experts():.2f}")
+        raise SystemExit(
+            f"--routed takes shapes whose slots select distinct experts (M * topk <= E at M=1); "
+            f"M={problem.M} topk={problem.topk} E={problem.E} expects {problem.expected_distinct_experts():.2f}"
+        )
     words = triton.cdiv(int(problem.expert_bytes()), 4)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
-    experts = torch.randint(-2**31, 2**31 - 1, (problem.E, words), dtype=torch.int32, device="cuda", generator=gen)
+    experts = torch.randint(-(2**31), 2**31 - 1, (problem.E, words), dtype=torch.int32, device="cuda", generator=gen)
     topk_ids = torch.randperm(problem.E, device="cuda", generator=gen)[:distinct].to(torch.int32)
     return experts, topk_ids
 
@@ -227,16 +253,26 @@ def best_of(timer: "Timer", launches, select_by: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="mxfp4:128:2880:1,bf16:128:360:1",
-                    help="dtype:E:N:M,... (gpt-oss: K=2880, topk=4; dtype mxfp4 or bf16)")
+    ap.add_argument(
+        "--shapes",
+        default="mxfp4:128:2880:1,bf16:128:360:1",
+        help="dtype:E:N:M,... (gpt-oss: K=2880, topk=4; dtype mxfp4 or bf16)",
+    )
     ap.add_argument("--samples", type=int, default=50)
     ap.add_argument("--graph-calls", type=int, default=10)
     ap.add_argument("--peak-gbs", type=float, help="the device's peak bandwidth (default: tunelab's profile)")
-    ap.add_argument("--routed", action="store_true",
-                    help="also the routed stream: each program reads its expert id before its weights")
-    ap.add_argument("--select-by", choices=("write", "read"), default="write",
-                    help="the flush under which each row's best config is chosen (read: tunelab's default "
-                         "protocol; write: what this script chose before --routed existed)")
+    ap.add_argument(
+        "--routed",
+        action="store_true",
+        help="also the routed stream: each program reads its expert id before its weights",
+    )
+    ap.add_argument(
+        "--select-by",
+        choices=("write", "read"),
+        default="write",
+        help="the flush under which each row's best config is chosen (read: tunelab's default "
+        "protocol; write: what this script chose before --routed existed)",
+    )
     args = ap.parse_args(argv)
 
     props = torch.cuda.get_device_properties(0)
@@ -262,8 +298,10 @@ def main(argv=None) -> int:
         f"% of bound: cold (write) / cold (read) / graph | best config (cold, {args.select_by} flush) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
-    lines.append(f"| no-op (one-element add) | 0 | 0 | {timer.cold(noop, 'write'):.2f} | "
-                 f"{timer.cold(noop, 'read'):.2f} | {timer.graph(noop):.2f} | — | — |")
+    lines.append(
+        f"| no-op (one-element add) | 0 | 0 | {timer.cold(noop, 'write'):.2f} | "
+        f"{timer.cold(noop, 'read'):.2f} | {timer.graph(noop):.2f} | — | — |"
+    )
     other_flush = "read" if args.select_by == "write" else "write"
 
     def row(what: str, nbytes: float, bound_us: float, best) -> str:
@@ -271,14 +309,16 @@ def main(argv=None) -> int:
         cold = {args.select_by: chosen, other_flush: timer.cold(launch, other_flush)}
         graph = timer.graph(launch)
         pct = " / ".join(f"{100 * bound_us / t:.1f}" for t in (cold["write"], cold["read"], graph))
-        return (f"| {what} | {nbytes / 1e6:.1f} | {bound_us:.2f} | {cold['write']:.2f} | {cold['read']:.2f} | "
-                f"{graph:.2f} | {pct} | {config} |")
+        return (
+            f"| {what} | {nbytes / 1e6:.1f} | {bound_us:.2f} | {cold['write']:.2f} | {cold['read']:.2f} | "
+            f"{graph:.2f} | {pct} | {config} |"
+        )
 
     for text in args.shapes.split(","):
         label, problem = shape_problem(text)
         nbytes = float(problem.bytes())
         bound_us = nbytes / (peak * 1e9) * 1e6
-        buffer = torch.randint(-2**31, 2**31 - 1, (triton.cdiv(int(nbytes), 4),), dtype=torch.int32, device="cuda")
+        buffer = torch.randint(-(2**31), 2**31 - 1, (triton.cdiv(int(nbytes), 4),), dtype=torch.int32, device="cuda")
         best = best_of(timer, stream_launches(buffer, props.multi_processor_count), args.select_by)
         lines.append(row(f"stream of {label}'s bytes", nbytes, bound_us, best))
         del buffer

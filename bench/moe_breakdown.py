@@ -50,8 +50,9 @@ KERNELS = ("align", "gemm1", "gemm2", "sum")
 
 
 @triton.jit
-def stream_read_kernel(base_ptr, experts_ptr, expert_stride, per_expert, out_ptr,
-                       BLOCK: tl.constexpr, ITERS: tl.constexpr):
+def stream_read_kernel(
+    base_ptr, experts_ptr, expert_stride, per_expert, out_ptr, BLOCK: tl.constexpr, ITERS: tl.constexpr
+):
     # One program reads BLOCK * ITERS contiguous elements of one selected expert.
     e = tl.load(experts_ptr + tl.program_id(0)).to(tl.int64)
     chunk = tl.program_id(1)
@@ -69,8 +70,9 @@ def stream_read(weights, experts, block=1024, iters=16):
     chunks = triton.cdiv(per_expert, block * iters)
     out = torch.empty(len(experts) * chunks, dtype=torch.float32, device=weights.device)
     grid = (len(experts), chunks)
-    return lambda: stream_read_kernel[grid](weights, experts, weights.stride(0), per_expert, out,
-                                            BLOCK=block, ITERS=iters, num_warps=8)
+    return lambda: stream_read_kernel[grid](
+        weights, experts, weights.stride(0), per_expert, out, BLOCK=block, ITERS=iters, num_warps=8
+    )
 
 
 class ColdTimer:
@@ -186,35 +188,49 @@ def measure(shape, config, timer, samples, peak):
 def markdown(results, meta):
     peak = meta["peak_gbs"]
     out = [f"# Fused MoE at decode sizes: where the time goes ({meta['device']})", ""]
-    out.append(f"Measured {meta['date']} on {meta['device']} (torch {meta['torch']}, Triton {meta['triton']}), "
-               f"`{meta['command']}`. Medians of {meta['samples']} samples, µs. Peak bandwidth used: {peak:.0f} GB/s.")
-    out.append("Bytes: the experts this routing selects (w1 + w2) plus the activations in and out. "
-               "L2 before each sample: *memset* = after a memset of 2×L2 (`flush_with: memset`, the protocol before 2026-11-22), "
-               "*read* = after a read of 2×L2 (clean lines; the runner's default), *none* = no flush.")
+    out.append(
+        f"Measured {meta['date']} on {meta['device']} (torch {meta['torch']}, Triton {meta['triton']}), "
+        f"`{meta['command']}`. Medians of {meta['samples']} samples, µs. Peak bandwidth used: {peak:.0f} GB/s."
+    )
+    out.append(
+        "Bytes: the experts this routing selects (w1 + w2) plus the activations in and out. "
+        "L2 before each sample: *memset* = after a memset of 2×L2 (`flush_with: memset`, the protocol before 2026-11-22), "
+        "*read* = after a read of 2×L2 (clean lines; the runner's default), *none* = no flush."
+    )
     out.append("")
     for r in results:
         s, c = r["shape"], r["config"]
         cfg = " ".join(f"{k}={c[k]}" for k in CONFIG_KEYS)
-        out.append(f"## M={s['M']} E={s['E']} N={s['N']}: {r['distinct_experts']} experts selected "
-                   f"(expected {r['expected_distinct_experts']:.2f}), {r['bytes'] / 1e6:.1f} MB, "
-                   f"bound {r['bound_us']:.1f} µs")
+        out.append(
+            f"## M={s['M']} E={s['E']} N={s['N']}: {r['distinct_experts']} experts selected "
+            f"(expected {r['expected_distinct_experts']:.2f}), {r['bytes'] / 1e6:.1f} MB, "
+            f"bound {r['bound_us']:.1f} µs"
+        )
         out.append("")
         plan = r["plan"]
-        parts = ["alignment in the GEMMs" if plan["self_align"] else "alignment kernel",
-                 "dependent launches" if plan["pdl"] else "plain launches"]
-        out.append(f"Config ({r['config_source']}): {cfg}. tunelab's call: {plan['kernels']} kernels "
-                   f"({', '.join(parts)}); in a CUDA graph, hot: {r['graph_us']:.1f} µs "
-                   f"({100 * r['bound_us'] / r['graph_us']:.1f} % of bound).")
+        parts = [
+            "alignment in the GEMMs" if plan["self_align"] else "alignment kernel",
+            "dependent launches" if plan["pdl"] else "plain launches",
+        ]
+        out.append(
+            f"Config ({r['config_source']}): {cfg}. tunelab's call: {plan['kernels']} kernels "
+            f"({', '.join(parts)}); in a CUDA graph, hot: {r['graph_us']:.1f} µs "
+            f"({100 * r['bound_us'] / r['graph_us']:.1f} % of bound)."
+        )
         out.append("")
-        out.append("| L2 before | call | % of bound | 4-kernel call | align | gemm1 | gemm2 | sum | read w1 | read w2 "
-                   "| read both | read GB/s |")
+        out.append(
+            "| L2 before | call | % of bound | 4-kernel call | align | gemm1 | gemm2 | sum | read w1 | read w2 "
+            "| read both | read GB/s |"
+        )
         out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for mode in FLUSH_MODES:
             t = r["times_us"][mode]
             read_gbs = (r["w1_bytes"] + r["w2_bytes"]) / t["read_both"] / 1e3
-            out.append(f"| {mode} | {t['call']:.1f} | {100 * r['bound_us'] / t['call']:.1f} | {t['four']:.1f} | "
-                       f"{t['align']:.1f} | {t['gemm1']:.1f} | {t['gemm2']:.1f} | {t['sum']:.1f} | "
-                       f"{t['read_w1']:.1f} | {t['read_w2']:.1f} | {t['read_both']:.1f} | {read_gbs:.0f} |")
+            out.append(
+                f"| {mode} | {t['call']:.1f} | {100 * r['bound_us'] / t['call']:.1f} | {t['four']:.1f} | "
+                f"{t['align']:.1f} | {t['gemm1']:.1f} | {t['gemm2']:.1f} | {t['sum']:.1f} | "
+                f"{t['read_w1']:.1f} | {t['read_w2']:.1f} | {t['read_both']:.1f} | {read_gbs:.0f} |"
+            )
         out.append("")
     return "\n".join(out) + "\n"
 
@@ -245,8 +261,12 @@ def main():
         r = measure(shape, config, timer, args.samples, peak)
         r["config_source"] = source
         results.append(r)
-        print(f"M={M}: call {r['times_us']['memset']['call']:.1f} µs (memset) "
-              f"{r['times_us']['read']['call']:.1f} µs (read)", file=sys.stderr, flush=True)
+        print(
+            f"M={M}: call {r['times_us']['memset']['call']:.1f} µs (memset) "
+            f"{r['times_us']['read']['call']:.1f} µs (read)",
+            file=sys.stderr,
+            flush=True,
+        )
     meta = {
         "device": name,
         "date": datetime.date.today().isoformat(),

@@ -114,8 +114,16 @@ def gemv_sweep(M: int, N: int, K: int, topk: int) -> list:
         for bn2 in GEMV_SPACE["BLOCK_SIZE_N2"]:
             for warps in GEMV_SPACE["num_warps"]:
                 if bn * K <= 6144 * warps and bn2 * N <= 6144:
-                    out.append(dict(persistent_default_config(M, N), GEMV=1, PROGRAMS_PER_SM=8, BLOCK_SIZE_N=bn,
-                                    BLOCK_SIZE_N2=bn2, num_warps=warps))
+                    out.append(
+                        dict(
+                            persistent_default_config(M, N),
+                            GEMV=1,
+                            PROGRAMS_PER_SM=8,
+                            BLOCK_SIZE_N=bn,
+                            BLOCK_SIZE_N2=bn2,
+                            num_warps=warps,
+                        )
+                    )
     return out
 
 
@@ -162,8 +170,13 @@ class CompileWorker:
     def __init__(self, target: str):
         env = dict(os.environ, PYTHONPATH=str(REPO / "python"), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
         env.pop("TRITON_INTERPRET", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tunelab.worker", "--role", "compile", "--target", target],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tunelab.worker", "--role", "compile", "--target", target],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         self.next_id = 0
 
     def compile(self, job: dict) -> dict:
@@ -197,8 +210,15 @@ class Compiler:
         todo = queue.Queue()
         for config in configs:
             self.jobs += 1
-            todo.put({"job_id": f"{method}-{self.jobs}", "problem": "moe", "shape": shape,
-                      "method": {"name": method, "kernel": BINDS.get(method, method)}, "config": config})
+            todo.put(
+                {
+                    "job_id": f"{method}-{self.jobs}",
+                    "problem": "moe",
+                    "shape": shape,
+                    "method": {"name": method, "kernel": BINDS.get(method, method)},
+                    "config": config,
+                }
+            )
 
         def serve(worker):
             while True:
@@ -210,7 +230,7 @@ class Compiler:
                 if not response.get("ok"):
                     self.failures.append((job["job_id"], job["config"], response.get("message")))
 
-        threads = [threading.Thread(target=serve, args=(w,)) for w in self.pool[:len(configs)]]
+        threads = [threading.Thread(target=serve, args=(w,)) for w in self.pool[: len(configs)]]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -322,14 +342,16 @@ def fmt(us, bound_us):
 def markdown(report: dict) -> str:
     meta = report["meta"]
     out = [f"# tunelab MoE methods on {meta['device']}", ""]
-    out.append(f"Measured {meta['date']} on {meta['device']} (torch {meta['torch']}, Triton {meta['triton']}), "
-               f"`{meta['command']}`. Medians of {meta['samples']} samples, µs per call. "
-               f"cold: L2 flushed by a read of {meta['flush_bytes'] / 2**20:.0f} MiB before each sample; "
-               f"graph: {meta['graph_calls']} calls in one CUDA graph, no flush. % of bound: the selected experts' "
-               f"bytes and the activations at {meta['peak_gbs']:.0f} GB/s. fused_moe and fused_moe_vllm run vLLM's "
-               "default config; fused_moe_persistent has two rows: its default config (what a job naming no "
-               "config runs), and the best of its sweep or search for each timing; fused_moe_persistent_gemv "
-               "(its GEMV schedule) the best of its sweep for each timing (configs under the table).")
+    out.append(
+        f"Measured {meta['date']} on {meta['device']} (torch {meta['torch']}, Triton {meta['triton']}), "
+        f"`{meta['command']}`. Medians of {meta['samples']} samples, µs per call. "
+        f"cold: L2 flushed by a read of {meta['flush_bytes'] / 2**20:.0f} MiB before each sample; "
+        f"graph: {meta['graph_calls']} calls in one CUDA graph, no flush. % of bound: the selected experts' "
+        f"bytes and the activations at {meta['peak_gbs']:.0f} GB/s. fused_moe and fused_moe_vllm run vLLM's "
+        "default config; fused_moe_persistent has two rows: its default config (what a job naming no "
+        "config runs), and the best of its sweep or search for each timing; fused_moe_persistent_gemv "
+        "(its GEMV schedule) the best of its sweep for each timing (configs under the table)."
+    )
     out.append("")
     out.append("| shape | bound µs | method | cold µs | % bound | graph µs | % bound | max abs err |")
     out.append("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
@@ -344,8 +366,10 @@ def markdown(report: dict) -> str:
                     c, cp = fmt(default.get("cold_us"), bound)
                     g, gp = fmt(default.get("graph_us"), bound)
                     err = default.get("check", {}).get("max_abs_err")
-                    out.append(f"| {label} | {bound:.1f} | {method} (default config) | {c} | {cp} | {g} | {gp} | "
-                               f"{'-' if err is None else f'{err:.3g}'} |")
+                    out.append(
+                        f"| {label} | {bound:.1f} | {method} (default config) | {c} | {cp} | {g} | {gp} | "
+                        f"{'-' if err is None else f'{err:.3g}'} |"
+                    )
                 method = f"{method} (best of {len(result['sweep'])})"
                 cold_row, graph_row = result["best_cold"], result["best_graph"]
                 cold = cold_row["cold_us"] if cold_row else None
@@ -353,23 +377,30 @@ def markdown(report: dict) -> str:
                 err = cold_row["check"]["max_abs_err"] if cold_row else None
                 if cold_row:
                     cfg = " ".join(f"{k}={cold_row['config'][k]}" for k in PERSISTENT_CONFIG_KEYS)
-                    notes.append(f"- {label} {method}: best cold config {cfg} (grid {cold_row.get('grid')}, "
-                                 f"{cold_row.get('n_regs')} registers); best graph config "
-                                 + " ".join(f"{k}={graph_row['config'][k]}" for k in PERSISTENT_CONFIG_KEYS))
+                    notes.append(
+                        f"- {label} {method}: best cold config {cfg} (grid {cold_row.get('grid')}, "
+                        f"{cold_row.get('n_regs')} registers); best graph config "
+                        + " ".join(f"{k}={graph_row['config'][k]}" for k in PERSISTENT_CONFIG_KEYS)
+                    )
                 failed = [r for r in result["sweep"] if "cold_us" not in r]
                 if failed:
-                    notes.append(f"- {label}: {len(failed)} {method} configs not timed: "
-                                 + "; ".join(r.get("error") or f"check failed {r.get('check')}" for r in failed[:3]))
+                    notes.append(
+                        f"- {label}: {len(failed)} {method} configs not timed: "
+                        + "; ".join(r.get("error") or f"check failed {r.get('check')}" for r in failed[:3])
+                    )
             else:
                 cold, graph = result.get("cold_us"), result.get("graph_us")
                 err = result.get("check", {}).get("max_abs_err")
                 if "error" in result or not result.get("check", {}).get("passed", False):
-                    notes.append(f"- {label} {method}: {result.get('error') or 'check failed ' + str(result.get('check'))}")
+                    notes.append(
+                        f"- {label} {method}: {result.get('error') or 'check failed ' + str(result.get('check'))}"
+                    )
             name = method + (f" ({result['path']})" if method == "torch" and "path" in result else "")
             c, cp = fmt(cold, bound)
             g, gp = fmt(graph, bound)
-            out.append(f"| {label} | {bound:.1f} | {name} | {c} | {cp} | {g} | {gp} | "
-                       f"{'-' if err is None else f'{err:.3g}'} |")
+            out.append(
+                f"| {label} | {bound:.1f} | {name} | {c} | {cp} | {g} | {gp} | {'-' if err is None else f'{err:.3g}'} |"
+            )
     out.append("")
     if notes:
         out += notes + [""]
@@ -391,14 +422,27 @@ def main():
     ap.add_argument("--peak", type=float, help="peak bandwidth in GB/s (default: by device name)")
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--graph-calls", type=int, default=10)
-    ap.add_argument("--sweep", choices=("quick", "one"), default="quick",
-                    help="persistent configs: one-key variations of the default (quick) or the default only")
-    ap.add_argument("--methods", default="fused_moe,fused_moe_vllm,fused_moe_persistent,fused_moe_persistent_gemv,torch")
-    ap.add_argument("--search", default="",
-                    help="E:N:M,... shapes whose persistent configs are searched by coordinate descent "
-                         "(SEARCH_ROUNDS) instead of the --sweep list")
-    ap.add_argument("--compile-jobs", type=int, default=min(16, os.cpu_count() or 1),
-                    help="compile workers ahead of timing (0: compile in this process, on first use)")
+    ap.add_argument(
+        "--sweep",
+        choices=("quick", "one"),
+        default="quick",
+        help="persistent configs: one-key variations of the default (quick) or the default only",
+    )
+    ap.add_argument(
+        "--methods", default="fused_moe,fused_moe_vllm,fused_moe_persistent,fused_moe_persistent_gemv,torch"
+    )
+    ap.add_argument(
+        "--search",
+        default="",
+        help="E:N:M,... shapes whose persistent configs are searched by coordinate descent "
+        "(SEARCH_ROUNDS) instead of the --sweep list",
+    )
+    ap.add_argument(
+        "--compile-jobs",
+        type=int,
+        default=min(16, os.cpu_count() or 1),
+        help="compile workers ahead of timing (0: compile in this process, on first use)",
+    )
     ap.add_argument("--out", required=True, help="JSON path; the markdown goes next to it (.md)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -414,8 +458,9 @@ def main():
     shapes = []
     for item in args.shapes.split(","):
         E, N, M = (int(v) for v in item.split(":"))
-        shapes.append({"M": M, "E": E, "topk": args.topk, "K": args.K, "N": N, "dtype": args.dtype,
-                       "activation": args.activation})
+        shapes.append(
+            {"M": M, "E": E, "topk": args.topk, "K": args.K, "N": N, "dtype": args.dtype, "activation": args.activation}
+        )
 
     def configs_for(method, shape):
         if method in ("fused_moe", "fused_moe_vllm"):
@@ -461,23 +506,32 @@ def main():
                 rows = search(problem, inputs, expected, shape, timing, compiler)
             else:
                 compiler(shape, method, configs_for(method, shape))
-                rows = [run_one(problem, inputs, expected, method, config, timing)
-                        for config in configs_for(method, shape)]
+                rows = [
+                    run_one(problem, inputs, expected, method, config, timing) for config in configs_for(method, shape)
+                ]
             if method == "fused_moe_persistent_gemv" and not rows:
                 continue  # more slots than the GEMV schedule is meant for
             if method in SWEPT:
-                entry["methods"][method] = {"best_cold": best(rows, "cold_us"), "best_graph": best(rows, "graph_us"),
-                                            "sweep": rows}
+                entry["methods"][method] = {
+                    "best_cold": best(rows, "cold_us"),
+                    "best_graph": best(rows, "graph_us"),
+                    "sweep": rows,
+                }
             else:
                 entry["methods"][method] = rows[0]
             torch.cuda.empty_cache()
         entry["seconds"] = time.perf_counter() - started
         report["shapes"].append(entry)
-        report["meta"].update(compile_s=compiler.seconds, compile_jobs=compiler.jobs,
-                              compile_failures=compiler.failures)
+        report["meta"].update(
+            compile_s=compiler.seconds, compile_jobs=compiler.jobs, compile_failures=compiler.failures
+        )
         write(report, out)
-        print(f"{shape['E']}:{shape['N']}:{shape['M']} done in {entry['seconds']:.1f} s "
-              f"(compiling so far {compiler.seconds:.1f} s)", file=sys.stderr, flush=True)
+        print(
+            f"{shape['E']}:{shape['N']}:{shape['M']} done in {entry['seconds']:.1f} s "
+            f"(compiling so far {compiler.seconds:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         del inputs, expected
         torch.cuda.empty_cache()
     compiler.close()

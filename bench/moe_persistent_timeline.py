@@ -44,7 +44,12 @@ import triton  # noqa: E402
 
 from tunelab.compare import compare  # noqa: E402
 from tunelab.kernels.fused_moe import (  # noqa: E402
-    TRACE_PER_PROGRAM, PersistentMoELaunch, make_persistent_plan, persistent_default_config, trace_layout)
+    TRACE_PER_PROGRAM,
+    PersistentMoELaunch,
+    make_persistent_plan,
+    persistent_default_config,
+    trace_layout,
+)
 from tunelab.problems.moe import FusedMoE  # noqa: E402
 from tunelab.worker import CudaEventTimer  # noqa: E402
 
@@ -57,7 +62,7 @@ def read_timeline(launch: PersistentMoELaunch) -> dict:
     layout = trace_layout(launch.plan, launch.grid)
     raw = launch.trace.cpu().tolist()
     first, grid = layout["programs"]
-    programs = [raw[first + p * TRACE_PER_PROGRAM: first + (p + 1) * TRACE_PER_PROGRAM] for p in range(grid)]
+    programs = [raw[first + p * TRACE_PER_PROGRAM : first + (p + 1) * TRACE_PER_PROGRAM] for p in range(grid)]
     t0 = min(p[0] for p in programs)
 
     def us(ns):
@@ -66,13 +71,16 @@ def read_timeline(launch: PersistentMoELaunch) -> dict:
     first1, count1 = layout["items1"]
     first2, count2 = layout["items2"]
     # Items the routing did not make (blocks beyond num_blocks) were never stamped: zero.
-    items1 = [raw[first1 + 3 * i: first1 + 3 * i + 3] for i in range(count1)]
-    items2 = [raw[first2 + 4 * i: first2 + 4 * i + 4] for i in range(count2)]
+    items1 = [raw[first1 + 3 * i : first1 + 3 * i + 3] for i in range(count1)]
+    items2 = [raw[first2 + 4 * i : first2 + 4 * i + 4] for i in range(count2)]
     return {
-        "programs": [{"start": us(p[0]), "gemm1_begin": us(p[1]), "gemm1_end": us(p[2]), "end": us(p[3]),
-                      "sm": int(p[4])} for p in programs],
-        "items1": [{"pid": i % grid, "begin": us(a), "loop": us(b), "end": us(c)}
-                   for i, (a, b, c) in enumerate(items1) if a],
+        "programs": [
+            {"start": us(p[0]), "gemm1_begin": us(p[1]), "gemm1_end": us(p[2]), "end": us(p[3]), "sm": int(p[4])}
+            for p in programs
+        ],
+        "items1": [
+            {"pid": i % grid, "begin": us(a), "loop": us(b), "end": us(c)} for i, (a, b, c) in enumerate(items1) if a
+        ],
         "items2": [{"begin": us(a), "waited": us(b), "loop": us(c), "end": us(d)} for a, b, c, d in items2 if a],
     }
 
@@ -89,19 +97,26 @@ def summarise(tl: dict) -> dict:
         "items2": len(it2),
     }
     if it1:
-        s.update(item1_med_begin=med(i["begin"] for i in it1),
-                 item1_first_end=min(i["end"] for i in it1), item1_med_end=med(i["end"] for i in it1),
-                 item1_last_end=max(i["end"] for i in it1), item1_med_dur=med(i["end"] - i["begin"] for i in it1),
-                 item1_med_loop=med(i["loop"] - i["begin"] for i in it1),
-                 item1_med_epilogue=med(i["end"] - i["loop"] for i in it1))
+        s.update(
+            item1_med_begin=med(i["begin"] for i in it1),
+            item1_first_end=min(i["end"] for i in it1),
+            item1_med_end=med(i["end"] for i in it1),
+            item1_last_end=max(i["end"] for i in it1),
+            item1_med_dur=med(i["end"] - i["begin"] for i in it1),
+            item1_med_loop=med(i["loop"] - i["begin"] for i in it1),
+            item1_med_epilogue=med(i["end"] - i["loop"] for i in it1),
+        )
     if it2:
-        s.update(item2_med_begin=med(i["begin"] for i in it2),
-                 wait_first_over=min(i["waited"] for i in it2), wait_med_over=med(i["waited"] for i in it2),
-                 wait_last_over=max(i["waited"] for i in it2),
-                 item2_med_work=med(i["end"] - i["waited"] for i in it2),
-                 item2_med_loop=med(i["loop"] - i["waited"] for i in it2),
-                 item2_med_epilogue=med(i["end"] - i["loop"] for i in it2),
-                 item2_last_end=max(i["end"] for i in it2))
+        s.update(
+            item2_med_begin=med(i["begin"] for i in it2),
+            wait_first_over=min(i["waited"] for i in it2),
+            wait_med_over=med(i["waited"] for i in it2),
+            wait_last_over=max(i["waited"] for i in it2),
+            item2_med_work=med(i["end"] - i["waited"] for i in it2),
+            item2_med_loop=med(i["loop"] - i["waited"] for i in it2),
+            item2_med_epilogue=med(i["end"] - i["loop"] for i in it2),
+            item2_last_end=max(i["end"] for i in it2),
+        )
     return s
 
 
@@ -126,8 +141,9 @@ def timeline_runs(launch, flush, runs: int, hot: bool) -> tuple:
 
 def clock_step_ns(raw: dict) -> float:
     """The smallest nonzero difference between two stamps of one launch: the clock's resolution at most."""
-    stamps = sorted({round(v * 1e3) for p in raw["programs"] for v in (p["start"], p["gemm1_begin"],
-                                                                       p["gemm1_end"], p["end"])})
+    stamps = sorted(
+        {round(v * 1e3) for p in raw["programs"] for v in (p["start"], p["gemm1_begin"], p["gemm1_end"], p["end"])}
+    )
     steps = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
     return min(steps) if steps else float("nan")
 
@@ -156,18 +172,26 @@ ROWS = [
 
 def markdown(report: dict) -> str:
     m = report["meta"]
-    lines = [f"# Persistent MoE timeline on {m['device']}", "",
-             f"Measured {m['date']} on {m['device']} (torch {m['torch']}, Triton {m['triton']}), "
-             f"`{m['command']}`. Times in µs from the first program's start, median of {m['runs']} launches; "
-             "cold: L2 flushed before each launch; hot: the launch right after another. "
-             "`events` is the same config without the stamps, timed cold with CUDA events "
-             f"(median of {EVENT_SAMPLES}, including the launch's start-up).", ""]
+    lines = [
+        f"# Persistent MoE timeline on {m['device']}",
+        "",
+        f"Measured {m['date']} on {m['device']} (torch {m['torch']}, Triton {m['triton']}), "
+        f"`{m['command']}`. Times in µs from the first program's start, median of {m['runs']} launches; "
+        "cold: L2 flushed before each launch; hot: the launch right after another. "
+        "`events` is the same config without the stamps, timed cold with CUDA events "
+        f"(median of {EVENT_SAMPLES}, including the launch's start-up).",
+        "",
+    ]
     for entry in report["entries"]:
         s = entry["shape"]
-        lines += [f"## E={s['E']} N={s['N']} M={s['M']}: {entry['label']}", "",
-                  f"Config {entry['config']}; grid {entry['grid']} ({entry['n_regs']} registers, "
-                  f"{entry['shared']} B shared); {entry['cold']['items1']:.0f} GEMM 1 items, "
-                  f"{entry['cold']['items2']:.0f} GEMM 2 items; clock step {entry['clock_step_ns']} ns.", ""]
+        lines += [
+            f"## E={s['E']} N={s['N']} M={s['M']}: {entry['label']}",
+            "",
+            f"Config {entry['config']}; grid {entry['grid']} ({entry['n_regs']} registers, "
+            f"{entry['shared']} B shared); {entry['cold']['items1']:.0f} GEMM 1 items, "
+            f"{entry['cold']['items2']:.0f} GEMM 2 items; clock step {entry['clock_step_ns']} ns.",
+            "",
+        ]
         if "error" in entry:
             lines += [f"Error: {entry['error']}", ""]
             continue
@@ -180,10 +204,18 @@ def markdown(report: dict) -> str:
         lines.append("")
     for row in report.get("carveouts", []):
         s = row["shape"]
-        lines += [f"## E={s['E']} N={s['N']} M={s['M']}: default config under each shared-memory carveout", "",
-                  "| carveout % | events, cold µs | output checked |", "| ---: | ---: | --- |"]
-        lines += [f"| {k} | {v['cold_us']:.2f} | {'passed' if v['passed'] else 'FAILED'} |" if "cold_us" in v
-                  else f"| {k} | not run: {v['skipped']} | |" for k, v in row["us"].items()]
+        lines += [
+            f"## E={s['E']} N={s['N']} M={s['M']}: default config under each shared-memory carveout",
+            "",
+            "| carveout % | events, cold µs | output checked |",
+            "| ---: | ---: | --- |",
+        ]
+        lines += [
+            f"| {k} | {v['cold_us']:.2f} | {'passed' if v['passed'] else 'FAILED'} |"
+            if "cold_us" in v
+            else f"| {k} | not run: {v['skipped']} | |"
+            for k, v in row["us"].items()
+        ]
         lines += ["", f"A one-element add, timed the same way: {row['one_element_add_cold_us']:.2f} µs.", ""]
     return "\n".join(lines) + "\n"
 
@@ -209,9 +241,9 @@ def time_carveouts(problem, inputs, expected, shape, carveouts: str, timer, flus
         handle = ctypes.c_void_p(int(launch.function))
         status = lib.cuFuncSetAttribute(handle, ctypes.c_int(9), ctypes.c_int(value))
         blocks = ctypes.c_int(0)
-        lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), handle,
-                                                        ctypes.c_int(32 * plan.config["num_warps"]),
-                                                        ctypes.c_size_t(launch.shared))
+        lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(blocks), handle, ctypes.c_int(32 * plan.config["num_warps"]), ctypes.c_size_t(launch.shared)
+        )
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         if status != 0 or blocks.value * sms < launch.grid:
             # Too few programs resident for the grid: the in-kernel waits would time out.
@@ -239,9 +271,12 @@ def main():
     ap.add_argument("--activation", default="silu")
     ap.add_argument("--configs", default="[]", help="JSON list of overrides of the default config")
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--carveouts", default="",
-                    help="comma-separated shared-memory carveouts (%% of the SM's, -1: the driver's choice) to time "
-                         "the untraced default config under, cold, each checked first")
+    ap.add_argument(
+        "--carveouts",
+        default="",
+        help="comma-separated shared-memory carveouts (%% of the SM's, -1: the driver's choice) to time "
+        "the untraced default config under, cold, each checked first",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -255,22 +290,39 @@ def main():
         torch.amax(flush_buf)
 
     overrides = [{}] + json.loads(args.configs)
-    report = {"meta": {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-                       "torch": torch.__version__, "triton": triton.__version__, "runs": args.runs,
-                       "command": "python3 bench/moe_persistent_timeline.py " + " ".join(sys.argv[1:])},
-              "entries": []}
+    report = {
+        "meta": {
+            "device": torch.cuda.get_device_name(),
+            "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "runs": args.runs,
+            "command": "python3 bench/moe_persistent_timeline.py " + " ".join(sys.argv[1:]),
+        },
+        "entries": [],
+    }
     out = Path(args.out)
     for item in args.shapes.split(","):
         E, N, M = (int(v) for v in item.split(":"))
-        shape = {"M": M, "E": E, "topk": args.topk, "K": args.K, "N": N, "dtype": args.dtype,
-                 "activation": args.activation}
+        shape = {
+            "M": M,
+            "E": E,
+            "topk": args.topk,
+            "K": args.K,
+            "N": N,
+            "dtype": args.dtype,
+            "activation": args.activation,
+        }
         problem = FusedMoE(shape)
         inputs = problem.inputs(0, "cuda")
         expected = problem.reference(inputs)
         for override in overrides:
             config = dict(persistent_default_config(M, N), **override)
-            label = "default config" if not override else "default with " + ", ".join(
-                f"{k}={v}" for k, v in override.items())
+            label = (
+                "default config"
+                if not override
+                else "default with " + ", ".join(f"{k}={v}" for k, v in override.items())
+            )
             entry = {"shape": shape, "label": label, "config": config}
             try:
                 plan = make_persistent_plan(problem, config)
@@ -288,8 +340,9 @@ def main():
                     timer.warmup(launch, 5, 5.0)
                     us, _ = timer.sample(launch, EVENT_SAMPLES, flush_bytes, "read")
                     entry[name] = statistics.median(us)
-                entry["cold"], entry["cold_runs"], entry["cold_median_raw"] = timeline_runs(traced, flush, args.runs,
-                                                                                            hot=False)
+                entry["cold"], entry["cold_runs"], entry["cold_median_raw"] = timeline_runs(
+                    traced, flush, args.runs, hot=False
+                )
                 entry["hot"], entry["hot_runs"], _ = timeline_runs(traced, flush, args.runs, hot=True)
                 entry["clock_step_ns"] = clock_step_ns(entry["cold_median_raw"])
             except Exception as exc:  # noqa: BLE001 - a benchmark reports and moves on
@@ -305,7 +358,8 @@ def main():
             torch.cuda.synchronize()
         if args.carveouts:
             report.setdefault("carveouts", []).append(
-                time_carveouts(problem, inputs, expected, shape, args.carveouts, timer, flush_bytes))
+                time_carveouts(problem, inputs, expected, shape, args.carveouts, timer, flush_bytes)
+            )
             out.write_text(json.dumps(report) + "\n")
             out.with_suffix(".md").write_text(markdown(report))
         del inputs, expected

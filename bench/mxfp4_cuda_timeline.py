@@ -29,8 +29,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "experiments" / "kernels" / "mxfp4_moe_gemv.cu"
-STAMPS = ("start", "GEMM 1 activations staged", "GEMM 1 done", "past the grid barrier",
-          "GEMM 2 activations staged", "end")
+STAMPS = (
+    "start",
+    "GEMM 1 activations staged",
+    "GEMM 1 done",
+    "past the grid barrier",
+    "GEMM 2 activations staged",
+    "end",
+)
 TRACE_STAMPS = 8
 
 
@@ -45,8 +51,9 @@ def nvrtc_library():
     raise SystemExit("no NVRTC wheel found next to torch")
 
 
-def compile_cubin(nvrtc, source: Path, name: str, arch: str, defines: list[str],
-                  options: tuple[str, ...] = ()) -> tuple[bytes, str, str | None, str]:
+def compile_cubin(
+    nvrtc, source: Path, name: str, arch: str, defines: list[str], options: tuple[str, ...] = ()
+) -> tuple[bytes, str, str | None, str]:
     """(cubin, the kernel's lowered name, the trace buffer's lowered name,
     NVRTC's log) of one template instance; `options` are NVRTC's."""
     prog = ctypes.c_void_p()
@@ -114,8 +121,11 @@ class Kernel:
     def launch(self, grid: int, block: int, args: list, stream: int):
         values = [ctypes.c_uint64(a) if kind == "p" else ctypes.c_int(a) for kind, a in args]
         params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
-        check(self.cuda.cuLaunchKernel(self.function, grid, 1, 1, block, 1, 1, self.smem, ctypes.c_void_p(stream),
-                                       params, None))
+        check(
+            self.cuda.cuLaunchKernel(
+                self.function, grid, 1, 1, block, 1, 1, self.smem, ctypes.c_void_p(stream), params, None
+            )
+        )
 
     def read_trace(self, torch, warps: int):
         ptr, size = self.trace
@@ -128,19 +138,32 @@ class Kernel:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="128:2880:1", help="E:N:M,... (K=2880, topk=4, gpt-oss)")
-    parser.add_argument("--configs", default="4:3:3:1",
-                        help="WARPS:BLOCKS_PER_SM:STAGES[:STAGE2],... (the kernel's sixth template parameter: "
-                             "STAGES since version 9, PREFETCH_W2 before; STAGE2 since version 10)")
+    parser.add_argument(
+        "--configs",
+        default="4:3:3:1",
+        help="WARPS:BLOCKS_PER_SM:STAGES[:STAGE2],... (the kernel's sixth template parameter: "
+        "STAGES since version 9, PREFETCH_W2 before; STAGE2 since version 10)",
+    )
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--out", help="also write the markdown here")
-    parser.add_argument("--hot", action="store_true",
-                        help="no L2 flush before a launch: its weights are where the launch before left them")
-    parser.add_argument("--source", action="append", type=Path,
-                        help="a version of the kernel's source to time (repeat to compare versions on one "
-                             f"machine, each config of each in turn); default {SOURCE.relative_to(REPO)}")
-    parser.add_argument("--standard-order", action="store_true",
-                        help="pass the weights in standard order (w1, w2), as kernels before pair order "
-                             "(version 8) read them; default: w1_pairs, w2_pairs")
+    parser.add_argument(
+        "--hot",
+        action="store_true",
+        help="no L2 flush before a launch: its weights are where the launch before left them",
+    )
+    parser.add_argument(
+        "--source",
+        action="append",
+        type=Path,
+        help="a version of the kernel's source to time (repeat to compare versions on one "
+        f"machine, each config of each in turn); default {SOURCE.relative_to(REPO)}",
+    )
+    parser.add_argument(
+        "--standard-order",
+        action="store_true",
+        help="pass the weights in standard order (w1, w2), as kernels before pair order "
+        "(version 8) read them; default: w1_pairs, w2_pairs",
+    )
     args = parser.parse_args(argv)
     sources = args.source or [SOURCE]
 
@@ -156,15 +179,30 @@ def main(argv=None) -> int:
     arch = f"sm_{props.major}{props.minor}"
     stream = torch.cuda.current_stream().cuda_stream
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    lines = [f"# One-launch CUDA C++ MXFP4 MoE: timeline on {props.name}", "",
-             f"torch {torch.__version__}, {arch}, {props.multi_processor_count} SMs; "
-             + ("hot (no flush: each launch right after another)" if args.hot else
-                "cold (256 MiB written before each launch)")
-             + f", median of {args.runs}; stamps in µs from the first warp's start.", ""]
+    lines = [
+        f"# One-launch CUDA C++ MXFP4 MoE: timeline on {props.name}",
+        "",
+        f"torch {torch.__version__}, {arch}, {props.multi_processor_count} SMs; "
+        + (
+            "hot (no flush: each launch right after another)"
+            if args.hot
+            else "cold (256 MiB written before each launch)"
+        )
+        + f", median of {args.runs}; stamps in µs from the first warp's start.",
+        "",
+    ]
     for shape_text in args.shapes.split(","):
         E, N, M = (int(v) for v in shape_text.split(":"))
-        shape = {"M": M, "E": E, "topk": 4, "K": 2880, "N": N, "dtype": "mxfp4", "act_dtype": "bf16",
-                 "activation": "swiglu_oai"}
+        shape = {
+            "M": M,
+            "E": E,
+            "topk": 4,
+            "K": 2880,
+            "N": N,
+            "dtype": "mxfp4",
+            "act_dtype": "bf16",
+            "activation": "swiglu_oai",
+        }
         problem = resolve("moe")(shape)
         inputs = problem.inputs(0, "cuda")
         reference = problem.reference(inputs)
@@ -178,8 +216,9 @@ def main(argv=None) -> int:
             smem = shared_mem_bytes(M, 2880, N, 4, warps, stages)
             row = {}
             for traced in (False, True):
-                cubin, symbol, trace_symbol, _ = compile_cubin(nvrtc, source, name, arch,
-                                                               ["-DTRACE=1"] if traced else [])
+                cubin, symbol, trace_symbol, _ = compile_cubin(
+                    nvrtc, source, name, arch, ["-DTRACE=1"] if traced else []
+                )
                 kernel = Kernel(cuda, cubin, symbol, trace_symbol, smem)
                 out.fill_(float("nan"))
                 kernel.launch(grid, block, launch_args, stream)
@@ -211,19 +250,24 @@ def main(argv=None) -> int:
             plain_us, verdict = row["plain"]
             version = f" ({source.name})" if len(sources) > 1 else ""
             stage2_text = f", STAGE2 {stage2[0]}" if stage2 else ""
-            lines += [f"## E={E} N={N} M={M}, WARPS {warps}, BLOCKS_PER_SM {per_sm}, STAGES {stages}{stage2_text}{version}",
-                      "",
-                      f"events: {plain_us:.2f} µs untraced, {row['traced'][0]:.2f} traced; output "
-                      f"{'passed' if verdict.get('passed') else 'FAILED'} (max abs err {verdict.get('max_abs_err')})",
-                      "", "| stamp | first warp | median warp | last warp |", "| --- | ---: | ---: | ---: |"]
+            lines += [
+                f"## E={E} N={N} M={M}, WARPS {warps}, BLOCKS_PER_SM {per_sm}, STAGES {stages}{stage2_text}{version}",
+                "",
+                f"events: {plain_us:.2f} µs untraced, {row['traced'][0]:.2f} traced; output "
+                f"{'passed' if verdict.get('passed') else 'FAILED'} (max abs err {verdict.get('max_abs_err')})",
+                "",
+                "| stamp | first warp | median warp | last warp |",
+                "| --- | ---: | ---: | ---: |",
+            ]
             stamps = row["stamps"]
             gemm1_warps = stamps[:, 1] > 0
             for i, label in enumerate(STAMPS):
                 col = stamps[:, i]
                 if i == 1:
                     col = col[gemm1_warps]
-                lines.append(f"| {label} | {col.min().item():.2f} | {col.median().item():.2f} | "
-                             f"{col.max().item():.2f} |")
+                lines.append(
+                    f"| {label} | {col.min().item():.2f} | {col.median().item():.2f} | {col.max().item():.2f} |"
+                )
             lines.append("")
     text = "\n".join(lines)
     print(text)

@@ -67,17 +67,32 @@ def row_major_step_loads(a_ptr, w_base, s_base, k, g_end, K_RED, GROUPS: tl.cons
 
 
 @triton.jit
-def gemv_loads_kernel(a_ptr, w_ptr, s_ptr, expert_ids_ptr, out_ptr, K, ROWS, stride_we, stride_wr, stride_wse,
-                      stride_wsr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                      AHEAD: tl.constexpr):
+def gemv_loads_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    expert_ids_ptr,
+    out_ptr,
+    K,
+    ROWS,
+    stride_we,
+    stride_wr,
+    stride_wse,
+    stride_wsr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    AHEAD: tl.constexpr,
+):
     GROUPS: tl.constexpr = BLOCK_SIZE_K // 32
     num_pid_n = tl.cdiv(ROWS, BLOCK_SIZE_N)
     pid_m = tl.program_id(0) // num_pid_n
     pid_n = tl.program_id(0) % num_pid_n
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     rows = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)).to(tl.int64)
-    w_base, s_base = row_major_bases(w_ptr + expert * stride_we, s_ptr + expert * stride_wse, rows, stride_wr,
-                                     stride_wsr)
+    w_base, s_base = row_major_bases(
+        w_ptr + expert * stride_we, s_ptr + expert * stride_wse, rows, stride_wr, stride_wsr
+    )
     k_begin, k_end = quant_moe._split_k_steps(K, BLOCK_SIZE_K, SPLIT_K)
     g_end = tl.minimum(tl.cdiv(K, 32), k_end * GROUPS)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS, 4), dtype=tl.uint32)
@@ -98,8 +113,7 @@ def gemv_loads_kernel(a_ptr, w_ptr, s_ptr, expert_ids_ptr, out_ptr, K, ROWS, str
 
 
 @triton.jit
-def stream_kernel(w_ptr, s_ptr, expert_ids_ptr, out_ptr, W_WORDS, S_WORDS, stride_we, stride_wse,
-                  BLOCK: tl.constexpr):
+def stream_kernel(w_ptr, s_ptr, expert_ids_ptr, out_ptr, W_WORDS, S_WORDS, stride_we, stride_wse, BLOCK: tl.constexpr):
     """Program (e, i) reads words [i * BLOCK, (i + 1) * BLOCK) of expert e's
     w1 (as 4-word vectors) and the matching share of its scales."""
     expert = tl.load(expert_ids_ptr + tl.program_id(1)).to(tl.int64)
@@ -114,8 +128,18 @@ def stream_kernel(w_ptr, s_ptr, expert_ids_ptr, out_ptr, W_WORDS, S_WORDS, strid
 
 
 @triton.jit
-def tiled_loads_kernel(a_ptr, w_ptr, s_ptr, out_ptr, K, ROWS, K_STEPS, BLOCK_SIZE_N: tl.constexpr,
-                       BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr):
+def tiled_loads_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    K,
+    ROWS,
+    K_STEPS,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
     """`gemv_loads_kernel`'s loads from weights laid out tile by tile (see
     `tile_major`): a K step's [BLOCK_SIZE_N, BLOCK_SIZE_K / 2] bytes, and its
     scales, are contiguous, so a warp's load covers consecutive bytes."""
@@ -129,8 +153,11 @@ def tiled_loads_kernel(a_ptr, w_ptr, s_ptr, out_ptr, K, ROWS, K_STEPS, BLOCK_SIZ
     k_begin, k_end = quant_moe._split_k_steps(K, BLOCK_SIZE_K, SPLIT_K)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS, 4), dtype=tl.uint32)
     act = tl.zeros((GROUPS, 4, 8), dtype=tl.uint32)
-    offs_w = rows[:, None, None] * (BLOCK_SIZE_K // 8) + tl.arange(0, GROUPS)[None, :, None] * 4 + \
-        tl.arange(0, 4)[None, None, :]
+    offs_w = (
+        rows[:, None, None] * (BLOCK_SIZE_K // 8)
+        + tl.arange(0, GROUPS)[None, :, None] * 4
+        + tl.arange(0, 4)[None, None, :]
+    )
     offs_s = rows[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :]
     for k in range(k_begin, k_end):
         w = tl.load(words + k * (BLOCK_SIZE_N * BLOCK_SIZE_K // 8) + offs_w)
@@ -176,8 +203,18 @@ def main(argv=None):
     args = ap.parse_args(argv)
     props = torch.cuda.get_device_properties(0)
     flush = torch.empty(max(2 * props.L2_cache_size, 32 << 20) // 4, dtype=torch.float32, device="cuda")
-    problem = FusedMoE({"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 2880, "act_dtype": "bf16",
-                        "dtype": "mxfp4", "activation": "swiglu_oai"})
+    problem = FusedMoE(
+        {
+            "M": 1,
+            "E": 128,
+            "topk": 4,
+            "K": 2880,
+            "N": 2880,
+            "act_dtype": "bf16",
+            "dtype": "mxfp4",
+            "activation": "swiglu_oai",
+        }
+    )
     inputs = problem.inputs(0, torch.device("cuda"))
     w1, s1 = inputs["w1"], inputs["w1_scale"]
     experts = inputs["topk_ids"].reshape(-1).to(torch.int32).contiguous()
@@ -185,20 +222,28 @@ def main(argv=None):
     E, rows, row_bytes = w1.shape
     K = problem.K
     nbytes = experts.numel() * (rows * row_bytes + s1.shape[1] * s1.shape[2])
-    print(f"Device {torch.cuda.get_device_name()}, {datetime.date.today().isoformat()}, torch {torch.__version__}; "
-          f"`python3 bench/mxfp4_m1_loads.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n")
-    print(f"GEMM 1's weights and scales at M=1: {nbytes / 1e6:.1f} MB (w1 {tuple(w1.shape)} uint8, scales "
-          f"{tuple(s1.shape)}; experts {experts.tolist()}).\n")
-    print("| kernel | tile | grid | cold µs, write flush | GB/s | cold µs, read flush | GB/s |\n"
-          "| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        f"Device {torch.cuda.get_device_name()}, {datetime.date.today().isoformat()}, torch {torch.__version__}; "
+        f"`python3 bench/mxfp4_m1_loads.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"
+    )
+    print(
+        f"GEMM 1's weights and scales at M=1: {nbytes / 1e6:.1f} MB (w1 {tuple(w1.shape)} uint8, scales "
+        f"{tuple(s1.shape)}; experts {experts.tolist()}).\n"
+    )
+    print(
+        "| kernel | tile | grid | cold µs, write flush | GB/s | cold µs, read flush | GB/s |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+    )
     reader = ReadFlush(flush)
     rows_out = []
 
     def row(name, tile, grid, fn):
         written = median_us(fn, flush, args.samples)
         read = median_us(fn, reader, args.samples)
-        rows_out.append(f"| {name} | {tile} | {grid} | {written:.1f} | {nbytes / written / 1e3:.0f} | {read:.1f} | "
-                        f"{nbytes / read / 1e3:.0f} |")
+        rows_out.append(
+            f"| {name} | {tile} | {grid} | {written:.1f} | {nbytes / written / 1e3:.0f} | {read:.1f} | "
+            f"{nbytes / read / 1e3:.0f} |"
+        )
 
     # Two passes over everything, the first not reported: a GPU that had been
     # idle ran the first rows of a single pass slower (measured: 42.5 against
@@ -210,18 +255,49 @@ def main(argv=None):
             out = torch.empty(experts.numel() * rows * split, dtype=torch.int32, device="cuda")
             grid = (experts.numel() * triton.cdiv(rows, bn), split)
             for ahead in (0, 1):
+
                 def fn(bn=bn, bk=bk, warps=warps, split=split, ahead=ahead, out=out, grid=grid):
-                    gemv_loads_kernel[grid](x, w1, s1, experts, out, K, rows, w1.stride(0), w1.stride(1),
-                                            s1.stride(0), s1.stride(1), BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                                            SPLIT_K=split, AHEAD=ahead, num_warps=warps, num_stages=1)
+                    gemv_loads_kernel[grid](
+                        x,
+                        w1,
+                        s1,
+                        experts,
+                        out,
+                        K,
+                        rows,
+                        w1.stride(0),
+                        w1.stride(1),
+                        s1.stride(0),
+                        s1.stride(1),
+                        BLOCK_SIZE_N=bn,
+                        BLOCK_SIZE_K=bk,
+                        SPLIT_K=split,
+                        AHEAD=ahead,
+                        num_warps=warps,
+                        num_stages=1,
+                    )
+
                 fn()
                 name = "loads, one step ahead" if ahead else "loads"
                 row(name, f"BN{bn} BK{bk} w{warps} SPLIT_K {split}", grid[0] * grid[1], fn)
             wt, st, steps = tile_major(w1[experts.long()], s1[experts.long()], bn, bk)
 
             def tiled(bn=bn, bk=bk, warps=warps, split=split, out=out, grid=grid, wt=wt, st=st, steps=steps):
-                tiled_loads_kernel[grid](x, wt, st, out, K, rows, steps, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                                         SPLIT_K=split, num_warps=warps, num_stages=1)
+                tiled_loads_kernel[grid](
+                    x,
+                    wt,
+                    st,
+                    out,
+                    K,
+                    rows,
+                    steps,
+                    BLOCK_SIZE_N=bn,
+                    BLOCK_SIZE_K=bk,
+                    SPLIT_K=split,
+                    num_warps=warps,
+                    num_stages=1,
+                )
+
             tiled()
             row("loads, tile-major weights", f"BN{bn} BK{bk} w{warps} SPLIT_K {split}", grid[0] * grid[1], tiled)
             del wt, st
@@ -232,8 +308,10 @@ def main(argv=None):
             out = torch.empty(experts.numel() * programs, dtype=torch.int32, device="cuda")
 
             def fn(block=block, warps=warps, programs=programs, out=out, w_words=w_words, s_words=s_words):
-                stream_kernel[(programs, experts.numel())](w1, s1, experts, out, w_words, s_words, w1.stride(0),
-                                                           s1.stride(0), BLOCK=block, num_warps=warps)
+                stream_kernel[(programs, experts.numel())](
+                    w1, s1, experts, out, w_words, s_words, w1.stride(0), s1.stride(0), BLOCK=block, num_warps=warps
+                )
+
             fn()
             row("stream", f"{block * 4} bytes a program, w{warps}", programs * experts.numel(), fn)
 

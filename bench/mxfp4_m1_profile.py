@@ -69,12 +69,24 @@ def main(argv=None):
     args = ap.parse_args(argv)
     props = torch.cuda.get_device_properties(0)
     flush = torch.empty(max(2 * props.L2_cache_size, 32 << 20) // 4, dtype=torch.float32, device="cuda")
-    problem = FusedMoE({"M": args.M, "E": 128, "topk": 4, "K": 2880, "N": 2880, "act_dtype": "bf16",
-                        "dtype": "mxfp4", "activation": "swiglu_oai"})
+    problem = FusedMoE(
+        {
+            "M": args.M,
+            "E": 128,
+            "topk": 4,
+            "K": 2880,
+            "N": 2880,
+            "act_dtype": "bf16",
+            "dtype": "mxfp4",
+            "activation": "swiglu_oai",
+        }
+    )
     inputs = problem.inputs(0, torch.device("cuda"))
     expected = problem.reference(inputs)
-    print(f"Device {torch.cuda.get_device_name()}, {datetime.date.today().isoformat()}, torch {torch.__version__}; "
-          f"`python3 bench/mxfp4_m1_profile.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n")
+    print(
+        f"Device {torch.cuda.get_device_name()}, {datetime.date.today().isoformat()}, torch {torch.__version__}; "
+        f"`python3 bench/mxfp4_m1_profile.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"
+    )
     if args.hot:
         flush = None
     print(f"| config | kernel | {'hot' if args.hot else 'cold'} µs (median) |\n| --- | --- | ---: |")

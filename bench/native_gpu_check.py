@@ -70,8 +70,9 @@ class Steps:
             with open(path, "w") as f:
                 f.write(f"$ {shown}\n\n")
                 f.flush()
-                proc = subprocess.Popen([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT,
-                                        env=env, cwd=REPO, start_new_session=True)
+                proc = subprocess.Popen(
+                    [str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+                )
                 try:
                     rc = proc.wait(timeout=limit)
                 except subprocess.TimeoutExpired:
@@ -156,8 +157,7 @@ def quickstart_summary(results: Path):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", nargs="?", type=Path,
-                    default=Path(os.environ.get("OUT") or REPO / "native-gpu-check"))
+    ap.add_argument("out", nargs="?", type=Path, default=Path(os.environ.get("OUT") or REPO / "native-gpu-check"))
     ap.add_argument("--budget", type=float, default=450.0, help="seconds for all steps (default 450)")
     args = ap.parse_args()
     out = args.out.resolve()
@@ -169,22 +169,41 @@ def main() -> int:
     print(f"native GPU check: results under {out}, binary {binary}, Python {python}", flush=True)
 
     # 1. Environment.
-    steps.run("environment: GPU", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                                   "--format=csv"], "env_gpu.txt", 30, env)
-    steps.run("environment: Python", [python, "-c", "import sys, torch, triton; print(sys.version); "
-                                      "print('torch', torch.__version__, 'cuda', torch.version.cuda, "
-                                      "torch.cuda.is_available()); print('triton', triton.__version__)"],
-              "env_python.txt", 60, env)
+    steps.run(
+        "environment: GPU",
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"],
+        "env_gpu.txt",
+        30,
+        env,
+    )
+    steps.run(
+        "environment: Python",
+        [
+            python,
+            "-c",
+            "import sys, torch, triton; print(sys.version); "
+            "print('torch', torch.__version__, 'cuda', torch.version.cuda, "
+            "torch.cuda.is_available()); print('triton', triton.__version__)",
+        ],
+        "env_python.txt",
+        60,
+        env,
+    )
     steps.run("environment: tunelab", [binary, "devices"], "env_tunelab.txt", 30, env)
     cc = shutil.which("cc") or shutil.which("gcc")
     steps.note("environment: cc", cc is not None, "no C compiler: the aot GPU test is skipped" if cc is None else "")
 
     # 2. The quickstart on the GPU, every method, the aot output.
     results = out / "results"
-    steps.run("quickstart run", [binary, "--results-dir", results, "run", str(REPO / "experiments/quickstart.yaml"),
-                                 "--quiet"], "quickstart_run.txt", 240, env,
-              # 3: some jobs failed (a config out of resources, say): step 3 judges the methods.
-              fine=(0, 3))
+    steps.run(
+        "quickstart run",
+        [binary, "--results-dir", results, "run", str(REPO / "experiments/quickstart.yaml"), "--quiet"],
+        "quickstart_run.txt",
+        240,
+        env,
+        # 3: some jobs failed (a config out of resources, say): step 3 judges the methods.
+        fine=(0, 3),
+    )
 
     # 3. Every method ran.
     summary, why = quickstart_summary(results)
@@ -194,10 +213,14 @@ def main() -> int:
     else:
         missing = [m for m in ("triton", "cuda", "torch") if summary["counts"].get(m, {}).get("ok", 0) == 0]
         methods_ok = not missing
-        steps.note("quickstart: ok jobs per method", methods_ok,
-                   "" if methods_ok else f"no ok job for {', '.join(missing)}")
-        steps.note("quickstart: aot output", bool(summary["aot"]),
-                   "" if summary["aot"] else "no aot folder written (see quickstart_run.txt)")
+        steps.note(
+            "quickstart: ok jobs per method", methods_ok, "" if methods_ok else f"no ok job for {', '.join(missing)}"
+        )
+        steps.note(
+            "quickstart: aot output",
+            bool(summary["aot"]),
+            "" if summary["aot"] else "no aot folder written (see quickstart_run.txt)",
+        )
 
     # 4. The native tests on the GPU.
     extra, why_not = pytest_path(python, out)
@@ -209,14 +232,33 @@ def main() -> int:
     if why_not:
         steps.note(label, False, why_not)
     else:
-        steps.run(label, [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                          "python/tests/test_native.py", "python/tests/test_cuda_gemv.py"],
-                  "test_native.txt", 240, test_env)
+        steps.run(
+            label,
+            [
+                python,
+                "-m",
+                "pytest",
+                "-q",
+                "-rs",
+                "-p",
+                "no:cacheprovider",
+                "python/tests/test_native.py",
+                "python/tests/test_cuda_gemv.py",
+            ],
+            "test_native.txt",
+            240,
+            test_env,
+        )
 
     # 5. Launch cost.
     launch_json = out / "native_launch.json"
-    steps.run("bench/native_launch.py", [python, "bench/native_launch.py", launch_json, "--tunelab", binary],
-              "native_launch.txt", 90, test_env)
+    steps.run(
+        "bench/native_launch.py",
+        [python, "bench/native_launch.py", launch_json, "--tunelab", binary],
+        "native_launch.txt",
+        90,
+        test_env,
+    )
 
     # The summary.
     lines = [f"# Native backend GPU check ({time.strftime('%Y-%m-%d')})", ""]
@@ -228,8 +270,14 @@ def main() -> int:
         lines.append(f"| {name} | {status} | {seconds:.0f} | {log} |")
     lines += ["", f"Total: {steps.elapsed():.0f} s.", ""]
     if summary:
-        lines += ["## Quickstart", "", f"Results: `{summary['dir']}`", "",
-                  "| method | jobs by status |", "| --- | --- |"]
+        lines += [
+            "## Quickstart",
+            "",
+            f"Results: `{summary['dir']}`",
+            "",
+            "| method | jobs by status |",
+            "| --- | --- |",
+        ]
         for method, c in sorted(summary["counts"].items()):
             by = ", ".join(f"{k} {v}" for k, v in sorted(c.items()) if k != "examples")
             lines.append(f"| {method} | {by} |")
@@ -238,22 +286,35 @@ def main() -> int:
                 lines.append(f"\n- {method}: {example}")
         if summary["best"]:
             cols = [k for k in ("M", "N", "K", "method", "time_us", "median_us", "config") if k in summary["best"][0]]
-            lines += ["", "Best per shape and method (best.csv):", "", "| " + " | ".join(cols) + " |",
-                      "| " + " | ".join("---" for _ in cols) + " |"]
+            lines += [
+                "",
+                "Best per shape and method (best.csv):",
+                "",
+                "| " + " | ".join(cols) + " |",
+                "| " + " | ".join("---" for _ in cols) + " |",
+            ]
             for row in summary["best"]:
                 lines.append("| " + " | ".join(str(row.get(k, "")) for k in cols) + " |")
         for folder in summary["aot"]:
             index = json.loads((folder / "index.json").read_text())
-            lines += ["", f"aot `{folder}`: prefix `{index['prefix']}`, {len(index['specs'])} specialisations, "
-                          f"buckets {', '.join(index['buckets'])}, {len(index['left_out'])} winners left out"]
+            lines += [
+                "",
+                f"aot `{folder}`: prefix `{index['prefix']}`, {len(index['specs'])} specialisations, "
+                f"buckets {', '.join(index['buckets'])}, {len(index['left_out'])} winners left out",
+            ]
     tests = tail(out / "test_native.txt", 40)
     lines += ["", "## python/tests/test_native.py, test_cuda_gemv.py", "", "```", *tests[-15:], "```"]
     lines += ["", "## Launch cost (bench/native_launch.py)", ""]
     if launch_json.exists():
         report = json.loads(launch_json.read_text())
-        lines += [f"{report['device']}, {report['date']}, torch {report['torch']}, Triton {report['triton']}; "
-                  f"tunelab's Triton GEMM at {report['shape']}, host µs per launch (batches of 100 queued "
-                  "behind a GPU spin):", "", "| launch | median µs | mean µs |", "| --- | --- | --- |"]
+        lines += [
+            f"{report['device']}, {report['date']}, torch {report['torch']}, Triton {report['triton']}; "
+            f"tunelab's Triton GEMM at {report['shape']}, host µs per launch (batches of 100 queued "
+            "behind a GPU spin):",
+            "",
+            "| launch | median µs | mean µs |",
+            "| --- | --- | --- |",
+        ]
         for name, r in report["results"].items():
             lines.append(f"| {name} | {r['median_us']:.2f} | {r['mean_us']:.2f} |")
         for name, e in report["errors"].items():

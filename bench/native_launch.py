@@ -58,14 +58,17 @@ def python_cost(launch, launches: int, torch) -> dict:
         per_batch.append((time.perf_counter() - t) * 1e6 / n)
         torch.cuda.synchronize()
         done += n
-    return {"launches": launches, "median_us": statistics.median(per_batch),
-            "mean_us": statistics.fmean(per_batch)}
+    return {"launches": launches, "median_us": statistics.median(per_batch), "mean_us": statistics.fmean(per_batch)}
 
 
 class NativeWorker:
     def __init__(self, binary: Path, helpers: str | None):
-        self.proc = subprocess.Popen([str(binary), "native-worker", "--backend", "cuda"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [str(binary), "native-worker", "--backend", "cuda"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.next = 1
         self.hello = self.request("hello", **({"helpers": helpers} if helpers else {}))
 
@@ -91,8 +94,11 @@ class NativeWorker:
 
 
 def native_compile(binary: Path, source: Path, kernel: str, out: Path) -> dict:
-    done = subprocess.run([str(binary), "native-compile", str(source), "--kernel", kernel, "--out", str(out)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(binary), "native-compile", str(source), "--kernel", kernel, "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"native-compile {kernel}: {done.stderr.strip()}")
     return json.loads(done.stdout)
@@ -113,8 +119,14 @@ def main() -> int:
     from tunelab.problems.gemm import Gemm
 
     shape = {"M": 16, "N": 1024, "K": 1024, "dtype": "bf16"}
-    config = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
-              "num_warps": 4, "num_stages": 3}
+    config = {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 64,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     problem = Gemm(shape)
     inputs = problem.inputs(0, torch.device("cuda"))
     a, b = inputs["a"], inputs["b"]
@@ -125,8 +137,20 @@ def main() -> int:
 
     # Triton's JIT dispatch, the same kernel and arguments.
     constexprs, options = split_config(config)
-    jit_args = (a, b, out, 16, 1024, 1024, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                out.stride(0), out.stride(1))
+    jit_args = (
+        a,
+        b,
+        out,
+        16,
+        1024,
+        1024,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        out.stride(1),
+    )
     jit_grid = matmul_grid(16, 1024, constexprs)
 
     def jit():
@@ -146,24 +170,41 @@ def main() -> int:
             worker = NativeWorker(args.tunelab, helpers["image"])
             tensors = [("a", a), ("b", b), ("out", out)]
             described = [native.describe_tensor(torch, n, t) for n, t in tensors]
-            worker.request("import", tensors=[{"handle": d["handle"], "offset": d["offset"], "bytes": d["bytes"]}
-                                              for d in described])
+            worker.request(
+                "import",
+                tensors=[{"handle": d["handle"], "offset": d["offset"], "bytes": d["bytes"]} for d in described],
+            )
             index = {d["ptr"]: i for i, d in enumerate(described)}
             kernel, compiled, grid, values = launch.native
             recipe = native.triton_recipe(kernel, compiled, grid, values, index, tmp)
             plain = [{k: v for k, v in arg.items() if k not in ("name", "type")} for arg in recipe["args"]]
-            worker.request("check", job_id="triton", image=recipe["image"], symbol=recipe["symbol"],
-                           grid=recipe["grid"], block=recipe["block"], shared=recipe["shared"], args=plain)
+            worker.request(
+                "check",
+                job_id="triton",
+                image=recipe["image"],
+                symbol=recipe["symbol"],
+                grid=recipe["grid"],
+                block=recipe["block"],
+                shared=recipe["shared"],
+                args=plain,
+            )
             cost = worker.request("launch_cost", job_id="triton", count=args.launches)
             results["native_triton"] = {k: cost[k] for k in ("launches", "median_us", "mean_us")}
             print(f"native_triton: {cost['median_us']:.2f} µs", flush=True)
-            cuda = native_compile(args.tunelab, REPO / "experiments/kernels/gemm_mma.cu",
-                                  "gemm_mma<64, 64, 32, 2, 2, 2, 0>", Path(tmp))
+            cuda = native_compile(
+                args.tunelab, REPO / "experiments/kernels/gemm_mma.cu", "gemm_mma<64, 64, 32, 2, 2, 2, 0>", Path(tmp)
+            )
             smem = 2 * (64 * (32 + 8) + 32 * (64 + 8)) * 2
-            worker.request("check", job_id="cuda", image=cuda["image"], symbol=cuda["symbol"],
-                           grid=[triton.cdiv(1024, 64), triton.cdiv(16, 64)], block=[128], shared=smem,
-                           args=[{"tensor": 0}, {"tensor": 1}, {"tensor": 2}, {"i32": 16}, {"i32": 1024},
-                                 {"i32": 1024}])
+            worker.request(
+                "check",
+                job_id="cuda",
+                image=cuda["image"],
+                symbol=cuda["symbol"],
+                grid=[triton.cdiv(1024, 64), triton.cdiv(16, 64)],
+                block=[128],
+                shared=smem,
+                args=[{"tensor": 0}, {"tensor": 1}, {"tensor": 2}, {"i32": 16}, {"i32": 1024}, {"i32": 1024}],
+            )
             cost = worker.request("launch_cost", job_id="cuda", count=args.launches)
             results["native_cuda"] = {k: cost[k] for k in ("launches", "median_us", "mean_us")}
             print(f"native_cuda: {cost['median_us']:.2f} µs", flush=True)

@@ -82,8 +82,10 @@ def main(argv=None) -> int:
     for r in rows:
         key = (int(r["E"]), int(r["N"]), int(r["M"]))
         shapes.setdefault(key, {})[r["method"]] = r
-    print("| E | N | M | vLLM µs | heuristic µs | tuned µs | tuned / vLLM | tuned / heuristic | tuned constraints "
-          "| tunelab's fastest | µs | vLLM / tunelab | vLLM's tiles | heuristic's tiles |")
+    print(
+        "| E | N | M | vLLM µs | heuristic µs | tuned µs | tuned / vLLM | tuned / heuristic | tuned constraints "
+        "| tunelab's fastest | µs | vLLM / tunelab | vLLM's tiles | heuristic's tiles |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- | --- |")
     for (E, N, M), methods in sorted(shapes.items()):
         tk = methods.get(TK)
@@ -102,10 +104,12 @@ def main(argv=None) -> int:
         def ratio(a, b):
             return "—" if a is None or b is None else f"{a / b:.3f}×"
 
-        print(f"| {E} | {N} | {M} | {f(vllm_us)} | {f(heur_us)} | {f(tuned_us)} | {ratio(vllm_us, tuned_us)} "
-              f"| {ratio(heur_us, tuned_us)} | {constraints(tk['config'])} | {own_m} | {f(own_us)} "
-              f"| {ratio(vllm_us, own_us)} | {tiles(jobs.get(tk.get('baseline_job_id')))} "
-              f"| {tiles(jobs.get(heur['job_id'])) if heur else '—'} |")
+        print(
+            f"| {E} | {N} | {M} | {f(vllm_us)} | {f(heur_us)} | {f(tuned_us)} | {ratio(vllm_us, tuned_us)} "
+            f"| {ratio(heur_us, tuned_us)} | {constraints(tk['config'])} | {own_m} | {f(own_us)} "
+            f"| {ratio(vllm_us, own_us)} | {tiles(jobs.get(tk.get('baseline_job_id')))} "
+            f"| {tiles(jobs.get(heur['job_id'])) if heur else '—'} |"
+        )
     return 0
 
 

@@ -143,8 +143,18 @@ SMOKE_SPACE = {
 class Rule:
     """The runner's stopping rule (src/measure/stats.rs; defaults of src/measure/protocol.rs)."""
 
-    def __init__(self, batch=32, min_samples=20, max_samples=2000, target_ci=0.005, max_gpu_ms=100.0,
-                 max_wall_s=1.5, warmup_launches=3, warmup_ms=5.0, graph_calls=10):
+    def __init__(
+        self,
+        batch=32,
+        min_samples=20,
+        max_samples=2000,
+        target_ci=0.005,
+        max_gpu_ms=100.0,
+        max_wall_s=1.5,
+        warmup_launches=3,
+        warmup_ms=5.0,
+        graph_calls=10,
+    ):
         self.batch, self.min_samples, self.max_samples = batch, min_samples, max_samples
         self.target_ci, self.max_gpu_ms, self.max_wall_s = target_ci, max_gpu_ms, max_wall_s
         self.warmup_launches, self.warmup_ms, self.graph_calls = warmup_launches, warmup_ms, graph_calls
@@ -152,8 +162,9 @@ class Rule:
 
 GPU_RULE = Rule()
 # The interpreter takes about half a second a launch: two samples, no CI target.
-SMOKE_RULE = Rule(batch=2, min_samples=2, max_samples=2, max_wall_s=60.0, warmup_launches=0, warmup_ms=0.0,
-                  graph_calls=1)
+SMOKE_RULE = Rule(
+    batch=2, min_samples=2, max_samples=2, max_wall_s=60.0, warmup_launches=0, warmup_ms=0.0, graph_calls=1
+)
 
 
 def peak_bandwidth_gbs(name: str, mem_clock_khz=None, bus_width_bits=None):
@@ -250,16 +261,17 @@ def allowed(config: dict, M: int, topk: int, E: int, smem_bytes: int) -> bool:
     long side is then BLOCK_SIZE_N: two warp groups of 64 rows each)."""
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     swapped = config.get("SWAP_AB", 0) == 1
-    return ((bm + bn) * bk * 2 * config["num_stages"] <= smem_bytes
-            and bm <= max(16, 2 * M * topk // E)
-            and (config["num_warps"] == 4 or bm * bn >= 8192 or (swapped and bn >= 128))
-            and (bm >= 64 or M < 1024)
-            and (bn >= 64 or M <= 128)
-            and (config["num_warps"] == 8 or M < 2048 or bm * bn < 8192))
+    return (
+        (bm + bn) * bk * 2 * config["num_stages"] <= smem_bytes
+        and bm <= max(16, 2 * M * topk // E)
+        and (config["num_warps"] == 4 or bm * bn >= 8192 or (swapped and bn >= 128))
+        and (bm >= 64 or M < 1024)
+        and (bn >= 64 or M <= 128)
+        and (config["num_warps"] == 8 or M < 2048 or bm * bn < 8192)
+    )
 
 
-def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None, split_ks=None,
-          gemv_space=None) -> list:
+def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None, split_ks=None, gemv_space=None) -> list:
     """The configs of `space` (default SPACE) its constraints allow at this M,
     each with both operand orders (SWAP_AB 0 and 1) and, at decode sizes
     (M * topk <= SPLIT_K_MAX_SLOTS), each of `split_ks` (default
@@ -278,8 +290,11 @@ def sweep(fmt: str, M: int, topk: int, E: int, smem_bytes: int, space=None, spli
     configs = sorted(configs, key=lambda c: sum(c.get(k) != v for k, v in default.items()))
     if fmt == "mxfp4" and M * topk <= SPLIT_K_MAX_SLOTS:
         # At most 32 weight words (256 codes) a thread a K step: more spills registers (ptxas for sm_90).
-        gemv = [dict(c, SWAP_AB=0, DOT_SCALED=0, MX_PTX=0) for c in _product(gemv_space or GEMV_SPACE)
-                if c["BLOCK_SIZE_N"] * c["BLOCK_SIZE_K"] // 8 <= 32 * 32 * c["num_warps"]]
+        gemv = [
+            dict(c, SWAP_AB=0, DOT_SCALED=0, MX_PTX=0)
+            for c in _product(gemv_space or GEMV_SPACE)
+            if c["BLOCK_SIZE_N"] * c["BLOCK_SIZE_K"] // 8 <= 32 * 32 * c["num_warps"]
+        ]
         # In the default's key order, as every other config: the report's config text reads alike.
         configs = [{k: c[k] for k in default} for c in gemv] + configs
     return configs
@@ -378,8 +393,14 @@ def measure_shape(shape, fmt, configs, ctx, deadline) -> dict:
     nbytes = float(problem.bytes_for(inputs))
     bound_us = nbytes / (ctx["peak_gbs"] * 1e9) * 1e6
     tol = TOLERANCE[fmt]
-    entry = {"format": fmt, "shape": shape, "bytes": nbytes, "bound_us": bound_us, "configs": len(configs),
-             "data_s": round(time.perf_counter() - started, 2)}
+    entry = {
+        "format": fmt,
+        "shape": shape,
+        "bytes": nbytes,
+        "bound_us": bound_us,
+        "configs": len(configs),
+        "data_s": round(time.perf_counter() - started, 2),
+    }
     entry["compile_s"] = 0.0
     rows = []
     for i, config in enumerate(configs):
@@ -388,13 +409,14 @@ def measure_shape(shape, fmt, configs, ctx, deadline) -> dict:
         if ctx["compiler"] is not None and i % COMPILE_BATCH == 0:
             # In batches, so that compiling counts against the shape's share as timing does.
             t0 = time.perf_counter()
-            ctx["compiler"](shape, "fused_moe", configs[i:i + COMPILE_BATCH])
+            ctx["compiler"](shape, "fused_moe", configs[i : i + COMPILE_BATCH])
             entry["compile_s"] = round(entry["compile_s"] + time.perf_counter() - t0, 2)
         rows.append(run_one(problem, inputs, expected, "fused_moe", config, tol, ctx["timing"]))
         if (i + 1) % 10 == 0:
             best = best_by(rows, cold_us)
-            progress(ctx, f"  {i + 1}/{len(configs)} configs, best cold "
-                          f"{'-' if best is None else f'{cold_us(best):.1f}'} µs")
+            progress(
+                ctx, f"  {i + 1}/{len(configs)} configs, best cold {'-' if best is None else f'{cold_us(best):.1f}'} µs"
+            )
     rows[0]["role"] = "vLLM's default config"
     entry["rows"] = rows
     entry["cut_by_budget"] = len(configs) - len(rows)
@@ -404,8 +426,9 @@ def measure_shape(shape, fmt, configs, ctx, deadline) -> dict:
     for row in retime:
         if time.perf_counter() > deadline and row is not rows[0] and row is not ranked[0]:
             continue  # past the shape's share: only the default and the best
-        again = run_one(problem, inputs, expected, "fused_moe", row["config"], tol, ctx["timing"], cold=False,
-                        graph=True)
+        again = run_one(
+            problem, inputs, expected, "fused_moe", row["config"], tol, ctx["timing"], cold=False, graph=True
+        )
         row["graph"] = again.get("graph") or {"error": again.get("error") or "check failed on the retime"}
     entry["best_cold"] = ranked[0] if ranked else None
     entry["best_graph"] = best_by(rows, graph_us)
@@ -420,8 +443,9 @@ def measure_shape(shape, fmt, configs, ctx, deadline) -> dict:
         for j, config in enumerate(vcfgs):
             if j > 1 and time.perf_counter() > deadline:  # the default and the best always run
                 break
-            entry["vllm_structure"].append(run_one(problem, inputs, expected, "fused_moe_vllm", config, tol,
-                                                   ctx["timing"], graph=True))
+            entry["vllm_structure"].append(
+                run_one(problem, inputs, expected, "fused_moe_vllm", config, tol, ctx["timing"], graph=True)
+            )
     entry["seconds"] = round(time.perf_counter() - started, 2)
     del inputs, expected
     if ctx["gpu"]:
@@ -444,8 +468,13 @@ def measure_plain(shape, ctx) -> dict:
     del inputs, expected
     if ctx["gpu"]:
         torch.cuda.empty_cache()
-    return {"shape": shape, "bytes": nbytes, "bound_us": bound_us, "row": row,
-            "seconds": round(time.perf_counter() - started, 2)}
+    return {
+        "shape": shape,
+        "bytes": nbytes,
+        "bound_us": bound_us,
+        "row": row,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
 
 
 def _unique(items):
@@ -473,9 +502,19 @@ def fmt_pct(v):
 
 
 def cfg_text(config):
-    short = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
-             "num_warps": "w", "num_stages": "s", "DOT_SCALED": "DS", "SWAP_AB": "SW", "MX_PTX": "PTX",
-             "SPLIT_K": "SK", "GEMV": "GEMV"}
+    short = {
+        "BLOCK_SIZE_M": "BM",
+        "BLOCK_SIZE_N": "BN",
+        "BLOCK_SIZE_K": "BK",
+        "GROUP_SIZE_M": "GM",
+        "num_warps": "w",
+        "num_stages": "s",
+        "DOT_SCALED": "DS",
+        "SWAP_AB": "SW",
+        "MX_PTX": "PTX",
+        "SPLIT_K": "SK",
+        "GEMV": "GEMV",
+    }
     return " ".join(f"{short.get(k, k)}{v}" for k, v in config.items())
 
 
@@ -490,8 +529,10 @@ def why_not_timed(row):
 def goal_lines(report) -> list:
     meta = report["meta"]
     if meta["smoke"]:
-        return ["- Not judged: a CPU smoke run under Triton's interpreter (wall-clock times of tiny shapes "
-                "against a nominal bandwidth)."]
+        return [
+            "- Not judged: a CPU smoke run under Triton's interpreter (wall-clock times of tiny shapes "
+            "against a nominal bandwidth)."
+        ]
     out = []
     for fmt, (goal, (m_lo, m_hi), where) in GOALS.items():
         entries = [e for e in report["shapes"] if e["format"] == fmt and m_lo <= e["shape"]["M"] <= m_hi]
@@ -508,62 +549,88 @@ def goal_lines(report) -> list:
         verdict = "met" if met else "missed"
         if met and fmt == "mxfp4" and "H200" not in meta["device"]:
             verdict = f"met on this {meta['device']} (the goal names an H200)"
-        out.append(f"- {fmt} (goal >= {goal:.0f} % of the bound, {where}; best cold): {verdict}: "
-                   + ", ".join(parts))
+        out.append(f"- {fmt} (goal >= {goal:.0f} % of the bound, {where}; best cold): {verdict}: " + ", ".join(parts))
     return out
 
 
 def markdown(report: dict) -> str:
     meta = report["meta"]
     out = [f"# Quantised fused MoE on {meta['device']}", ""]
-    kind = ("A CPU smoke run under Triton's interpreter: wall-clock times of tiny shapes, not GPU times. "
-            if meta["smoke"] else "")
-    out.append(f"{kind}Measured {meta['date']} on {meta['device']} (torch {meta['torch']}, Triton {meta['triton']}),"
-               f" `{meta['command']}`, {meta['wall_s']:.0f} s of a {meta['budget_s']:.0f} s budget. Shapes: "
-               f"K={meta['K']}, topk={meta['topk']}, {meta['act_dtype']} activations. Times are medians in µs per "
-               "call (the runner's stopping rule). cold: L2 flushed by a read of "
-               f"{meta['flush_bytes'] / 2**20:.0f} MiB before each sample; graph: {meta['graph_calls']} calls per "
-               "CUDA graph, no flush. % of bound: the selected experts' packed bytes and scales plus activations "
-               f"at {meta['peak_gbs']:.0f} GB/s, over the median.")
+    kind = (
+        "A CPU smoke run under Triton's interpreter: wall-clock times of tiny shapes, not GPU times. "
+        if meta["smoke"]
+        else ""
+    )
+    out.append(
+        f"{kind}Measured {meta['date']} on {meta['device']} (torch {meta['torch']}, Triton {meta['triton']}),"
+        f" `{meta['command']}`, {meta['wall_s']:.0f} s of a {meta['budget_s']:.0f} s budget. Shapes: "
+        f"K={meta['K']}, topk={meta['topk']}, {meta['act_dtype']} activations. Times are medians in µs per "
+        "call (the runner's stopping rule). cold: L2 flushed by a read of "
+        f"{meta['flush_bytes'] / 2**20:.0f} MiB before each sample; graph: {meta['graph_calls']} calls per "
+        "CUDA graph, no flush. % of bound: the selected experts' packed bytes and scales plus activations "
+        f"at {meta['peak_gbs']:.0f} GB/s, over the median."
+    )
     out += ["", "## Goals", ""] + goal_lines(report) + [""]
     out.append("## tunelab's call (`fused_moe`)")
     out.append("")
-    out.append("| format | shape | bound µs | configs timed | best cold config | cold µs | % bound | graph µs "
-               "| % bound | vLLM default cold µs | % bound | graph µs | % bound |")
+    out.append(
+        "| format | shape | bound µs | configs timed | best cold config | cold µs | % bound | graph µs "
+        "| % bound | vLLM default cold µs | % bound | graph µs | % bound |"
+    )
     out.append("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for e in report["shapes"]:
         b, best, default = e["bound_us"], e["best_cold"], e["rows"][0]
         timed = sum(1 for r in e["rows"] if cold_us(r) is not None)
-        out.append(f"| {e['format']} | {shape_label(e['shape'])} | {b:.1f} | {timed} of {e['configs']} | "
-                   f"{cfg_text(best['config']) if best else 'none passed'} | {fmt_us(cold_us(best))} | "
-                   f"{fmt_pct(pct(b, cold_us(best)))} | {fmt_us(graph_us(best))} | {fmt_pct(pct(b, graph_us(best)))} | "
-                   f"{fmt_us(cold_us(default))} | {fmt_pct(pct(b, cold_us(default)))} | "
-                   f"{fmt_us(graph_us(default))} | {fmt_pct(pct(b, graph_us(default)))} |")
+        out.append(
+            f"| {e['format']} | {shape_label(e['shape'])} | {b:.1f} | {timed} of {e['configs']} | "
+            f"{cfg_text(best['config']) if best else 'none passed'} | {fmt_us(cold_us(best))} | "
+            f"{fmt_pct(pct(b, cold_us(best)))} | {fmt_us(graph_us(best))} | {fmt_pct(pct(b, graph_us(best)))} | "
+            f"{fmt_us(cold_us(default))} | {fmt_pct(pct(b, cold_us(default)))} | "
+            f"{fmt_us(graph_us(default))} | {fmt_pct(pct(b, graph_us(default)))} |"
+        )
     out.append("")
     vllm = [(e, r) for e in report["shapes"] for r in e.get("vllm_structure", [])]
     if vllm:
-        out += ["## fp8 in vLLM's call structure (`fused_moe_vllm`)", "",
-                "| shape | config | cold µs | % bound | graph µs | % bound |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+        out += [
+            "## fp8 in vLLM's call structure (`fused_moe_vllm`)",
+            "",
+            "| shape | config | cold µs | % bound | graph µs | % bound |",
+            "| --- | --- | ---: | ---: | ---: | ---: |",
+        ]
         for e, r in vllm:
             b = e["bound_us"]
-            out.append(f"| {shape_label(e['shape'])} | {cfg_text(r['config'])} | {fmt_us(cold_us(r))} | "
-                       f"{fmt_pct(pct(b, cold_us(r)))} | {fmt_us(graph_us(r))} | {fmt_pct(pct(b, graph_us(r)))} |")
+            out.append(
+                f"| {shape_label(e['shape'])} | {cfg_text(r['config'])} | {fmt_us(cold_us(r))} | "
+                f"{fmt_pct(pct(b, cold_us(r)))} | {fmt_us(graph_us(r))} | {fmt_pct(pct(b, graph_us(r)))} |"
+            )
         out.append("")
     if report["plain"]:
-        out += [f"## Unquantised weights ({meta['act_dtype']}), vLLM's default config", "",
-                "| shape | activation | bound µs | cold µs | % bound | graph µs | % bound |",
-                "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        out += [
+            f"## Unquantised weights ({meta['act_dtype']}), vLLM's default config",
+            "",
+            "| shape | activation | bound µs | cold µs | % bound | graph µs | % bound |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for p in report["plain"]:
             b, r = p["bound_us"], p["row"]
-            out.append(f"| {shape_label(p['shape'])} | {p['shape']['activation']} | {b:.1f} | {fmt_us(cold_us(r))} | "
-                       f"{fmt_pct(pct(b, cold_us(r)))} | {fmt_us(graph_us(r))} | {fmt_pct(pct(b, graph_us(r)))} |")
+            out.append(
+                f"| {shape_label(p['shape'])} | {p['shape']['activation']} | {b:.1f} | {fmt_us(cold_us(r))} | "
+                f"{fmt_pct(pct(b, cold_us(r)))} | {fmt_us(graph_us(r))} | {fmt_pct(pct(b, graph_us(r)))} |"
+            )
         out.append("")
     notes = []
     for e in report["shapes"]:
         label = f"{e['format']} {shape_label(e['shape'])}"
-        variants = [("DOT_SCALED", ds, "MX_PTX", px, "SWAP_AB", sw, "GEMV", 0) for ds, px in ((0, 0), (0, 1), (1, 0))
-                    for sw in (0, 1)] + [("GEMV", 1), ("GEMV", 2)] \
-            if e["format"] == "mxfp4" else [("SWAP_AB", sw) for sw in (0, 1)]
+        variants = (
+            [
+                ("DOT_SCALED", ds, "MX_PTX", px, "SWAP_AB", sw, "GEMV", 0)
+                for ds, px in ((0, 0), (0, 1), (1, 0))
+                for sw in (0, 1)
+            ]
+            + [("GEMV", 1), ("GEMV", 2)]
+            if e["format"] == "mxfp4"
+            else [("SWAP_AB", sw) for sw in (0, 1)]
+        )
         splits = sorted({r["config"].get("SPLIT_K", 1) for r in e["rows"]})
         one = None  # the best config with one split, where the sweep had several
         if len(splits) > 1:
@@ -571,19 +638,29 @@ def markdown(report: dict) -> str:
             one = best_by([r for r in e["rows"] if r["config"].get("SPLIT_K", 1) == 1], cold_us)
         for v in variants:
             want = dict(zip(v[::2], v[1::2]))
-            r = best_by([r for r in e["rows"] if all(r["config"].get(k, 1 if k == "SPLIT_K" else 0) == x
-                                                     for k, x in want.items())], cold_us)
+            r = best_by(
+                [
+                    r
+                    for r in e["rows"]
+                    if all(r["config"].get(k, 1 if k == "SPLIT_K" else 0) == x for k, x in want.items())
+                ],
+                cold_us,
+            )
             if r:
                 what = ", ".join(f"{k}={x}" for k, x in want.items())
                 gain = ""
                 if want.get("SPLIT_K", 1) > 1 and one is not None:
                     gain = f", {cold_us(one) / cold_us(r):.2f}x the speed of the best with one split"
-                notes.append(f"- {label}: best with {what}: {cold_us(r):.1f} µs cold "
-                             f"({fmt_pct(pct(e['bound_us'], cold_us(r)))} %){gain}, {cfg_text(r['config'])}")
+                notes.append(
+                    f"- {label}: best with {what}: {cold_us(r):.1f} µs cold "
+                    f"({fmt_pct(pct(e['bound_us'], cold_us(r)))} %){gain}, {cfg_text(r['config'])}"
+                )
         failed = [r for r in e["rows"] if cold_us(r) is None]
         if failed:
-            notes.append(f"- {label}: {len(failed)} of {len(e['rows'])} configs not timed: "
-                         + "; ".join(f"{cfg_text(r['config'])}: {why_not_timed(r)}" for r in failed[:3]))
+            notes.append(
+                f"- {label}: {len(failed)} of {len(e['rows'])} configs not timed: "
+                + "; ".join(f"{cfg_text(r['config'])}: {why_not_timed(r)}" for r in failed[:3])
+            )
         for r in e.get("vllm_structure", []):
             if cold_us(r) is None:
                 notes.append(f"- {label}: vLLM's structure, {cfg_text(r['config'])}: {why_not_timed(r)}")
@@ -591,8 +668,10 @@ def markdown(report: dict) -> str:
             notes.append(f"- {label}: {e['cut_by_budget']} of {e['configs']} configs not run (time budget)")
         compiled_here = [r for r in e["rows"] if r.get("first_s", 0) > 1.0]
         if compiled_here and not meta["smoke"]:
-            notes.append(f"- {label}: {len(compiled_here)} configs took over 1 s to bind and launch once "
-                         "(compiled in the timing process, not ahead)")
+            notes.append(
+                f"- {label}: {len(compiled_here)} configs took over 1 s to bind and launch once "
+                "(compiled in the timing process, not ahead)"
+            )
         flagged = [r for r in e["rows"] if "CAP_HIT" in r.get("cold", {}).get("flags", [])]
         if flagged:
             notes.append(f"- {label}: {len(flagged)} cold timings stopped at a cap before the CI target (CAP_HIT)")
@@ -602,8 +681,10 @@ def markdown(report: dict) -> str:
     for s in report["skipped"]:
         notes.append(f"- not run (time budget): {s}")
     if meta.get("compile_failures"):
-        notes.append(f"- {len(meta['compile_failures'])} compile jobs failed, e.g. "
-                     + "; ".join(f"{cfg_text(c)}: {m}" for _, c, m in meta["compile_failures"][:2]))
+        notes.append(
+            f"- {len(meta['compile_failures'])} compile jobs failed, e.g. "
+            + "; ".join(f"{cfg_text(c)}: {m}" for _, c, m in meta["compile_failures"][:2])
+        )
     if notes:
         out += ["## Notes", ""] + notes + [""]
     return "\n".join(out) + "\n"
@@ -630,8 +711,10 @@ def plan_shapes(args) -> list:
     its number of configs, relative to the shapes still to run)."""
     base = {"E": args.E, "topk": args.topk, "K": args.K, "N": args.N, "act_dtype": args.act_dtype}
     mx = [("mxfp4", dict(base, M=m, dtype="mxfp4", activation="swiglu_oai")) for m in parse_ms(args.mxfp4_m)]
-    fp8 = [("fp8", dict(base, M=m, dtype="fp8", weight_quant="per_tensor", activation="silu"))
-           for m in parse_ms(args.fp8_m)]
+    fp8 = [
+        ("fp8", dict(base, M=m, dtype="fp8", weight_quant="per_tensor", activation="silu"))
+        for m in parse_ms(args.fp8_m)
+    ]
     first = [s for s in mx if s[1]["M"] == 1]
     rest = [s for s in mx if s[1]["M"] != 1]
     out = []
@@ -644,8 +727,11 @@ def plan_shapes(args) -> list:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="output directory (default results/bench/<device>/)")
-    ap.add_argument("--smoke", action="store_true",
-                    help="CPU smoke run under Triton's interpreter: tiny shapes, a few configs, fp16")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU smoke run under Triton's interpreter: tiny shapes, a few configs, fp16",
+    )
     ap.add_argument("--E", type=int)
     ap.add_argument("--N", type=int)
     ap.add_argument("--K", type=int)
@@ -653,17 +739,30 @@ def parse_args(argv=None):
     ap.add_argument("--act-dtype", help="activation dtype: bf16 (default) or fp16 (--smoke's default)")
     ap.add_argument("--mxfp4-m", help="M values of the MXFP4 shapes (default 1,4,16,64; --smoke 1)")
     ap.add_argument("--fp8-m", help="M values of the fp8 shapes (default 8,16,32,64,128,256; --smoke 2)")
-    ap.add_argument("--no-bf16", dest="plain", action="store_false",
-                    help="skip the unquantised weights (run last, if time is left)")
-    ap.add_argument("--budget-s", type=float, default=390.0,
-                    help="start no new work after this many seconds (default %(default)s)")
+    ap.add_argument(
+        "--no-bf16", dest="plain", action="store_false", help="skip the unquantised weights (run last, if time is left)"
+    )
+    ap.add_argument(
+        "--budget-s", type=float, default=390.0, help="start no new work after this many seconds (default %(default)s)"
+    )
     ap.add_argument("--peak", type=float, help="peak bandwidth in GB/s (default: by device name)")
-    ap.add_argument("--compile-jobs", type=int, default=min(16, os.cpu_count() or 1),
-                    help="compile workers ahead of timing (0: compile in this process on first use)")
+    ap.add_argument(
+        "--compile-jobs",
+        type=int,
+        default=min(16, os.cpu_count() or 1),
+        help="compile workers ahead of timing (0: compile in this process on first use)",
+    )
     args = ap.parse_args(argv)
     smoke = {"E": 8, "N": 32, "K": 64, "topk": 2, "act_dtype": "fp16", "mxfp4_m": "1", "fp8_m": "2"}
-    full = {"E": 128, "N": 2880, "K": 2880, "topk": 4, "act_dtype": "bf16", "mxfp4_m": "1,4,16,64",
-            "fp8_m": "8,16,32,64,128,256"}
+    full = {
+        "E": 128,
+        "N": 2880,
+        "K": 2880,
+        "topk": 4,
+        "act_dtype": "bf16",
+        "mxfp4_m": "1,4,16,64",
+        "fp8_m": "8,16,32,64,128,256",
+    }
     for key, value in (smoke if args.smoke else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -688,8 +787,9 @@ def main(argv=None):
         gpu, device = True, torch.device("cuda")
         name = torch.cuda.get_device_name()
         props = torch.cuda.get_device_properties(0)
-        peak = args.peak or peak_bandwidth_gbs(name, getattr(props, "memory_clock_rate", None),
-                                               getattr(props, "memory_bus_width", None))
+        peak = args.peak or peak_bandwidth_gbs(
+            name, getattr(props, "memory_clock_rate", None), getattr(props, "memory_bus_width", None)
+        )
         if peak is None:
             sys.exit(f"quant_moe: no peak bandwidth known for {name!r}; pass --peak GB/s")
         flush_bytes = max(2 * getattr(props, "L2_cache_size", 50 << 20), 32 << 20)
@@ -704,23 +804,54 @@ def main(argv=None):
             compiler = Compiler(args.compile_jobs, f"cuda:{major}{minor}:{props.warp_size}")
     out_dir = Path(args.out) if args.out else REPO / "results" / "bench" / vllm_device_name(name)
     budget = Budget(args.budget_s)
-    ctx = {"device": device, "gpu": gpu, "smoke": args.smoke, "peak_gbs": peak, "timing": Timing(gpu, flush_bytes, rule),
-           "compiler": compiler, "budget": budget}
-    report = {"meta": {"device": name, "date": datetime.date.today().isoformat(), "smoke": args.smoke,
-                       "torch": torch.__version__, "triton": triton.__version__, "peak_gbs": peak,
-                       "flush_bytes": flush_bytes, "graph_calls": rule.graph_calls, "sm_count": sm_count,
-                       "smem_bytes": smem, "K": args.K, "topk": args.topk, "act_dtype": args.act_dtype,
-                       "budget_s": args.budget_s, "wall_s": 0.0, "compile_jobs": args.compile_jobs if gpu else 0,
-                       "command": "python3 bench/quant_moe.py " + " ".join(sys.argv[1:] if argv is None else argv)},
-              "shapes": [], "plain": [], "skipped": []}
+    ctx = {
+        "device": device,
+        "gpu": gpu,
+        "smoke": args.smoke,
+        "peak_gbs": peak,
+        "timing": Timing(gpu, flush_bytes, rule),
+        "compiler": compiler,
+        "budget": budget,
+    }
+    report = {
+        "meta": {
+            "device": name,
+            "date": datetime.date.today().isoformat(),
+            "smoke": args.smoke,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "peak_gbs": peak,
+            "flush_bytes": flush_bytes,
+            "graph_calls": rule.graph_calls,
+            "sm_count": sm_count,
+            "smem_bytes": smem,
+            "K": args.K,
+            "topk": args.topk,
+            "act_dtype": args.act_dtype,
+            "budget_s": args.budget_s,
+            "wall_s": 0.0,
+            "compile_jobs": args.compile_jobs if gpu else 0,
+            "command": "python3 bench/quant_moe.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        },
+        "shapes": [],
+        "plain": [],
+        "skipped": [],
+    }
     plan = plan_shapes(args)
-    progress(ctx, f"{name}: {len(plan)} quantised shapes, peak {peak:.0f} GB/s, budget {args.budget_s:.0f} s, "
-                  f"writing {out_dir}")
+    progress(
+        ctx,
+        f"{name}: {len(plan)} quantised shapes, peak {peak:.0f} GB/s, budget {args.budget_s:.0f} s, writing {out_dir}",
+    )
     # Each shape's claim on the budget: its weight times its number of configs.
-    sweeps = [with_default_first(fmt, shape["M"], shape["E"],
-                                 sweep(fmt, shape["M"], shape["topk"], shape["E"], smem, space, split_ks,
-                                       gemv_space))
-              for fmt, shape, _ in plan]
+    sweeps = [
+        with_default_first(
+            fmt,
+            shape["M"],
+            shape["E"],
+            sweep(fmt, shape["M"], shape["topk"], shape["E"], smem, space, split_ks, gemv_space),
+        )
+        for fmt, shape, _ in plan
+    ]
     if args.smoke:
         # The interpreter runs MX_PTX=1 as MX_PTX=0 and GEMV=2 as GEMV=1 (PTX
         # does not run there): timing them would run the same arithmetic twice.
@@ -747,14 +878,24 @@ def main(argv=None):
             report["meta"].update(compile_s=compiler.seconds, compile_failures=compiler.failures[:20])
         write(report, out_dir)
         best = entry["best_cold"]
-        progress(ctx, f"{label}: {len(entry['rows'])} of {len(configs)} configs in {entry['seconds']:.1f} s; best "
-                      f"cold {fmt_us(cold_us(best))} µs, {fmt_pct(pct(entry['bound_us'], cold_us(best)))} % of "
-                      f"{entry['bound_us']:.1f} µs")
+        progress(
+            ctx,
+            f"{label}: {len(entry['rows'])} of {len(configs)} configs in {entry['seconds']:.1f} s; best "
+            f"cold {fmt_us(cold_us(best))} µs, {fmt_pct(pct(entry['bound_us'], cold_us(best)))} % of "
+            f"{entry['bound_us']:.1f} µs",
+        )
     if args.plain:
         pairs = _unique([(shape["M"], shape["activation"]) for _, shape, _ in plan])
         for M, activation in pairs:
-            shape = {"M": M, "E": args.E, "topk": args.topk, "K": args.K, "N": args.N, "dtype": args.act_dtype,
-                     "activation": activation}
+            shape = {
+                "M": M,
+                "E": args.E,
+                "topk": args.topk,
+                "K": args.K,
+                "N": args.N,
+                "dtype": args.act_dtype,
+                "activation": activation,
+            }
             label = f"unquantised {shape_label(shape)} {activation}"
             if budget.left() <= 0:
                 report["skipped"].append(label)
@@ -767,8 +908,11 @@ def main(argv=None):
             report["plain"].append(p)
             report["meta"]["wall_s"] = budget.elapsed()
             write(report, out_dir)
-            progress(ctx, f"{label}: cold {fmt_us(cold_us(p['row']))} µs, "
-                          f"{fmt_pct(pct(p['bound_us'], cold_us(p['row'])))} % of {p['bound_us']:.1f} µs")
+            progress(
+                ctx,
+                f"{label}: cold {fmt_us(cold_us(p['row']))} µs, "
+                f"{fmt_pct(pct(p['bound_us'], cold_us(p['row'])))} % of {p['bound_us']:.1f} µs",
+            )
     if compiler is not None:
         compiler.close()
         report["meta"].update(compile_s=compiler.seconds, compile_failures=compiler.failures[:20])

@@ -59,17 +59,21 @@ def parse_args(argv):
     extra = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+        argv, extra = argv[:i], argv[i + 1 :]
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tunelab", default=str(REPO / "target/release/tunelab"))
     p.add_argument("--manifest", default=MANIFEST)
-    p.add_argument("--gpus", default="0,1", help="the GPUs to scale over, as `tunelab devices` numbers them (default 0,1)")
+    p.add_argument(
+        "--gpus", default="0,1", help="the GPUs to scale over, as `tunelab devices` numbers them (default 0,1)"
+    )
     p.add_argument("--out-dir", default=str(REPO / "results/bench"))
     p.add_argument("--work", help="keep the runs' results here (default: a temporary directory)")
     p.add_argument("--measure", type=int, metavar="N", help="one run on the first N GPUs of --gpus, into --work/<N>gpu")
     p.add_argument("--report", metavar="DIR", help="compare the runs in DIR (from --measure) with its one-GPU run")
     p.add_argument("--name", help="the report's file name (default scaling-<most GPUs>gpu)")
-    p.add_argument("--interpret", action="store_true", help="a smoke test without a GPU: interpreter lanes (--lanes 1, then 2)")
+    p.add_argument(
+        "--interpret", action="store_true", help="a smoke test without a GPU: interpreter lanes (--lanes 1, then 2)"
+    )
     p.add_argument("--simulate", metavar="N[,N...]", help="predict N lanes from journals instead of running")
     p.add_argument("--cores", type=int, default=16, help="host cores, for the simulated compile pool (default 16)")
     p.add_argument("dirs", nargs="*", help="with --simulate: results directories with journals")
@@ -79,6 +83,7 @@ def parse_args(argv):
 
 
 # ---------------------------------------------------------------- journals
+
 
 def read_journal(d):
     """Entries of a results directory's journal: packed, then live."""
@@ -112,9 +117,19 @@ def groups_of(entries):
             latest[e["job_id"]] = e
     groups = {}
     for r in latest.values():
-        g = groups.setdefault(group_key(r["method"], r["shape"]), {
-            "method": r["method"], "shape": r["shape"], "jobs": 0, "seconds": 0.0, "compile_s": 0.0, "ids": set(),
-            "first": float("inf"), "last": 0.0})
+        g = groups.setdefault(
+            group_key(r["method"], r["shape"]),
+            {
+                "method": r["method"],
+                "shape": r["shape"],
+                "jobs": 0,
+                "seconds": 0.0,
+                "compile_s": 0.0,
+                "ids": set(),
+                "first": float("inf"),
+                "last": 0.0,
+            },
+        )
         g["jobs"] += 1
         g["ids"].add(r["job_id"])
         if r["status"] != "skipped":
@@ -157,8 +172,9 @@ def timed(entries):
             latest[e["job_id"]] = e
         elif e.get("type") == "final" and e.get("timing") == timing:
             finals[e["job_id"]] = e["stats"]
-    return latest, {jid: finals.get(jid, r["stats"]) for jid, r in latest.items()
-                    if r["status"] == "ok" and r.get("stats")}
+    return latest, {
+        jid: finals.get(jid, r["stats"]) for jid, r in latest.items() if r["status"] == "ok" and r.get("stats")
+    }
 
 
 def picks(entries):
@@ -196,17 +212,30 @@ def agreement(one, many):
         differ += 1
         method, shape = key.split("\u0001")
         gaps = [100 * (y["median_us"] / x["median_us"] - 1) for x, y in within if x and y]
-        differing.append({"method": method, "shape": json.loads(shape),
-                          "one_gpu_us": one["stats"][ja]["median_us"], "many_gpus_us": many["stats"][jb]["median_us"],
-                          "gap_pct_within_runs": gaps})
+        differing.append(
+            {
+                "method": method,
+                "shape": json.loads(shape),
+                "one_gpu_us": one["stats"][ja]["median_us"],
+                "many_gpus_us": many["stats"][jb]["median_us"],
+                "gap_pct_within_runs": gaps,
+            }
+        )
     by_method = defaultdict(int)
     for d in differing:
         by_method[d["method"]] += 1
-    return {"compared": same + tied + differ, "same": same, "tied": tied, "differ": differ,
-            "differ_by_method": dict(by_method), "differing": differing[:20]}
+    return {
+        "compared": same + tied + differ,
+        "same": same,
+        "tied": tied,
+        "differ": differ,
+        "differ_by_method": dict(by_method),
+        "differing": differing[:20],
+    }
 
 
 # ---------------------------------------------------------------- traces
+
 
 def trace_spans(path):
     with open(path) as f:
@@ -243,8 +272,12 @@ def analyse_trace(path, wall_s):
             starts.append(min(e["ts"] for e in groups) / 1e6)
         for e in groups:
             if e["dur"] / 1e6 > longest["s"]:
-                longest = {"s": e["dur"] / 1e6, "method": e["args"].get("method"), "shape": e["args"].get("shape"),
-                           "jobs": e["args"].get("jobs")}
+                longest = {
+                    "s": e["dur"] / 1e6,
+                    "method": e["args"].get("method"),
+                    "shape": e["args"].get("shape"),
+                    "jobs": e["args"].get("jobs"),
+                }
     compiles = [e for t, evs in spans.items() if t.startswith("compile") for e in evs if e["name"] == "compile"]
     workers = len([t for t in spans if t.startswith("compile")])
     appends = [e for e in spans.get("journal", []) if e["name"] == "append"]
@@ -256,14 +289,22 @@ def analyse_trace(path, wall_s):
         "longest_group": longest,
         "idle_tail_s": (max(ends) - min(ends)) if len(ends) > 1 else 0.0,
         "first_group_s": min(starts) if starts else None,
-        "compile_pool": {"workers": workers, "compiles": len(compiles), "busy_s": pool_busy,
-                         "busy_fraction": pool_busy / workers / wall_s if workers and wall_s else None},
-        "journal": {"appends": len(appends), "busy_s": sum(e["dur"] for e in appends) / 1e6,
-                    "busy_fraction": sum(e["dur"] for e in appends) / wall_us if wall_us else None},
+        "compile_pool": {
+            "workers": workers,
+            "compiles": len(compiles),
+            "busy_s": pool_busy,
+            "busy_fraction": pool_busy / workers / wall_s if workers and wall_s else None,
+        },
+        "journal": {
+            "appends": len(appends),
+            "busy_s": sum(e["dur"] for e in appends) / 1e6,
+            "busy_fraction": sum(e["dur"] for e in appends) / wall_us if wall_us else None,
+        },
     }
 
 
 # ---------------------------------------------------------------- measured mode
+
 
 class Utilisation:
     """nvidia-smi's utilization.gpu of each GPU every half second, while a run
@@ -276,7 +317,9 @@ class Utilisation:
             self.file = open(path, "w")
             self.proc = subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits", "-lms", "500"],
-                stdout=self.file, stderr=subprocess.DEVNULL)
+                stdout=self.file,
+                stderr=subprocess.DEVNULL,
+            )
 
     def stop(self):
         if self.proc:
@@ -322,11 +365,18 @@ def run_once(args, n, gpus, work):
     with open(trace, "rb") as f, gzip.open(place / "trace.json.gz", "wb") as g:
         shutil.copyfileobj(f, g)
     trace.unlink()
-    facts = {"gpus": gpus[:n], "wall_s": wall, "exit": proc.returncode, "date": datetime.date.today().isoformat(),
-             "command": " ".join(["tunelab run", args.manifest]
-                                 + (["--interpret", "--lanes", str(n)] if args.interpret else ["--gpus", ",".join(map(str, gpus[:n]))])
-                                 + args.extra),
-             "cores": os.cpu_count()}
+    facts = {
+        "gpus": gpus[:n],
+        "wall_s": wall,
+        "exit": proc.returncode,
+        "date": datetime.date.today().isoformat(),
+        "command": " ".join(
+            ["tunelab run", args.manifest]
+            + (["--interpret", "--lanes", str(n)] if args.interpret else ["--gpus", ",".join(map(str, gpus[:n]))])
+            + args.extra
+        ),
+        "cores": os.cpu_count(),
+    }
     (place / "run.json").write_text(json.dumps(facts, indent=2) + "\n")
     print(f"{label}: {wall:.1f} s, exit {proc.returncode}; in {place}", flush=True)
 
@@ -351,7 +401,9 @@ def load_run(place):
         trace.unlink()
     util = Utilisation.mean(place / "utilisation.csv", facts["gpus"])
     return {
-        **facts, "device": device, "jobs": len({e["job_id"] for e in entries if e.get("type") == "job"}),
+        **facts,
+        "device": device,
+        "jobs": len({e["job_id"] for e in entries if e.get("type") == "job"}),
         "gpu_utilisation": {str(g): u for g, u in util.items()},
         "trace": analysed,
         "picks": {str(d.relative_to(place / "results")): picks(read_journal(d)) for d in dirs},
@@ -360,8 +412,7 @@ def load_run(place):
 
 def report(args, work):
     """Every run under `work` against the one-GPU run: scaling.{md,json}."""
-    places = sorted((p for p in Path(work).glob("*gpu") if (p / "run.json").is_file()),
-                    key=lambda p: int(p.name[:-3]))
+    places = sorted((p for p in Path(work).glob("*gpu") if (p / "run.json").is_file()), key=lambda p: int(p.name[:-3]))
     runs = [load_run(p) for p in places]
     if not runs or len(runs[0]["gpus"]) != 1:
         raise SystemExit(f"{work}: no one-GPU run to compare with (run `measure 1` first)")
@@ -375,9 +426,13 @@ def report(args, work):
         del r["picks"]
     most = len(runs[-1]["gpus"])
     name = args.name or f"scaling-{most}gpu"
-    doc = {"device": one["device"], "date": runs[-1]["date"], "host_cores": one.get("cores"),
-           "triton_cache": "cold in every run (each results directory starts empty, and holds the cache)",
-           "runs": runs}
+    doc = {
+        "device": one["device"],
+        "date": runs[-1]["date"],
+        "host_cores": one.get("cores"),
+        "triton_cache": "cold in every run (each results directory starts empty, and holds the cache)",
+        "runs": runs,
+    }
     out = Path(args.out_dir) / one["device"]
     keep = out / name
     keep.mkdir(parents=True, exist_ok=True)
@@ -397,17 +452,25 @@ def limits(run, wall):
     t = run["trace"]
     out = []
     if t.get("first_group_s") is not None:
-        out.append(f"start-up: the first group began {t['first_group_s']:.1f} s in (workers importing torch, the first compiles)")
+        out.append(
+            f"start-up: the first group began {t['first_group_s']:.1f} s in (workers importing torch, the first compiles)"
+        )
     lg = t["longest_group"]
     if lg.get("s"):
-        out.append(f"longest group {lg['s']:.1f} s ({lg.get('method')} {lg.get('shape')}, {lg.get('jobs')} jobs): "
-                   f"{100 * lg['s'] / wall:.0f} % of the wall time; no lane finishes before it")
+        out.append(
+            f"longest group {lg['s']:.1f} s ({lg.get('method')} {lg.get('shape')}, {lg.get('jobs')} jobs): "
+            f"{100 * lg['s'] / wall:.0f} % of the wall time; no lane finishes before it"
+        )
     waits = sum(lane["wait_for_compile_s"] for lane in t["lanes"].values())
     pool = t["compile_pool"]
     if pool["workers"]:
-        out.append(f"compile pool: {pool['workers']} workers {100 * (pool['busy_fraction'] or 0):.0f} % busy; "
-                   f"lanes waited {waits:.1f} s in all for compiles")
-    out.append(f"journal writer: {100 * (t['journal']['busy_fraction'] or 0):.1f} % busy ({t['journal']['appends']} appends)")
+        out.append(
+            f"compile pool: {pool['workers']} workers {100 * (pool['busy_fraction'] or 0):.0f} % busy; "
+            f"lanes waited {waits:.1f} s in all for compiles"
+        )
+    out.append(
+        f"journal writer: {100 * (t['journal']['busy_fraction'] or 0):.1f} % busy ({t['journal']['appends']} appends)"
+    )
     out.append(f"idle tail: {t['idle_tail_s']:.1f} s between the first and the last lane finishing")
     return out
 
@@ -415,44 +478,81 @@ def limits(run, wall):
 def markdown(doc):
     runs = doc["runs"]
     head = " | ".join(f"{len(r['gpus'])} GPU{'s' if len(r['gpus']) > 1 else ''}" for r in runs)
-    lines = [f"# Scaling over the GPUs of one host: {doc['device']}", "",
-             f"{doc['date']}, {doc.get('host_cores')} host cores; Triton cache {doc['triton_cache']}.", "",
-             "Commands:", ""] + [f"- `{r['command']}`" for r in runs] + ["",
-             f"| | {head} |", "| --- |" + " ---: |" * len(runs),
-             "| wall time | " + " | ".join(f"{r['wall_s']:.1f} s" for r in runs) + " |",
-             "| speedup over 1 GPU | " + " | ".join(f"**{r['speedup']:.2f}×**" for r in runs) + " |",
-             "| efficiency | " + " | ".join(f"{100 * r['efficiency']:.0f} %" for r in runs) + " |",
-             "| jobs recorded | " + " | ".join(str(r["jobs"]) for r in runs) + " |",
-             "| GPU utilisation, mean over lanes (nvidia-smi) | " + " | ".join(
-                 (f"{100 * sum(r['gpu_utilisation'].values()) / len(r['gpu_utilisation']):.0f} %" if r["gpu_utilisation"] else "n/a")
-                 for r in runs) + " |",
-             "", "Per lane: busy fraction (time inside groups over the run's wall time) and nvidia-smi's mean utilisation of its GPU:", ""]
+    lines = (
+        [
+            f"# Scaling over the GPUs of one host: {doc['device']}",
+            "",
+            f"{doc['date']}, {doc.get('host_cores')} host cores; Triton cache {doc['triton_cache']}.",
+            "",
+            "Commands:",
+            "",
+        ]
+        + [f"- `{r['command']}`" for r in runs]
+        + [
+            "",
+            f"| | {head} |",
+            "| --- |" + " ---: |" * len(runs),
+            "| wall time | " + " | ".join(f"{r['wall_s']:.1f} s" for r in runs) + " |",
+            "| speedup over 1 GPU | " + " | ".join(f"**{r['speedup']:.2f}×**" for r in runs) + " |",
+            "| efficiency | " + " | ".join(f"{100 * r['efficiency']:.0f} %" for r in runs) + " |",
+            "| jobs recorded | " + " | ".join(str(r["jobs"]) for r in runs) + " |",
+            "| GPU utilisation, mean over lanes (nvidia-smi) | "
+            + " | ".join(
+                (
+                    f"{100 * sum(r['gpu_utilisation'].values()) / len(r['gpu_utilisation']):.0f} %"
+                    if r["gpu_utilisation"]
+                    else "n/a"
+                )
+                for r in runs
+            )
+            + " |",
+            "",
+            "Per lane: busy fraction (time inside groups over the run's wall time) and nvidia-smi's mean utilisation of its GPU:",
+            "",
+        ]
+    )
     for r in runs:
         parts = []
         for k, v in sorted(r["trace"]["lanes"].items()):
             gpu = r["gpus"][int(k[4:])] if k[4:].isdigit() and int(k[4:]) < len(r["gpus"]) else None
             u = r["gpu_utilisation"].get(str(gpu)) if gpu is not None else None
-            parts.append(f"{k} {100 * (v['busy_fraction'] or 0):.0f} % busy" + (f", GPU {100 * u:.0f} %" if u is not None else "")
-                         + f" ({v['groups']} group{'s' if v['groups'] != 1 else ''})")
+            parts.append(
+                f"{k} {100 * (v['busy_fraction'] or 0):.0f} % busy"
+                + (f", GPU {100 * u:.0f} %" if u is not None else "")
+                + f" ({v['groups']} group{'s' if v['groups'] != 1 else ''})"
+            )
         lines.append(f"- {len(r['gpus'])} GPU{'s' if len(r['gpus']) > 1 else ''}: " + "; ".join(parts))
     for r in runs[1:]:
         n = len(r["gpus"])
         lines += ["", f"What limits the {n}-GPU run:", ""] + [f"- {x}" for x in r["limits"]]
-    lines += ["", "Picks against the 1-GPU run: the same config, or tied (in a run that timed both,",
-              "their 95 % CIs overlap), or different:", ""]
+    lines += [
+        "",
+        "Picks against the 1-GPU run: the same config, or tied (in a run that timed both,",
+        "their 95 % CIs overlap), or different:",
+        "",
+    ]
     for r in runs[1:]:
         for exp, a in r["picks_agree"].items():
-            lines.append(f"- {len(r['gpus'])} GPUs, {exp}: {a['compared']} (shape, method) picks: "
-                         f"{a['same']} same, {a['tied']} tied, {a['differ']} differ"
-                         + (" (" + ", ".join(f"{m} {k}" for m, k in sorted(a["differ_by_method"].items())) + ")" if a["differ"] else ""))
+            lines.append(
+                f"- {len(r['gpus'])} GPUs, {exp}: {a['compared']} (shape, method) picks: "
+                f"{a['same']} same, {a['tied']} tied, {a['differ']} differ"
+                + (
+                    " (" + ", ".join(f"{m} {k}" for m, k in sorted(a["differ_by_method"].items())) + ")"
+                    if a["differ"]
+                    else ""
+                )
+            )
             for d in a["differing"][:5]:
                 gaps = ", ".join(f"{g:+.1f} %" for g in d["gap_pct_within_runs"])
-                lines.append(f"  - {d['method']} {d['shape']}: {d['one_gpu_us']:.2f} µs on 1 GPU, {d['many_gpus_us']:.2f} µs"
-                             + (f"; the {len(r['gpus'])}-GPU pick against the 1-GPU pick within a run: {gaps}" if gaps else ""))
+                lines.append(
+                    f"  - {d['method']} {d['shape']}: {d['one_gpu_us']:.2f} µs on 1 GPU, {d['many_gpus_us']:.2f} µs"
+                    + (f"; the {len(r['gpus'])}-GPU pick against the 1-GPU pick within a run: {gaps}" if gaps else "")
+                )
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- simulation
+
 
 def deal(groups, lanes, key):
     """List scheduling: groups in order of `key`, largest first, each to the
@@ -480,24 +580,37 @@ def simulate(args):
             by_time, busy = deal(groups, n, key=lambda g: g["seconds"])
             by_plan, _ = deal(groups, n, key=plan_cost)
             pool = max(1, min(64, args.cores - n))
-            rows.append({
-                "dir": str(d), "lanes": n, "groups": len(groups), "group_seconds": total,
-                "wall_by_measured_s": by_time, "wall_by_plan_s": by_plan,
-                "efficiency_by_measured": total / (n * by_time), "efficiency_by_plan": total / (n * by_plan),
-                "longest_group_s": longest["seconds"], "compile_pool_workers": pool,
-                "compile_bound_s": compile_total / pool,
-            })
-    out = ["SIMULATION, not a measurement: the scheduler's dealing policy replayed on the per-group times",
-           "(job records' durations plus finalist re-timing) of the journals below, each group as long on",
-           "every lane as it was there. Start-up, the compile pool and the journal writer are not simulated;",
-           "`compile-bound` is the recorded compile time over the pool the lanes leave of --cores, a floor",
-           "on a cold-cache run's wall time.", "",
-           "| journal | lanes | wall, measured order | eff. | wall, plan order | eff. | longest group | compile-bound |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            rows.append(
+                {
+                    "dir": str(d),
+                    "lanes": n,
+                    "groups": len(groups),
+                    "group_seconds": total,
+                    "wall_by_measured_s": by_time,
+                    "wall_by_plan_s": by_plan,
+                    "efficiency_by_measured": total / (n * by_time),
+                    "efficiency_by_plan": total / (n * by_plan),
+                    "longest_group_s": longest["seconds"],
+                    "compile_pool_workers": pool,
+                    "compile_bound_s": compile_total / pool,
+                }
+            )
+    out = [
+        "SIMULATION, not a measurement: the scheduler's dealing policy replayed on the per-group times",
+        "(job records' durations plus finalist re-timing) of the journals below, each group as long on",
+        "every lane as it was there. Start-up, the compile pool and the journal writer are not simulated;",
+        "`compile-bound` is the recorded compile time over the pool the lanes leave of --cores, a floor",
+        "on a cold-cache run's wall time.",
+        "",
+        "| journal | lanes | wall, measured order | eff. | wall, plan order | eff. | longest group | compile-bound |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        out.append(f"| {r['dir']} | {r['lanes']} | {r['wall_by_measured_s']:.0f} s | {100 * r['efficiency_by_measured']:.0f} % | "
-                   f"{r['wall_by_plan_s']:.0f} s | {100 * r['efficiency_by_plan']:.0f} % | {r['longest_group_s']:.1f} s | "
-                   f"{r['compile_bound_s']:.0f} s ({r['compile_pool_workers']} workers) |")
+        out.append(
+            f"| {r['dir']} | {r['lanes']} | {r['wall_by_measured_s']:.0f} s | {100 * r['efficiency_by_measured']:.0f} % | "
+            f"{r['wall_by_plan_s']:.0f} s | {100 * r['efficiency_by_plan']:.0f} % | {r['longest_group_s']:.1f} s | "
+            f"{r['compile_bound_s']:.0f} s ({r['compile_pool_workers']} workers) |"
+        )
     print("\n".join(out))
     return rows
 

@@ -41,8 +41,12 @@ def parse_args(argv):
     p.add_argument("--tunelab", default=str(REPO / "target/release/tunelab"))
     p.add_argument("--only", default="E=32,N=2880")
     p.add_argument("--strategies", default="grid,random,surrogate,halving")
-    p.add_argument("--budget", type=int, default=16,
-                   help="configs per shape for random and surrogate (default 16, about 30 %% of the space)")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=16,
+        help="configs per shape for random and surrogate (default 16, about 30 %% of the space)",
+    )
     p.add_argument("--reuse", action="append", default=[], metavar="NAME=DIR")
     p.add_argument("--out-dir", default=str(REPO / "results/bench"))
     p.add_argument("--work", help="keep per-strategy results here (default: a temporary directory)")
@@ -121,8 +125,20 @@ def run_strategy(args, name, work, cache_from):
         for cache in cache_from.glob("**/.cache/triton"):
             dest = results / cache.relative_to(cache_from)
             shutil.copytree(cache, dest, dirs_exist_ok=True)
-    cmd = [args.tunelab, "run", MANIFEST, "--only", args.only, "--results-dir", str(results), "--quiet",
-           "--trace", str(results / "trace.json"), "--set", f"search.strategy={name}"]
+    cmd = [
+        args.tunelab,
+        "run",
+        MANIFEST,
+        "--only",
+        args.only,
+        "--results-dir",
+        str(results),
+        "--quiet",
+        "--trace",
+        str(results / "trace.json"),
+        "--set",
+        f"search.strategy={name}",
+    ]
     if name in ("random", "surrogate"):
         cmd += ["--set", f"search.budget={args.budget}"]
     print(f"strategies: {name}: {shlex.join(cmd)}", file=sys.stderr)
@@ -153,26 +169,29 @@ def main(argv=None):
 
     _, header, grid_jobs, grid_finals = read_journal(runs["grid"]["dir"])
     grid = picks(grid_jobs, grid_finals, args.only)
-    grid_time = {j["job_id"]: j["stats"]["median_us"] for j in grid_jobs.values()
-                 if j["status"] == "ok" and j.get("stats")}
+    grid_time = {
+        j["job_id"]: j["stats"]["median_us"] for j in grid_jobs.values() if j["status"] == "ok" and j.get("stats")
+    }
     table = {}
     for name, run in runs.items():
         _, _, jobs, finals = read_journal(run["dir"])
         mine = picks(jobs, finals, args.only)
         rows = []
-        for key, ref in sorted(grid.items(), key=lambda kv: (kv[1]["shape"]["M"])):
+        for key, ref in sorted(grid.items(), key=lambda kv: kv[1]["shape"]["M"]):
             best_us = grid_time[ref["pick"]]
             got = mine.get(key)
             chosen_us = grid_time.get(got["pick"]) if got else None
-            rows.append({
-                "M": ref["shape"]["M"],
-                "grid_best_us": best_us,
-                "pick_config": got["pick_config"] if got else None,
-                "pick_us_in_grid_run": chosen_us,
-                "gap_pct": (chosen_us / best_us - 1.0) * 100.0 if chosen_us else None,
-                "measured_fully": got["full"] if got else None,
-                "configs": ref["configs"],
-            })
+            rows.append(
+                {
+                    "M": ref["shape"]["M"],
+                    "grid_best_us": best_us,
+                    "pick_config": got["pick_config"] if got else None,
+                    "pick_us_in_grid_run": chosen_us,
+                    "gap_pct": (chosen_us / best_us - 1.0) * 100.0 if chosen_us else None,
+                    "measured_fully": got["full"] if got else None,
+                    "configs": ref["configs"],
+                }
+            )
         gaps = [r["gap_pct"] for r in rows if r["gap_pct"] is not None]
         fractions = [r["measured_fully"] / r["configs"] for r in rows if r["measured_fully"] is not None]
         table[name] = {
@@ -208,18 +227,22 @@ def fmt(v, pattern):
 
 def render(f):
     lines = [f"# Search strategies vs the exhaustive best, {f['gpu']}", ""]
-    lines.append(f"`{f['manifest']}` restricted to `--only {f['only']}` (every M vLLM tunes), bf16. "
-                 f"random and surrogate measure {f['budget']} configs per shape (plus the vLLM-default baseline). "
-                 "Gap: the grid run's timing of the strategy's pick against the grid's best, so both come from "
-                 "one set of measurements. Measured fully: configs given the full protocol / configs in the space.")
+    lines.append(
+        f"`{f['manifest']}` restricted to `--only {f['only']}` (every M vLLM tunes), bf16. "
+        f"random and surrogate measure {f['budget']} configs per shape (plus the vLLM-default baseline). "
+        "Gap: the grid run's timing of the strategy's pick against the grid's best, so both come from "
+        "one set of measurements. Measured fully: configs given the full protocol / configs in the space."
+    )
     lines.append("")
     lines.append("| strategy | wall s | shapes within 2 % | median gap | worst gap | measured fully |")
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, s in f["strategies"].items():
         n = len(s["shapes"])
-        lines.append(f"| {name} | {fmt(s['wall_s'], '{:.0f}')} | {s['shapes_within_2pct']} / {n} "
-                     f"| {fmt(s['median_gap_pct'], '{:+.2f} %')} | {fmt(s['max_gap_pct'], '{:+.2f} %')} "
-                     f"| {fmt(s['measured_fully_mean'], '{:.0%}')} |")
+        lines.append(
+            f"| {name} | {fmt(s['wall_s'], '{:.0f}')} | {s['shapes_within_2pct']} / {n} "
+            f"| {fmt(s['median_gap_pct'], '{:+.2f} %')} | {fmt(s['max_gap_pct'], '{:+.2f} %')} "
+            f"| {fmt(s['measured_fully_mean'], '{:.0%}')} |"
+        )
     lines.append("")
     lines.append("Per shape (gap to the grid's best):")
     lines.append("")

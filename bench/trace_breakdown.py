@@ -166,8 +166,7 @@ def _gpu_waited_us(groups, timing_calls, other_calls, compiles, other_idle):
         lo, hi = g["ts"], _end(g)
         inside = [e for e in calls if lo <= e["ts"] < hi and e["name"] not in NOT_CALLS]
         answered = [e for e in inside if e["args"].get("outcome") != "lost"]
-        if any(not _number(e["args"].get("worker_at_us")) or not _number(e["args"].get("worker_us"))
-               for e in answered):
+        if any(not _number(e["args"].get("worker_at_us")) or not _number(e["args"].get("worker_us")) for e in answered):
             return None
         busy = [(e["args"]["worker_at_us"], e["args"]["worker_at_us"] + e["args"]["worker_us"]) for e in answered]
         busy += [(e["ts"], _end(e)) for e in inside if e["args"].get("outcome") == "lost"]
@@ -286,7 +285,7 @@ def breakdown(path):
             compile_ends[job] = max(compile_ends.get(job, 0.0), _end(e))
 
     for lane in lanes:
-        native_track = "native" + lane[len("lane"):]
+        native_track = "native" + lane[len("lane") :]
         py_calls = [e for e in spans[lane] if e["name"] not in NOT_CALLS]
         start = [e for e in spans[lane] if e["name"] == "start-up"]
         native = spans.get(native_track, [])
@@ -344,10 +343,13 @@ def breakdown(path):
             "replies_met": _met(calls),
             # Whether the worker was spinning when each request came.
             "python_requests_met": _met(py_calls, "worker_met"),
-            "native": None if not native else {
+            "native": None
+            if not native
+            else {
                 "track": native_track,
                 "ready_s": max(_end(e) for e in nat_start if e["name"] == "start-up") / 1e6
-                if any(e["name"] == "start-up" for e in nat_start) else None,
+                if any(e["name"] == "start-up" for e in nat_start)
+                else None,
                 "startup_s": _union_us((e["ts"], _end(e)) for e in nat_start) / 1e6,
                 "startup_in_groups_s": native_startup_us / 1e6,
                 "calls": _ops(nat_calls),
@@ -363,14 +365,24 @@ def breakdown(path):
                 "checks_sent_ahead": sum(1 for e in nat_calls if e["name"] == "check" and e["args"].get("sent_ahead")),
                 # The native worker's own wait between its previous answer and such a check (its
                 # `idle_us`, from runners since 2026-11-23): what the GPU waited for, as the worker saw it.
-                "sent_ahead_idle_us": _median([e["args"]["worker_idle_us"] for e in nat_calls
-                                               if e["name"] == "check" and e["args"].get("sent_ahead")
-                                               and _number(e["args"].get("worker_idle_us"))]),
+                "sent_ahead_idle_us": _median(
+                    [
+                        e["args"]["worker_idle_us"]
+                        for e in nat_calls
+                        if e["name"] == "check"
+                        and e["args"].get("sent_ahead")
+                        and _number(e["args"].get("worker_idle_us"))
+                    ]
+                ),
                 # The same checks' round trip minus worker time, which also counts the lane's reading
                 # the answer late (asleep when it came), shown beside it.
-                "sent_ahead_round_trip_us": _median([e["dur"] - e["args"]["worker_us"] for e in nat_calls
-                                                     if e["name"] == "check" and e["args"].get("sent_ahead")
-                                                     and _number(e["args"].get("worker_us"))]),
+                "sent_ahead_round_trip_us": _median(
+                    [
+                        e["dur"] - e["args"]["worker_us"]
+                        for e in nat_calls
+                        if e["name"] == "check" and e["args"].get("sent_ahead") and _number(e["args"].get("worker_us"))
+                    ]
+                ),
             },
         }
 
@@ -421,58 +433,83 @@ def render(b):
             f"compile pool: {pool['workers']} workers ready at {pool['ready_median_s'] or 0:.2f} s (median), "
             f"{pool['ready_last_s'] or 0:.2f} s (last); {pool['compiles']} compiles, "
             f"{pool['compile_s_total']:.1f} s in total ({pool['compile_ms_mean'] or 0:.0f} ms each), "
-            f"from {pool['first_compile_s'] or 0:.2f} s to {pool['last_compile_end_s'] or 0:.2f} s")
+            f"from {pool['first_compile_s'] or 0:.2f} s to {pool['last_compile_end_s'] or 0:.2f} s"
+        )
     for name, lane in b["lanes"].items():
-        lines.append(f"{name}: ready at {lane['ready_s'] or 0:.2f} s, groups {lane['first_group_s'] or 0:.2f}-"
-                     f"{lane['last_group_end_s'] or 0:.2f} s, {lane['jobs']} jobs; calls: {_render_ops(lane['calls'])}")
+        lines.append(
+            f"{name}: ready at {lane['ready_s'] or 0:.2f} s, groups {lane['first_group_s'] or 0:.2f}-"
+            f"{lane['last_group_end_s'] or 0:.2f} s, {lane['jobs']} jobs; calls: {_render_ops(lane['calls'])}"
+        )
         nat = lane.get("native")
         if nat:
-            lines.append(f"  native worker ({nat['track']}): {nat['jobs']} of {lane['jobs']} jobs checked there; "
-                         f"start-up {nat.get('startup_s', 0) * 1e3:.0f} ms (helper kernels, process, GPU, hello), "
-                         f"{nat['startup_in_groups_s'] * 1e3:.0f} ms of it inside the groups (not runner overhead), "
-                         f"ready at {nat['ready_s'] or 0:.2f} s; "
-                         f"calls: {_render_ops(nat['calls'])}")
+            lines.append(
+                f"  native worker ({nat['track']}): {nat['jobs']} of {lane['jobs']} jobs checked there; "
+                f"start-up {nat.get('startup_s', 0) * 1e3:.0f} ms (helper kernels, process, GPU, hello), "
+                f"{nat['startup_in_groups_s'] * 1e3:.0f} ms of it inside the groups (not runner overhead), "
+                f"ready at {nat['ready_s'] or 0:.2f} s; "
+                f"calls: {_render_ops(nat['calls'])}"
+            )
             if nat.get("recipes_from_pool"):
-                lines.append(f"  launch recipes made by the compile pool with the compile: "
-                             f"{nat['recipes_from_pool']} of {lane['jobs']} jobs")
+                lines.append(
+                    f"  launch recipes made by the compile pool with the compile: "
+                    f"{nat['recipes_from_pool']} of {lane['jobs']} jobs"
+                )
             if nat.get("checks_sent_ahead"):
                 idle = nat.get("sent_ahead_idle_us")
-                lines.append(f"  checks sent ahead (before the answer ahead of them was read): "
-                             f"{nat['checks_sent_ahead']} of {nat['calls'].get('check', {}).get('calls', 0)}"
-                             + (f"; the native worker waited {idle:.0f} us (median) between its answer and each "
-                                f"(counted as its protocol; round trip minus worker time "
-                                f"{nat['sent_ahead_round_trip_us'] or 0:.0f} us)"
-                                if idle is not None else ""))
-        lines.append(f"  waiting for compiles {lane['wait_for_compile_s']:.2f} s; in calls {lane['in_calls_s']:.2f} s; "
-                     f"runner between calls {lane['runner_between_calls_s'] * 1e3:.1f} ms "
-                     f"({lane['runner_ms_per_job'] or 0:.3f} ms/job); protocol "
-                     f"{lane['protocol_us_per_call'] or 0:.0f} us/call, {lane['calls_per_job'] or 0:.1f} calls/job "
-                     f"({lane['protocol_ms_per_job'] or 0:.3f} ms/job)")
+                lines.append(
+                    f"  checks sent ahead (before the answer ahead of them was read): "
+                    f"{nat['checks_sent_ahead']} of {nat['calls'].get('check', {}).get('calls', 0)}"
+                    + (
+                        f"; the native worker waited {idle:.0f} us (median) between its answer and each "
+                        f"(counted as its protocol; round trip minus worker time "
+                        f"{nat['sent_ahead_round_trip_us'] or 0:.0f} us)"
+                        if idle is not None
+                        else ""
+                    )
+                )
+        lines.append(
+            f"  waiting for compiles {lane['wait_for_compile_s']:.2f} s; in calls {lane['in_calls_s']:.2f} s; "
+            f"runner between calls {lane['runner_between_calls_s'] * 1e3:.1f} ms "
+            f"({lane['runner_ms_per_job'] or 0:.3f} ms/job); protocol "
+            f"{lane['protocol_us_per_call'] or 0:.0f} us/call, {lane['calls_per_job'] or 0:.1f} calls/job "
+            f"({lane['protocol_ms_per_job'] or 0:.3f} ms/job)"
+        )
         if lane.get("rest_s"):
-            lines.append(f"  GPU resting between the finalists' re-timing batches (protocol.retime_rest): "
-                         f"{lane['rest_s']:.2f} s, not runner overhead")
+            lines.append(
+                f"  GPU resting between the finalists' re-timing batches (protocol.retime_rest): "
+                f"{lane['rest_s']:.2f} s, not runner overhead"
+            )
         met = lane.get("replies_met")
         if met:
-            lines.append("  replies met: " + _render_met(met)
-                         + " (spinning: the lane was polling when the reply came, no CPU to wake)")
+            lines.append(
+                "  replies met: "
+                + _render_met(met)
+                + " (spinning: the lane was polling when the reply came, no CPU to wake)"
+            )
         for who, wmet in (("Python", lane.get("python_requests_met")), ("native", (nat or {}).get("requests_met"))):
             if wmet:
                 lines.append(f"  requests met by the {who} worker: " + _render_met(wmet))
         if nat:
-            lines.append(f"  protocol by worker: Python {lane['python_protocol_us_per_call'] or 0:.0f} us/call x "
-                         f"{lane['python_calls_per_job'] or 0:.1f} calls/job, native "
-                         f"{nat['protocol_us_per_call'] or 0:.0f} us/call x {nat['calls_per_job'] or 0:.1f} calls/job")
+            lines.append(
+                f"  protocol by worker: Python {lane['python_protocol_us_per_call'] or 0:.0f} us/call x "
+                f"{lane['python_calls_per_job'] or 0:.1f} calls/job, native "
+                f"{nat['protocol_us_per_call'] or 0:.0f} us/call x {nat['calls_per_job'] or 0:.1f} calls/job"
+            )
     per_job = overhead_per_job_ms(b)
     if per_job is not None:
         lines.append(f"runner overhead per job (between calls + protocol): {per_job:.3f} ms")
     waited = gpu_waited_ms_per_job(b)
     if waited is not None:
-        lines.append(f"GPU waited for the runner per job (the worker that times idle while a compiled job was "
-                     f"ready for it): {waited:.3f} ms")
+        lines.append(
+            f"GPU waited for the runner per job (the worker that times idle while a compiled job was "
+            f"ready for it): {waited:.3f} ms"
+        )
     if b["journal"]:
         j = b["journal"]
-        lines.append(f"journal: {j['appends']} appends, {j['ms_mean']:.2f} ms mean, {j['ms_max']:.2f} ms max "
-                     "(fsync each; on the writer thread, off the lane's path)")
+        lines.append(
+            f"journal: {j['appends']} appends, {j['ms_mean']:.2f} ms mean, {j['ms_max']:.2f} ms max "
+            "(fsync each; on the writer thread, off the lane's path)"
+        )
     if b["outputs_ms"] is not None:
         lines.append(f"outputs: {b['outputs_ms']:.0f} ms")
     return "\n".join(lines)

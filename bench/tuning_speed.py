@@ -65,9 +65,23 @@ import trace_breakdown  # noqa: E402  (bench/, next to this file)
 # The script's other parts, split off along its seams: the contenders and
 # goals, what runs on the GPU (the --child steps), the report. GOALS and
 # goal_status are imported for the tests, which load this file alone.
-from tuning_speed_contenders import (CONFIG_KEYS, CONTENDERS, GOALS, MANIFEST, NATIVE_INPUTS_OVERRIDE,  # noqa: F401
-                                     NATIVE_OVERRIDE, RACE_OVERRIDE, REPO, BenchError, config_key, config_label,
-                                     has_native_inputs, is_native, is_raced, strategy_of)
+from tuning_speed_contenders import (
+    CONFIG_KEYS,
+    CONTENDERS,
+    GOALS,  # noqa: F401
+    MANIFEST,
+    NATIVE_INPUTS_OVERRIDE,  # noqa: F401
+    NATIVE_OVERRIDE,
+    RACE_OVERRIDE,
+    REPO,
+    BenchError,
+    config_key,
+    config_label,
+    has_native_inputs,
+    is_native,
+    is_raced,
+    strategy_of,
+)
 from tuning_speed_gpu import Nvml, UtilSampler, child_main, nvidia_smi_query
 from tuning_speed_report import assemble, goal_status, render_markdown  # noqa: F401
 
@@ -86,9 +100,13 @@ STEP_TIMEOUT_S = 900
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--tunelab", type=Path, help="tunelab binary (default: .bin/tunelab, else target/release/tunelab)")
-    p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated subset of {','.join(CONTENDERS)}")
+    p.add_argument(
+        "--contenders", default=",".join(CONTENDERS), help=f"comma-separated subset of {','.join(CONTENDERS)}"
+    )
     p.add_argument("--out-dir", type=Path, default=REPO / "results" / "bench", help="outputs go to OUT_DIR/<device>/")
     p.add_argument("--keep-work", action="store_true", help="keep the temporary caches and tunelab results")
     p.add_argument("--dry-run", action="store_true", help="check arguments, binary and space; print the plan; no GPU")
@@ -115,7 +133,9 @@ def find_tunelab(explicit):
         if path.is_file() and os.access(path, os.X_OK):
             return path.resolve()
     tried = ", ".join(str(c) for c in candidates)
-    raise BenchError(f"no tunelab binary (tried {tried}); build it with `cargo build --release` or pass --tunelab PATH", 2)
+    raise BenchError(
+        f"no tunelab binary (tried {tried}); build it with `cargo build --release` or pass --tunelab PATH", 2
+    )
 
 
 def worker_python():
@@ -172,6 +192,8 @@ def check_space(configs):
     too_big = [config_label(c) for c in configs if smem_bytes(c) > HOPPER_SMEM_BYTES]
     if too_big:
         raise BenchError(f"configs over Hopper's {HOPPER_SMEM_BYTES} B of shared memory: {too_big}", 2)
+
+
 # ---------------------------------------------------------------------------
 # Parent: running the contenders
 # ---------------------------------------------------------------------------
@@ -198,8 +220,16 @@ def run_child(kind, spec, work):
     cache = Path(tempfile.mkdtemp(prefix=f"triton-cache-{kind}-", dir=work))
     spec_path, out_path = work / f"{kind}.spec.json", work / f"{kind}.out.json"
     spec_path.write_text(json.dumps(spec))
-    cmd = [worker_python(), str(Path(__file__).resolve()), "--child", kind,
-           "--child-spec", str(spec_path), "--child-out", str(out_path)]
+    cmd = [
+        worker_python(),
+        str(Path(__file__).resolve()),
+        "--child",
+        kind,
+        "--child-spec",
+        str(spec_path),
+        "--child-out",
+        str(out_path),
+    ]
     start = time.perf_counter()
     try:
         # The child's stdout goes to our stderr: our stdout carries only the final markdown.
@@ -220,8 +250,18 @@ def run_child(kind, spec, work):
 
 def tunelab_command(tunelab, name, results_dir):
     """`tunelab run` for contender `name`: grid, halving or one of NATIVE_CONTENDERS."""
-    cmd = [str(tunelab), "run", str(MANIFEST.relative_to(REPO)), "--results-dir", str(results_dir), "--quiet",
-           "--python", worker_python(), "--trace", str(results_dir / "trace.json")]
+    cmd = [
+        str(tunelab),
+        "run",
+        str(MANIFEST.relative_to(REPO)),
+        "--results-dir",
+        str(results_dir),
+        "--quiet",
+        "--python",
+        worker_python(),
+        "--trace",
+        str(results_dir / "trace.json"),
+    ]
     strategy = strategy_of(name)
     if strategy != "grid":
         cmd += ["--set", f"search.strategy={strategy}"]
@@ -250,8 +290,10 @@ def run_tunelab(tunelab, name, work, gpu):
     log = (proc.stdout + proc.stderr).strip()
     # 3: the run finished but some configs failed; they are in the journal and counted below.
     if proc.returncode not in (0, 3):
-        raise BenchError(f"tunelab {name} failed (exit {proc.returncode}; worker logs in {results_dir}, "
-                         f"kept with --keep-work):\n{log[-3000:]}")
+        raise BenchError(
+            f"tunelab {name} failed (exit {proc.returncode}; worker logs in {results_dir}, "
+            f"kept with --keep-work):\n{log[-3000:]}"
+        )
     journal = find_journal(results_dir)
     summary = summarize_journal(journal)
     trace_path = results_dir / "trace.json"
@@ -260,16 +302,18 @@ def run_tunelab(tunelab, name, work, gpu):
         summary["trace"] = str(trace_path)
     if is_native(name):
         check_native_ran(name, summary.get("breakdown"), log, results_dir)
-    summary.update({
-        "command": shlex.join(cmd),
-        "exit_code": proc.returncode,
-        "wall_s": wall_s,
-        "util": util.result(),
-        "timed_kernel_fraction": summary["gpu_ms_jobs"] / 1e3 / wall_s,
-        "timed_kernel_fraction_with_finals": (summary["gpu_ms_jobs"] + summary["gpu_ms_finals"]) / 1e3 / wall_s,
-        "tunelab_log_tail": log.splitlines()[-3:],
-        "journal": str(journal),
-    })
+    summary.update(
+        {
+            "command": shlex.join(cmd),
+            "exit_code": proc.returncode,
+            "wall_s": wall_s,
+            "util": util.result(),
+            "timed_kernel_fraction": summary["gpu_ms_jobs"] / 1e3 / wall_s,
+            "timed_kernel_fraction_with_finals": (summary["gpu_ms_jobs"] + summary["gpu_ms_finals"]) / 1e3 / wall_s,
+            "tunelab_log_tail": log.splitlines()[-3:],
+            "journal": str(journal),
+        }
+    )
     return summary
 
 
@@ -291,13 +335,17 @@ def overhead_from_trace(b):
     core, and leaves out lane work done while the worker was busy).
     """
     lane_ms = trace_breakdown.overhead_per_job_ms(b)
-    out = {"breakdown": b, "breakdown_text": trace_breakdown.render(b),
-           # On the lane's path: between calls + protocol (trace_breakdown's figure).
-           "lane_overhead_ms_per_job": lane_ms,
-           # What the GPU waited for the runner (None for older traces).
-           "gpu_waited_ms_per_job": trace_breakdown.gpu_waited_ms_per_job(b),
-           # With the journal append: what the goal "under 1 ms" counts.
-           "overhead_ms_per_job": lane_ms, "overhead_parts_ms": None}
+    out = {
+        "breakdown": b,
+        "breakdown_text": trace_breakdown.render(b),
+        # On the lane's path: between calls + protocol (trace_breakdown's figure).
+        "lane_overhead_ms_per_job": lane_ms,
+        # What the GPU waited for the runner (None for older traces).
+        "gpu_waited_ms_per_job": trace_breakdown.gpu_waited_ms_per_job(b),
+        # With the journal append: what the goal "under 1 ms" counts.
+        "overhead_ms_per_job": lane_ms,
+        "overhead_parts_ms": None,
+    }
     lane = next(iter(b["lanes"].values()), None)
     if out["overhead_ms_per_job"] is not None:
         journal_ms = b["journal"]["ms_mean"] if b["journal"] else 0.0
@@ -305,8 +353,12 @@ def overhead_from_trace(b):
         nat = lane.get("native") or {}
         python_ms = (lane.get("python_protocol_us_per_call") or 0.0) * (lane.get("python_calls_per_job") or 0.0) / 1e3
         native_ms = (nat.get("protocol_us_per_call") or 0.0) * (nat.get("calls_per_job") or 0.0) / 1e3
-        out["overhead_parts_ms"] = {"between_calls": lane["runner_ms_per_job"], "protocol_python": python_ms,
-                                    "protocol_native": native_ms, "journal": journal_ms}
+        out["overhead_parts_ms"] = {
+            "between_calls": lane["runner_ms_per_job"],
+            "protocol_python": python_ms,
+            "protocol_native": native_ms,
+            "journal": journal_ms,
+        }
     return out
 
 
@@ -327,10 +379,12 @@ def check_native_ran(name, breakdown, log, results_dir):
         warnings = [line for line in log.splitlines() if "warning" in line.lower()]
         logs = sorted(results_dir.glob("*/*/logs/native*.log"))
         tail = logs[0].read_text(errors="replace").strip().splitlines()[-5:] if logs else []
-        raise BenchError(f"tunelab {name}: the native worker checked {done} of {total} jobs, so the others were "
-                         f"launched by Python (no NVRTC: set TUNELAB_NVRTC; or a native worker that did not start)"
-                         + (f"; tunelab said: {' | '.join(warnings)}" if warnings else "")
-                         + (f"; {logs[0].name} ends: {' | '.join(tail)}" if tail else "; no native worker log"))
+        raise BenchError(
+            f"tunelab {name}: the native worker checked {done} of {total} jobs, so the others were "
+            f"launched by Python (no NVRTC: set TUNELAB_NVRTC; or a native worker that did not start)"
+            + (f"; tunelab said: {' | '.join(warnings)}" if warnings else "")
+            + (f"; {logs[0].name} ends: {' | '.join(tail)}" if tail else "; no native worker log")
+        )
 
 
 def nvrtc_check(tunelab, arch):
@@ -341,8 +395,19 @@ def nvrtc_check(tunelab, arch):
     would be launched by Python; returns the compiler tunelab found.
     """
     out = Path(tempfile.mkdtemp(prefix="tunelab-nvrtc-"))
-    cmd = [str(tunelab), "native-compile", str(HELPERS_SOURCE), "--kernel", "tunelab_spin", "--out", str(out),
-           "--arch", arch, "--python", worker_python()]
+    cmd = [
+        str(tunelab),
+        "native-compile",
+        str(HELPERS_SOURCE),
+        "--kernel",
+        "tunelab_spin",
+        "--out",
+        str(out),
+        "--arch",
+        arch,
+        "--python",
+        worker_python(),
+    ]
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
@@ -350,9 +415,12 @@ def nvrtc_check(tunelab, arch):
     finally:
         shutil.rmtree(out, ignore_errors=True)
     if proc.returncode != 0:
-        raise BenchError(f"the native contenders cannot launch natively: `{shlex.join(cmd)}` failed "
-                         f"({proc.returncode}): {proc.stderr.strip()[-1500:]}\n  = help: point TUNELAB_NVRTC at "
-                         "libnvrtc.so, or install the NVRTC wheel into the workers' Python", 2)
+        raise BenchError(
+            f"the native contenders cannot launch natively: `{shlex.join(cmd)}` failed "
+            f"({proc.returncode}): {proc.stderr.strip()[-1500:]}\n  = help: point TUNELAB_NVRTC at "
+            "libnvrtc.so, or install the NVRTC wheel into the workers' Python",
+            2,
+        )
     try:
         return json.loads(proc.stdout)["compiler"]
     except (ValueError, KeyError):
@@ -402,7 +470,9 @@ def summarize_journal(path):
         "winner_us": time_us(winner),
         "winner_from_final": winner["job_id"] in finals,
         "counts": counts,
-        "failures": sorted({(j.get("failure") or {}).get("class", "?") for j in jobs.values() if j["status"] == "failed"}),
+        "failures": sorted(
+            {(j.get("failure") or {}).get("class", "?") for j in jobs.values() if j["status"] == "failed"}
+        ),
         # Every job line is sampling time spent; pruned jobs keep their screening samples.
         "gpu_ms_jobs": sum(j["stats"]["gpu_ms"] for j in job_lines if j.get("stats")),
         "gpu_ms_finals": sum(f["stats"]["gpu_ms"] for f in finals.values()),
@@ -438,25 +508,33 @@ def driver_version(gpu):
 
 
 def print_plan(args, tunelab, shape, configs):
-    out = ["tuning_speed dry run: nothing will run on a GPU",
-           f"  tunelab:   {tunelab} ({tunelab_version(tunelab)})",
-           f"  python:    {worker_python()} (workers and GPU children)",
-           f"  problem:   {shape}, {len(configs)} configs from `tunelab plan --jobs {MANIFEST.relative_to(REPO)}`, "
-           f"max smem {max(smem_bytes(c) for c in configs)} B <= {HOPPER_SMEM_BYTES} B",
-           "  contenders (in this order, each with a fresh TRITON_CACHE_DIR, CUDA_VISIBLE_DEVICES=0):"]
+    out = [
+        "tuning_speed dry run: nothing will run on a GPU",
+        f"  tunelab:   {tunelab} ({tunelab_version(tunelab)})",
+        f"  python:    {worker_python()} (workers and GPU children)",
+        f"  problem:   {shape}, {len(configs)} configs from `tunelab plan --jobs {MANIFEST.relative_to(REPO)}`, "
+        f"max smem {max(smem_bytes(c) for c in configs)} B <= {HOPPER_SMEM_BYTES} B",
+        "  contenders (in this order, each with a fresh TRITON_CACHE_DIR, CUDA_VISIBLE_DEVICES=0):",
+    ]
     for name in args.contenders:
         if name == "autotune":
-            out.append("    autotune: triton.autotune(configs=<48>, key=['M','N','K'])(tunelab matmul_kernel), "
-                       "first call timed, winner timed with do_bench")
+            out.append(
+                "    autotune: triton.autotune(configs=<48>, key=['M','N','K'])(tunelab matmul_kernel), "
+                "first call timed, winner timed with do_bench"
+            )
         else:
             out.append(f"    {name}: {shlex.join(tunelab_command(tunelab, name, Path('<tmp>') / f'tunelab-{name}'))}")
     if any(is_native(n) for n in args.contenders):
         worker = os.environ.get("TUNELAB_NATIVE_WORKER") or tunelab
-        out.append(f"    native-*: `--set {NATIVE_OVERRIDE}` accepted, same {len(configs)} jobs planned; "
-                   f"native worker: {worker} native-worker; NVRTC (helper kernels "
-                   f"compiled for sm_90 here): {args.nvrtc}; each run's trace must show every job checked by "
-                   "the native worker")
-    out.append("    verify: re-time the winners in one process; host µs per launch: JIT, compiled launcher, torch.matmul")
+        out.append(
+            f"    native-*: `--set {NATIVE_OVERRIDE}` accepted, same {len(configs)} jobs planned; "
+            f"native worker: {worker} native-worker; NVRTC (helper kernels "
+            f"compiled for sm_90 here): {args.nvrtc}; each run's trace must show every job checked by "
+            "the native worker"
+        )
+    out.append(
+        "    verify: re-time the winners in one process; host µs per launch: JIT, compiled launcher, torch.matmul"
+    )
     out.append(f"  outputs:   {args.out_dir}/<device>/tuning_speed.md, tuning_speed.json")
     out.append(f"  triton.Config list: {triton_config_summary(configs)}")
     out.append("  configs:")
@@ -494,8 +572,15 @@ def run_benchmark(args, tunelab, shape, configs):
     try:
         env = run_child("env", {}, work)
         gpu = env.get("uuid") or "0"
-        env.update({"driver": driver_version(gpu), "cpus": os.cpu_count(), "tunelab": str(tunelab),
-                    "tunelab_version": tunelab_version(tunelab), "worker_python": worker_python()})
+        env.update(
+            {
+                "driver": driver_version(gpu),
+                "cpus": os.cpu_count(),
+                "tunelab": str(tunelab),
+                "tunelab_version": tunelab_version(tunelab),
+                "worker_python": worker_python(),
+            }
+        )
         print(f"tuning_speed: {env['gpu']}, torch {env['torch']}, Triton {env['triton']}", file=sys.stderr)
         env["idle_util_before"] = idle_utilization(gpu)
         native_blocked = None
@@ -537,8 +622,11 @@ def idle_utilization(gpu, seconds=2.0):
         time.sleep(seconds)
     idle = util.result()["mean"]
     if idle is not None and idle > 0.05:
-        print(f"tuning_speed: warning: the GPU is {idle:.0%} busy before the benchmark starts; "
-              "another process is using it and the figures will be off", file=sys.stderr)
+        print(
+            f"tuning_speed: warning: the GPU is {idle:.0%} busy before the benchmark starts; "
+            "another process is using it and the figures will be off",
+            file=sys.stderr,
+        )
     return idle
 
 

@@ -12,8 +12,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "experiments" / "bench-gemm.yaml"
-CONTENDERS = ("autotune", "grid", "halving", "native-grid", "native-halving", "native-inputs-grid",
-              "native-inputs-halving", "native-inputs-raced-grid")
+CONTENDERS = (
+    "autotune",
+    "grid",
+    "halving",
+    "native-grid",
+    "native-halving",
+    "native-inputs-grid",
+    "native-inputs-halving",
+    "native-inputs-raced-grid",
+)
 # Contenders launched natively (every name after the first three), and those whose inputs are built natively too.
 NATIVE_CONTENDERS = CONTENDERS[3:]
 NATIVE_INPUTS_PREFIX = "native-inputs-"
@@ -25,11 +33,16 @@ NATIVE_OVERRIDE = "methods.triton.launch=native"
 # so far stops sampling at min_samples.
 RACED_INFIX = "-raced-"
 RACE_OVERRIDE = "protocol.race=0.05"
-LABELS = {"autotune": "triton.autotune", "grid": "tunelab grid", "halving": "tunelab halving",
-          "native-grid": "tunelab grid, native launches", "native-halving": "tunelab halving, native launches",
-          "native-inputs-grid": "tunelab grid, native launches and inputs",
-          "native-inputs-halving": "tunelab halving, native launches and inputs",
-          "native-inputs-raced-grid": "tunelab grid, native launches and inputs, racing"}
+LABELS = {
+    "autotune": "triton.autotune",
+    "grid": "tunelab grid",
+    "halving": "tunelab halving",
+    "native-grid": "tunelab grid, native launches",
+    "native-halving": "tunelab halving, native launches",
+    "native-inputs-grid": "tunelab grid, native launches and inputs",
+    "native-inputs-halving": "tunelab halving, native launches and inputs",
+    "native-inputs-raced-grid": "tunelab grid, native launches and inputs, racing",
+}
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 GOALS = [
@@ -58,8 +71,10 @@ def config_key(config):
 
 def config_label(config):
     c = {k: int(config[k]) for k in CONFIG_KEYS}
-    return (f"{c['BLOCK_SIZE_M']}x{c['BLOCK_SIZE_N']}x{c['BLOCK_SIZE_K']} "
-            f"g{c['GROUP_SIZE_M']} w{c['num_warps']} s{c['num_stages']}")
+    return (
+        f"{c['BLOCK_SIZE_M']}x{c['BLOCK_SIZE_N']}x{c['BLOCK_SIZE_K']} "
+        f"g{c['GROUP_SIZE_M']} w{c['num_warps']} s{c['num_stages']}"
+    )
 
 
 def is_native(name):

@@ -61,8 +61,13 @@ class Nvml:
 
 
 def nvidia_smi_query(gpu, field):
-    out = subprocess.run(["nvidia-smi", "-i", str(gpu), f"--query-gpu={field}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=10, check=True)
+    out = subprocess.run(
+        ["nvidia-smi", "-i", str(gpu), f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
     return out.stdout.strip().splitlines()[0].strip()
 
 
@@ -255,8 +260,10 @@ def child_verify(spec):
     torch.cuda.synchronize()
     # Interleaved rounds: slow drift (clocks, temperature) hits every winner alike.
     rounds = [[median_ms(launch) * 1e3 for launch in launchers] for _ in range(5)]
-    retimed = [{"config": w, "us": statistics.median(r[i] for r in rounds), "rounds_us": [r[i] for r in rounds]}
-               for i, w in enumerate(winners)]
+    retimed = [
+        {"config": w, "us": statistics.median(r[i] for r in rounds), "rounds_us": [r[i] for r in rounds]}
+        for i, w in enumerate(winners)
+    ]
     return {"retimed": retimed, "launch_cost": launch_cost(spec["launch_config"])}
 
 

@@ -90,12 +90,20 @@ def main() -> int:
 
     # 1. what only a GPU shows, as tests
     if not args.skip_tests:
-        log.run("GPU tests", [args.python, "-m", "pytest", "-q", "-rs", "python/tests/test_workbench_gpu.py"],
-                "gpu_tests.txt", env=dict(env, PYTHONPATH=str(REPO / "python")))
+        log.run(
+            "GPU tests",
+            [args.python, "-m", "pytest", "-q", "-rs", "python/tests/test_workbench_gpu.py"],
+            "gpu_tests.txt",
+            env=dict(env, PYTHONPATH=str(REPO / "python")),
+        )
 
     # 2. tune the shape, keeping the winner's IR
-    log.run("tune with --keep-ir", [*tl, "run", "experiments/gptoss.yaml", "--only", f"{args.shape},method=triton",
-                                    "--keep-ir", "--quiet"], "tune.txt", env=env)
+    log.run(
+        "tune with --keep-ir",
+        [*tl, "run", "experiments/gptoss.yaml", "--only", f"{args.shape},method=triton", "--keep-ir", "--quiet"],
+        "tune.txt",
+        env=env,
+    )
     tuned = results_dir(results, "gptoss")
     if tuned is None:
         print("the tuning run wrote no results: see tune.txt", file=sys.stderr)
@@ -116,9 +124,23 @@ def main() -> int:
     edits = out / "edits"
     (edits / "roundtrip").mkdir(parents=True, exist_ok=True)
     (edits / "regcap").mkdir(parents=True, exist_ok=True)
-    log.run("ir-pass two passes", [*tl, "ir-pass", ttgir, "--pass", "ttgpuir.remove_layout_conversions",
-                                   "--pass", "ttgpuir.reorder_instructions", "--compile",
-                                   "--out", edits / f"{target['name']}.passes.ttgir"], "ir_pass_apply.txt", env=env)
+    log.run(
+        "ir-pass two passes",
+        [
+            *tl,
+            "ir-pass",
+            ttgir,
+            "--pass",
+            "ttgpuir.remove_layout_conversions",
+            "--pass",
+            "ttgpuir.reorder_instructions",
+            "--compile",
+            "--out",
+            edits / f"{target['name']}.passes.ttgir",
+        ],
+        "ir_pass_apply.txt",
+        env=env,
+    )
 
     # 4. the winner from source, from its IR, from an edited IR, with a compile option
     shutil.copy(ttgir, edits / "roundtrip" / ttgir.name)
@@ -127,12 +149,15 @@ def main() -> int:
         shutil.copy(folder / f"{target['name']}.json", edits / variant / f"{target['name']}.json")
     text = ttgir.read_text()
     (edits / "regcap" / ttgir.name).write_text(
-        text.replace("module attributes {", f'module attributes {{"ttg.maxnreg" = {cap} : i32, ', 1))
+        text.replace("module attributes {", f'module attributes {{"ttg.maxnreg" = {cap} : i32, ', 1)
+    )
     config = json.dumps(winner["config"])
     shape = json.dumps(winner["shape"])
     manifest = out / "workbench.yaml"
-    description = (f"gptoss {args.shape}: the tuned fused-MoE config from source, from IR, from edited IR "
-                   f"({target['name']} capped at {cap} registers), and with maxnreg as a compile option")
+    description = (
+        f"gptoss {args.shape}: the tuned fused-MoE config from source, from IR, from edited IR "
+        f"({target['name']} capped at {cap} registers), and with maxnreg as a compile option"
+    )
     manifest.write_text(f"""# Written by bench/workbench_gpu.py: the winner of {args.shape} (gptoss, method triton)
 # run from source, from its kept TTGIR, from an edited TTGIR and under a compile option.
 experiment: gptoss-workbench
@@ -182,10 +207,15 @@ outputs:
             log.run(f"report {d.parent.name}", [*tl, "report", d], f"report_{d.parent.name}.txt", env=env)
 
     # the summary
-    lines = ["# Kernel workbench on a GPU", "",
-             f"Shape {args.shape} of experiments/gptoss.yaml, method `triton` (tunelab's fused MoE); "
-             f"written by `bench/workbench_gpu.py` on {time.strftime('%Y-%m-%d')}.", "",
-             "| Step | Command | Exit | Seconds | Log |", "| --- | --- | ---: | ---: | --- |"]
+    lines = [
+        "# Kernel workbench on a GPU",
+        "",
+        f"Shape {args.shape} of experiments/gptoss.yaml, method `triton` (tunelab's fused MoE); "
+        f"written by `bench/workbench_gpu.py` on {time.strftime('%Y-%m-%d')}.",
+        "",
+        "| Step | Command | Exit | Seconds | Log |",
+        "| --- | --- | ---: | ---: | --- |",
+    ]
     for name, shown, code, seconds, log_name in log.steps:
         shown = shown.replace(str(out) + "/", "").replace(str(REPO) + "/", "")
         lines.append(f"| {name} | `{shown}` | {code} | {seconds:.0f} | [{log_name}]({log_name}) |")
@@ -196,27 +226,45 @@ outputs:
     lines += ["", f"Edited IR: `{target['name']}` capped at {cap} registers (`ttg.maxnreg` in its TTGIR module).", ""]
     if side is not None:
         rel = lambda p: os.path.relpath(p, out)  # noqa: E731
-        lines += ["Side by side (best.csv; each method's time is its finalist re-timing where it has one):", "",
-                  "| Method | Config | Median µs | n |", "| --- | --- | ---: | ---: |"]
+        lines += [
+            "Side by side (best.csv; each method's time is its finalist re-timing where it has one):",
+            "",
+            "| Method | Config | Median µs | n |",
+            "| --- | --- | ---: | ---: |",
+        ]
         for row in read_csv(side / "best.csv"):
             lines.append(f"| {row['method']} | `{row['config']}` | {row['median_us']} | {row['n']} |")
-        lines += ["", "Registers per job (jobs.csv):", "",
-                  "| Method | Job | Status | n_regs | n_spills | Kernels |", "| --- | --- | --- | ---: | ---: | --- |"]
+        lines += [
+            "",
+            "Registers per job (jobs.csv):",
+            "",
+            "| Method | Job | Status | n_regs | n_spills | Kernels |",
+            "| --- | --- | --- | ---: | ---: | --- |",
+        ]
         for row in read_csv(side / "jobs.csv"):
-            lines.append(f"| {row['method']} | {row['job_id']} | {row['status']} {row['failure_class']} | "
-                         f"{row['n_regs']} | {row['n_spills']} | {row['kernels']} |")
-        lines += ["", "Links: "
-                  f"[tuned report]({rel(tuned / 'report.md')}), [tuned IR]({rel(tuned / 'ir')}/), "
-                  f"[tuned profile]({rel(tuned / 'profile' / 'summary.md')}), "
-                  f"[side-by-side report]({rel(side / 'report.md')}), [side-by-side IR index]({rel(side / 'ir' / 'index.md')}), "
-                  f"[side-by-side profile]({rel(side / 'profile' / 'summary.md')}), [manifest](workbench.yaml), "
-                  "[edited IR](edits/)."]
-    lines += ["", "## What to commit", "",
-              "Results directories as docs/workbench.md says: the packed journal, the outputs, `ir/index.md`, "
-              "each kept folder's `job.json`, `*.ttgir`, `*.ptx` and `*.json`; `profile/summary.md`, "
-              "`profile/summary.json` and `profile/proton.hatchet`; not `*.llir`, `*.cubin`, `*.sass`, "
-              "`*.ttir`, `*.ncu-rep`, `.cache/`, `logs/`, `jobs.csv`. And this file, `workbench.yaml`, `edits/` "
-              "and the step logs."]
+            lines.append(
+                f"| {row['method']} | {row['job_id']} | {row['status']} {row['failure_class']} | "
+                f"{row['n_regs']} | {row['n_spills']} | {row['kernels']} |"
+            )
+        lines += [
+            "",
+            "Links: "
+            f"[tuned report]({rel(tuned / 'report.md')}), [tuned IR]({rel(tuned / 'ir')}/), "
+            f"[tuned profile]({rel(tuned / 'profile' / 'summary.md')}), "
+            f"[side-by-side report]({rel(side / 'report.md')}), [side-by-side IR index]({rel(side / 'ir' / 'index.md')}), "
+            f"[side-by-side profile]({rel(side / 'profile' / 'summary.md')}), [manifest](workbench.yaml), "
+            "[edited IR](edits/).",
+        ]
+    lines += [
+        "",
+        "## What to commit",
+        "",
+        "Results directories as docs/workbench.md says: the packed journal, the outputs, `ir/index.md`, "
+        "each kept folder's `job.json`, `*.ttgir`, `*.ptx` and `*.json`; `profile/summary.md`, "
+        "`profile/summary.json` and `profile/proton.hatchet`; not `*.llir`, `*.cubin`, `*.sass`, "
+        "`*.ttir`, `*.ncu-rep`, `.cache/`, `logs/`, `jobs.csv`. And this file, `workbench.yaml`, `edits/` "
+        "and the step logs.",
+    ]
     (out / "workbench_gpu.md").write_text("\n".join(lines) + "\n")
     print(f"summary: {out / 'workbench_gpu.md'}")
     return 0 if all(code == 0 for _, _, code, _, _ in log.steps) else 1

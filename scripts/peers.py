@@ -64,8 +64,17 @@ def download(folder: pathlib.Path) -> pathlib.Path:
     if wheel is not None:
         return wheel
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           f"vllm=={VLLM_VERSION}", "-d", str(folder)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        f"vllm=={VLLM_VERSION}",
+        "-d",
+        str(folder),
+    ]
     print("peers: " + " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True)
     wheel = find_wheel(folder)
@@ -108,7 +117,7 @@ def unpack(wheel: pathlib.Path, out: pathlib.Path) -> list[str]:
         prefix, dest = TRITON_KERNELS
         for name in names:
             if name.startswith(prefix) and name.endswith(".py"):
-                wanted.append((name, dest + name[len(prefix):]))
+                wanted.append((name, dest + name[len(prefix) :]))
         for name, dest_name in FUSED_MOE_FILES:
             if name not in names:
                 raise SystemExit(f"peers: {wheel.name} has no {name}")
@@ -128,7 +137,9 @@ def unpack(wheel: pathlib.Path, out: pathlib.Path) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", help="folder for vLLM's wheel (default $TUNELAB_PEERS_CACHE or ~/.cache/tunelab/peers)")
+    parser.add_argument(
+        "--cache", help="folder for vLLM's wheel (default $TUNELAB_PEERS_CACHE or ~/.cache/tunelab/peers)"
+    )
     parser.add_argument("--out", default=".peers", help="where to unpack (default .peers, git-ignored)")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)

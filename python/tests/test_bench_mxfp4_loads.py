@@ -20,8 +20,18 @@ def test_row_major_and_tile_major_loads_fold_the_same_bytes(ml):
     a step ahead) and the tile-major ones fold to the same word per row and
     split, and that word is the XOR of the row's words, scales and the
     activations' bits over the split's groups, computed here on the host."""
-    p = FusedMoE({"M": 1, "E": 8, "topk": 4, "K": 288, "N": 64, "act_dtype": "fp16", "dtype": "mxfp4",
-                  "activation": "swiglu_oai"})
+    p = FusedMoE(
+        {
+            "M": 1,
+            "E": 8,
+            "topk": 4,
+            "K": 288,
+            "N": 64,
+            "act_dtype": "fp16",
+            "dtype": "mxfp4",
+            "activation": "swiglu_oai",
+        }
+    )
     inputs = p.inputs(0, DEVICE)
     w1, s1 = inputs["w1"], inputs["w1_scale"]
     experts = inputs["topk_ids"].reshape(-1).to(torch.int32).contiguous()
@@ -31,8 +41,23 @@ def test_row_major_and_tile_major_loads_fold_the_same_bytes(ml):
     outs = []
     for ahead in (0, 1):
         out = torch.zeros(experts.numel() * rows * split, dtype=torch.int32, device=DEVICE)
-        ml.gemv_loads_kernel[grid](x, w1, s1, experts, out, 288, rows, w1.stride(0), w1.stride(1), s1.stride(0),
-                                   s1.stride(1), BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, SPLIT_K=split, AHEAD=ahead)
+        ml.gemv_loads_kernel[grid](
+            x,
+            w1,
+            s1,
+            experts,
+            out,
+            288,
+            rows,
+            w1.stride(0),
+            w1.stride(1),
+            s1.stride(0),
+            s1.stride(1),
+            BLOCK_SIZE_N=bn,
+            BLOCK_SIZE_K=bk,
+            SPLIT_K=split,
+            AHEAD=ahead,
+        )
         outs.append(out)
     wt, st, steps = ml.tile_major(w1[experts.long()], s1[experts.long()], bn, bk)
     assert steps == 5 and wt.shape == (4, rows // bn, 5, bn, bk // 2)
@@ -46,6 +71,6 @@ def test_row_major_and_tile_major_loads_fold_the_same_bytes(ml):
     for g in range(6, 9):
         for q in range(4):
             want ^= int(words[g * 4 + q]) ^ int(scales[g])
-    for v in x[0, 6 * 32:288].view(torch.int32).cpu().tolist():
+    for v in x[0, 6 * 32 : 288].view(torch.int32).cpu().tolist():
         want ^= v
     assert int(outs[0][5 * split + 1]) == want

@@ -49,8 +49,10 @@ def _space_yaml():
     """experiments/spaces/fused-moe.yaml's space lists and constraints, read without a YAML library."""
     text = (REPO / "experiments" / "spaces" / "fused-moe.yaml").read_text()
     space_block = text.split("space:", 1)[1].split("constraints:", 1)[0]
-    space = {m.group(1): [int(v) for v in m.group(2).split(",")]
-             for m in re.finditer(r"^\s+(\w+): \[([\d, ]+)\]\s*$", space_block, re.M)}
+    space = {
+        m.group(1): [int(v) for v in m.group(2).split(",")]
+        for m in re.finditer(r"^\s+(\w+): \[([\d, ]+)\]\s*$", space_block, re.M)
+    }
     constraints = re.findall(r'^\s+- "(.*)"\s*$', text.split("constraints:", 1)[1], re.M)
     return space, constraints
 
@@ -72,7 +74,8 @@ def test_sweep_is_the_tuning_space_under_its_constraints(qm):
     both = [{k: v for k, v in c.items() if k != "SPLIT_K"} for c in splits if c["SPLIT_K"] == 1]
     # Decode sizes: every config once per split of K.
     assert sorted(json.dumps(c, sort_keys=True) for c in splits) == sorted(
-        json.dumps(dict(c, SPLIT_K=sk), sort_keys=True) for c in both for sk in qm.SPLIT_K_VALUES)
+        json.dumps(dict(c, SPLIT_K=sk), sort_keys=True) for c in both for sk in qm.SPLIT_K_VALUES
+    )
     one = [{k: v for k, v in c.items() if k != "SWAP_AB"} for c in both if c["SWAP_AB"] == 0]
     assert one and all(c["BLOCK_SIZE_M"] == 16 and c["GROUP_SIZE_M"] == 1 and c["num_warps"] == 4 for c in one)
     # Swapped operands: every unswapped config, plus eight warps where the weights' side is 128 rows or more.
@@ -80,8 +83,14 @@ def test_sweep_is_the_tuning_space_under_its_constraints(qm):
     assert [c for c in swapped if c["num_warps"] == 4] == one
     assert {c["BLOCK_SIZE_N"] for c in swapped if c["num_warps"] == 8} == {128, 256}
     assert all((16 + c["BLOCK_SIZE_N"]) * c["BLOCK_SIZE_K"] * 2 * c["num_stages"] <= smem for c in one)
-    assert {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1, "num_warps": 4,
-            "num_stages": 4} not in one  # 557,056 bytes of shared memory
+    assert {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 256,
+        "BLOCK_SIZE_K": 256,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 4,
+    } not in one  # 557,056 bytes of shared memory
     assert len(one) == len({json.dumps(c, sort_keys=True) for c in one})
     # Many tokens: only tall blocks, and large tiles with eight warps.
     big = [c for c in qm.sweep("fp8", 16384, 4, 32, smem) if c["SWAP_AB"] == 0]
@@ -93,7 +102,7 @@ def test_sweep_is_the_tuning_space_under_its_constraints(qm):
     mx_all = qm.sweep("mxfp4", 1, 4, 128, smem)
     gemv = [c for c in mx_all if c["GEMV"] in (1, 2)]
     assert len(gemv) == 2 * sum(c["GEMV"] == 2 for c in gemv)
-    rest = mx_all[len(gemv):]
+    rest = mx_all[len(gemv) :]
     # The space less the tiles that would give a thread over 32 words (256 codes) a K step.
     assert 0 < len(gemv) < math.prod(len(v) for v in qm.GEMV_SPACE.values())
     assert all(c["BLOCK_SIZE_N"] * c["BLOCK_SIZE_K"] <= 8192 * c["num_warps"] for c in gemv)
@@ -103,8 +112,10 @@ def test_sweep_is_the_tuning_space_under_its_constraints(qm):
     mx = [{k: v for k, v in c.items() if k != "SPLIT_K"} for c in rest if c["SPLIT_K"] == 1]
     assert len(mx) == 3 * len(both)
     assert sorted(json.dumps(c, sort_keys=True) for c in mx) == sorted(
-        json.dumps(dict(c, DOT_SCALED=ds, MX_PTX=px, GEMV=0), sort_keys=True) for c in both
-        for ds, px in ((0, 0), (1, 0), (0, 1)))
+        json.dumps(dict(c, DOT_SCALED=ds, MX_PTX=px, GEMV=0), sort_keys=True)
+        for c in both
+        for ds, px in ((0, 0), (1, 0), (0, 1))
+    )
     # Past the decode sizes: no one-token configs.
     assert all(c["GEMV"] == 0 for c in qm.sweep("mxfp4", 4, 4, 128, smem))
 
@@ -115,7 +126,7 @@ def test_sweep_runs_vllms_default_first_and_its_neighbours_next(qm):
     assert configs[0] == default and configs.count(default) == 1
     # Then the one-token kernel's configs, then the MMA kernels' nearest the default first.
     mma = [c for c in configs[1:] if c["GEMV"] == 0]
-    assert all(c["GEMV"] in (1, 2) for c in configs[1:len(configs) - len(mma)])
+    assert all(c["GEMV"] in (1, 2) for c in configs[1 : len(configs) - len(mma)])
     distance = [sum(c[k] != v for k, v in default.items()) for c in mma]
     assert distance == sorted(distance) and distance[0] == 1
 
@@ -136,10 +147,24 @@ def test_plan_runs_the_goal_shapes_first_with_larger_shares(qm):
     args = qm.parse_args(["--mxfp4-m", "4,1,64", "--fp8-m", "2,8,256"])
     plan = qm.plan_shapes(args)
     assert [(f, s["M"], w) for f, s, w in plan] == [
-        ("mxfp4", 1, 2.0), ("fp8", 2, 1.0), ("fp8", 8, 2.0), ("fp8", 256, 2.0), ("mxfp4", 4, 1.0), ("mxfp4", 64, 1.0)]
+        ("mxfp4", 1, 2.0),
+        ("fp8", 2, 1.0),
+        ("fp8", 8, 2.0),
+        ("fp8", 256, 2.0),
+        ("mxfp4", 4, 1.0),
+        ("mxfp4", 64, 1.0),
+    ]
     mx, fp8 = plan[0][1], plan[2][1]
-    assert mx == {"E": 128, "topk": 4, "K": 2880, "N": 2880, "act_dtype": "bf16", "M": 1, "dtype": "mxfp4",
-                  "activation": "swiglu_oai"}
+    assert mx == {
+        "E": 128,
+        "topk": 4,
+        "K": 2880,
+        "N": 2880,
+        "act_dtype": "bf16",
+        "M": 1,
+        "dtype": "mxfp4",
+        "activation": "swiglu_oai",
+    }
     assert fp8["dtype"] == "fp8" and fp8["weight_quant"] == "per_tensor" and fp8["activation"] == "silu"
     with pytest.raises(SystemExit):
         qm.parse_args(["--smoke", "--act-dtype", "bf16"])
@@ -152,14 +177,23 @@ def _entry(fmt, M, bound_us, best_us):
 
 def test_goals_are_judged_on_cold_times_over_the_goal_range(qm):
     meta = {"smoke": False, "device": "NVIDIA H200"}
-    shapes = [_entry("mxfp4", 1, 7.0, 10.0), _entry("mxfp4", 4, 1.0, 10.0),  # M=4 is outside the goal
-              _entry("fp8", 8, 8.0, 10.0), _entry("fp8", 256, 7.9, 10.0), _entry("fp8", 512, 1.0, 10.0)]
+    shapes = [
+        _entry("mxfp4", 1, 7.0, 10.0),
+        _entry("mxfp4", 4, 1.0, 10.0),  # M=4 is outside the goal
+        _entry("fp8", 8, 8.0, 10.0),
+        _entry("fp8", 256, 7.9, 10.0),
+        _entry("fp8", 512, 1.0, 10.0),
+    ]
     lines = qm.goal_lines({"meta": meta, "shapes": shapes})
     assert lines[0].startswith("- mxfp4 (goal >= 70 %") and ": met: M=1 70.0 %" in lines[0]
     assert ": missed: M=8 80.0 %, M=256 79.0 %" in lines[1] and "512" not in lines[1]
     # An untimed shape misses; a goal met on another part says so.
-    h100 = qm.goal_lines({"meta": dict(meta, device="NVIDIA H100 80GB HBM3"),
-                          "shapes": [_entry("mxfp4", 1, 9.0, 10.0), _entry("fp8", 16, 1.0, None)]})
+    h100 = qm.goal_lines(
+        {
+            "meta": dict(meta, device="NVIDIA H100 80GB HBM3"),
+            "shapes": [_entry("mxfp4", 1, 9.0, 10.0), _entry("fp8", 16, 1.0, None)],
+        }
+    )
     assert "met on this NVIDIA H100 80GB HBM3 (the goal names an H200)" in h100[0]
     assert ": missed: M=16 - %" in h100[1]
     assert "not measured" in qm.goal_lines({"meta": meta, "shapes": []})[0]
@@ -168,8 +202,13 @@ def test_goals_are_judged_on_cold_times_over_the_goal_range(qm):
 def _run_bench(tmp_path, *args):
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     env.pop("TRITON_INTERPRET", None)  # --smoke must set it itself
-    return subprocess.run([sys.executable, str(BENCH), "--smoke", "--out", str(tmp_path), *args],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--out", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 def test_smoke_run_checks_times_and_reports(tmp_path):
@@ -201,7 +240,9 @@ def test_smoke_run_checks_times_and_reports(tmp_path):
     assert [r["method"] for r in fp8["vllm_structure"]] == ["fused_moe_vllm"] * len(fp8["vllm_structure"])
     assert all(r["check"]["passed"] and r["cold"]["median_us"] > 0 for r in fp8["vllm_structure"])
     assert [(p["shape"]["M"], p["shape"]["activation"], p["shape"]["dtype"]) for p in report["plain"]] == [
-        (1, "swiglu_oai", "fp16"), (2, "silu", "fp16")]
+        (1, "swiglu_oai", "fp16"),
+        (2, "silu", "fp16"),
+    ]
     assert all(p["row"]["check"]["passed"] for p in report["plain"])
     assert "Not judged: a CPU smoke run" in md and "## fp8 in vLLM's call structure" in md
     assert "best with DOT_SCALED=0" in md and "best with DOT_SCALED=1" in md
@@ -212,7 +253,11 @@ def test_spent_budget_skips_and_says_so(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "quant_moe.json").read_text())
     assert report["shapes"] == [] and report["plain"] == []
-    assert report["skipped"] == ["mxfp4 E=8 N=32 M=1", "fp8 E=8 N=32 M=2", "unquantised E=8 N=32 M=1 swiglu_oai",
-                                 "unquantised E=8 N=32 M=2 silu"]
+    assert report["skipped"] == [
+        "mxfp4 E=8 N=32 M=1",
+        "fp8 E=8 N=32 M=2",
+        "unquantised E=8 N=32 M=1 swiglu_oai",
+        "unquantised E=8 N=32 M=2 silu",
+    ]
     md = (tmp_path / "quant_moe.md").read_text()
     assert "- not run (time budget): fp8 E=8 N=32 M=2" in md

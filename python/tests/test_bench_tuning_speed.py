@@ -37,10 +37,12 @@ class Trace:
     def span(self, track, name, ts, dur, **args):
         if track not in self.tids:
             self.tids[track] = len(self.tids)
-            self.events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": self.tids[track],
-                                "args": {"name": track}})
-        self.events.append({"name": name, "ph": "X", "pid": 1, "tid": self.tids[track], "ts": ts, "dur": dur,
-                            "args": args})
+            self.events.append(
+                {"name": "thread_name", "ph": "M", "pid": 1, "tid": self.tids[track], "args": {"name": track}}
+            )
+        self.events.append(
+            {"name": name, "ph": "X", "pid": 1, "tid": self.tids[track], "ts": ts, "dur": dur, "args": args}
+        )
 
     def call(self, track, op, ts, dur, worker_us, job=None):
         # Worker::call: the round trip, the job it names, the worker's own time.
@@ -173,10 +175,8 @@ def test_checks_sent_ahead_count_what_the_worker_waited_not_what_the_lane_did(tb
     t.call("native0", "check", 6230, 400, 390, job="A")  # 10
     # Their protocol is the worker's own wait before each (idle_us), not round trip minus worker time
     # (5 and 3: the lane read A's and B's answers a little late).
-    t.span("native0", "check", 6630, 350, job="B", worker_us=345, outcome="ok", sent_ahead=True,
-           worker_idle_us=4)  # 4
-    t.span("native0", "check", 6980, 350, job="C", worker_us=347, outcome="ok", sent_ahead=True,
-           worker_idle_us=2)  # 2
+    t.span("native0", "check", 6630, 350, job="B", worker_us=345, outcome="ok", sent_ahead=True, worker_idle_us=4)  # 4
+    t.span("native0", "check", 6980, 350, job="C", worker_us=347, outcome="ok", sent_ahead=True, worker_idle_us=2)  # 2
     t.call("native0", "shutdown", 7400, 10, 1)
     b = tb.breakdown(t.write(tmp_path / "trace.json"))
     lane = b["lanes"]["lane0"]
@@ -186,9 +186,11 @@ def test_checks_sent_ahead_count_what_the_worker_waited_not_what_the_lane_did(tb
     assert lane["runner_ms_per_job"] == pytest.approx(0.050 / 3)
     assert tb.overhead_per_job_ms(b) == pytest.approx((0.050 + 0.046) / 3)
     assert lane["native"]["sent_ahead_idle_us"] == 3 and lane["native"]["sent_ahead_round_trip_us"] == 4
-    assert ("checks sent ahead (before the answer ahead of them was read): 2 of 3; the native worker "
-            "waited 3 us (median) between its answer and each (counted as its protocol; round trip minus "
-            "worker time 4 us)") in tb.render(b)
+    assert (
+        "checks sent ahead (before the answer ahead of them was read): 2 of 3; the native worker "
+        "waited 3 us (median) between its answer and each (counted as its protocol; round trip minus "
+        "worker time 4 us)"
+    ) in tb.render(b)
     # A runner whose native worker does not say how long it waited: round trip minus worker time.
     for e in t.events:
         e.get("args", {}).pop("worker_idle_us", None)
@@ -209,8 +211,9 @@ def test_a_wait_for_a_compile_with_a_check_under_way_is_not_protocol(tb, tmp_pat
     t.call("native0", "check", 1100, 1200, 95, job="B")  # 1200 - 95 - 1000 = 105
     t.span("lane0 jobs", "wait for compile", 1200, 1000, job="C", recipe=True)
     # C's check went out ahead after that wait; the worker had idled 1100 µs, 1000 of them in the wait.
-    t.span("native0", "check", 2300, 100, job="C", worker_us=90, outcome="ok", sent_ahead=True,
-           worker_idle_us=1100)  # 100
+    t.span(
+        "native0", "check", 2300, 100, job="C", worker_us=90, outcome="ok", sent_ahead=True, worker_idle_us=1100
+    )  # 100
     # The finalists' re-timing rested the GPU 400 µs: neither protocol nor runner time.
     t.span("lane0 jobs", "rest", 2500, 400)
     b = tb.breakdown(t.write(tmp_path / "trace.json"))
@@ -267,8 +270,9 @@ def test_the_gpu_waited_for_the_runner_only_while_a_compiled_job_waited(tb, tmp_
     assert tb.gpu_waited_ms_per_job(b) == lane["gpu_waited_ms_per_job"]
     # The lane's side counts the slow describe and A's late answer, which delayed nothing.
     assert tb.overhead_per_job_ms(b) > lane["gpu_waited_ms_per_job"] + 0.3 / 3
-    assert ("GPU waited for the runner per job (the worker that times idle while a compiled job was ready "
-            "for it): 0.123 ms") in tb.render(b)
+    assert (
+        "GPU waited for the runner per job (the worker that times idle while a compiled job was ready for it): 0.123 ms"
+    ) in tb.render(b)
     # Traces whose workers do not say when they read each request: not known.
     b = tb.breakdown(gpu_wait_trace(at=False).write(tmp_path / "older.json"))
     assert b["lanes"]["lane0"]["gpu_waited_ms_per_job"] is None and tb.gpu_waited_ms_per_job(b) is None
@@ -283,8 +287,18 @@ def test_a_worker_slow_to_write_its_reply_is_counted(tb, tmp_path):
     t.span("lane0", "start-up", 0, 500, pid=1)
     t.span("lane0 jobs", "group", 1000, 800, jobs=2)
     t.span("native0", "check", 1000, 510, job="A", worker_us=190, outcome="ok", worker_at_us=1010)
-    t.span("native0", "check", 1510, 290, job="B", worker_us=280, outcome="ok", worker_at_us=1510,
-           sent_ahead=True, worker_idle_us=10)
+    t.span(
+        "native0",
+        "check",
+        1510,
+        290,
+        job="B",
+        worker_us=280,
+        outcome="ok",
+        worker_at_us=1510,
+        sent_ahead=True,
+        worker_idle_us=10,
+    )
     b = tb.breakdown(t.write(tmp_path / "trace.json"))
     lane = b["lanes"]["lane0"]
     assert lane["gpu_waited_ms_per_job"] == pytest.approx(((1010 - 1000) + (1510 - 1200) + (1800 - 1790)) / 2 / 1e3)
@@ -356,8 +370,14 @@ def test_native_contenders_run_the_same_manifest_with_an_override(ts, tmp_path):
     assert "search.strategy=halving" in inputs
     assert "inputs=native" not in grid
     raced = ts.tunelab_command("tunelab", "native-inputs-raced-grid", tmp_path)
-    assert raced[-6:] == ["--set", "methods.triton.launch=native", "--set", "inputs=native",
-                          "--set", "protocol.race=0.05"]
+    assert raced[-6:] == [
+        "--set",
+        "methods.triton.launch=native",
+        "--set",
+        "inputs=native",
+        "--set",
+        "protocol.race=0.05",
+    ]
     assert not any(a.startswith("search.strategy") for a in raced)
     assert all("protocol.race" not in a for a in inputs)
 
@@ -375,13 +395,17 @@ OTHER = (128, 128, 64, 8, 8, 3)
 def _rows(ts, native_grid_wall, native_overhead, native_winner=BEST, native_retimed=200.0):
     auto = _row(ts, BEST, 32.0, 200.0, process_s=40.0, gap_to_grid_pct=0.0, same_winner_as_grid=True)
     rows = {"autotune": auto, "grid": _row(ts, BEST, 8.0, 200.0, gap_to_grid_pct=0.0, speedup_vs_autotune=4.0)}
-    rows["native-grid"] = _row(ts, native_winner, native_grid_wall, native_retimed,
-                               speedup_vs_autotune=32.0 / native_grid_wall,
-                               speedup_vs_autotune_process=40.0 / native_grid_wall,
-                               lane_overhead_ms_per_job=native_overhead,
-                               overhead_ms_per_job=native_overhead + 0.02,
-                               overhead_parts_ms={"between_calls": 0.05, "protocol_python": 0.1,
-                                                  "protocol_native": 0.01, "journal": 0.02})
+    rows["native-grid"] = _row(
+        ts,
+        native_winner,
+        native_grid_wall,
+        native_retimed,
+        speedup_vs_autotune=32.0 / native_grid_wall,
+        speedup_vs_autotune_process=40.0 / native_grid_wall,
+        lane_overhead_ms_per_job=native_overhead,
+        overhead_ms_per_job=native_overhead + 0.02,
+        overhead_parts_ms={"between_calls": 0.05, "protocol_python": 0.1, "protocol_native": 0.01, "journal": 0.02},
+    )
     return rows
 
 
@@ -428,8 +452,9 @@ def test_the_native_overhead_goal_counts_what_the_gpu_waited_where_the_trace_say
     overhead = [g for k, g in _native_goals(ts, ts.goal_status(rows)).items() if k.startswith(ts.GOALS[5])]
     assert len(overhead) == 1 and overhead[0]["met"]
     assert "what the GPU waited for the runner" in overhead[0]["goal"]
-    assert overhead[0]["measured"].startswith("0.120 ms per job; the lane's side, another measure: 0.250 "
-                                              "(between calls 0.050")
+    assert overhead[0]["measured"].startswith(
+        "0.120 ms per job; the lane's side, another measure: 0.250 (between calls 0.050"
+    )
     rows["native-grid"]["gpu_waited_ms_per_job"] = 0.21
     overhead = [g for k, g in _native_goals(ts, ts.goal_status(rows)).items() if k.startswith(ts.GOALS[5])]
     assert not overhead[0]["met"]
@@ -439,20 +464,48 @@ def test_the_markdown_shows_native_contenders_and_their_goals(ts, tb, tmp_path):
     shape = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
     winner = dict(zip(ts.CONFIG_KEYS, BEST))
     util = {"mean": 0.5, "samples": 10, "source": "NVML"}
-    autotune = {"wall_s": 32.0, "process_s": 40.0, "bench_time_s": 30.0, "util": util, "winner": winner,
-                "winner_us": 185.0, "winner_us_autotuner": 185.0, "configs_timed": 48, "configs_failed": 0,
-                "check": {"passed": True}}
-    native = {"wall_s": 4.0, "util": util, "winner": winner, "winner_us": 184.0, "winner_from_final": True,
-              "counts": {"ok": 48}, "failures": [], "timed_kernel_fraction": 0.3,
-              "timed_kernel_fraction_with_finals": 0.35, "exit_code": 0, "tunelab_log_tail": [],
-              **ts.overhead_from_trace(tb.breakdown(native_lane_trace().write(tmp_path / "t.json")))}
-    env = {"gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0", "sm_count": 132, "cuda": "13.0", "torch": "2",
-           "triton": "3", "python": "3.12", "cpus": 16, "tunelab": ".bin/tunelab", "tunelab_version": "0.1.0",
-           "nvrtc": "NVRTC 13.0 (wheel)"}
+    autotune = {
+        "wall_s": 32.0,
+        "process_s": 40.0,
+        "bench_time_s": 30.0,
+        "util": util,
+        "winner": winner,
+        "winner_us": 185.0,
+        "winner_us_autotuner": 185.0,
+        "configs_timed": 48,
+        "configs_failed": 0,
+        "check": {"passed": True},
+    }
+    native = {
+        "wall_s": 4.0,
+        "util": util,
+        "winner": winner,
+        "winner_us": 184.0,
+        "winner_from_final": True,
+        "counts": {"ok": 48},
+        "failures": [],
+        "timed_kernel_fraction": 0.3,
+        "timed_kernel_fraction_with_finals": 0.35,
+        "exit_code": 0,
+        "tunelab_log_tail": [],
+        **ts.overhead_from_trace(tb.breakdown(native_lane_trace().write(tmp_path / "t.json"))),
+    }
+    env = {
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "capability": "9.0",
+        "sm_count": 132,
+        "cuda": "13.0",
+        "torch": "2",
+        "triton": "3",
+        "python": "3.12",
+        "cpus": 16,
+        "tunelab": ".bin/tunelab",
+        "tunelab_version": "0.1.0",
+        "nvrtc": "NVRTC 13.0 (wheel)",
+    }
     verify = {"retimed": [{"config": winner, "us": 199.0}], "launch_cost": None}
     commands = {"self": "python3 bench/tuning_speed.py", "contenders": {"native-grid": "tunelab run ..."}}
-    facts = ts.assemble(shape, [winner] * 48, env, {"autotune": autotune, "native-grid": native}, verify,
-                        commands, [])
+    facts = ts.assemble(shape, [winner] * 48, env, {"autotune": autotune, "native-grid": native}, verify, commands, [])
     assert facts["grid_reference"] == "native-grid"
     assert facts["contenders"]["native-grid"]["speedup_vs_autotune_process"] == pytest.approx(10.0)
     assert facts["contenders"]["autotune"]["speedup_vs_autotune_process"] is None
@@ -463,15 +516,27 @@ def test_the_markdown_shows_native_contenders_and_their_goals(ts, tb, tmp_path):
     assert f"- met: {ts.GOALS[4]} (native-grid, 4.0 s; against autotune's tuning call, 32.0 s): 8.0x" in md
     assert f"- met: {ts.GOALS[4]} (native-grid, 4.0 s; against autotune's whole process, 40.0 s): 10.0x" in md
     # 0.190 ms waited for the runner (the 0.4 ms journal append is shown, not counted): met.
-    assert (f"- met: {ts.GOALS[5]} (native-grid; between calls + protocol, the lane's side: the trace does not "
-            "say when the workers began each request): 0.190 ms") in md
+    assert (
+        f"- met: {ts.GOALS[5]} (native-grid; between calls + protocol, the lane's side: the trace does not "
+        "say when the workers began each request): 0.190 ms"
+    ) in md
     assert "**tunelab grid, native launches**" in md and "native worker (native0)" in md
     json.dumps(facts)  # the JSON file is this dict
 
 
 def _binary():
-    binary = next((p for p in (REPO / ".bin" / "tunelab", REPO / "target" / "release" / "tunelab",
-                               REPO / "target" / "debug" / "tunelab") if p.is_file()), None)
+    binary = next(
+        (
+            p
+            for p in (
+                REPO / ".bin" / "tunelab",
+                REPO / "target" / "release" / "tunelab",
+                REPO / "target" / "debug" / "tunelab",
+            )
+            if p.is_file()
+        ),
+        None,
+    )
     if binary is None:
         pytest.skip("no tunelab binary built")
     return binary
@@ -481,8 +546,9 @@ def test_a_real_run_without_native_launches_is_caught(ts, tmp_path):
     # tunelab's interpreter launches `launch: native` Triton methods from Python (no GPU): the
     # trace the binary writes then has no native worker, and the native contender must fail.
     wrapper = tmp_path / "tunelab"
-    wrapper.write_text(f'#!/bin/sh\nif [ "$1" = run ]; then shift; exec {_binary()} run --interpret "$@"; fi\n'
-                       f'exec {_binary()} "$@"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\nif [ "$1" = run ]; then shift; exec {_binary()} run --interpret "$@"; fi\nexec {_binary()} "$@"\n'
+    )
     wrapper.chmod(0o755)
     grid = ts.run_tunelab(wrapper, "grid", tmp_path, "0")
     assert grid["breakdown"]["lanes"]["lane0"]["jobs"] == 2 and grid["overhead_ms_per_job"] is not None
@@ -492,9 +558,14 @@ def test_a_real_run_without_native_launches_is_caught(ts, tmp_path):
 
 def test_dry_run_lists_the_native_contenders(tmp_path):
     binary = _binary()
-    proc = subprocess.run([sys.executable, str(BENCH / "tuning_speed.py"), "--dry-run", "--tunelab", str(binary)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TUNELAB_PYTHON": sys.executable})
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "tuning_speed.py"), "--dry-run", "--tunelab", str(binary)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TUNELAB_PYTHON": sys.executable},
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for name in ("autotune", "grid", "halving", "native-grid", "native-halving"):

@@ -45,16 +45,20 @@ def _name(gpl1, gpl2, topk, warps, per_sm, stages, stage2, fp16):
 
 def _compile(timeline, name: str, arch: str) -> tuple[bytes, str, str]:
     """(cubin, lowered name, NVRTC's log with ptxas's report) of one instance."""
-    cubin, symbol, _, log = timeline.compile_cubin(_nvrtc(timeline), timeline.SOURCE, name, arch, [],
-                                                   options=("--ptxas-options=-v",))
+    cubin, symbol, _, log = timeline.compile_cubin(
+        _nvrtc(timeline), timeline.SOURCE, name, arch, [], options=("--ptxas-options=-v",)
+    )
     return cubin, symbol, log
 
 
-@pytest.mark.parametrize("instance", [
-    (3, 3, 4, 4, 3, 2, 1, 0),  # gpt-oss N=2880: GEMM 2 written once, staged
-    (3, 1, 4, 4, 4, 3, 0, 1),  # N=360: two copies, read in place, fp16
-    (1, 1, 2, 8, 2, 2, 0, 0),  # short rows, topk 2, 8 warps
-])
+@pytest.mark.parametrize(
+    "instance",
+    [
+        (3, 3, 4, 4, 3, 2, 1, 0),  # gpt-oss N=2880: GEMM 2 written once, staged
+        (3, 1, 4, 4, 4, 3, 0, 1),  # N=360: two copies, read in place, fp16
+        (1, 1, 2, 8, 2, 2, 0, 0),  # short rows, topk 2, 8 warps
+    ],
+)
 def test_the_kernel_compiles_within_its_register_bound(timeline, instance):
     _, _, log = _compile(timeline, _name(*instance), "sm_90")
     used = re.search(r"Used (\d+) registers", log)
@@ -104,12 +108,15 @@ def _problem(**shape):
 
 
 @gpu_only
-@pytest.mark.parametrize("shape", [
-    dict(M=1, E=8, K=2880, N=2880),
-    dict(M=2, E=8, K=2880, N=360),
-    dict(M=2, E=6, K=1000, N=200),  # padded K groups, a tail group past N
-    dict(M=1, E=6, K=1000, N=200, act_dtype="fp16"),
-])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(M=1, E=8, K=2880, N=2880),
+        dict(M=2, E=8, K=2880, N=360),
+        dict(M=2, E=6, K=1000, N=200),  # padded K groups, a tail group past N
+        dict(M=1, E=6, K=1000, N=200, act_dtype="fp16"),
+    ],
+)
 @pytest.mark.parametrize("stages,stage2", [(2, 1), (3, 0)])
 def test_the_kernel_matches_the_reference(timeline, shape, stages, stage2):
     from tunelab.compare import compare

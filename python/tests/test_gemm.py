@@ -14,7 +14,14 @@ from tunelab.compare import compare
 from tunelab.problems import resolve
 from tunelab.problems.gemm import Gemm
 
-BLOCK16 = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
+BLOCK16 = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 16,
+    "BLOCK_SIZE_K": 16,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 2,
+}
 
 # What the check would accept: the ones the runner defaults to.
 TOLERANCE = {"atol": 1e-2, "rtol": 1e-2, "max_mismatch": 0.0}
@@ -44,12 +51,19 @@ def test_flops_and_bytes():
 
 def test_methods_are_named_for_describe():
     assert sorted(Gemm({"M": 1, "N": 1, "K": 1, "dtype": "fp16"}).methods()) == [
-        "matmul", "matmul_a8w8_blockscale", "torch_matmul"]
+        "matmul",
+        "matmul_a8w8_blockscale",
+        "torch_matmul",
+    ]
 
 
 @pytest.mark.parametrize(
     "shape",
-    [{"M": 0, "N": 4, "K": 4, "dtype": "fp16"}, {"N": 4, "K": 4, "dtype": "fp16"}, {"M": 4, "N": 4, "K": 4, "dtype": "int8"}],
+    [
+        {"M": 0, "N": 4, "K": 4, "dtype": "fp16"},
+        {"N": 4, "K": 4, "dtype": "fp16"},
+        {"M": 4, "N": 4, "K": 4, "dtype": "int8"},
+    ],
 )
 def test_bad_shapes_are_rejected(shape):
     with pytest.raises(ValueError):
@@ -114,7 +128,14 @@ def test_torch_matmul_matches_reference(dtype, device):
 @pytest.mark.skipif(INTERPRET, reason="bf16 in Triton's interpreter is not trustworthy")
 def test_triton_matmul_bf16_on_gpu(device):
     problem = Gemm({"M": 200, "N": 136, "K": 72, "dtype": "bf16"})
-    config = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 4, "num_warps": 4, "num_stages": 3}
+    config = {
+        "BLOCK_SIZE_M": 64,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 32,
+        "GROUP_SIZE_M": 4,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     _, result = run_method(problem, "matmul", config, device)
     assert result["passed"], result
 
@@ -132,7 +153,14 @@ def test_compile_fills_the_cache_entry_the_launch_uses(device):
     # second kernel and the compile pool's work would be wasted.
     from tunelab.kernels import matmul
 
-    config = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 4, "num_warps": 4, "num_stages": 3}
+    config = {
+        "BLOCK_SIZE_M": 32,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 32,
+        "GROUP_SIZE_M": 4,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     problem = Gemm({"M": 96, "N": 80, "K": 48, "dtype": "fp16"})
     assert problem.methods()["matmul"].compile(problem, config)
     caches = getattr(matmul.matmul_kernel, "device_caches", None)
@@ -163,8 +191,15 @@ def test_direct_and_jit_launch_agree(device):
 
 # ---- fp8 a8w8 block-scale
 
-A8W8 = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 2, "NUM_KSPLIT": 1,
-        "num_warps": 4, "num_stages": 2}
+A8W8 = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 32,
+    "BLOCK_SIZE_K": 64,
+    "GROUP_SIZE_M": 2,
+    "NUM_KSPLIT": 1,
+    "num_warps": 4,
+    "num_stages": 2,
+}
 
 
 def fp8_gemm(**kw):
@@ -176,8 +211,9 @@ def fp8_gemm(**kw):
 @pytest.mark.parametrize("split,block_k", [(1, 64), (3, 128), (8, 32)])
 def test_a8w8_blockscale_matches_reference(split, block_k, device):
     # K=300: a partial last scale block (300 = 2 x 128 + 44) and K-step tails; N=130: a partial block row.
-    out, result = run_method(fp8_gemm(), "matmul_a8w8_blockscale",
-                             dict(A8W8, NUM_KSPLIT=split, BLOCK_SIZE_K=block_k), device)
+    out, result = run_method(
+        fp8_gemm(), "matmul_a8w8_blockscale", dict(A8W8, NUM_KSPLIT=split, BLOCK_SIZE_K=block_k), device
+    )
     assert result["passed"] and result["nan_count"] == 0, result
     assert out.dtype == (torch.float16 if INTERPRET else torch.bfloat16)
 
@@ -203,8 +239,11 @@ def test_a8w8_errors_and_availability(device):
     assert "fp8 operands" in methods["matmul_a8w8_blockscale"].unavailable(plain)
     with pytest.raises(ValueError, match="divide the scale block's K"):
         methods["matmul_a8w8_blockscale"].bind(p, p.inputs(0, device), dict(A8W8, BLOCK_SIZE_K=256))
-    for shape, message in (({"weight_quant": "per_tensor"}, "block scales"), ({"block_shape": [128, 96]}, "power of two"),
-                           ({"out_dtype": "fp8"}, "out_dtype")):
+    for shape, message in (
+        ({"weight_quant": "per_tensor"}, "block scales"),
+        ({"block_shape": [128, 96]}, "power of two"),
+        ({"out_dtype": "fp8"}, "out_dtype"),
+    ):
         with pytest.raises(ValueError, match=message):
             fp8_gemm(**shape)
     with pytest.raises(ValueError, match="is for dtype fp8"):

@@ -161,8 +161,15 @@ def test_alignment(M, E, topk, bm, device):
 
 
 @triton.jit
-def _self_align_probe(topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, numel, num_experts,
-                      BLOCK_SIZE_M: tl.constexpr, NUMEL_PAD: tl.constexpr):
+def _self_align_probe(
+    topk_ids_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    numel,
+    num_experts,
+    BLOCK_SIZE_M: tl.constexpr,
+    NUMEL_PAD: tl.constexpr,
+):
     pid = tl.program_id(0)
     slots, expert = _self_aligned_block(topk_ids_ptr, numel, num_experts, pid, BLOCK_SIZE_M, NUMEL_PAD)
     tl.store(sorted_ids_ptr + pid * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M), slots)
@@ -214,8 +221,22 @@ def test_dependent_launches_follow_an_earlier_kernel_of_the_call(M):
     from tunelab.kernels.fused_moe import _launch_specs, make_plan
 
     p = FusedMoE(shape(M=M, E=8, topk=4, dtype="fp16"))
-    names = ["x", "w1", "b1", "w2", "b2", "inter", "out2", "out", "topk_ids", "sorted_ids", "expert_ids",
-             "num_post", "cursor", "topk_weights"]
+    names = [
+        "x",
+        "w1",
+        "b1",
+        "w2",
+        "b2",
+        "inter",
+        "out2",
+        "out",
+        "topk_ids",
+        "sorted_ids",
+        "expert_ids",
+        "num_post",
+        "cursor",
+        "topk_weights",
+    ]
     bufs = {n: pointer(torch_dtype("fp16")) for n in names}
     for n in ("topk_ids", "sorted_ids", "expert_ids", "num_post", "cursor"):
         bufs[n] = pointer(int32())
@@ -237,8 +258,7 @@ def test_alignment_inside_launch(device, monkeypatch):
     p = FusedMoE(shape(M=9, E=8, topk=2))
     inputs = p.inputs(4, device)
     launch = run_fused(p, inputs, poison_buffers=True)
-    check_alignment(inputs["topk_ids"], p.E, CFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids,
-                    launch.num_post)
+    check_alignment(inputs["topk_ids"], p.E, CFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids, launch.num_post)
     assert launch.direct == (torch.device(device).type == "cuda")
     # A second call reuses every buffer (the alignment's cursors included) and
     # gives the same answer.
@@ -389,15 +409,34 @@ def test_registry_methods_and_defaults():
     cls = resolve("moe")
     assert cls is FusedMoE
     p = cls(shape())
-    assert set(p.methods()) == {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch", "vllm", "aiter",
-                                "triton_kernels"}
+    assert set(p.methods()) == {
+        "fused_moe",
+        "fused_moe_vllm",
+        "fused_moe_persistent",
+        "torch",
+        "vllm",
+        "aiter",
+        "triton_kernels",
+    }
     if os.environ.get("TRITON_INTERPRET") == "1":
         for name in ("fused_moe", "fused_moe_vllm", "fused_moe_persistent"):
             assert p.methods()[name].compile(p, CFG) is False
-    assert vllm_default_config(1, 128) == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
-                                           "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
-    assert vllm_default_config(4096, 32) == {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
-                                             "GROUP_SIZE_M": 1, "num_warps": 8, "num_stages": 3}
+    assert vllm_default_config(1, 128) == {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 4,
+    }
+    assert vllm_default_config(4096, 32) == {
+        "BLOCK_SIZE_M": 128,
+        "BLOCK_SIZE_N": 128,
+        "BLOCK_SIZE_K": 64,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 8,
+        "num_stages": 3,
+    }
     assert vllm_default_config(8192, 32)["GROUP_SIZE_M"] == 16
 
 
@@ -415,8 +454,18 @@ def test_bad_shapes_and_configs():
 
 # ---------------------------------------------------------------- the other methods
 
-PCFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "BLOCK_SIZE_N2": 32, "BLOCK_SIZE_K2": 16,
-        "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1}
+PCFG = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 32,
+    "BLOCK_SIZE_K": 32,
+    "BLOCK_SIZE_N2": 32,
+    "BLOCK_SIZE_K2": 16,
+    "SPLIT_K": 1,
+    "num_warps": 4,
+    "num_stages": 2,
+    "PROGRAMS_PER_SM": 2,
+    "PREFETCH_W2": 1,
+}
 # M=13, topk=2: 26 slots, not a multiple of BLOCK_SIZE_M=16. Every shape has fewer slots
 # than experts, so some experts get no token whatever the generator draws (CPU and CUDA differ).
 NEW_SHAPES = [dict(E=32), dict(M=1), dict(M=5, E=16, topk=3)]
@@ -458,13 +507,14 @@ def test_vllm_structure_launches_five_plain_kernels():
         p = FusedMoE(shape(M=M, E=8, topk=4, activation=activation))
         plan = vllm_plan(p, CFG)
         assert plan.self_align == 0 and not plan.pdl and plan.split_activation
-        bufs = {n: pointer(torch_dtype("fp16")) for n in
-                ["x", "w1", "b1", "w2", "b2", "inter", "gate_up", "out2", "out", "topk_weights"]}
+        bufs = {
+            n: pointer(torch_dtype("fp16"))
+            for n in ["x", "w1", "b1", "w2", "b2", "inter", "gate_up", "out2", "out", "topk_weights"]
+        }
         bufs.update({n: pointer(int32()) for n in ("topk_ids", "sorted_ids", "expert_ids", "num_post", "cursor")})
         specs = _launch_specs(plan, bufs)
         names = [spec[0].fn.__name__ if hasattr(spec[0], "fn") else spec[0].__name__ for spec in specs]
-        assert names == ["moe_align_kernel", "moe_gemm1_kernel", "moe_act_kernel", "moe_gemm2_kernel",
-                         "moe_sum_kernel"]
+        assert names == ["moe_align_kernel", "moe_gemm1_kernel", "moe_act_kernel", "moe_gemm2_kernel", "moe_sum_kernel"]
         assert all("launch_pdl" not in kwargs and not kwargs.get("USE_PDL", False) for _, _, _, kwargs in specs)
         assert specs[1][3]["ACTIVATION"] == ACT_NONE and specs[1][2][3] is bufs["gate_up"]
         assert specs[2][3]["ACTIVATION"] == plan.activation
@@ -544,17 +594,22 @@ def test_persistent_alignment_and_grids(self_align, grid, split_k, device):
     assert launch.phases == ([-1] if not INTERPRETED else [1, 2] if self_align else [0, 1, 2])
     check_twice(launch, p.reference(inputs), "fp16")
     if not self_align:
-        check_alignment(inputs["topk_ids"], p.E, PCFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids,
-                        launch.num_post)
+        check_alignment(
+            inputs["topk_ids"], p.E, PCFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids, launch.num_post
+        )
 
 
-@pytest.mark.parametrize("cfg", [
-    dict(BLOCK_SIZE_N=16, BLOCK_SIZE_K=64, BLOCK_SIZE_N2=16, BLOCK_SIZE_K2=64),  # one K step, N2 tiles of 16
-    dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=16, BLOCK_SIZE_N2=128, BLOCK_SIZE_K2=32),  # one N2 tile > K
-    dict(BLOCK_SIZE_K=16, SPLIT_K=2),  # 3 K steps in slices of 2 and 1
-    dict(BLOCK_SIZE_K=32, SPLIT_K=4),  # 2 K steps in 4 slices: two slices are empty
-    dict(BLOCK_SIZE_K2=32, BLOCK_SIZE_N2=16),  # GEMM 2 in one (masked) step
-], ids=["small-tiles", "large-tiles", "split-uneven", "split-empty-slices", "gemm2-one-step"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(BLOCK_SIZE_N=16, BLOCK_SIZE_K=64, BLOCK_SIZE_N2=16, BLOCK_SIZE_K2=64),  # one K step, N2 tiles of 16
+        dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=16, BLOCK_SIZE_N2=128, BLOCK_SIZE_K2=32),  # one N2 tile > K
+        dict(BLOCK_SIZE_K=16, SPLIT_K=2),  # 3 K steps in slices of 2 and 1
+        dict(BLOCK_SIZE_K=32, SPLIT_K=4),  # 2 K steps in 4 slices: two slices are empty
+        dict(BLOCK_SIZE_K2=32, BLOCK_SIZE_N2=16),  # GEMM 2 in one (masked) step
+    ],
+    ids=["small-tiles", "large-tiles", "split-uneven", "split-empty-slices", "gemm2-one-step"],
+)
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 def test_persistent_tails(cfg, dtype, device):
     # K=48 and N=24 are multiples of no tile: masked K loops, partial tiles in both GEMMs.
@@ -579,8 +634,9 @@ def test_persistent_phases_one_at_a_time(self_align, device):
     if not self_align:
         launch.sorted_ids.fill_(-7)
         runners[0]()
-        check_alignment(inputs["topk_ids"], p.E, PCFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids,
-                        launch.num_post)
+        check_alignment(
+            inputs["topk_ids"], p.E, PCFG["BLOCK_SIZE_M"], launch.sorted_ids, launch.expert_ids, launch.num_post
+        )
         assert torch.isnan(launch.inter).all(), "phase 0 only aligns"
     runners[1]()
     x, ids = inputs["x"].float(), inputs["topk_ids"].reshape(-1).long()
@@ -590,7 +646,7 @@ def test_persistent_phases_one_at_a_time(self_align, device):
     # Each block's READY word counts its GEMM 1 tiles; phase 2 clears it.
     from tunelab.kernels.fused_moe import WS_HEADER
 
-    ready = launch.ws[WS_HEADER:WS_HEADER + launch.plan.max_blocks]
+    ready = launch.ws[WS_HEADER : WS_HEADER + launch.plan.max_blocks]
     assert int(ready.max()) == launch.plan.n_tiles1
     runners[2]()
     assert_close(launch.out, p.reference(inputs), "fp16")
@@ -633,8 +689,12 @@ def test_resident_programs_per_sm():
 
     from tunelab.kernels.fused_moe import resident_programs_per_sm
 
-    h100 = SimpleNamespace(warp_size=32, max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
-                           shared_memory_per_multiprocessor=233472)
+    h100 = SimpleNamespace(
+        warp_size=32,
+        max_threads_per_multi_processor=2048,
+        regs_per_multiprocessor=65536,
+        shared_memory_per_multiprocessor=233472,
+    )
     # 128 registers x 4 warps: 16 K registers a program, 4 a SM; shared memory allows 6.
     assert resident_programs_per_sm(128, 36864, 4, h100) == 4
     # Shared memory binds: 100 KB a program, two fit.
@@ -680,14 +740,14 @@ def test_persistent_trace(device):
     check_calls(launch, p.reference(inputs), "fp16", calls=2)
     layout = trace_layout(plan, launch.grid)
     raw = launch.trace.cpu()
-    programs = raw[:launch.grid * TRACE_PER_PROGRAM].view(launch.grid, TRACE_PER_PROGRAM)
+    programs = raw[: launch.grid * TRACE_PER_PROGRAM].view(launch.grid, TRACE_PER_PROGRAM)
     start, gemm1_begin, gemm1_end, end, sm = programs.unbind(1)
     assert bool((start > 0).all()) and bool((start <= gemm1_begin).all()) and bool((gemm1_begin <= gemm1_end).all())
     assert bool((gemm1_end <= end).all()) and int(sm.max()) < torch.cuda.get_device_properties(0).multi_processor_count
     first1, count1 = layout["items1"]
     first2, count2 = layout["items2"]
-    items1 = raw[first1:first1 + 3 * count1].view(count1, 3)
-    items2 = raw[first2:first2 + 4 * count2].view(count2, 4)
+    items1 = raw[first1 : first1 + 3 * count1].view(count1, 3)
+    items2 = raw[first2 : first2 + 4 * count2].view(count2, 4)
     blocks = len({int(e) for e in inputs["topk_ids"].reshape(-1)})  # 3 tokens x 4 slots <= 16 rows: a block each
     made1, made2 = blocks * plan.n_tiles1 * plan.split_k, blocks * plan.n_tiles2
     assert bool((items1[:made1] > 0).all()) and bool((items1[made1:] == 0).all())
@@ -697,8 +757,8 @@ def test_persistent_trace(device):
     # counts it waits for) are done; 100 ns for the clock's steps.
     per_block1 = plan.n_tiles1 * plan.split_k
     for m in range(blocks):
-        loops_done = int(items1[m * per_block1:(m + 1) * per_block1, 1].max())
-        waits_over = items2[m * plan.n_tiles2:(m + 1) * plan.n_tiles2, 1]
+        loops_done = int(items1[m * per_block1 : (m + 1) * per_block1, 1].max())
+        waits_over = items2[m * plan.n_tiles2 : (m + 1) * plan.n_tiles2, 1]
         assert int(waits_over.min()) >= loops_done - 100
     assert int(items2[:made2, 3].max()) <= int(end.max())
 
@@ -708,19 +768,27 @@ def test_persistent_trace(device):
 GCFG = dict(PCFG, GEMV=1, BLOCK_SIZE_N=8, BLOCK_SIZE_N2=16)
 
 
-_GEMV_ITEMS = {"one-column-items": dict(BLOCK_SIZE_N=2, BLOCK_SIZE_N2=1),
-               "small-items": dict(BLOCK_SIZE_N=8, BLOCK_SIZE_N2=16),
-               "one-item-a-slot": dict(BLOCK_SIZE_N=64, BLOCK_SIZE_N2=128)}
+_GEMV_ITEMS = {
+    "one-column-items": dict(BLOCK_SIZE_N=2, BLOCK_SIZE_N2=1),
+    "small-items": dict(BLOCK_SIZE_N=8, BLOCK_SIZE_N2=16),
+    "one-item-a-slot": dict(BLOCK_SIZE_N=64, BLOCK_SIZE_N2=128),
+}
 # Every item width in fp16; fp32 (another load and accumulate type, the same
 # item arithmetic) at one width: the interpreter takes seconds a case.
-_GEMV_ITEM_CASES = [pytest.param(dtype, cfg, id=f"{dtype}-{name}") for name, cfg in _GEMV_ITEMS.items()
-                    for dtype in ("fp16", "fp32") if dtype == "fp16" or name == "small-items"]
+_GEMV_ITEM_CASES = [
+    pytest.param(dtype, cfg, id=f"{dtype}-{name}")
+    for name, cfg in _GEMV_ITEMS.items()
+    for dtype in ("fp16", "fp32")
+    if dtype == "fp16" or name == "small-items"
+]
 
 
 @pytest.mark.parametrize("dtype,cfg", _GEMV_ITEM_CASES)
-@pytest.mark.parametrize("kw", [dict(M=1, E=8, topk=2), dict(M=3, E=16, topk=3, K=48, N=24),
-                                dict(M=2, E=4, topk=4, K=96, N=40)],
-                         ids=["M1-top2", "M3-top3-K48-N24", "M2-top4-K96-N40"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(M=1, E=8, topk=2), dict(M=3, E=16, topk=3, K=48, N=24), dict(M=2, E=4, topk=4, K=96, N=40)],
+    ids=["M1-top2", "M3-top3-K48-N24", "M2-top4-K96-N40"],
+)
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 def test_persistent_gemv_matches_reference(activation, kw, dtype, cfg, device):
     """Tail items in both GEMMs (N=24, 40 and K=48, 96 are multiples of no item
@@ -761,8 +829,12 @@ def test_persistent_gemv_on_the_gpu(M, device):
 
 
 def test_persistent_gemv_plan():
-    from tunelab.kernels.fused_moe import (PersistentMoELaunch, make_persistent_plan, persistent_default_config,
-                                           two_pow2_parts)
+    from tunelab.kernels.fused_moe import (
+        PersistentMoELaunch,
+        make_persistent_plan,
+        persistent_default_config,
+        two_pow2_parts,
+    )
 
     assert two_pow2_parts(2880) == (2048, 1024) and two_pow2_parts(360) == (256, 128)
     assert two_pow2_parts(64) == (32, 32) and two_pow2_parts(65) == (64, 1) and two_pow2_parts(2) == (1, 1)
@@ -770,15 +842,19 @@ def test_persistent_gemv_plan():
         two_pow2_parts(1)
     small = FusedMoE({"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 360, "dtype": "bf16"})
     # The tiled defaults' keys the GEMV schedule does not read (SPLIT_K 4, PREFETCH_W2) do not reach its plan.
-    plan = make_persistent_plan(small, dict(persistent_default_config(1, 360), GEMV=1, BLOCK_SIZE_N=8,
-                                            BLOCK_SIZE_N2=16))
+    plan = make_persistent_plan(
+        small, dict(persistent_default_config(1, 360), GEMV=1, BLOCK_SIZE_N=8, BLOCK_SIZE_N2=16)
+    )
     assert plan.gemv and plan.split_k == 1 and plan.prefetch == 0 and plan.self_align == 0
     assert plan.n_tiles1 == 90 and plan.n_tiles2 == 180 and plan.max_items() == 4 * 90 and plan.ws_words == 32
     assert persistent_default_config(1, 360)["GEMV"] == 0
     # A config written before GEMV existed is the tiled schedule.
     assert not make_persistent_plan(small, {k: v for k, v in PCFG.items()}).gemv
-    for bad, match in ((dict(BLOCK_SIZE_N=3), "BLOCK_SIZE_N"), (dict(BLOCK_SIZE_N2=0), "BLOCK_SIZE_N2"),
-                       (dict(GEMV=2), "GEMV")):
+    for bad, match in (
+        (dict(BLOCK_SIZE_N=3), "BLOCK_SIZE_N"),
+        (dict(BLOCK_SIZE_N2=0), "BLOCK_SIZE_N2"),
+        (dict(GEMV=2), "GEMV"),
+    ):
         with pytest.raises(ValueError, match=match):
             make_persistent_plan(small, dict(GCFG, **bad))
     tiny = FusedMoE(shape(M=1))
@@ -885,12 +961,21 @@ def test_vllm_adapter_maps_the_call(activation, enum_activation, monkeypatch, de
         def __init__(self, w1_bias, w2_bias):
             self.w1_bias, self.w2_bias = w1_bias, w2_bias
 
-    def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,
-                      activation=MoEActivation.SILU if enum_activation else "silu", quant_config=None):
+    def fused_experts(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace=False,
+        activation=MoEActivation.SILU if enum_activation else "silu",
+        quant_config=None,
+    ):
         seen["activation"] = activation
         name = activation.value if isinstance(activation, enum.Enum) else activation
-        shape_ = dict(problem.shape, activation={"silu": "silu", "swigluoai": "swiglu_oai"}[name],
-                      bias=quant_config is not None)
+        shape_ = dict(
+            problem.shape, activation={"silu": "silu", "swigluoai": "swiglu_oai"}[name], bias=quant_config is not None
+        )
         inputs = {"x": hidden_states, "w1": w1, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids}
         if quant_config is not None:
             inputs.update(b1=quant_config.w1_bias, b2=quant_config.w2_bias)
@@ -968,4 +1053,3 @@ def test_vllm_method_tunes_vllms_kernel_through_its_override(monkeypatch, device
         moe_libraries._vllm_call(problem, inputs, dict(entry, override=None), override)
     assert moe_libraries.VllmMoE().config_types == {k: int for k in moe_libraries.CONFIG_KEYS}
     monkeypatch.setattr(moe_libraries, "_VLLM", None)  # forget the stand-in
-

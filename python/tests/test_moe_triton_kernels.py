@@ -37,8 +37,16 @@ TOL = dict(atol=2e-2, rtol=2e-2, max_mismatch=0.005)
 
 
 def problem(**kw):
-    shape = {"M": 5, "E": 4, "topk": 2, "K": 64, "N": 96, "dtype": "mxfp4", "act_dtype": "bf16",
-             "activation": "swiglu_oai"}
+    shape = {
+        "M": 5,
+        "E": 4,
+        "topk": 2,
+        "K": 64,
+        "N": 96,
+        "dtype": "mxfp4",
+        "act_dtype": "bf16",
+        "activation": "swiglu_oai",
+    }
     shape.update(kw)
     return FusedMoE(shape)
 
@@ -97,14 +105,14 @@ def test_weights_convert_into_hopper_layouts_and_back(N):
         assert codes.shape[-2:] == (padded_rows, padded_cols // 2)
         # The scale layout pads its rows further (to its tile); the K groups to a multiple of 4.
         assert groups.shape[-2] >= padded_rows and groups.shape[-1] % mtk.SCALE_GROUPS_ALIGN == 0
-        assert not groups[:, :, padded_cols // quant.MX_GROUP:].any()
+        assert not groups[:, :, padded_cols // quant.MX_GROUP :].any()
         for e in range(p.E):
             scales = groups[e, :padded_rows, : padded_cols // quant.MX_GROUP]
             got = quant.dequantize_mxfp4(codes[e], scales, padded_cols)
             want = p.dequantized(inputs, name, e)
             assert torch.equal(got[:rows, :cols], want)
             assert not got[rows:].any() and not got[:, cols:].any()
-    assert torch.equal(w.b1[:, : 2 * N], inputs["b1"].float()) and not w.b1[:, 2 * N:].any()
+    assert torch.equal(w.b1[:, : 2 * N], inputs["b1"].float()) and not w.b1[:, 2 * N :].any()
     assert w.b1.dtype == torch.float32 and torch.equal(w.b2, inputs["b2"].float())
 
 
@@ -171,8 +179,9 @@ def test_routing_data_from_topk_ids(M, E, topk):
 
 def test_unavailable_says_why():
     method = mtk.TritonKernelsMoE()
-    assert "MXFP4 weights with gpt-oss's swiglu_oai" in method.unavailable(FusedMoE(
-        {"M": 1, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "bf16"}))
+    assert "MXFP4 weights with gpt-oss's swiglu_oai" in method.unavailable(
+        FusedMoE({"M": 1, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "bf16"})
+    )
     assert "bf16 activations" in method.unavailable(problem(act_dtype="fp16"))
     assert "multiple of 32" in method.unavailable(problem(K=80))
     reason = method.unavailable(problem())
@@ -196,9 +205,15 @@ def _gptoss(M, E=32, **kw):
 @GPU
 @needs_tk
 @pytest.mark.parametrize("M", [1, 8, 128, 1024])
-@pytest.mark.parametrize("config", [{}, {"w1_split_k": 1, "w2_split_k": 1},
-                                    {"w1_block_m": 64, "w1_num_stages": 3, "w2_block_m": 64, "w2_num_stages": 3},
-                                    {"w1_split_k": 2, "w2_split_k": 4}])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"w1_split_k": 1, "w2_split_k": 1},
+        {"w1_block_m": 64, "w1_num_stages": 3, "w2_block_m": 64, "w2_num_stages": 3},
+        {"w1_split_k": 2, "w2_split_k": 4},
+    ],
+)
 def test_gpu_matches_reference(M, config):
     """The whole call (routing, gate/up with the fused SwiGLU, down with the
     scatter) against the problem's MXFP4 reference, at gpt-oss-20b's shape,

@@ -39,10 +39,16 @@ class FakeTensor:
 
 def test_triton_args_follow_the_compiled_signature():
     signature = {
-        "a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16",
-        "M": "i32", "N": "i32", "K": "i64",
-        "stride_am": "i32", "stride_ak": "constexpr",  # an integer Triton specialised to 1
-        "scale": "fp32", "flag": "i1",
+        "a_ptr": "*bf16",
+        "b_ptr": "*bf16",
+        "c_ptr": "*bf16",
+        "M": "i32",
+        "N": "i32",
+        "K": "i64",
+        "stride_am": "i32",
+        "stride_ak": "constexpr",  # an integer Triton specialised to 1
+        "scale": "fp32",
+        "flag": "i1",
         "BLOCK": "constexpr",
     }
     names = list(signature)
@@ -51,10 +57,17 @@ def test_triton_args_follow_the_compiled_signature():
     args = native.triton_args(signature, names, values, {100: 0, 200: 1, 300: 2}, md)
     kinds = [{k: v for k, v in a.items() if k not in ("name", "type")} for a in args]
     assert kinds == [
-        {"tensor": 0}, {"tensor": 1}, {"tensor": 2},
-        {"i32": 64}, {"i32": 32}, {"i64": 2**40}, {"i32": 128},
-        {"f32": 0.5}, {"i32": 1},
-        {"scratch": 0}, {"scratch": 256},
+        {"tensor": 0},
+        {"tensor": 1},
+        {"tensor": 2},
+        {"i32": 64},
+        {"i32": 32},
+        {"i64": 2**40},
+        {"i32": 128},
+        {"f32": 0.5},
+        {"i32": 1},
+        {"scratch": 0},
+        {"scratch": 256},
     ]
     assert [a["name"] for a in args][-2:] == ["global_scratch", "profile_scratch"]
     # An older Triton: no scratch parameters at all.
@@ -75,8 +88,13 @@ def test_triton_args_refuse_what_cannot_be_launched_natively():
 
 @pytest.mark.parametrize(
     "dtype,pattern",
-    [(torch.bfloat16, "c07f"), (torch.float16, "007e"), (torch.float32, "0000c07f"),
-     (torch.int32, "00000080"), (torch.uint8, "00")],
+    [
+        (torch.bfloat16, "c07f"),
+        (torch.float16, "007e"),
+        (torch.float32, "0000c07f"),
+        (torch.int32, "00000080"),
+        (torch.uint8, "00"),
+    ],
 )
 def test_poison_patterns_are_what_the_worker_poisons_with(dtype, pattern):
     assert native.poison_pattern(torch, dtype).hex() == pattern
@@ -91,8 +109,13 @@ def test_sharing_needs_a_gpu(shared_worker):
     reply = shared_worker.request("compare", problem="gemm", shape=shape, seed=0, tolerance=TOLERANCE)
     assert reply["ok"] is False and reply["class"] == "bad_request", reply
     # `recipes` answers each job's failure in its place, and refuses no jobs.
-    job = {"job_id": "j", "problem": "gemm", "shape": shape,
-           "method": {"name": "triton", "kind": "triton", "kernel": "matmul"}, "config": {}}
+    job = {
+        "job_id": "j",
+        "problem": "gemm",
+        "shape": shape,
+        "method": {"name": "triton", "kind": "triton", "kernel": "matmul"},
+        "config": {},
+    }
     reply = shared_worker.request("recipes", jobs=[job, job], seed=0, cache_dir="/tmp")
     assert reply["ok"], reply
     assert [(r["ok"], r["class"]) for r in reply["recipes"]] == [(False, "bad_request")] * 2, reply
@@ -104,12 +127,18 @@ def test_sharing_needs_a_gpu(shared_worker):
 def test_a_described_shape_is_laid_out_as_the_native_worker_builds_it():
     from tunelab import native_data as nd
 
-    description = {"tensors": [nd.normal("x", "fp16", (4, 3), 0.5), nd.zeros("y", "fp32", (3, 2))],
-                   "output": nd.output("fp32", (4, 2)), "reference": nd.matmul("x", "y")}
+    description = {
+        "tensors": [nd.normal("x", "fp16", (4, 3), 0.5), nd.zeros("y", "fp32", (3, 2))],
+        "output": nd.output("fp32", (4, 2)),
+        "reference": nd.matmul("x", "y"),
+    }
     layout = nd.layout(description, seed=9)
     assert [(t["name"], t["dtype"], t["bytes"], t["fill"]) for t in layout["tensors"]] == [
-        ("x", "float16", 24, {"normal": {"std": 0.5, "stream": 0}}), ("y", "float32", 24, "zeros"),
-        ("out", "float32", 32, None), ("reference", "float32", 32, None)]
+        ("x", "float16", 24, {"normal": {"std": 0.5, "stream": 0}}),
+        ("y", "float32", 24, "zeros"),
+        ("out", "float32", 32, None),
+        ("reference", "float32", 32, None),
+    ]
     assert (layout["out"], layout["reference"], layout["poison"], layout["elements"]) == (2, 3, "0000c07f", 8)
     assert layout["reference_op"] == {"op": "matmul", "a": 0, "b": 1, "out": 3, "m": 4, "n": 2, "k": 3}
     inputs, addresses = nd.stand_ins(description)
@@ -146,7 +175,9 @@ class NativeWorker:
     def __init__(self, helpers=None):
         self.proc = subprocess.Popen(
             [str(_binary()), "native-worker", "--backend", "cuda"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         self.next_id = 1
         self.hello = self.request("hello", **({"helpers": helpers} if helpers else {}))
@@ -168,19 +199,28 @@ class NativeWorker:
 
 
 def _import(nw, shared):
-    imported = nw.request("import", tensors=[
-        {"handle": t["handle"], "offset": t["offset"], "bytes": t["bytes"]} for t in shared["tensors"]
-    ])
+    imported = nw.request(
+        "import",
+        tensors=[{"handle": t["handle"], "offset": t["offset"], "bytes": t["bytes"]} for t in shared["tensors"]],
+    )
     assert imported["ok"], imported
 
 
 def _compile_gemm(tmp_path, config, dtype):
     """The quickstart's CUDA GEMM compiled by `tunelab native-compile`."""
     out = subprocess.run(
-        [str(_binary()), "native-compile", str(REPO / "experiments/kernels/gemm_mma.cu"),
-         "--kernel", "gemm_mma<{}, {}, {}, {}, {}, {}, {}>".format(*config, 1 if dtype == "fp16" else 0),
-         "--out", str(tmp_path)],
-        capture_output=True, text=True, check=True,
+        [
+            str(_binary()),
+            "native-compile",
+            str(REPO / "experiments/kernels/gemm_mma.cu"),
+            "--kernel",
+            "gemm_mma<{}, {}, {}, {}, {}, {}, {}>".format(*config, 1 if dtype == "fp16" else 0),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout)
 
@@ -200,23 +240,40 @@ def test_the_cuda_gemm_launched_natively_matches_the_reference(shared_worker, tm
         _import(nw, shared)
         names = [t["name"] for t in shared["tensors"]]
         ref = shared["reference"]
-        then = {"warmup": {"min_launches": 2, "min_ms": 0.0},
-                "sample": {"count": 5, "flush_bytes": 1 << 20, "timing": "cold"}}
+        then = {
+            "warmup": {"min_launches": 2, "min_ms": 0.0},
+            "sample": {"count": 5, "flush_bytes": 1 << 20, "timing": "cold"},
+        }
 
         def compare_with(tol):
-            return {"out": shared["out"], "out_dtype": shared["tensors"][shared["out"]]["dtype"],
-                    "reference": ref, "reference_dtype": shared["tensors"][ref]["dtype"],
-                    "elements": shared["elements"], **tol}
+            return {
+                "out": shared["out"],
+                "out_dtype": shared["tensors"][shared["out"]]["dtype"],
+                "reference": ref,
+                "reference_dtype": shared["tensors"][ref]["dtype"],
+                "elements": shared["elements"],
+                **tol,
+            }
 
         for config in [(128, 128, 32, 2, 2, 3), (64, 64, 64, 2, 4, 2), (64, 128, 32, 2, 2, 4)]:
             art = _compile_gemm(tmp_path, config, dtype)
             BM, BN, BK, WM, WN, ST = config
             smem = ST * (BM * (BK + 8) + BK * (BN + 8)) * 2
             launch = dict(
-                job_id=str(config), image=art["image"], symbol=art["symbol"],
-                grid=[-(-N // BN), -(-M // BM)], block=[32 * WM * WN], shared=smem,
-                args=[{"tensor": names.index("a")}, {"tensor": names.index("b")}, {"tensor": shared["out"]},
-                      {"i32": M}, {"i32": N}, {"i32": K}],
+                job_id=str(config),
+                image=art["image"],
+                symbol=art["symbol"],
+                grid=[-(-N // BN), -(-M // BM)],
+                block=[32 * WM * WN],
+                shared=smem,
+                args=[
+                    {"tensor": names.index("a")},
+                    {"tensor": names.index("b")},
+                    {"tensor": shared["out"]},
+                    {"i32": M},
+                    {"i32": N},
+                    {"i32": K},
+                ],
                 poison={"tensor": shared["out"], "pattern": shared["poison"], "elements": shared["elements"]},
             )
             checked = nw.request("check", **launch)
@@ -248,10 +305,18 @@ def test_a_triton_kernel_launched_natively_gives_pythons_bits(shared_worker, tmp
     shared = shared_worker.request("share", problem="gemm", shape=shape, seed=0)
     assert shared["ok"], shared
     job = {
-        "job_id": "native-triton", "problem": "gemm", "shape": shape,
+        "job_id": "native-triton",
+        "problem": "gemm",
+        "shape": shape,
         "method": {"name": "triton", "kind": "triton", "kernel": "matmul"},
-        "config": {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 4,
-                   "num_warps": 4, "num_stages": 3},
+        "config": {
+            "BLOCK_SIZE_M": 64,
+            "BLOCK_SIZE_N": 64,
+            "BLOCK_SIZE_K": 32,
+            "GROUP_SIZE_M": 4,
+            "num_warps": 4,
+            "num_stages": 3,
+        },
     }
     recipe = shared_worker.request("recipe", job=job, seed=0, cache_dir=str(tmp_path))
     assert recipe["ok"], recipe
@@ -269,8 +334,13 @@ def test_a_triton_kernel_launched_natively_gives_pythons_bits(shared_worker, tmp
     try:
         _import(nw, shared)
         checked = nw.request(
-            "check", job_id="native-triton", image=recipe["image"], symbol=recipe["symbol"],
-            grid=recipe["grid"], block=recipe["block"], shared=recipe["shared"],
+            "check",
+            job_id="native-triton",
+            image=recipe["image"],
+            symbol=recipe["symbol"],
+            grid=recipe["grid"],
+            block=recipe["block"],
+            shared=recipe["shared"],
             args=[{k: v for k, v in a.items() if k not in ("name", "type")} for a in recipe["args"]],
             poison={"tensor": shared["out"], "pattern": shared["poison"], "elements": shared["elements"]},
         )
@@ -298,8 +368,12 @@ def test_a_triton_kernel_launched_natively_gives_pythons_bits(shared_worker, tmp
 
 def _helpers(tmp_path):
     """tunelab's helper kernels, compiled as a run compiles them."""
-    out = subprocess.run([str(_binary()), "native-compile", "--helpers", "--out", str(tmp_path)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(_binary()), "native-compile", "--helpers", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout)["image"]
 
 
@@ -345,9 +419,17 @@ def test_the_native_compare_gives_pythons_figures(tmp_path, dtype, ref_fp32):
             torch.cuda.synchronize()
             shared = [native.describe_tensor(torch, k, v) for k, v in (("out", out), ("reference", ref))]
             _import(nw, {"tensors": shared})
-            got = nw.request("compare", out=0, out_dtype=shared[0]["dtype"], reference=1,
-                             reference_dtype=shared[1]["dtype"], elements=out.numel(), atol=atol, rtol=rtol,
-                             max_mismatch=max_mismatch)
+            got = nw.request(
+                "compare",
+                out=0,
+                out_dtype=shared[0]["dtype"],
+                reference=1,
+                reference_dtype=shared[1]["dtype"],
+                elements=out.numel(),
+                atol=atol,
+                rtol=rtol,
+                max_mismatch=max_mismatch,
+            )
             assert got["ok"], got
             got = {k: v for k, v in got.items() if k not in ("ok", "id", "met", "worker_us", "idle_us", "at_ns")}
             want = compare(out, ref, atol=atol, rtol=rtol, max_mismatch=max_mismatch)
@@ -361,8 +443,16 @@ def test_the_native_compare_gives_pythons_figures(tmp_path, dtype, ref_fp32):
         torch.cuda.synchronize()
         shared = [native.describe_tensor(torch, k, v) for k, v in (("out", out), ("reference", ref))]
         _import(nw, {"tensors": shared})
-        got = nw.request("compare", out=0, out_dtype=shared[0]["dtype"], reference=1,
-                         reference_dtype="float32", elements=out.numel(), atol=1e-2, rtol=1e-2)
+        got = nw.request(
+            "compare",
+            out=0,
+            out_dtype=shared[0]["dtype"],
+            reference=1,
+            reference_dtype="float32",
+            elements=out.numel(),
+            atol=1e-2,
+            rtol=1e-2,
+        )
         assert got["ok"], got
         got = {k: v for k, v in got.items() if k not in ("ok", "id", "met", "worker_us", "idle_us", "at_ns")}
         want = compare(out, ref, atol=1e-2, rtol=1e-2, max_mismatch=0.0)
@@ -392,21 +482,25 @@ def test_built_values_are_the_fp32_draws_rounded_once_and_repeat_by_seed(tmp_pat
     try:
         n = 1 << 16
         for std in (1.0, 1e-5, 3e4):  # normal values; fp16 subnormals; fp16 overflow
-            tensors = [{"bytes": 4 * n, "dtype": "float32", "fill": {"normal": {"std": std, "stream": 3}}},
-                       {"bytes": 2 * n, "dtype": "float16", "fill": {"normal": {"std": std, "stream": 3}}},
-                       {"bytes": 2 * n, "dtype": "bfloat16", "fill": {"normal": {"std": std, "stream": 3}}},
-                       {"bytes": 4 * n, "dtype": "float32", "fill": {"normal": {"std": std, "stream": 4}}}]
+            tensors = [
+                {"bytes": 4 * n, "dtype": "float32", "fill": {"normal": {"std": std, "stream": 3}}},
+                {"bytes": 2 * n, "dtype": "float16", "fill": {"normal": {"std": std, "stream": 3}}},
+                {"bytes": 2 * n, "dtype": "bfloat16", "fill": {"normal": {"std": std, "stream": 3}}},
+                {"bytes": 4 * n, "dtype": "float32", "fill": {"normal": {"std": std, "stream": 4}}},
+            ]
             built = nw.request("build", tensors=tensors, seed=11)
             assert built["ok"], built
             fp32 = _fetch(nw, 0, torch.float32, (n,))
-            assert torch.equal(_fetch(nw, 1, torch.float16, (n,)).view(torch.int16),
-                               fp32.to(torch.float16).view(torch.int16)), std
-            assert torch.equal(_fetch(nw, 2, torch.bfloat16, (n,)).view(torch.int16),
-                               fp32.to(torch.bfloat16).view(torch.int16)), std
+            assert torch.equal(
+                _fetch(nw, 1, torch.float16, (n,)).view(torch.int16), fp32.to(torch.float16).view(torch.int16)
+            ), std
+            assert torch.equal(
+                _fetch(nw, 2, torch.bfloat16, (n,)).view(torch.int16), fp32.to(torch.bfloat16).view(torch.int16)
+            ), std
             assert abs(fp32.mean().item()) < 0.02 * std and abs(fp32.std().item() / std - 1) < 0.02
             assert not torch.equal(fp32, _fetch(nw, 3, torch.float32, (n,)))  # another stream
             if std == 1e-5:
-                assert (_fetch(nw, 1, torch.float16, (n,)).abs() < 2 ** -14).float().mean() > 0.5
+                assert (_fetch(nw, 1, torch.float16, (n,)).abs() < 2**-14).float().mean() > 0.5
             if std == 3e4:
                 assert torch.isinf(_fetch(nw, 1, torch.float16, (n,))).any()
             assert nw.request("build", tensors=tensors[:1], seed=11)["ok"]
@@ -453,8 +547,9 @@ def _aot_dir():
 
 
 @gpu_only
-@pytest.mark.skipif(_aot_dir() is None, reason="set TUNELAB_AOT_DIR to an aot folder of the quickstart "
-                                               "(bench/native_gpu_check.sh does)")
+@pytest.mark.skipif(
+    _aot_dir() is None, reason="set TUNELAB_AOT_DIR to an aot folder of the quickstart (bench/native_gpu_check.sh does)"
+)
 def test_the_aot_dispatcher_gives_the_bits_of_each_winner(tmp_path):
     """The quickstart's aot export built with cc against the driver: every
     specialisation launched where its conditions hold writes what its method
@@ -471,8 +566,25 @@ def test_the_aot_dispatcher_gives_the_bits_of_each_winner(tmp_path):
     assert index["tensors"] == ["a", "b", "out"] and index["ints"] == ["M", "N", "K"], index
     include = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "include"
     library = tmp_path / f"lib{prefix}.so"
-    subprocess.run(["cc", "-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-I", str(include),
-                    "-I", str(folder), str(folder / f"{prefix}.c"), "-o", str(library)], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-std=c11",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-Wall",
+            "-Werror",
+            "-I",
+            str(include),
+            "-I",
+            str(folder),
+            str(folder / f"{prefix}.c"),
+            "-o",
+            str(library),
+        ],
+        check=True,
+    )
     ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(str(library))
     args = [ctypes.c_uint64] * 3 + [ctypes.c_int64] * 3

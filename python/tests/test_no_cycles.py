@@ -28,4 +28,6 @@ def test_torch_moe_launch_is_not_in_a_reference_cycle():
     problem = FusedMoE({"M": 4, "E": 4, "topk": 2, "K": 32, "N": 16, "dtype": "fp32", "activation": "silu"})
     inputs = problem.inputs(0, torch.device("cpu"))
     for path in ("grouped_mm", "gather_bmm", "dense_bmm"):
-        assert _launch_is_freed_without_the_collector(lambda path=path: TorchMoELaunch(problem, inputs, path=path)), path
+        assert _launch_is_freed_without_the_collector(lambda path=path: TorchMoELaunch(problem, inputs, path=path)), (
+            path
+        )

@@ -42,8 +42,13 @@ def test_just_peers_unpacks_only_what_the_comparisons_run(tmp_path):
     out = tmp_path / ".peers"
     assert script.main(["--cache", str(cache), "--out", str(out)]) == 0
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == ["manifest.json", "python/triton_kernels/__init__.py", "python/triton_kernels/matmul_ogs.py",
-                     "python/triton_kernels/tensor_details/layout.py", "vllm/fused_moe.py"]
+    assert files == [
+        "manifest.json",
+        "python/triton_kernels/__init__.py",
+        "python/triton_kernels/matmul_ogs.py",
+        "python/triton_kernels/tensor_details/layout.py",
+        "vllm/fused_moe.py",
+    ]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["vllm"] == script.VLLM_VERSION and manifest["wheel"] == wheel.name
     assert manifest["wheel_sha256"] == script.sha256(wheel)

@@ -26,7 +26,7 @@ def test_e2m1_codes_and_nibble_order():
 
 def test_e8m0_scale_is_a_power_of_two():
     full = torch.full((1, 16), 0x77, dtype=torch.uint8)  # both nibbles code 7: every value 6.0
-    for e, factor in ((127, 1.0), (130, 8.0), (120, 2.0 ** -7)):
+    for e, factor in ((127, 1.0), (130, 8.0), (120, 2.0**-7)):
         vals = quant.dequantize_mxfp4(full, torch.tensor([[e]], dtype=torch.uint8), 32)
         assert torch.all(vals == 6.0 * factor)
 
@@ -34,7 +34,7 @@ def test_e8m0_scale_is_a_power_of_two():
 def test_mxfp4_round_trip_of_representable_values():
     mags = torch.tensor(quant.E2M1_MAGNITUDES)
     row = torch.cat([mags, -mags, mags.flip(0), -mags.flip(0)])  # 32 values, amax 6 -> exponent 0
-    w = torch.stack([row, row * 4.0, row * 2.0 ** -5])
+    w = torch.stack([row, row * 4.0, row * 2.0**-5])
     packed, scales = quant.quantize_mxfp4(w)
     assert packed.shape == (3, 16) and scales.shape == (3, 1)
     assert scales[:, 0].tolist() == [127, 129, 122]
@@ -78,13 +78,13 @@ def test_fp8_per_tensor_and_block_scales():
     assert torch.allclose(s, w.abs().flatten(1).amax(1) / 448.0)
     assert torch.equal(q.float().abs().flatten(1).amax(1), torch.full((3,), 448.0))  # each expert's amax lands on 448
     back = quant.dequantize_fp8(q, s)
-    assert torch.all((back - w).abs() <= w.abs() * 2.0 ** -4 + s[:, None, None] * 2.0 ** -9)
+    assert torch.all((back - w).abs() <= w.abs() * 2.0**-4 + s[:, None, None] * 2.0**-9)
 
     q, s = quant.quantize_fp8_block(w, 32, 64)
     assert s.shape == (3, 2, 2)  # 64 rows / 32, 96 columns -> 2 blocks of 64 (the second partial)
     assert torch.isclose(s[1, 1, 1], w[1, 32:, 64:].abs().max() / 448.0)
     back = quant.dequantize_fp8(q, s, (32, 64))
-    assert torch.all((back - w).abs() <= w.abs() * 2.0 ** -4 + 1e-3)
+    assert torch.all((back - w).abs() <= w.abs() * 2.0**-4 + 1e-3)
 
 
 def test_activation_scale_factor_is_one_over_448_in_fp32():
@@ -120,7 +120,7 @@ def test_act_quantisation(group, seed):
     # Round to nearest E4M3: half a step is 2^-4 of a normal value, and near zero half the
     # subnormal step, 2^-10 in units of the scale (x / scale below 2^-6 is subnormal).
     scale = s[:, None] if group == 0 else s.repeat_interleave(group, dim=1)[:, :80]
-    assert torch.all((back - x).abs() <= x.abs() * 2.0 ** -4 + scale * 2.0 ** -10 * (1 + 1e-6))
+    assert torch.all((back - x).abs() <= x.abs() * 2.0**-4 + scale * 2.0**-10 * (1 + 1e-6))
 
 
 def test_bytes_per_weight():
@@ -155,7 +155,7 @@ def test_pair_order_decodes_every_code_at_every_position():
     standard = torch.tensor(words, dtype=torch.int64).to(torch.int32)  # wraps to the same bits
     paired = quant.to_pair_order(standard.view(torch.uint8)).view(torch.int32)
     for word, got in zip(words, paired.tolist()):
-        want = [table[(word >> (4 * i)) & 0xF] * 2.0 ** -14 for i in range(8)]
+        want = [table[(word >> (4 * i)) & 0xF] * 2.0**-14 for i in range(8)]
         assert _pair_values(got & 0xFFFFFFFF) == want, hex(word)
 
 

@@ -86,8 +86,11 @@ def test_mxfp4_both_dequantisations(dot_scaled, M, device):
     check(launch.out, p.reference(inputs), "mxfp4")
 
 
-@pytest.mark.parametrize("fmt,dot_scaled", [(FP8_TENSOR, 0), (FP8_BLOCK, 0), (MXFP4, 0), (MXFP4, 1)],
-                         ids=["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled"])
+@pytest.mark.parametrize(
+    "fmt,dot_scaled",
+    [(FP8_TENSOR, 0), (FP8_BLOCK, 0), (MXFP4, 0), (MXFP4, 1)],
+    ids=["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled"],
+)
 @pytest.mark.parametrize("M", [1, 13])
 def test_swapped_operands_match_reference(fmt, dot_scaled, M, device):
     """SWAP_AB=1 (the weights as the MMA's left operand) computes the same
@@ -103,9 +106,11 @@ def test_swapped_operands_match_reference(fmt, dot_scaled, M, device):
     torch.testing.assert_close(launch.out.float(), plain.out.float(), atol=2e-3, rtol=2e-3)
 
 
-@pytest.mark.parametrize("fmt,extra", [(FP8_TENSOR, {}), (FP8_BLOCK, {}), (MXFP4, {}), (MXFP4, {"DOT_SCALED": 1}),
-                                       (MXFP4, {"SWAP_AB": 1})],
-                         ids=["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled", "mxfp4-swapped"])
+@pytest.mark.parametrize(
+    "fmt,extra",
+    [(FP8_TENSOR, {}), (FP8_BLOCK, {}), (MXFP4, {}), (MXFP4, {"DOT_SCALED": 1}), (MXFP4, {"SWAP_AB": 1})],
+    ids=["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled", "mxfp4-swapped"],
+)
 @pytest.mark.parametrize("split_k", [2, 3])
 def test_split_k_matches_one_split(fmt, extra, split_k, align, device):
     """SPLIT_K > 1 (K split over programs, the last split of each tile sums the
@@ -137,8 +142,15 @@ def test_split_k_matches_one_split(fmt, extra, split_k, align, device):
     assert torch.equal(launch.out, first)
 
 
-GEMV_CFG = {"BLOCK_SIZE_M": 1, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
-            "num_stages": 1, "GEMV": 1}
+GEMV_CFG = {
+    "BLOCK_SIZE_M": 1,
+    "BLOCK_SIZE_N": 16,
+    "BLOCK_SIZE_K": 64,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 1,
+    "GEMV": 1,
+}
 
 
 @pytest.mark.parametrize("gemv", [1, 2])
@@ -203,8 +215,9 @@ def test_gemv_tile_major_weights_with_tail_tiles(activation, gemv, split_k, devi
 def _gemv_probe(a_ptr, w_ptr, s_ptr, out_ptr, K, ROWS: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, F16: tl.constexpr):
     rows = tl.arange(0, ROWS).to(tl.int64)
     if F16:
-        acc = quant_moe._mx_gemv_acc_f16(a_ptr, 0, w_ptr, s_ptr, rows, K, 0, tl.cdiv(K, BLOCK_SIZE_K), ROWS,
-                                         BLOCK_SIZE_K)
+        acc = quant_moe._mx_gemv_acc_f16(
+            a_ptr, 0, w_ptr, s_ptr, rows, K, 0, tl.cdiv(K, BLOCK_SIZE_K), ROWS, BLOCK_SIZE_K
+        )
     else:
         acc = quant_moe._mx_gemv_acc(a_ptr, 0, w_ptr, s_ptr, rows, K, 0, tl.cdiv(K, BLOCK_SIZE_K), ROWS, BLOCK_SIZE_K)
     tl.store(out_ptr + rows, acc)
@@ -274,21 +287,40 @@ def test_vllm_structure_fp8(fmt, M, device):
     # GEMM 1 rounds gate and up to the activation dtype before the activation kernel, and the
     # re-quantised intermediate then differs from the reference's in a few fp8 roundings.
     check(launch.out, p.reference(inputs), "fp8")
-    assert launch.kernels == ["moe_align_kernel", "moe_quant_act_kernel", "moe_gemm1_q_kernel", "moe_act_kernel",
-                              "moe_quant_act_kernel", "moe_gemm2_q_kernel", "moe_sum_kernel"]
+    assert launch.kernels == [
+        "moe_align_kernel",
+        "moe_quant_act_kernel",
+        "moe_gemm1_q_kernel",
+        "moe_act_kernel",
+        "moe_quant_act_kernel",
+        "moe_gemm2_q_kernel",
+        "moe_sum_kernel",
+    ]
     assert not launch.plan.pdl and launch.plan.self_align == 0
 
 
 def test_call_structures(device):
     x = FusedMoE(shape(FP8_TENSOR, M=1))
     assert run("fused_moe", x, x.inputs(0, device)).kernels == [
-        "moe_quant_act_kernel", "moe_gemm1_q_kernel", "moe_quant_act_kernel", "moe_gemm2_q_kernel", "moe_sum_kernel"]
+        "moe_quant_act_kernel",
+        "moe_gemm1_q_kernel",
+        "moe_quant_act_kernel",
+        "moe_gemm2_q_kernel",
+        "moe_sum_kernel",
+    ]
     m = FusedMoE(shape(MXFP4, M=1))
     assert run("fused_moe", m, m.inputs(0, device)).kernels == [
-        "moe_gemm1_q_kernel", "moe_gemm2_q_kernel", "moe_sum_kernel"]
+        "moe_gemm1_q_kernel",
+        "moe_gemm2_q_kernel",
+        "moe_sum_kernel",
+    ]
     m = FusedMoE(shape(MXFP4, M=40))
     assert run("fused_moe", m, m.inputs(0, device)).kernels == [
-        "moe_align_kernel", "moe_gemm1_q_kernel", "moe_gemm2_q_kernel", "moe_sum_kernel"]
+        "moe_align_kernel",
+        "moe_gemm1_q_kernel",
+        "moe_gemm2_q_kernel",
+        "moe_sum_kernel",
+    ]
 
 
 @pytest.mark.parametrize("pdl", [True, False])
@@ -300,8 +332,14 @@ def test_dependent_launches_wait_for_their_predecessor(pdl):
     plan = quant_moe.make_quant_plan(p, CFG, pdl=pdl)
     specs = quant_moe._launch_specs(plan, quant_moe._stand_in_buffers(plan))
     names = [getattr(k, "fn", k).__name__ for k, _, _, _ in specs]
-    assert names == ["moe_align_kernel", "moe_quant_act_kernel", "moe_gemm1_q_kernel", "moe_quant_act_kernel",
-                     "moe_gemm2_q_kernel", "moe_sum_kernel"]
+    assert names == [
+        "moe_align_kernel",
+        "moe_quant_act_kernel",
+        "moe_gemm1_q_kernel",
+        "moe_quant_act_kernel",
+        "moe_gemm2_q_kernel",
+        "moe_sum_kernel",
+    ]
     for i, (_, _, _, kw) in enumerate(specs):
         assert kw.get("launch_pdl", False) == (pdl and i > 0)
         if "PDL_WAIT" in kw:
@@ -316,19 +354,34 @@ def test_activation_quantisation_kernel_matches_torch(group, device):
     a GPU also a million fp16 values, where Triton's approximate fp32
     division (the kernel divides with div_rn) put 11 on the other fp8
     neighbour (H100, 2026-11-25)."""
-    x = (torch.randn(6, 200, device=device) * torch.tensor([1.0, 30.0, 1e-3, 0.0, 5.0, 0.2], device=device)[:, None])
+    x = torch.randn(6, 200, device=device) * torch.tensor([1.0, 30.0, 1e-3, 0.0, 5.0, 0.2], device=device)[:, None]
     cases = [x.half()]
     if not INTERPRETED:
         gen = torch.Generator(device=device).manual_seed(0)
-        cases.append((torch.randn(256, 4096, device=device, generator=gen)
-                      * torch.rand(256, 1, device=device, generator=gen) * 8).half())
+        cases.append(
+            (
+                torch.randn(256, 4096, device=device, generator=gen)
+                * torch.rand(256, 1, device=device, generator=gen)
+                * 8
+            ).half()
+        )
     for x in cases:
         rows, cols = x.shape
         q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn, device=device)
         s = torch.empty(rows, quant.cdiv(cols, group) if group else 1, dtype=torch.float32, device=device)
-        for round_f32 in ([True] if INTERPRETED else [True, False]):
-            quant_moe.moe_quant_act_kernel[(rows,)](x, q, s, cols, cols, GROUP=group, BLOCK=64 if group else 128,
-                                                    PDL_WAIT=False, PDL_LAUNCH=False, ROUND_F32=round_f32)
+        for round_f32 in [True] if INTERPRETED else [True, False]:
+            quant_moe.moe_quant_act_kernel[(rows,)](
+                x,
+                q,
+                s,
+                cols,
+                cols,
+                GROUP=group,
+                BLOCK=64 if group else 128,
+                PDL_WAIT=False,
+                PDL_LAUNCH=False,
+                ROUND_F32=round_f32,
+            )
             rq, rs = quant.quantize_act_fp8(x, group)
             assert torch.equal(s.view(rs.shape), rs)
             differ = int((q.float() != rq.float()).sum())
@@ -344,8 +397,14 @@ def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 def test_round_e4m3_is_torchs_rounding(device):
     # Every binade from the subnormals up, ties included (232 lies halfway between 224 and 240).
-    x = torch.cat([torch.linspace(-448, 448, 20001), torch.randn(4000) * 1e-2, torch.randn(4000) * 1e-3,
-                   torch.tensor([0.0, 232.0, -232.0, 2.0 ** -10, 3 * 2.0 ** -11, 127.9, -127.9])]).to(device)
+    x = torch.cat(
+        [
+            torch.linspace(-448, 448, 20001),
+            torch.randn(4000) * 1e-2,
+            torch.randn(4000) * 1e-3,
+            torch.tensor([0.0, 232.0, -232.0, 2.0**-10, 3 * 2.0**-11, 127.9, -127.9]),
+        ]
+    ).to(device)
     y = torch.empty_like(x, dtype=torch.float8_e4m3fn)
     _round_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
     assert torch.equal(y.float(), x.to(torch.float8_e4m3fn).float())
@@ -402,7 +461,7 @@ def _e4m3(byte: int) -> float:
     """The value of an E4M3 byte (no NaN is ever built here)."""
     sign = -1.0 if byte & 0x80 else 1.0
     exp, man = (byte >> 3) & 15, byte & 7
-    return sign * (man / 8 * 2.0 ** -6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7))
+    return sign * (man / 8 * 2.0**-6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7))
 
 
 def _run_ptx(asm: str, regs: dict) -> dict:
@@ -494,8 +553,14 @@ def test_mx_ptx_dequantisation_is_exact(two):
                 want = quant.dequantize_mxfp4(row, torch.tensor([[es[j]]], dtype=torch.uint8), 2)[0]
                 out_lo, out_hi = regs[f"${j // 2}"], regs[f"${2 + j // 2}"]
                 shift = 16 * (j % 2)
-                got = [torch.tensor([(r >> shift) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-                       .float().item() for r in (out_lo, out_hi)]
+                got = [
+                    torch.tensor([(r >> shift) & 0xFFFF], dtype=torch.int32)
+                    .to(torch.int16)
+                    .view(torch.bfloat16)
+                    .float()
+                    .item()
+                    for r in (out_lo, out_hi)
+                ]
                 assert got == [want[0].item(), want[1].item()], (e, four[j], got, want)
 
 
@@ -522,7 +587,7 @@ def test_gemv_f16_words_ptx_decodes_every_code_at_every_position():
                 index, shift = pair_of[p]
                 regs[f"${3 + 4 * word + index}"] = one << shift
                 got = _f32(_run_ptx(asm, regs)["$0"])
-                assert got == float(values[code]) * 2.0 ** -6, (word, p, code, got)
+                assert got == float(values[code]) * 2.0**-6, (word, p, code, got)
 
 
 def test_gemv_f16_words_ptx_sums_sixteen_products():
@@ -535,15 +600,16 @@ def test_gemv_f16_words_ptx_sums_sixteen_products():
     pairs = [(0, 2), (1, 3), (4, 6), (5, 7)]
     for _ in range(200):
         codes = torch.randint(0, 16, (2, 8), generator=gen).tolist()
-        acts = (torch.randn(2, 8, generator=gen) * 2.0 ** 12).to(torch.float16).double().tolist()
+        acts = (torch.randn(2, 8, generator=gen) * 2.0**12).to(torch.float16).double().tolist()
         regs = {f"${1 + w}": sum(c << (4 * p) for p, c in enumerate(codes[w])) for w in range(2)}
         for w in range(2):
             for i, (lo, hi) in enumerate(pairs):
-                regs[f"${3 + 4 * w + i}"] = _to_bits(acts[w][lo], torch.float16) | \
-                    _to_bits(acts[w][hi], torch.float16) << 16
+                regs[f"${3 + 4 * w + i}"] = (
+                    _to_bits(acts[w][lo], torch.float16) | _to_bits(acts[w][hi], torch.float16) << 16
+                )
         got = _f32(_run_ptx(asm, regs)["$0"])
-        terms = [e2m1[codes[w][p]] * 2.0 ** -6 * acts[w][p] for w in range(2) for p in range(8)]
-        assert abs(got - sum(terms)) <= 2.0 ** -9 * sum(abs(t) for t in terms) + 1e-6, (codes, acts, got)
+        terms = [e2m1[codes[w][p]] * 2.0**-6 * acts[w][p] for w in range(2) for p in range(8)]
+        assert abs(got - sum(terms)) <= 2.0**-9 * sum(abs(t) for t in terms) + 1e-6, (codes, acts, got)
 
 
 def test_gpt_oss_interleaved_bias_with_block_scales(align, device):
@@ -634,8 +700,14 @@ def test_flops_do_not_depend_on_the_format():
 
 def test_vllm_default_config_for_block_fp8():
     # vLLM 0.33's rule (test_vllm_mirror.py has the rest of it).
-    assert vllm_default_config(4, 8, (128, 128)) == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
-                                                     "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
+    assert vllm_default_config(4, 8, (128, 128)) == {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 4,
+    }
     assert vllm_default_config(4, 8) == vllm_default_config(4, 8, None)
 
 
@@ -651,16 +723,19 @@ def test_methods_that_cannot_run_quantised_weights_say_why():
     assert p.methods()["fused_moe_vllm"].unavailable(FusedMoE(shape(FP8_TENSOR))) is None
 
 
-@pytest.mark.parametrize("fields,message", [
-    ({"dtype": "fp8", "weight_quant": "block"}, "needs block_shape"),
-    ({"dtype": "fp8", "weight_quant": "block", "block_shape": [128, 96]}, "power of two"),
-    ({"dtype": "fp8", "weight_quant": "per_tensor", "block_shape": [128, 128]}, "not per_tensor"),
-    ({"dtype": "fp8", "weight_quant": "per_channel"}, "weight_quant must be one of"),
-    ({"dtype": "mxfp4", "act_dtype": "fp32"}, "act_dtype of mxfp4"),
-    ({"dtype": "mxfp4", "weight_quant": "block"}, "their own scales"),
-    ({"dtype": "bf16", "act_dtype": "fp16"}, "computes in bf16"),
-    ({"dtype": "int4"}, "unknown moe dtype"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"dtype": "fp8", "weight_quant": "block"}, "needs block_shape"),
+        ({"dtype": "fp8", "weight_quant": "block", "block_shape": [128, 96]}, "power of two"),
+        ({"dtype": "fp8", "weight_quant": "per_tensor", "block_shape": [128, 128]}, "not per_tensor"),
+        ({"dtype": "fp8", "weight_quant": "per_channel"}, "weight_quant must be one of"),
+        ({"dtype": "mxfp4", "act_dtype": "fp32"}, "act_dtype of mxfp4"),
+        ({"dtype": "mxfp4", "weight_quant": "block"}, "their own scales"),
+        ({"dtype": "bf16", "act_dtype": "fp16"}, "computes in bf16"),
+        ({"dtype": "int4"}, "unknown moe dtype"),
+    ],
+)
 def test_bad_quantised_shapes(fields, message):
     with pytest.raises(ValueError, match=message):
         FusedMoE(dict({"M": 1, "E": 8, "topk": 2, "K": 64, "N": 32}, **fields))
@@ -691,8 +766,18 @@ def test_bad_quantised_configs(device):
         quant_moe.make_quant_plan(mx, dict(CFG, SPLIT_K=0))
     with pytest.raises(ValueError, match="SPLIT_K must be between 1 and 16"):
         quant_moe.make_quant_plan(mx, dict(CFG, SPLIT_K=17))
-    big = FusedMoE({"M": 16384, "E": 128, "topk": 4, "K": 2880, "N": 2880, "dtype": "mxfp4", "act_dtype": "bf16",
-                    "activation": "swiglu_oai"})
+    big = FusedMoE(
+        {
+            "M": 16384,
+            "E": 128,
+            "topk": 4,
+            "K": 2880,
+            "N": 2880,
+            "dtype": "mxfp4",
+            "act_dtype": "bf16",
+            "activation": "swiglu_oai",
+        }
+    )
     with pytest.raises(ValueError, match=r"SPLIT_K=16 at M=16384 needs 33\.8 GiB of fp32 partials"):
         quant_moe.make_quant_plan(big, dict(CFG, SPLIT_K=16))
     with pytest.raises(ValueError, match="SPLIT_K is tunelab's own"):
@@ -722,11 +807,13 @@ GPT_OSS_CFGS = [
 @pytest.mark.parametrize("swap", [0, 1], ids=["", "swapped"])
 @pytest.mark.parametrize("fmt", ["fp8-tensor", "fp8-block", "mxfp4", "mxfp4-dot-scaled", "mxfp4-ptx"])
 def test_gpu_gpt_oss_shapes(fmt, swap, method, N, M, cfg, device):
-    fields = {"fp8-tensor": {"dtype": "fp8"}, "fp8-block": {"dtype": "fp8", "weight_quant": "block",
-                                                             "block_shape": [128, 128]},
-              "mxfp4": {"dtype": "mxfp4", "activation": "swiglu_oai"},
-              "mxfp4-dot-scaled": {"dtype": "mxfp4", "activation": "swiglu_oai"},
-              "mxfp4-ptx": {"dtype": "mxfp4", "activation": "swiglu_oai"}}[fmt]
+    fields = {
+        "fp8-tensor": {"dtype": "fp8"},
+        "fp8-block": {"dtype": "fp8", "weight_quant": "block", "block_shape": [128, 128]},
+        "mxfp4": {"dtype": "mxfp4", "activation": "swiglu_oai"},
+        "mxfp4-dot-scaled": {"dtype": "mxfp4", "activation": "swiglu_oai"},
+        "mxfp4-ptx": {"dtype": "mxfp4", "activation": "swiglu_oai"},
+    }[fmt]
     p = FusedMoE({"M": M, "E": 32, "topk": 4, "K": 2880, "N": N, "act_dtype": "bf16", **fields})
     reason = getattr(p.methods()[method], "unavailable", lambda _: None)(p)
     if reason:
@@ -743,8 +830,12 @@ def test_gpu_gpt_oss_shapes(fmt, swap, method, N, M, cfg, device):
     inputs = p.inputs(0, device)
     launch = run(method, p, inputs, config)
     # bf16 activations: gptoss-fp8.yaml's and gptoss-mxfp4.yaml's tolerances.
-    check(launch.out, p.reference(inputs), "fp8" if fmt.startswith("fp8") else "mxfp4",
-          **({"max_mismatch": 0.005} if fmt.startswith("mxfp4") else {}))
+    check(
+        launch.out,
+        p.reference(inputs),
+        "fp8" if fmt.startswith("fp8") else "mxfp4",
+        **({"max_mismatch": 0.005} if fmt.startswith("mxfp4") else {}),
+    )
 
 
 @GPU
@@ -764,8 +855,12 @@ def test_gpu_split_k(fmt, M, split_k, device):
     inputs = p.inputs(0, device)
     launch = run("fused_moe", p, inputs, config)
     first = launch.out.clone()
-    check(first, p.reference(inputs), "fp8" if fmt.startswith("fp8") else "mxfp4",
-          **({"max_mismatch": 0.005} if fmt.startswith("mxfp4") else {}))
+    check(
+        first,
+        p.reference(inputs),
+        "fp8" if fmt.startswith("fp8") else "mxfp4",
+        **({"max_mismatch": 0.005} if fmt.startswith("mxfp4") else {}),
+    )
     for _ in range(20):
         launch.out.fill_(float("nan"))
         launch.part1.fill_(float("nan"))
@@ -786,10 +881,28 @@ def test_gpu_gemv(M, N, bn, bk, warps, split_k, gemv, device):
     groups (a partly masked last K step at BLOCK_SIZE_K 256 and 512), N = 360
     ends w2's rows in a padded group; M = 8 routes 32 slots, several tokens to
     one expert. Passes the reference and repeats bit for bit."""
-    p = FusedMoE({"M": M, "E": 128, "topk": 4, "K": 2880, "N": N, "act_dtype": "bf16", "dtype": "mxfp4",
-                  "activation": "swiglu_oai"})
-    config = {"BLOCK_SIZE_M": 1, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1, "num_warps": warps,
-              "num_stages": 1, "GEMV": gemv, "SPLIT_K": split_k}
+    p = FusedMoE(
+        {
+            "M": M,
+            "E": 128,
+            "topk": 4,
+            "K": 2880,
+            "N": N,
+            "act_dtype": "bf16",
+            "dtype": "mxfp4",
+            "activation": "swiglu_oai",
+        }
+    )
+    config = {
+        "BLOCK_SIZE_M": 1,
+        "BLOCK_SIZE_N": bn,
+        "BLOCK_SIZE_K": bk,
+        "GROUP_SIZE_M": 1,
+        "num_warps": warps,
+        "num_stages": 1,
+        "GEMV": gemv,
+        "SPLIT_K": split_k,
+    }
     inputs = p.inputs(0, device)
     launch = run("fused_moe", p, inputs, config)
     first = launch.out.clone()

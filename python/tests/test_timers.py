@@ -53,8 +53,9 @@ def fake_torch(gpu: FakeGpu):
     def synchronize():
         gpu.host_us = max(gpu.host_us, gpu.gpu_us)
 
-    cuda = types.SimpleNamespace(Event=lambda enable_timing: FakeEvent(gpu), _sleep=sleep,
-                                 synchronize=synchronize, clock_rate=lambda: 1980)
+    cuda = types.SimpleNamespace(
+        Event=lambda enable_timing: FakeEvent(gpu), _sleep=sleep, synchronize=synchronize, clock_rate=lambda: 1980
+    )
     return types.SimpleNamespace(cuda=cuda)
 
 
@@ -117,8 +118,9 @@ def test_graph_samples_are_held_the_same_way(patched_clock):
 
 
 @pytest.mark.parametrize("min_launches, min_ms, least", [(0, 0.0, 0), (2, 0.0, 2), (0, 1.0, 1)])
-def test_the_interpreters_warmup_launches_until_both_limits_are_met_and_not_at_all_for_none(min_launches, min_ms,
-                                                                                              least):
+def test_the_interpreters_warmup_launches_until_both_limits_are_met_and_not_at_all_for_none(
+    min_launches, min_ms, least
+):
     # The interpreter's protocol asks for no warm-up (its check has launched
     # the kernel, and there is nothing to compile): (0, 0) launches nothing.
     calls = []

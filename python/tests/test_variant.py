@@ -100,9 +100,11 @@ def test_a_job_with_its_kernel_module_from_another_file_runs_that_file(shared_wo
     # fails where the module's own file passes, so the copy is what ran.
     source = (PYTHON_DIR / "tunelab" / "kernels" / "matmul.py").read_text()
     doubled = tmp_path / "matmul_doubled.py"
-    doubled.write_text(source + "\n\n_make = make_launcher\n\n\ndef make_launcher(a, b, out, config):\n"
-                                "    run = _make(a, b, out, config)\n\n"
-                                "    def doubled():\n        run()\n        out.mul_(2)\n\n    return doubled\n")
+    doubled.write_text(
+        source + "\n\n_make = make_launcher\n\n\ndef make_launcher(a, b, out, config):\n"
+        "    run = _make(a, b, out, config)\n\n"
+        "    def doubled():\n        run()\n        out.mul_(2)\n\n    return doubled\n"
+    )
     same = tmp_path / "matmul_same.py"
     same.write_text(source)
     for path, passes in ((doubled, False), (same, True)):

@@ -64,8 +64,23 @@ def vllm_kernel():
     return namespace["fused_moe_kernel"]
 
 
-def run_vllm_gemm(kernel, a, b, bias, c, weights, launch, top_k, mul_routed_weight, config, dtype,
-                  a_scale=None, b_scale=None, block_shape=None, swap_ab=False):
+def run_vllm_gemm(
+    kernel,
+    a,
+    b,
+    bias,
+    c,
+    weights,
+    launch,
+    top_k,
+    mul_routed_weight,
+    config,
+    dtype,
+    a_scale=None,
+    b_scale=None,
+    block_shape=None,
+    swap_ab=False,
+):
     """One fused_moe_kernel launch with the arguments vLLM 0.33's
     invoke_fused_moe_triton_kernel passes: unquantised weights, or fp8 w8a8
     (`a_scale` per token or per token and K group, `b_scale` per expert or
@@ -79,31 +94,77 @@ def run_vllm_gemm(kernel, a, b, bias, c, weights, launch, top_k, mul_routed_weig
     rest["SPLIT_K"] = 1
     block_k = config["BLOCK_SIZE_K"] if block_shape is None else min(config["BLOCK_SIZE_K"], *block_shape)
     kernel[grid](
-        a, b, c, bias, a_scale, b_scale, weights, launch.sorted_ids, launch.expert_ids, launch.num_post,
-        b.size(1), b.size(2), EM, a.size(0) * top_k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(2), b.stride(1), c.stride(1), c.stride(2),
+        a,
+        b,
+        c,
+        bias,
+        a_scale,
+        b_scale,
+        weights,
+        launch.sorted_ids,
+        launch.expert_ids,
+        launch.num_post,
+        b.size(1),
+        b.size(2),
+        EM,
+        a.size(0) * top_k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(2),
+        b.stride(1),
+        c.stride(1),
+        c.stride(2),
         a_scale.stride(0) if a_scale is not None and a_scale.ndim == 2 else 0,
         a_scale.stride(1) if a_scale is not None and a_scale.ndim == 2 else 0,
         b_scale.stride(0) if b_scale is not None else 0,
         b_scale.stride(2) if b_scale is not None and b_scale.ndim == 3 else 0,
         b_scale.stride(1) if b_scale is not None and b_scale.ndim >= 2 and b_scale.size(1) > 1 else 0,
-        bias.stride(0) if bias is not None else 0, bias.stride(1) if bias is not None else 0,
-        0 if block_shape is None else block_shape[0], 0 if block_shape is None else block_shape[1],
-        MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k, compute_type=TL_DTYPES[dtype],
-        use_fp8_w8a8=fp8, use_int8_w8a8=False, use_int8_w8a16=False,
+        bias.stride(0) if bias is not None else 0,
+        bias.stride(1) if bias is not None else 0,
+        0 if block_shape is None else block_shape[0],
+        0 if block_shape is None else block_shape[1],
+        MUL_ROUTED_WEIGHT=mul_routed_weight,
+        top_k=top_k,
+        compute_type=TL_DTYPES[dtype],
+        use_fp8_w8a8=fp8,
+        use_int8_w8a8=False,
+        use_int8_w8a16=False,
         per_channel_quant=fp8 and block_shape is None,
-        naive_block_assignment=False, HAS_BIAS=bias is not None, BLOCK_SIZE_K=block_k,
-        SWAP_AB=swap_ab, USE_TD=False, **rest,
+        naive_block_assignment=False,
+        HAS_BIAS=bias is not None,
+        BLOCK_SIZE_K=block_k,
+        SWAP_AB=swap_ab,
+        USE_TD=False,
+        **rest,
     )
 
 
 CASES = [
     # (shape fields, config): tails in K and N, the interleaved activation with biases, a larger block.
     # K = 1040 is long enough that another K step (a sum in another order) changes output bits.
-    ({"M": 16, "E": 4, "topk": 2, "K": 1040, "N": 48, "activation": "silu"},
-     {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}),
-    ({"M": 9, "E": 4, "topk": 2, "K": 64, "N": 40, "activation": "swiglu_oai"},
-     {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 2, "num_warps": 4, "num_stages": 2}),
+    (
+        {"M": 16, "E": 4, "topk": 2, "K": 1040, "N": 48, "activation": "silu"},
+        {
+            "BLOCK_SIZE_M": 16,
+            "BLOCK_SIZE_N": 32,
+            "BLOCK_SIZE_K": 32,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
+    ),
+    (
+        {"M": 9, "E": 4, "topk": 2, "K": 64, "N": 40, "activation": "swiglu_oai"},
+        {
+            "BLOCK_SIZE_M": 32,
+            "BLOCK_SIZE_N": 64,
+            "BLOCK_SIZE_K": 64,
+            "GROUP_SIZE_M": 2,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
+    ),
 ]
 
 
@@ -119,11 +180,11 @@ def test_fused_moe_vllm_gemms_are_vllms_bit_for_bit(fields, config, dtype, devic
     M, topk, N, K = problem.M, problem.topk, problem.N, problem.K
     dt = problem.dtype
     gate_up = torch.full((M, topk, 2 * N), float("nan"), dtype=dt, device=device)
-    run_vllm_gemm(kernel, inputs["x"], inputs["w1"], inputs.get("b1"), gate_up, None, launch, topk, False,
-                  config, dt)
+    run_vllm_gemm(kernel, inputs["x"], inputs["w1"], inputs.get("b1"), gate_up, None, launch, topk, False, config, dt)
     out2 = torch.full((M, topk, K), float("nan"), dtype=dt, device=device)
-    run_vllm_gemm(kernel, launch.inter, inputs["w2"], inputs.get("b2"), out2, inputs["topk_weights"], launch, 1,
-                  True, config, dt)
+    run_vllm_gemm(
+        kernel, launch.inter, inputs["w2"], inputs.get("b2"), out2, inputs["topk_weights"], launch, 1, True, config, dt
+    )
     if device.type == "cuda":
         torch.cuda.synchronize()
     assert torch.equal(gate_up.view(M * topk, 2 * N), launch.gate_up), "GEMM 1 differs from vLLM's"
@@ -138,14 +199,32 @@ def test_swap_ab_is_vllms_rule():
     from tunelab.kernels import quant_moe
 
     fp8 = FusedMoE({"M": 4, "E": 8, "topk": 2, "K": 64, "N": 64, "dtype": "fp8", "act_dtype": "fp16"})
-    block = FusedMoE({"M": 4, "E": 8, "topk": 2, "K": 64, "N": 64, "dtype": "fp8", "act_dtype": "fp16",
-                      "weight_quant": "block", "block_shape": [64, 64]})
-    mxfp4 = FusedMoE({"M": 4, "E": 8, "topk": 2, "K": 64, "N": 64, "dtype": "mxfp4", "act_dtype": "fp16",
-                      "activation": "swiglu_oai"})
+    block = FusedMoE(
+        {
+            "M": 4,
+            "E": 8,
+            "topk": 2,
+            "K": 64,
+            "N": 64,
+            "dtype": "fp8",
+            "act_dtype": "fp16",
+            "weight_quant": "block",
+            "block_shape": [64, 64],
+        }
+    )
+    mxfp4 = FusedMoE(
+        {"M": 4, "E": 8, "topk": 2, "K": 64, "N": 64, "dtype": "mxfp4", "act_dtype": "fp16", "activation": "swiglu_oai"}
+    )
 
     def swapped(problem, bm, bn, capability):
-        config = {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
-                  "num_stages": 2}
+        config = {
+            "BLOCK_SIZE_M": bm,
+            "BLOCK_SIZE_N": bn,
+            "BLOCK_SIZE_K": 64,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+        }
         return quant_moe.make_quant_plan(problem, config, vllm_structure=True, capability=capability).swap_ab
 
     for problem in (fp8, block):
@@ -156,13 +235,32 @@ def test_swap_ab_is_vllms_rule():
         assert swapped(problem, 16, 64, None) == (quant_moe.current_capability() == (9, 0))
     assert not swapped(mxfp4, 16, 64, (9, 0))
     with pytest.raises(ValueError, match="decides SWAP_AB itself"):
-        quant_moe.make_quant_plan(fp8, {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64,
-                                        "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2, "SWAP_AB": 0},
-                                  vllm_structure=True)
+        quant_moe.make_quant_plan(
+            fp8,
+            {
+                "BLOCK_SIZE_M": 16,
+                "BLOCK_SIZE_N": 64,
+                "BLOCK_SIZE_K": 64,
+                "GROUP_SIZE_M": 1,
+                "num_warps": 4,
+                "num_stages": 2,
+                "SWAP_AB": 0,
+            },
+            vllm_structure=True,
+        )
     # Not under tunelab's own call, where SWAP_AB is the config's.
-    assert not quant_moe.make_quant_plan(fp8, {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64,
-                                               "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2},
-                                         capability=(9, 0)).swap_ab
+    assert not quant_moe.make_quant_plan(
+        fp8,
+        {
+            "BLOCK_SIZE_M": 16,
+            "BLOCK_SIZE_N": 64,
+            "BLOCK_SIZE_K": 64,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
+        capability=(9, 0),
+    ).swap_ab
 
 
 def test_vllm_default_config_is_vllm_033s():
@@ -173,28 +271,76 @@ def test_vllm_default_config_is_vllm_033s():
     assert vllm_default_config(256, 32)["BLOCK_SIZE_K"] == 64
     assert vllm_default_config(256, 32, fp8=True)["BLOCK_SIZE_K"] == 128
     assert vllm_default_config(1, 32, fp8=True) == vllm_default_config(1, 32)
-    assert vllm_default_config(4, 8, (128, 128)) == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
-                                                      "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
-    assert vllm_default_config(32, 8, (128, 128)) == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128,
-                                                       "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 3}
+    assert vllm_default_config(4, 8, (128, 128)) == {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 4,
+    }
+    assert vllm_default_config(32, 8, (128, 128)) == {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 128,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": 32,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     assert vllm_default_config(100, 8, (128, 128))["BLOCK_SIZE_M"] == 64
 
 
 FP8_CASES = [
     # (weight fields, config, GPU capability for vLLM's SWAP_AB rule): per-tensor and block scales,
     # each with and without the swap (BLOCK_SIZE_M < 64 and BLOCK_SIZE_N >= 64 on 9.0).
-    ({"weight_quant": "per_tensor"},
-     {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2},
-     (9, 0)),
-    ({"weight_quant": "per_tensor"},
-     {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2},
-     (9, 0)),
-    ({"weight_quant": "block", "block_shape": [64, 64]},
-     {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2},
-     (9, 0)),
-    ({"weight_quant": "block", "block_shape": [64, 64]},
-     {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2},
-     (9, 0)),
+    (
+        {"weight_quant": "per_tensor"},
+        {
+            "BLOCK_SIZE_M": 16,
+            "BLOCK_SIZE_N": 64,
+            "BLOCK_SIZE_K": 64,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
+        (9, 0),
+    ),
+    (
+        {"weight_quant": "per_tensor"},
+        {
+            "BLOCK_SIZE_M": 16,
+            "BLOCK_SIZE_N": 32,
+            "BLOCK_SIZE_K": 64,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
+        (9, 0),
+    ),
+    (
+        {"weight_quant": "block", "block_shape": [64, 64]},
+        {
+            "BLOCK_SIZE_M": 32,
+            "BLOCK_SIZE_N": 64,
+            "BLOCK_SIZE_K": 128,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
+        (9, 0),
+    ),
+    (
+        {"weight_quant": "block", "block_shape": [64, 64]},
+        {
+            "BLOCK_SIZE_M": 64,
+            "BLOCK_SIZE_N": 64,
+            "BLOCK_SIZE_K": 64,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
+        (9, 0),
+    ),
 ]
 
 
@@ -211,8 +357,19 @@ def test_fp8_gemms_are_vllms_bit_for_bit(fields, config, capability, device):
     if device.type == "cuda":
         capability = tuple(torch.cuda.get_device_capability())
     act = "fp16" if INTERPRETED else "bf16"
-    problem = FusedMoE({"M": 13, "E": 4, "topk": 2, "K": 1024, "N": 64, "activation": "silu", "dtype": "fp8",
-                        "act_dtype": act, **fields})
+    problem = FusedMoE(
+        {
+            "M": 13,
+            "E": 4,
+            "topk": 2,
+            "K": 1024,
+            "N": 64,
+            "activation": "silu",
+            "dtype": "fp8",
+            "act_dtype": act,
+            **fields,
+        }
+    )
     inputs = problem.inputs(0, device)
     plan = quant_moe.make_quant_plan(problem, config, vllm_structure=True, capability=capability)
     launch = quant_moe.QuantMoELaunch(plan, inputs)
@@ -224,13 +381,42 @@ def test_fp8_gemms_are_vllms_bit_for_bit(fields, config, capability, device):
     w1s, w2s = inputs["w1_scale"], inputs["w2_scale"]
     xs = launch.xs if block else launch.xs.view(M, -1)
     gate_up = torch.full((M, topk, 2 * N), float("nan"), dtype=dt, device=device)
-    run_vllm_gemm(kernel, launch.xq, inputs["w1"], inputs.get("b1"), gate_up, None, launch, topk, False, config, dt,
-                  a_scale=xs, b_scale=w1s, block_shape=block, swap_ab=plan.swap_ab)
+    run_vllm_gemm(
+        kernel,
+        launch.xq,
+        inputs["w1"],
+        inputs.get("b1"),
+        gate_up,
+        None,
+        launch,
+        topk,
+        False,
+        config,
+        dt,
+        a_scale=xs,
+        b_scale=w1s,
+        block_shape=block,
+        swap_ab=plan.swap_ab,
+    )
     out2 = torch.full((M, topk, K), float("nan"), dtype=dt, device=device)
-    run_vllm_gemm(kernel, launch.interq, inputs["w2"], inputs.get("b2"), out2, inputs["topk_weights"], launch, 1,
-                  True, config, dt, a_scale=launch.inters, b_scale=w2s, block_shape=block, swap_ab=plan.swap_ab)
+    run_vllm_gemm(
+        kernel,
+        launch.interq,
+        inputs["w2"],
+        inputs.get("b2"),
+        out2,
+        inputs["topk_weights"],
+        launch,
+        1,
+        True,
+        config,
+        dt,
+        a_scale=launch.inters,
+        b_scale=w2s,
+        block_shape=block,
+        swap_ab=plan.swap_ab,
+    )
     if device.type == "cuda":
         torch.cuda.synchronize()
     assert torch.equal(gate_up.view(M * topk, 2 * N), launch.gate_up), "GEMM 1 differs from vLLM's"
     assert torch.equal(out2.view(M * topk, K), launch.out2), "GEMM 2 differs from vLLM's"
-

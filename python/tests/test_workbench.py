@@ -22,25 +22,34 @@ from conftest import MODE, PYTHON_DIR
 from tunelab.workbench import irfile, jit
 
 SHAPE = {"M": 256, "N": 256, "K": 256, "dtype": "fp16"}
-CONFIG = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1,
-          "num_warps": 4, "num_stages": 3}
+CONFIG = {
+    "BLOCK_SIZE_M": 64,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 32,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
 
 
 def job(job_id="j", ir=None, **config):
     method = {"name": "triton", "kind": "triton", "kernel": "matmul"}
     if ir is not None:
         method["ir"] = str(ir)
-    return {"job_id": job_id, "problem": "gemm", "shape": SHAPE, "method": method,
-            "config": {**CONFIG, **config}}
+    return {"job_id": job_id, "problem": "gemm", "shape": SHAPE, "method": method, "config": {**CONFIG, **config}}
 
 
 @pytest.fixture
 def compiler(spawn_worker, tmp_path):
     """A compile worker for sm_90 that sees no GPU, with its own cache."""
     cache = tmp_path / "triton-cache"
-    worker = spawn_worker("--role", "compile", "--target", "cuda:90:32",
-                          env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "",
-                                         "TRITON_CACHE_DIR": str(cache)})
+    worker = spawn_worker(
+        "--role",
+        "compile",
+        "--target",
+        "cuda:90:32",
+        env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
+    )
     worker.cache = cache
     return worker
 
@@ -63,8 +72,10 @@ def test_a_compile_reports_each_kernels_registers_spills_and_shared_memory(compi
 
 
 def test_res_usage_parsing():
-    text = (" Common:\n  GLOBAL:0\n Function other:\n  REG:10 STACK:0 SHARED:0 LOCAL:0\n"
-            " Function matmul_kernel:\n  REG:168 STACK:8 SHARED:1024 LOCAL:96 CONSTANT[0]:592 TEXTURE:0\n")
+    text = (
+        " Common:\n  GLOBAL:0\n Function other:\n  REG:10 STACK:0 SHARED:0 LOCAL:0\n"
+        " Function matmul_kernel:\n  REG:168 STACK:8 SHARED:1024 LOCAL:96 CONSTANT[0]:592 TEXTURE:0\n"
+    )
     assert jit.parse_res_usage(text, "matmul_kernel") == (168, 24)
     assert jit.parse_res_usage(text, "missing") == (None, None)
 
@@ -84,8 +95,15 @@ def test_compile_options_reach_every_kernel_and_change_the_binary(compiler):
 
 def test_probe_adds_compile_options_to_triton_methods(spawn_worker):
     worker = spawn_worker()
-    probe = ok(worker.request("probe", problem="gemm", shape=SHAPE, methods=["matmul", "torch_matmul"],
-                              kinds={"matmul": "triton", "torch_matmul": "torch"}))
+    probe = ok(
+        worker.request(
+            "probe",
+            problem="gemm",
+            shape=SHAPE,
+            methods=["matmul", "torch_matmul"],
+            kinds={"matmul": "triton", "torch_matmul": "torch"},
+        )
+    )
     types = probe["methods"]["matmul"]["config_types"]
     assert types["maxnreg"] == "int" and types["enable_fp_fusion"] == "bool" and types["BLOCK_SIZE_M"] == "int"
     assert probe["methods"]["torch_matmul"]["config_types"] == {}
@@ -96,8 +114,15 @@ def test_keep_ir_writes_every_stage_and_the_metadata(compiler, tmp_path):
     kernels = ok(compiler.request("keep_ir", job=job(), dir=str(out)))["kernels"]
     assert [k["name"] for k in kernels] == ["matmul_kernel"]
     files = set(kernels[0]["files"])
-    assert {"matmul_kernel.ttir", "matmul_kernel.ttgir", "matmul_kernel.llir", "matmul_kernel.ptx",
-            "matmul_kernel.cubin", "matmul_kernel.source.ttir", "matmul_kernel.json"} <= files
+    assert {
+        "matmul_kernel.ttir",
+        "matmul_kernel.ttgir",
+        "matmul_kernel.llir",
+        "matmul_kernel.ptx",
+        "matmul_kernel.cubin",
+        "matmul_kernel.source.ttir",
+        "matmul_kernel.json",
+    } <= files
     assert files == {p.name for p in out.iterdir()}
     meta = json.loads((out / "matmul_kernel.json").read_text())
     assert meta["metadata"]["target"] == {"backend": "cuda", "arch": 90, "warp_size": 32}
@@ -153,12 +178,15 @@ def test_ir_round_trip_through_triton_irsource(compiler, tmp_path):
     """The same at Triton's own entry point for IR files (triton.compile of a
     path: IRSource), which `tunelab ir-pass --compile` compiles with."""
     src = _kept(compiler, tmp_path)
-    out = _python("-c", f"""
+    out = _python(
+        "-c",
+        f"""
 import json, sys
 from tunelab.workbench import passes
-c = passes.compile_file({str(src / 'matmul_kernel.ttgir')!r}, 'cuda:90:32', {{'num_stages': 3}}, cache={str(tmp_path / 'c2')!r})
+c = passes.compile_file({str(src / "matmul_kernel.ttgir")!r}, 'cuda:90:32', {{'num_stages': 3}}, cache={str(tmp_path / "c2")!r})
 print(json.dumps({{'ptx': c['ptx'], 'cubin': c['cubin'].hex(), 'res': c['resources']}}))
-""")
+""",
+    )
     compiled = json.loads(out.splitlines()[-1])
     assert compiled["ptx"] == (src / "matmul_kernel.ptx").read_text()
     assert bytes.fromhex(compiled["cubin"]) == (src / "matmul_kernel.cubin").read_bytes()
@@ -171,25 +199,45 @@ def test_ir_pass_lists_tritons_pipeline_and_applies_passes_from_it(compiler, tmp
     assert "make_ttgir:" in listing and "make_llir:" in listing
     # The arguments are Triton's own at this file's options: 3 stages, sm_90.
     assert "ttgpuir.pipeline(3, false)" in listing and "nvidia.ttnvgpuir.fence_insertion(90)" in listing
-    listing4 = _python("-m", "tunelab.workbench.passes", str(src / "matmul_kernel.ttgir"), "--list",
-                       "--option", "num_stages=4")
+    listing4 = _python(
+        "-m", "tunelab.workbench.passes", str(src / "matmul_kernel.ttgir"), "--list", "--option", "num_stages=4"
+    )
     assert "ttgpuir.pipeline(4, false)" in listing4
 
     # TTIR through the first passes of make_ttgir: layouts appear, the dot becomes a Hopper MMA.
     out = tmp_path / "partial.ttgir"
-    printed = _python("-m", "tunelab.workbench.passes", str(src / "matmul_kernel.ttir"),
-                      "--pass", "convert_to_ttgpuir", "--pass", "coalesce", "--pass", "accelerate_matmul",
-                      "--option", "num_warps=4", "--out", str(out))
+    printed = _python(
+        "-m",
+        "tunelab.workbench.passes",
+        str(src / "matmul_kernel.ttir"),
+        "--pass",
+        "convert_to_ttgpuir",
+        "--pass",
+        "coalesce",
+        "--pass",
+        "accelerate_matmul",
+        "--option",
+        "num_warps=4",
+        "--out",
+        str(out),
+    )
     assert "ttir.convert_to_ttgpuir('cuda:90', 4, 32, 1)" in printed
     assert "#ttg.nvidia_mma" in out.read_text() and "loc(" in out.read_text()
     diff = (tmp_path / "partial.ttgir.diff").read_text()
     assert diff.startswith("---") and "+#blocked" in diff and "loc(" not in diff
 
     # A pass spelled with its arguments, on a ttgir; --compile compares the resources.
-    printed = _python("-m", "tunelab.workbench.passes", str(src / "matmul_kernel.ttgir"),
-                      "--pass", "ttgpuir.remove_layout_conversions", "--pass", "common.canonicalizer#2",
-                      "--compile")
-    rows = json.loads(printed[printed.index("\n{") + 1:])
+    printed = _python(
+        "-m",
+        "tunelab.workbench.passes",
+        str(src / "matmul_kernel.ttgir"),
+        "--pass",
+        "ttgpuir.remove_layout_conversions",
+        "--pass",
+        "common.canonicalizer#2",
+        "--compile",
+    )
+    rows = json.loads(printed[printed.index("\n{") + 1 :])
     assert rows["before"]["n_regs"] == rows["after"]["n_regs"] > 0
     assert (src / "matmul_kernel.after.ttgir").is_file()
 
@@ -201,7 +249,10 @@ def test_pass_names_and_arguments_parse():
     assert parse_pass("add_coalesce#2") == ("coalesce", 2, None)
     assert parse_pass("ttgpuir.pipeline(4, false)") == ("ttgpuir.pipeline", 1, (4, False))
     assert parse_pass("ttir.convert_to_ttgpuir('cuda:90', 4, 32, 1)") == (
-        "ttir.convert_to_ttgpuir", 1, ("cuda:90", 4, 32, 1))
+        "ttir.convert_to_ttgpuir",
+        1,
+        ("cuda:90", 4, 32, 1),
+    )
     assert parse_pass("x()") == ("x", 1, ())
 
 
@@ -212,8 +263,11 @@ def test_an_edited_ir_is_compiled_anew_and_an_unchanged_one_found(compiler, tmp_
     ir_file.write_text(text)
     first = ok(compiler.request("keep_ir", job=job("e1", ir=ir_file), dir=str(tmp_path / "e1")))
     # An edit that changes the code: the accumulator starts at 1.0 instead of 0.0.
-    edited = text.replace("arith.constant dense<0.000000e+00> : tensor<64x64xf32",
-                          "arith.constant dense<1.000000e+00> : tensor<64x64xf32", 1)
+    edited = text.replace(
+        "arith.constant dense<0.000000e+00> : tensor<64x64xf32",
+        "arith.constant dense<1.000000e+00> : tensor<64x64xf32",
+        1,
+    )
     assert edited != text
     ir_file.write_text(edited)
     second = ok(compiler.request("keep_ir", job=job("e2", ir=ir_file), dir=str(tmp_path / "e2")))
@@ -249,9 +303,11 @@ def test_an_ir_of_a_kernel_the_method_does_not_launch_is_refused(compiler, tmp_p
 
 
 def test_ir_files_are_read_without_triton(tmp_path):
-    text = ('module attributes {"ttg.num-warps" = 8 : i32, ttg.target = "cuda:90"} {\n'
-            '  tt.func public @k(%a: !tt.ptr<f16> {tt.divisibility = 16 : i32} loc("a"(#loc)), '
-            '%n: i32 loc("n"(#loc))) attributes {noinline = false} {\n  }\n}\n')
+    text = (
+        'module attributes {"ttg.num-warps" = 8 : i32, ttg.target = "cuda:90"} {\n'
+        '  tt.func public @k(%a: !tt.ptr<f16> {tt.divisibility = 16 : i32} loc("a"(#loc)), '
+        '%n: i32 loc("n"(#loc))) attributes {noinline = false} {\n  }\n}\n'
+    )
     path = tmp_path / "k.ttgir"
     path.write_text(text)
     f = irfile.IrFile.load(path)
@@ -268,16 +324,21 @@ def test_ir_files_are_read_without_triton(tmp_path):
 @pytest.mark.skipif(MODE != "interpreter", reason="the interpreter's answers")
 def test_in_the_interpreter_a_check_reports_no_kernels_and_refuses_to_run_ir(spawn_worker, tmp_path):
     worker = spawn_worker()
-    small = {"job_id": "s", "problem": "gemm", "shape": {"M": 32, "N": 32, "K": 32, "dtype": "fp16"},
-             "method": {"name": "triton", "kind": "triton", "kernel": "matmul"},
-             "config": {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "num_warps": 4, "num_stages": 2}}
+    small = {
+        "job_id": "s",
+        "problem": "gemm",
+        "shape": {"M": 32, "N": 32, "K": 32, "dtype": "fp16"},
+        "method": {"name": "triton", "kind": "triton", "kernel": "matmul"},
+        "config": {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "num_warps": 4, "num_stages": 2},
+    }
     tolerance = {"atol": 1e-2, "rtol": 1e-2}
     checked = ok(worker.request("check", job=small, seed=0, tolerance=tolerance))
     assert checked["passed"] and checked["kernels"] == []
     ir = tmp_path / "matmul_kernel.ttgir"
     ir.write_text("module {\n  tt.func public @matmul_kernel() {\n  }\n}\n")
-    refused = worker.request("check", job=dict(small, method={**small["method"], "ir": str(ir)}), seed=0,
-                             tolerance=tolerance)
+    refused = worker.request(
+        "check", job=dict(small, method={**small["method"], "ir": str(ir)}), seed=0, tolerance=tolerance
+    )
     assert refused["ok"] is False and refused["class"] == "problem_error" and "needs a GPU" in refused["message"]
     kept = worker.request("keep_ir", job=small, dir=str(tmp_path / "ir"))
     assert kept["ok"] is False and "interpreter compiles nothing" in kept["message"]
@@ -290,28 +351,71 @@ def test_a_proton_profile_is_read_per_scope_and_summarised():
     from tunelab.workbench import profile
 
     hatchet = [
-        {"frame": {"name": "ROOT", "type": "function"}, "metrics": {}, "children": [
-            {"frame": {"name": "M=64,N=64/triton", "type": "function"},
-             "metrics": {"flops": 2.0e9, "bytes": 4.0e6},
-             "children": [
-                 {"frame": {"name": "matmul_kernel", "type": "function"},
-                  "metrics": {"time (ns)": 150000.0, "count": 10, "device_id": "0"}, "children": []}]},
-            {"frame": {"name": "M=64,N=64/fused", "type": "function"}, "metrics": {}, "children": [
-                {"frame": {"name": "gemm1", "type": "function"}, "metrics": {"time (ns)": 60000.0, "count": 10},
-                 "children": []},
-                {"frame": {"name": "gemm2", "type": "function"}, "metrics": {"time (ns)": 20000.0, "count": 10},
-                 "children": []}]},
-            {"frame": {"name": "other", "type": "function"}, "metrics": {"time (ns)": 5.0, "count": 1},
-             "children": []}]},
+        {
+            "frame": {"name": "ROOT", "type": "function"},
+            "metrics": {},
+            "children": [
+                {
+                    "frame": {"name": "M=64,N=64/triton", "type": "function"},
+                    "metrics": {"flops": 2.0e9, "bytes": 4.0e6},
+                    "children": [
+                        {
+                            "frame": {"name": "matmul_kernel", "type": "function"},
+                            "metrics": {"time (ns)": 150000.0, "count": 10, "device_id": "0"},
+                            "children": [],
+                        }
+                    ],
+                },
+                {
+                    "frame": {"name": "M=64,N=64/fused", "type": "function"},
+                    "metrics": {},
+                    "children": [
+                        {
+                            "frame": {"name": "gemm1", "type": "function"},
+                            "metrics": {"time (ns)": 60000.0, "count": 10},
+                            "children": [],
+                        },
+                        {
+                            "frame": {"name": "gemm2", "type": "function"},
+                            "metrics": {"time (ns)": 20000.0, "count": 10},
+                            "children": [],
+                        },
+                    ],
+                },
+                {
+                    "frame": {"name": "other", "type": "function"},
+                    "metrics": {"time (ns)": 5.0, "count": 1},
+                    "children": [],
+                },
+            ],
+        },
         {"CUDA": {"0": {"arch": "90", "num_sms": 132}}},
     ]
-    request = {"experiment": "x", "device": "NVIDIA H100 80GB HBM3", "calls": 10, "jobs": [
-        {"label": "M=64,N=64/triton", "rank": 1, "winner_of_shape": True, "median_us": 16.0,
-         "flops": 2.0e9, "bytes": 4.0e6, "job": {"job_id": "a"}},
-        {"label": "M=64,N=64/fused", "rank": 1, "median_us": 9.0, "flops": None, "bytes": 8.0e6,
-         "job": {"job_id": "b"}},
-        {"label": "M=64,N=64/broken", "rank": 1, "median_us": 5.0, "job": {"job_id": "c"}},
-    ]}
+    request = {
+        "experiment": "x",
+        "device": "NVIDIA H100 80GB HBM3",
+        "calls": 10,
+        "jobs": [
+            {
+                "label": "M=64,N=64/triton",
+                "rank": 1,
+                "winner_of_shape": True,
+                "median_us": 16.0,
+                "flops": 2.0e9,
+                "bytes": 4.0e6,
+                "job": {"job_id": "a"},
+            },
+            {
+                "label": "M=64,N=64/fused",
+                "rank": 1,
+                "median_us": 9.0,
+                "flops": None,
+                "bytes": 8.0e6,
+                "job": {"job_id": "b"},
+            },
+            {"label": "M=64,N=64/broken", "rank": 1, "median_us": 5.0, "job": {"job_id": "c"}},
+        ],
+    }
     scopes = profile.hatchet_scopes(hatchet, {j["label"] for j in request["jobs"]})
     assert scopes["M=64,N=64/triton"]["kernels"] == {"matmul_kernel": [10, 150000.0]}
     rows = profile.summarise(request, scopes, {}, {"M=64,N=64/broken": "compile_error: no"})
@@ -324,22 +428,34 @@ def test_a_proton_profile_is_read_per_scope_and_summarised():
     assert fused["kernels"][0]["share"] == pytest.approx(0.75)
     assert broken["error"] == "compile_error: no"
     text = profile.markdown(request, rows, {"proton": "proton.hatchet", "ncu_note": "Nsight Compute: skipped."})
-    assert "| M=64,N=64/triton (fastest of its shape) | 16.0 | 15.0 | 1 | 267 | 133.33 | `matmul_kernel` 100 % |" in text
+    assert (
+        "| M=64,N=64/triton (fastest of its shape) | 16.0 | 15.0 | 1 | 267 | 133.33 | `matmul_kernel` 100 % |" in text
+    )
     assert "not profiled: compile_error: no" in text and "[proton.hatchet](proton.hatchet)" in text
 
 
 def test_nsight_compute_raw_csv_is_read():
     from tunelab.workbench import profile
 
-    text = ('==PROF== Disconnected\n'
-            '"ID","Kernel Name","Block Size","Grid Size","gpu__time_duration.sum","launch__registers_per_thread",'
-            '"sm__warps_active.avg.pct_of_peak_sustained_active","dram__throughput.avg.pct_of_peak_sustained_elapsed"\n'
-            '"","","","","usecond","register/thread","%","%"\n'
-            '"0","matmul_kernel","(128, 1, 1)","(64, 1, 1)","14.21","168","11.8","71.4"\n')
+    text = (
+        "==PROF== Disconnected\n"
+        '"ID","Kernel Name","Block Size","Grid Size","gpu__time_duration.sum","launch__registers_per_thread",'
+        '"sm__warps_active.avg.pct_of_peak_sustained_active","dram__throughput.avg.pct_of_peak_sustained_elapsed"\n'
+        '"","","","","usecond","register/thread","%","%"\n'
+        '"0","matmul_kernel","(128, 1, 1)","(64, 1, 1)","14.21","168","11.8","71.4"\n'
+    )
     rows = profile.parse_ncu_raw(text)
-    assert rows == [{"kernel": "matmul_kernel", "block": "(128, 1, 1)", "grid": "(64, 1, 1)",
-                     "duration": "14.21 usecond", "regs": "168 register/thread", "occupancy_pct": "11.8 %",
-                     "dram_pct": "71.4 %"}]
+    assert rows == [
+        {
+            "kernel": "matmul_kernel",
+            "block": "(128, 1, 1)",
+            "grid": "(64, 1, 1)",
+            "duration": "14.21 usecond",
+            "regs": "168 register/thread",
+            "occupancy_pct": "11.8 %",
+            "dram_pct": "71.4 %",
+        }
+    ]
     assert profile.parse_ncu_raw("nothing here\n") == []
 
 
@@ -349,8 +465,13 @@ def test_profiling_without_a_gpu_says_so_in_one_line(tmp_path):
     request.write_text(json.dumps({"experiment": "x", "device": "d", "calls": 1, "jobs": []}))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(PYTHON_DIR)
-    done = subprocess.run([sys.executable, "-m", "tunelab.profiler", str(request), "--out", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "tunelab.profiler", str(request), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 4, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("tunelab profile: ") and ("needs a GPU" in last or "Proton" in last), last

@@ -25,11 +25,23 @@ from conftest import PYTHON_DIR
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 GEMM_SHAPE = {"M": 512, "N": 384, "K": 1024, "dtype": "bf16"}
-GEMM_CONFIG = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
-               "num_warps": 8, "num_stages": 3}
+GEMM_CONFIG = {
+    "BLOCK_SIZE_M": 128,
+    "BLOCK_SIZE_N": 128,
+    "BLOCK_SIZE_K": 64,
+    "GROUP_SIZE_M": 8,
+    "num_warps": 8,
+    "num_stages": 3,
+}
 MOE_SHAPE = {"M": 64, "E": 32, "topk": 4, "K": 2880, "N": 2880, "dtype": "bf16", "activation": "silu"}
-MOE_CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
-              "num_warps": 4, "num_stages": 3}
+MOE_CONFIG = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
 TOLERANCE = {"atol": 2e-2, "rtol": 2e-2, "max_mismatch": 0.005}
 
 
@@ -104,15 +116,35 @@ def test_an_edited_ir_with_a_register_cap_runs_and_uses_what_it_asked_for(lane, 
 
 
 def test_proton_profiles_a_job(tmp_path):
-    request = {"experiment": "gpu-test", "problem": "gemm", "device": torch.cuda.get_device_name(), "seed": 0,
-               "calls": 5, "jobs": [{"label": "gemm/triton", "rank": 1, "winner_of_shape": True, "job": gemm_job("p"),
-                                      "tolerance": TOLERANCE, "median_us": None,
-                                      "flops": 2.0 * 512 * 384 * 1024, "bytes": 2.0 * (512 * 1024 + 1024 * 384 + 512 * 384)}]}
+    request = {
+        "experiment": "gpu-test",
+        "problem": "gemm",
+        "device": torch.cuda.get_device_name(),
+        "seed": 0,
+        "calls": 5,
+        "jobs": [
+            {
+                "label": "gemm/triton",
+                "rank": 1,
+                "winner_of_shape": True,
+                "job": gemm_job("p"),
+                "tolerance": TOLERANCE,
+                "median_us": None,
+                "flops": 2.0 * 512 * 384 * 1024,
+                "bytes": 2.0 * (512 * 1024 + 1024 * 384 + 512 * 384),
+            }
+        ],
+    }
     path = tmp_path / "request.json"
     path.write_text(json.dumps(request))
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
-    done = subprocess.run([sys.executable, "-m", "tunelab.profiler", str(path), "--out", str(tmp_path),
-                           "--no-ncu"], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tunelab.profiler", str(path), "--out", str(tmp_path), "--no-ncu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "summary.json").read_text())
     assert rows[0]["gpu_us"] > 0 and rows[0]["kernels"][0]["name"] == "matmul_kernel", rows

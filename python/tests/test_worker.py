@@ -29,8 +29,15 @@ def gemm_job(job_id="gemm-1", dtype="fp16", method="matmul", **config):
         "problem": "gemm",
         "shape": {"M": 32, "N": 32, "K": 32, "dtype": dtype},
         "method": {"name": "triton", "kind": "triton", "kernel": method},
-        "config": {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1,
-                   "num_warps": 4, "num_stages": 2, **config},
+        "config": {
+            "BLOCK_SIZE_M": 32,
+            "BLOCK_SIZE_N": 32,
+            "BLOCK_SIZE_K": 16,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+            **config,
+        },
     }
 
 
@@ -217,10 +224,16 @@ def test_protocol_end_to_end(spawn_worker):
         assert hello["device"] == "cpu"
 
     described = worker.request("describe", problem="gemm", shape={"M": 64, "N": 64, "K": 64, "dtype": "fp16"})
-    assert described == {"id": described["id"], "ok": True, "flops": 524288.0, "bytes": 24576.0,
-                         "methods": ["matmul", "torch_matmul", "matmul_a8w8_blockscale"],
-                         "unavailable": {"matmul_a8w8_blockscale": "matmul_a8w8_blockscale multiplies fp8 operands "
-                                                                   "(dtype: fp8), not fp16"}}
+    assert described == {
+        "id": described["id"],
+        "ok": True,
+        "flops": 524288.0,
+        "bytes": 24576.0,
+        "methods": ["matmul", "torch_matmul", "matmul_a8w8_blockscale"],
+        "unavailable": {
+            "matmul_a8w8_blockscale": "matmul_a8w8_blockscale multiplies fp8 operands (dtype: fp8), not fp16"
+        },
+    }
 
     job = gemm_job()
     compiled = worker.request("compile", job=job)
@@ -238,8 +251,9 @@ def test_protocol_end_to_end(spawn_worker):
     for flush_with in ("read", "memset"):
         sampled = worker.request("sample", job_id=job["job_id"], count=3, flush_bytes=1 << 20, flush_with=flush_with)
         assert sampled["ok"] and len(sampled["us"]) == 3 and all(t > 0 for t in sampled["us"])
-    assert_failed(worker.request("sample", job_id=job["job_id"], count=1, flush_bytes=64, flush_with="evict"),
-                  "bad_request")
+    assert_failed(
+        worker.request("sample", job_id=job["job_id"], count=1, flush_bytes=64, flush_with="evict"), "bad_request"
+    )
     assert sampled["timer"] == ("cuda_event" if MODE == "gpu" else "wall")
     if MODE == "interpreter":
         assert sampled["sm_clock_mhz"] is None
@@ -265,8 +279,9 @@ def test_bad_input_gets_bad_request_and_the_worker_keeps_serving(shared_worker):
     assert_failed(worker.request("check", job=gemm_job(), seed=0), "bad_request")  # no tolerance
     assert_failed(worker.request("sample", job_id="never-checked", count=1), "bad_request")
     assert_failed(worker.request("warmup", job_id="never-checked"), "bad_request")
-    assert_failed(worker.request("check", job=gemm_job(method="no_such_method"), seed=0, tolerance=TOLERANCE),
-                  "bad_request")
+    assert_failed(
+        worker.request("check", job=gemm_job(method="no_such_method"), seed=0, tolerance=TOLERANCE), "bad_request"
+    )
     # Blank lines are not requests and get no response; the next one does.
     worker.send_raw(b"\n")
     assert worker.request("hello")["ok"]
@@ -406,8 +421,9 @@ def test_a_passing_check_goes_on_to_the_warmup_and_first_batch_in_the_same_call(
 
 
 def test_a_failing_check_does_not_go_on(shared_worker):
-    checked = shared_worker.request("check", job=axpy_job("axpy-wrong-then", "off_by_one"), seed=0,
-                                    tolerance=TOLERANCE, then=THEN)
+    checked = shared_worker.request(
+        "check", job=axpy_job("axpy-wrong-then", "off_by_one"), seed=0, tolerance=TOLERANCE, then=THEN
+    )
     assert checked["ok"] and not checked["passed"] and "then" not in checked, checked
 
 
@@ -480,13 +496,15 @@ def test_a_then_that_fails_keeps_the_checks_verdict(shared_worker):
     assert checked["ok"] and checked["passed"], checked
     assert checked["then"]["ok"] is False and checked["then"]["class"] == "bad_request"
     assert "count" in checked["then"]["message"]
-    assert_failed(shared_worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE, then={"warmup": 1}),
-                  "bad_request")
+    assert_failed(
+        shared_worker.request("check", job=gemm_job(), seed=0, tolerance=TOLERANCE, then={"warmup": 1}), "bad_request"
+    )
 
 
 def test_nan_output_is_counted(shared_worker):
-    checked = shared_worker.request("check", job=axpy_job("axpy-nan", "nan"), seed=0,
-                                    tolerance={**TOLERANCE, "max_mismatch": 1.0})
+    checked = shared_worker.request(
+        "check", job=axpy_job("axpy-nan", "nan"), seed=0, tolerance={**TOLERANCE, "max_mismatch": 1.0}
+    )
     assert checked["ok"] and not checked["passed"], checked
     assert checked["nan_count"] == 1 and checked["inf_count"] == 0
 
@@ -510,8 +528,13 @@ def test_a_lane_counts_the_bytes_of_the_inputs_it_built(shared_worker):
     assert plain["bytes"] == problem.bytes()
     inputs = problem.inputs(4, "cuda" if MODE == "gpu" else "cpu")
     assert seeded["bytes"] == problem.bytes_for(inputs) != plain["bytes"]
-    job = {"job_id": "moe-bytes", "problem": "moe", "shape": shape, "method": {"name": "torch", "kernel": "torch"},
-           "config": {}}
+    job = {
+        "job_id": "moe-bytes",
+        "problem": "moe",
+        "shape": shape,
+        "method": {"name": "torch", "kernel": "torch"},
+        "config": {},
+    }
     checked = shared_worker.request("check", job=job, seed=4, tolerance=TOLERANCE)
     assert checked["ok"] and checked["passed"] and checked["bytes"] == seeded["bytes"], checked
 
@@ -573,7 +596,10 @@ def test_compile_role_with_a_target_compiles_for_a_gpu_it_cannot_see(spawn_worke
     (no_torch / "torch").mkdir(parents=True)
     (no_torch / "torch" / "__init__.py").write_text("raise ImportError('a compile worker imported torch')\n")
     worker = spawn_worker(
-        "--role", "compile", "--target", "cuda:90:32",
+        "--role",
+        "compile",
+        "--target",
+        "cuda:90:32",
         extra_path=(no_torch,),
         env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
     )
@@ -588,11 +614,18 @@ def test_compile_role_with_a_target_compiles_for_a_gpu_it_cannot_see(spawn_worke
     assert ".target sm_90a" in ptx
 
     moe = {
-        "job_id": "moe-1", "problem": "moe",
+        "job_id": "moe-1",
+        "problem": "moe",
         "shape": {"M": 4, "E": 8, "topk": 2, "K": 128, "N": 64, "dtype": "bf16", "activation": "silu"},
         "method": {"name": "triton", "kernel": "fused_moe"},
-        "config": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
-                   "num_warps": 4, "num_stages": 2},
+        "config": {
+            "BLOCK_SIZE_M": 16,
+            "BLOCK_SIZE_N": 32,
+            "BLOCK_SIZE_K": 64,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
     }
     compiled = worker.request("compile", job=moe)
     assert compiled["ok"] and compiled["compiled"] is True, compiled
@@ -625,11 +658,20 @@ def test_quantised_kernels_compile_for_sm90_without_a_gpu(spawn_worker, tmp_path
     lowering, dependent launches)."""
     cache = tmp_path / "triton-cache"
     worker = spawn_worker(
-        "--role", "compile", "--target", "cuda:90:32",
+        "--role",
+        "compile",
+        "--target",
+        "cuda:90:32",
         env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
     )
-    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
-           "num_stages": 3}
+    cfg = {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     base = {"M": 4, "E": 8, "topk": 2, "K": 256, "N": 96, "act_dtype": "bf16"}
     jobs = [
         ("fused_moe", dict(base, dtype="fp8"), cfg),
@@ -638,18 +680,32 @@ def test_quantised_kernels_compile_for_sm90_without_a_gpu(spawn_worker, tmp_path
         ("fused_moe", dict(base, dtype="mxfp4", activation="swiglu_oai"), dict(cfg, DOT_SCALED=1)),
     ]
     for i, (kernel, shape, config) in enumerate(jobs):
-        job = {"job_id": f"q{i}", "problem": "moe", "shape": shape, "method": {"name": kernel, "kernel": kernel},
-               "config": config}
+        job = {
+            "job_id": f"q{i}",
+            "problem": "moe",
+            "shape": shape,
+            "method": {"name": kernel, "kernel": kernel},
+            "config": config,
+        }
         compiled = worker.request("compile", job=job)
         assert compiled["ok"] and compiled["compiled"] is True, compiled
-    gemm = {"job_id": "a8w8", "problem": "gemm", "shape": {"M": 16, "N": 256, "K": 512, "dtype": "fp8"},
-            "method": {"name": "a8w8", "kernel": "matmul_a8w8_blockscale"},
-            "config": dict(cfg, NUM_KSPLIT=2)}
+    gemm = {
+        "job_id": "a8w8",
+        "problem": "gemm",
+        "shape": {"M": 16, "N": 256, "K": 512, "dtype": "fp8"},
+        "method": {"name": "a8w8", "kernel": "matmul_a8w8_blockscale"},
+        "config": dict(cfg, NUM_KSPLIT=2),
+    }
     compiled = worker.request("compile", job=gemm)
     assert compiled["ok"] and compiled["compiled"] is True, compiled
-    assert {"moe_quant_act_kernel.cubin", "moe_gemm1_q_kernel.cubin", "moe_gemm2_q_kernel.cubin",
-            "moe_act_kernel.cubin", "matmul_a8w8_blockscale_kernel.cubin",
-            "reduce_splits_kernel.cubin"} <= set(_cubins(cache))
+    assert {
+        "moe_quant_act_kernel.cubin",
+        "moe_gemm1_q_kernel.cubin",
+        "moe_gemm2_q_kernel.cubin",
+        "moe_act_kernel.cubin",
+        "matmul_a8w8_blockscale_kernel.cubin",
+        "reduce_splits_kernel.cubin",
+    } <= set(_cubins(cache))
     ptx = [f.read_text() for f in cache.rglob("moe_gemm1_q_kernel.ptx")]
     # tunelab's fp8 call: GEMM 1 waits for the quantised x (a dependent launch on sm_90);
     # fp8 operands reach the tensor cores (wgmma or mma.sync after an fp8 -> 16-bit conversion).
@@ -659,8 +715,7 @@ def test_quantised_kernels_compile_for_sm90_without_a_gpu(spawn_worker, tmp_path
 
 
 def test_a_malformed_target_stops_the_worker_with_a_message(spawn_worker):
-    worker = spawn_worker("--role", "compile", "--target", "cuda:sm90:32",
-                          env_overrides={"TRITON_INTERPRET": None})
+    worker = spawn_worker("--role", "compile", "--target", "cuda:sm90:32", env_overrides={"TRITON_INTERPRET": None})
     assert worker.at_eof()
     assert worker.proc.wait(timeout=30) != 0
     assert "compute capability as digits" in worker.stderr_text()
@@ -682,7 +737,10 @@ def test_a_lane_without_torch_describes_the_data_and_binds_recipes_to_it(spawn_w
     (no_torch / "torch").mkdir(parents=True)
     (no_torch / "torch" / "__init__.py").write_text("raise ImportError('the lane imported torch')\n")
     worker = spawn_worker(
-        "--role", "lane", "--target", "cuda:90:32",
+        "--role",
+        "lane",
+        "--target",
+        "cuda:90:32",
         extra_path=(no_torch,),
         env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
     )
@@ -693,11 +751,18 @@ def test_a_lane_without_torch_describes_the_data_and_binds_recipes_to_it(spawn_w
     data = worker.request("native_data", problem="gemm", shape=shape, seed=7)
     assert data["ok"], data
     assert [(t["name"], t["dtype"], t["shape"], t["bytes"]) for t in data["tensors"]] == [
-        ("a", "bfloat16", [96, 64], 96 * 64 * 2), ("b", "bfloat16", [64, 80], 64 * 80 * 2),
-        ("out", "bfloat16", [96, 80], 96 * 80 * 2), ("reference", "float32", [96, 80], 96 * 80 * 4)]
-    std = 64 ** -0.25
+        ("a", "bfloat16", [96, 64], 96 * 64 * 2),
+        ("b", "bfloat16", [64, 80], 64 * 80 * 2),
+        ("out", "bfloat16", [96, 80], 96 * 80 * 2),
+        ("reference", "float32", [96, 80], 96 * 80 * 4),
+    ]
+    std = 64**-0.25
     assert [t["fill"] for t in data["tensors"]] == [
-        {"normal": {"std": std, "stream": 0}}, {"normal": {"std": std, "stream": 1}}, None, None]
+        {"normal": {"std": std, "stream": 0}},
+        {"normal": {"std": std, "stream": 1}},
+        None,
+        None,
+    ]
     assert (data["out"], data["reference"], data["poison"], data["elements"], data["seed"]) == (2, 3, "c07f", 7680, 7)
     assert data["reference_op"] == {"op": "matmul", "a": 0, "b": 1, "out": 3, "m": 96, "n": 80, "k": 64}
 
@@ -724,8 +789,9 @@ def test_a_lane_without_torch_describes_the_data_and_binds_recipes_to_it(spawn_w
     fp8 = worker.request("native_data", problem="gemm", shape={"M": 16, "N": 256, "K": 512, "dtype": "fp8"})
     assert_failed(fp8, "problem_error")
     assert "inputs: python" in fp8["message"]
-    moe = worker.request("native_data", problem="moe",
-                         shape={"M": 4, "E": 8, "topk": 2, "K": 128, "N": 64, "dtype": "bf16"})
+    moe = worker.request(
+        "native_data", problem="moe", shape={"M": 4, "E": 8, "topk": 2, "K": 128, "N": 64, "dtype": "bf16"}
+    )
     assert_failed(moe, "problem_error")
     assert "no native_data()" in moe["message"]
     assert worker.request("shutdown")["ok"]
@@ -798,8 +864,13 @@ def test_timing_modes(shared_worker):
     # graph_calls defaults to 10; a second request replays the cached graph.
     assert worker.request("sample", job_id=job["job_id"], count=2, timing="graph")["ok"]
     assert worker.request("sample", job_id=job["job_id"], count=2, timing="graph")["ok"]
-    for bad in ({"timing": "warm"}, {"timing": 3}, {"timing": "graph", "graph_calls": 0},
-                {"timing": "graph", "graph_calls": 2.5}, {"timing": "graph", "graph_calls": True}):
+    for bad in (
+        {"timing": "warm"},
+        {"timing": 3},
+        {"timing": "graph", "graph_calls": 0},
+        {"timing": "graph", "graph_calls": 2.5},
+        {"timing": "graph", "graph_calls": True},
+    ):
         assert_failed(worker.request("sample", job_id=job["job_id"], count=1, **bad), "bad_request")
 
 
@@ -830,8 +901,13 @@ def test_a_launch_that_syncs_cannot_be_graph_timed(spawn_worker):
 @pytest.mark.parametrize("method", ["fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch"])
 def test_moe_methods_under_graph_timing(shared_worker, method):
     shape = {"M": 4, "E": 32, "topk": 4, "K": 256, "N": 128, "dtype": "bf16"}
-    job = {"job_id": f"moe-graph-{method}", "problem": "moe", "shape": shape,
-           "method": {"name": method, "kernel": method}, "config": {}}
+    job = {
+        "job_id": f"moe-graph-{method}",
+        "problem": "moe",
+        "shape": shape,
+        "method": {"name": method, "kernel": method},
+        "config": {},
+    }
     checked = shared_worker.request("check", job=job, seed=0, tolerance={"atol": 2e-2, "rtol": 2e-2})
     assert checked["ok"] and checked["passed"], checked
     sampled = shared_worker.request("sample", job_id=job["job_id"], count=4, timing="graph", graph_calls=5)
@@ -860,7 +936,8 @@ def test_moe_library_methods_are_reported_unavailable(shared_worker):
     described = shared_worker.request("describe", problem="moe", shape=shape)
     assert described["ok"]
     assert {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch", "vllm", "aiter", "triton_kernels"} == set(
-        described["methods"])
+        described["methods"]
+    )
     assert not {"fused_moe", "fused_moe_vllm", "fused_moe_persistent", "torch"} & set(described["unavailable"])
     if importlib.util.find_spec("vllm") is None:
         assert "not installed" in described["unavailable"]["vllm"]
@@ -871,8 +948,13 @@ def test_moe_library_methods_are_reported_unavailable(shared_worker):
     description = probed["methods"]["triton_kernels"]["description"]
     assert description.startswith("OpenAI's triton_kernels matmul_ogs MoE") and "(" in description
     assert probed["methods"]["fused_moe"]["description"].startswith("Our Triton fused MoE")
-    job = {"job_id": "moe-aiter", "problem": "moe", "shape": shape, "method": {"name": "aiter", "kernel": "aiter"},
-           "config": {}}
+    job = {
+        "job_id": "moe-aiter",
+        "problem": "moe",
+        "shape": shape,
+        "method": {"name": "aiter", "kernel": "aiter"},
+        "config": {},
+    }
     if "aiter" in described["unavailable"]:
         response = shared_worker.request("check", job=job, seed=0, tolerance=TOLERANCE)
         assert_failed(response, "problem_error")
@@ -880,11 +962,20 @@ def test_moe_library_methods_are_reported_unavailable(shared_worker):
 
 
 def test_a_compile_worker_with_a_target_leaves_unavailable_out(spawn_worker, tmp_path):
-    worker = spawn_worker("--role", "compile", "--target", "cuda:90:32",
-                          env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "",
-                                         "TRITON_CACHE_DIR": str(tmp_path / "cache")})
-    described = worker.request("describe", problem="moe",
-                               shape={"M": 2, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "bf16"})
+    worker = spawn_worker(
+        "--role",
+        "compile",
+        "--target",
+        "cuda:90:32",
+        env_overrides={
+            "TRITON_INTERPRET": None,
+            "CUDA_VISIBLE_DEVICES": "",
+            "TRITON_CACHE_DIR": str(tmp_path / "cache"),
+        },
+    )
+    described = worker.request(
+        "describe", problem="moe", shape={"M": 2, "E": 8, "topk": 2, "K": 64, "N": 32, "dtype": "bf16"}
+    )
     assert described["ok"] and "unavailable" not in described and "vllm" in described["methods"]
 
 
@@ -896,22 +987,35 @@ def test_compile_worker_compiles_the_new_moe_methods(spawn_worker, tmp_path):
     (no_torch / "torch").mkdir(parents=True)
     (no_torch / "torch" / "__init__.py").write_text("raise ImportError('a compile worker imported torch')\n")
     worker = spawn_worker(
-        "--role", "compile", "--target", "cuda:90:32",
+        "--role",
+        "compile",
+        "--target",
+        "cuda:90:32",
         extra_path=(no_torch,),
         env_overrides={"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(cache)},
     )
     shape = {"M": 1, "E": 8, "topk": 4, "K": 128, "N": 64, "dtype": "bf16", "activation": "swiglu_oai"}
 
     def compile_job(job_id, method, **shape_changes):
-        job = {"job_id": job_id, "problem": "moe", "shape": dict(shape, **shape_changes),
-               "method": {"name": method, "kernel": method}, "config": {}}
+        job = {
+            "job_id": job_id,
+            "problem": "moe",
+            "shape": dict(shape, **shape_changes),
+            "method": {"name": method, "kernel": method},
+            "config": {},
+        }
         compiled = worker.request("compile", job=job)
         assert compiled["ok"] and compiled["compiled"] is True, compiled
 
     # vLLM's structure: the alignment and activation kernels even for 4 slots, no dependent launch.
     compile_job("vllm-1", "fused_moe_vllm")
-    assert {"moe_align_kernel.cubin", "moe_gemm1_kernel.cubin", "moe_act_kernel.cubin", "moe_gemm2_kernel.cubin",
-            "moe_sum_kernel.cubin"} == set(_cubins(cache))
+    assert {
+        "moe_align_kernel.cubin",
+        "moe_gemm1_kernel.cubin",
+        "moe_act_kernel.cubin",
+        "moe_gemm2_kernel.cubin",
+        "moe_sum_kernel.cubin",
+    } == set(_cubins(cache))
     assert not any("griddepcontrol" in f.read_text() for f in cache.rglob("*.ptx"))
 
     # Persistent, 4 slots: aligned in registers, waits (volatile polls), w2 prefetched into L2.

@@ -242,8 +242,9 @@ def read_journal(path: PathLike) -> JobRecords:
     )
 
 
-def compare(base: PathLike, new: PathLike, fail_on_slower: Optional[float] = None,
-            run_spread: Optional[float] = None) -> dict[str, Any]:
+def compare(
+    base: PathLike, new: PathLike, fail_on_slower: Optional[float] = None, run_spread: Optional[float] = None
+) -> dict[str, Any]:
     """NEW against BASE, as `tunelab compare BASE NEW` computes it.
 
     BASE and NEW are results directories or journal files, or BASE is a

@@ -23,11 +23,11 @@ def reference_fault(ref) -> str | None:
     inf = int(torch.isinf(values).sum())
     if nan == 0 and inf == 0:
         return None
-    found = " and ".join(
-        f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "infinite")) if n
+    found = " and ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "infinite")) if n)
+    return (
+        f"the reference output holds {found} values (of {values.numel()}): the problem's reference or "
+        "its inputs overflow at this shape, so no method can be checked against it"
     )
-    return (f"the reference output holds {found} values (of {values.numel()}): the problem's reference or "
-            "its inputs overflow at this shape, so no method can be checked against it")
 
 
 def compare(out, ref, atol: float, rtol: float, max_mismatch: float) -> dict:

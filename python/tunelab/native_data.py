@@ -99,8 +99,9 @@ def layout(description: dict, seed: int) -> dict:
     try:
         a, b = inputs[names.index(reference["a"])], inputs[names.index(reference["b"])]
     except (KeyError, ValueError):
-        raise NativeDataError(f"the matmul reference names {reference.get('a')!r} and {reference.get('b')!r}; "
-                              f"the inputs are {names}") from None
+        raise NativeDataError(
+            f"the matmul reference names {reference.get('a')!r} and {reference.get('b')!r}; the inputs are {names}"
+        ) from None
     if len(a["shape"]) != 2 or len(b["shape"]) != 2 or a["shape"][1] != b["shape"][0]:
         raise NativeDataError(f"matmul of shapes {a['shape']} and {b['shape']}: a [M, K] and b [K, N] needed")
     (m, k), n = a["shape"], b["shape"][1]
@@ -116,8 +117,15 @@ def layout(description: dict, seed: int) -> dict:
         "elements": _numel(out["shape"]),
         "uuid": "",
         "seed": int(seed),
-        "reference_op": {"op": "matmul", "a": names.index(reference["a"]), "b": names.index(reference["b"]),
-                         "out": last, "m": m, "n": n, "k": k},
+        "reference_op": {
+            "op": "matmul",
+            "a": names.index(reference["a"]),
+            "b": names.index(reference["b"]),
+            "out": last,
+            "m": m,
+            "n": n,
+            "k": k,
+        },
     }
 
 

@@ -144,10 +144,14 @@ def _find() -> TritonKernels | str:
 
         return TritonKernels(module, f"vllm {version('vllm')}'s vllm.third_party.triton_kernels", _api_of(module))
     if manifest is None or peers_path is None:
-        return ("triton_kernels is not installed, vLLM (which bundles it) is not either, and there is no "
-                "`.peers` folder: run `just peers` (docs/peers.md)")
+        return (
+            "triton_kernels is not installed, vLLM (which bundles it) is not either, and there is no "
+            "`.peers` folder: run `just peers` (docs/peers.md)"
+        )
     if not (peers_path / "triton_kernels").is_dir():
-        return f"the `.peers` folder has no triton_kernels under {manifest.get('python_path')!r}: run `just peers` again"
+        return (
+            f"the `.peers` folder has no triton_kernels under {manifest.get('python_path')!r}: run `just peers` again"
+        )
     sys.path.insert(0, str(peers_path))
     module = importlib.import_module("triton_kernels")
     return TritonKernels(module, _peers_source(manifest), _api_of(module))

@@ -31,16 +31,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tunelab.workbench.profile import (NCU_SECTIONS, CannotProfile, hatchet_scopes, markdown, ncu_rows, slug,
-                                       summarise)
+from tunelab.workbench.profile import NCU_SECTIONS, CannotProfile, hatchet_scopes, markdown, ncu_rows, slug, summarise
 
 
 def _worker():
     import torch
 
     if not torch.cuda.is_available():
-        raise CannotProfile("needs a GPU: it re-runs the winners on one under Proton and Nsight Compute, "
-                            "and none is visible here")
+        raise CannotProfile(
+            "needs a GPU: it re-runs the winners on one under Proton and Nsight Compute, and none is visible here"
+        )
     from tunelab.worker import Worker
 
     return Worker(role="lane", mode="gpu")
@@ -122,12 +122,19 @@ def run_ncu(request_path: Path, request: dict, out: Path, ncu: str) -> dict:
     (out / "ncu").mkdir(parents=True, exist_ok=True)
     for i, job in enumerate(request["jobs"]):
         report = out / "ncu" / slug(job["label"])
-        cmd = [ncu, "--profile-from-start", "off", "--target-processes", "all", "--force-overwrite",
-               "--export", str(report)]
+        cmd = [
+            ncu,
+            "--profile-from-start",
+            "off",
+            "--target-processes",
+            "all",
+            "--force-overwrite",
+            "--export",
+            str(report),
+        ]
         for section in NCU_SECTIONS:
             cmd += ["--section", section]
-        cmd += [sys.executable, "-m", "tunelab.profiler", str(request_path), "--out", str(out),
-                "--ncu-child", str(i)]
+        cmd += [sys.executable, "-m", "tunelab.profiler", str(request_path), "--out", str(out), "--ncu-child", str(i)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0 or not report.with_name(report.name + ".ncu-rep").is_file():
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]

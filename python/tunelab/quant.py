@@ -158,7 +158,7 @@ def quantize_mxfp4(w):
         w32 = torch.nn.functional.pad(w32, (0, padded_cols - cols))
     groups = w32.unflatten(-1, (padded_cols // MX_GROUP, MX_GROUP))
     amax = groups.abs().amax(dim=-1)
-    exp = torch.floor(torch.log2(torch.clamp(amax, min=2.0 ** -127))) - 2
+    exp = torch.floor(torch.log2(torch.clamp(amax, min=2.0**-127))) - 2
     exp = torch.where(amax > 0, exp, torch.full_like(exp, -127.0)).clamp(-127, 127)
     scales = (exp + 127).to(torch.uint8)
     # Divided by the very scale dequantize_mxfp4 multiplies by (exact at -127 too).
@@ -308,6 +308,7 @@ def to_pair_order(packed):
 def decode_pair_order(word: int) -> list[int]:
     """The four f16 pairs (32-bit ints) the kernel makes of one pair-order
     word: for tests and for reading the layout."""
+
     def rotr(w: int, s: int) -> int:
         return ((w >> s) | (w << (32 - s))) & 0xFFFFFFFF if s else w
 

@@ -128,7 +128,14 @@ def run_shard(spec):
     for rel in _journal_dirs(stage):
         journals[str(rel)] = (stage / rel / JOURNAL).read_bytes()
     tail = log_path.read_text(errors="replace").splitlines()[-20:]
-    yield {"kind": "done", "shard": spec["shard"], "code": code, "journals": journals, "log": tail, "host": os.uname().nodename}
+    yield {
+        "kind": "done",
+        "shard": spec["shard"],
+        "code": code,
+        "journals": journals,
+        "log": tail,
+        "host": os.uname().nodename,
+    }
 
 
 def main(argv=None) -> int:
@@ -202,7 +209,10 @@ def main(argv=None) -> int:
                         print("\n".join("  " + line for line in event["log"]), flush=True)
         missing = sorted(set(gens.values()) - set(done))
         if missing:
-            print(f"tunelab.ray: no result from shard(s) {', '.join(missing)}: run the same command to resume", file=sys.stderr)
+            print(
+                f"tunelab.ray: no result from shard(s) {', '.join(missing)}: run the same command to resume",
+                file=sys.stderr,
+            )
         code = gather_and_merge(done, stages, results, args, workdir)
         return max(code, 1) if missing else code
     finally:

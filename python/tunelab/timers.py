@@ -28,8 +28,9 @@ class WallTimer:
             ms = (time.perf_counter() - started) * 1e3
         return launches, ms
 
-    def sample(self, launch: Callable[[], object], count: int, flush_bytes: int,
-               flush_with: str = "read") -> tuple[list[float], Optional[int]]:
+    def sample(
+        self, launch: Callable[[], object], count: int, flush_bytes: int, flush_with: str = "read"
+    ) -> tuple[list[float], Optional[int]]:
         us = []
         for _ in range(count):
             started = time.perf_counter()
@@ -199,8 +200,9 @@ class CudaEventTimer:
             needed = math.ceil((min_ms - ms) / per_launch) if per_launch > 0 else 2 * batch
             batch = max(1, min(needed, 4 * batch, self._MAX_WARMUP_BATCH))
 
-    def sample(self, launch: Callable[[], object], count: int, flush_bytes: int,
-               flush_with: str = "read") -> tuple[list[float], Optional[int]]:
+    def sample(
+        self, launch: Callable[[], object], count: int, flush_bytes: int, flush_with: str = "read"
+    ) -> tuple[list[float], Optional[int]]:
         torch = self._torch
         flush = self._flusher(flush_bytes, flush_with)
         starts, ends = self._events(count)

@@ -43,17 +43,17 @@ class ConstraintsFile:
 
     def __init__(self, doc: dict, source: str = "<memory>"):
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError(f"{source}: not a triton_kernels_json file (its \"format\" is not {FORMAT!r})")
+            raise ValueError(f'{source}: not a triton_kernels_json file (its "format" is not {FORMAT!r})')
         if doc.get("version") != VERSION:
             raise ValueError(f"{source}: version {doc.get('version')!r}; this tunelab reads version {VERSION}")
         shape = doc.get("shape")
         entries = doc.get("M")
         if not isinstance(shape, dict) or not isinstance(entries, dict) or not entries:
-            raise ValueError(f"{source}: needs a \"shape\" object and a non-empty \"M\" object")
+            raise ValueError(f'{source}: needs a "shape" object and a non-empty "M" object')
         try:
             self.E, self.N = int(shape["E"]), int(shape["N"])
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{source}: \"shape\" needs integer E and N") from None
+            raise ValueError(f'{source}: "shape" needs integer E and N') from None
         self.source = source
         self.device_name = doc.get("device_name")
         self.entries: list[tuple[int, dict]] = []
@@ -66,7 +66,8 @@ class ConstraintsFile:
             for matmul in MATMULS:
                 given = entry.get(matmul, {}) if isinstance(entry, dict) else None
                 if not isinstance(given, dict) or not all(
-                        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in given.values()):
+                    isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in given.values()
+                ):
                     raise ValueError(f"{source}: M={key} {matmul} must map constraint names to positive integers")
                 constraints[matmul] = dict(given)
             self.entries.append((m, constraints))
@@ -90,8 +91,9 @@ def load(paths: Iterable) -> list[ConstraintsFile]:
     return [ConstraintsFile.load(p) for p in paths]
 
 
-def constraints_for(files: list[ConstraintsFile], matmul: str, n_experts: int, intermediate: int,
-                    m: int) -> Optional[dict]:
+def constraints_for(
+    files: list[ConstraintsFile], matmul: str, n_experts: int, intermediate: int, m: int
+) -> Optional[dict]:
     """The constraints of one call, or None when no file covers it."""
     for f in files:
         if f.covers(n_experts, intermediate):

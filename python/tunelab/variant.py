@@ -78,8 +78,12 @@ def swapped(modules: dict[str, str] | None) -> Iterator[None]:
     try:
         # Named modules first, then their dependents, each after the modules it
         # refers to (as imported now), so that its imports find them swapped.
-        order = _in_order({name: (path, _refers_to(sys.modules[name]) if name in sys.modules else set())
-                           for name, path in modules.items()})
+        order = _in_order(
+            {
+                name: (path, _refers_to(sys.modules[name]) if name in sys.modules else set())
+                for name, path in modules.items()
+            }
+        )
         order += _dependents(set(modules))
         against: list[tuple[str, int]] = []
         for name, path in order:
@@ -205,8 +209,7 @@ def tensor_core_burn(torch) -> Callable[[], Any]:
     return lambda: torch.matmul(a, b, out=c)
 
 
-def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float,
-                 burn: Callable[[], Any] | None = None) -> Planted:
+def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float, burn: Callable[[], Any] | None = None) -> Planted:
     """The GPU's plant: kernels queued after the launch that keep the GPU
     busy for `plant_us`, and the host held until `plant_us` after it began
     queueing them, so that a launch with them takes `plant_us` longer
@@ -309,7 +312,7 @@ def plant_on_gpu(torch, launch: Callable[[], Any], plant_us: float,
     per_us = size()
     planted = Planted(launch, spin, max(plant_us, state["gap"]))
     planted.before_batch = size
-    burned = (f"{state['burns']} burns of {state['burn_each']:.2f} us, " if burn is not None else "")
+    burned = f"{state['burns']} burns of {state['burn_each']:.2f} us, " if burn is not None else ""
     print(
         f"tunelab worker: planted {planted.planted_us:.2f} us a launch (asked {plant_us:.2f}): "
         f"behind a launch, one more kernel {state['gap']:.2f} us, {per_us:.0f} cycles/us; "

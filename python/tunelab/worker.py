@@ -26,14 +26,39 @@ import traceback
 from typing import Any, Optional
 
 from tunelab import PROTOCOL_VERSION
-from tunelab.failures import (BAD_REQUEST, COMPILE_ERROR, PROBLEM_ERROR, WorkerError, bad_request, classify,
-                              stage, summarize)
+from tunelab.failures import (
+    BAD_REQUEST,
+    COMPILE_ERROR,
+    PROBLEM_ERROR,
+    WorkerError,
+    bad_request,
+    classify,
+    stage,
+    summarize,
+)
 from tunelab.timers import CudaEventTimer, SmClock, WallTimer
-from tunelab.worker_io import (_RefuseImport, _Requests, _claim_stdout, _die_with_runner, _encode, _spin_seconds,
-                               _truthy, _warm_triton_key, choose_mode)
+from tunelab.worker_io import (
+    _RefuseImport,
+    _Requests,
+    _claim_stdout,
+    _die_with_runner,
+    _encode,
+    _spin_seconds,
+    _truthy,
+    _warm_triton_key,
+    choose_mode,
+)
 from tunelab.worker_native import NativeOps
-from tunelab.worker_problem import (_bytes_for, _description, _make_problem, _poison, _require_ir_applied,
-                                    _triton_cache_dir, _type_names, _unavailable)
+from tunelab.worker_problem import (
+    _bytes_for,
+    _description,
+    _make_problem,
+    _poison,
+    _require_ir_applied,
+    _triton_cache_dir,
+    _type_names,
+    _unavailable,
+)
 from tunelab.worker_request import Job, _int_field, _number_field
 from tunelab.workbench import jit
 from tunelab.workbench.jit import COMPILE_OPTIONS
@@ -44,8 +69,21 @@ from tunelab.workbench.jit import COMPILE_OPTIONS
 # tunelab.worker_io (the protocol's I/O and the process's set-up). What
 # other code imports from here stays importable from here.
 __all__ = [
-    "FLUSH_WITH", "KEEP_PREPARED", "TIMINGS", "CudaEventTimer", "Job", "Prepared", "SmClock", "WallTimer",
-    "Worker", "WorkerError", "_Requests", "choose_mode", "classify", "main", "summarize",
+    "FLUSH_WITH",
+    "KEEP_PREPARED",
+    "TIMINGS",
+    "CudaEventTimer",
+    "Job",
+    "Prepared",
+    "SmClock",
+    "WallTimer",
+    "Worker",
+    "WorkerError",
+    "_Requests",
+    "choose_mode",
+    "classify",
+    "main",
+    "summarize",
 ]
 
 _MAX_SAMPLES = 1_000_000
@@ -75,8 +113,16 @@ KEEP_PREPARED = 8
 class Prepared:
     """A job kept ready between its check and its warmup/sample calls."""
 
-    def __init__(self, job_id: str, problem: Any, inputs: Any, launch: Any, ctx: Any = None,
-                 verdict: Optional[dict[str, Any]] = None, asked: Optional[tuple[int, float, float, float]] = None):
+    def __init__(
+        self,
+        job_id: str,
+        problem: Any,
+        inputs: Any,
+        launch: Any,
+        ctx: Any = None,
+        verdict: Optional[dict[str, Any]] = None,
+        asked: Optional[tuple[int, float, float, float]] = None,
+    ):
         self.job_id = job_id
         self.problem = problem
         self.inputs = inputs
@@ -170,10 +216,10 @@ class Worker(NativeOps):
         # worker's own time inside the round trip with it; docs/worker-protocol.md).
         at_ns = time.monotonic_ns()
         text = _encode(self._handle(raw))  # a JSON object: ends with "}"
-        met_field = b'' if met is None else b',"met":"%s"' % met.encode()
+        met_field = b"" if met is None else b',"met":"%s"' % met.encode()
         text = b'%s,"at_ns":%d%s}' % (text[:-1], at_ns, met_field)
         us = (time.perf_counter() - started) * 1e6
-        return b"%s,\"worker_us\":%.1f}\n" % (text[:-1], us)
+        return b'%s,"worker_us":%.1f}\n' % (text[:-1], us)
 
     def _handle(self, raw: bytes) -> dict[str, Any]:
         try:
@@ -308,15 +354,19 @@ class Worker(NativeOps):
         if compile_method is None or self.mode == "interpreter":
             return {"compiled": False, "seconds": 0.0, "kernels": []}
         ask = request.get("recipe")
-        if ask is not None and (not isinstance(ask, dict) or not isinstance(ask.get("cache_dir"), str)
-                                or not ask["cache_dir"]):
+        if ask is not None and (
+            not isinstance(ask, dict) or not isinstance(ask.get("cache_dir"), str) or not ask["cache_dir"]
+        ):
             raise bad_request("'recipe' must be an object with 'seed' and 'cache_dir', where the cubin goes")
         ctx = self._job_context(job)
         started = time.perf_counter()
         compiled = self._compile(job, problem, method, ctx)
         seconds = time.perf_counter() - started
-        answer = {"compiled": True if compiled is None else bool(compiled), "seconds": seconds,
-                  "kernels": [jit.resources(k) for k in ctx.kernels.values()]}
+        answer = {
+            "compiled": True if compiled is None else bool(compiled),
+            "seconds": seconds,
+            "kernels": [jit.resources(k) for k in ctx.kernels.values()],
+        }
         if ask is not None:
             # Not in `seconds`: that is the compile's alone.
             answer["recipe"] = self._recipe_after_compile(job, (problem, method, ctx), ask)
@@ -332,8 +382,11 @@ class Worker(NativeOps):
             raise bad_request("keep_ir needs 'dir': the directory to write the IR to")
         problem, method = self._problem_and_method(job)
         if self.mode == "interpreter":
-            raise WorkerError(PROBLEM_ERROR, "the interpreter compiles nothing, so there is no IR to keep; "
-                                             "keep it with a worker that compiles for a GPU (--target)")
+            raise WorkerError(
+                PROBLEM_ERROR,
+                "the interpreter compiles nothing, so there is no IR to keep; "
+                "keep it with a worker that compiles for a GPU (--target)",
+            )
         if getattr(method, "compile", None) is None:
             return {"kernels": []}
         ctx = self._job_context(job)
@@ -368,8 +421,11 @@ class Worker(NativeOps):
         if reason:
             raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} cannot run here: {reason}")
         if job.ir is not None and self.mode == "interpreter":
-            raise WorkerError(PROBLEM_ERROR, f"method {job.method!r} runs from IR ({job.ir}), which needs a GPU: "
-                                             "the interpreter runs the kernel's Python source")
+            raise WorkerError(
+                PROBLEM_ERROR,
+                f"method {job.method!r} runs from IR ({job.ir}), which needs a GPU: "
+                "the interpreter runs the kernel's Python source",
+            )
         ctx = self._job_context(job)
         inputs, expected, nbytes = self._shape_data(problem, job.problem, job.shape, seed)
         with stage("problem"):
@@ -454,9 +510,12 @@ class Worker(NativeOps):
         """What a passing check's request asks to follow in the same call: the
         warm-up and the first batch, as `warmup` and `sample` take them. Their
         failure is reported here, so the check's verdict still stands."""
-        if not isinstance(then, dict) or not isinstance(then.get("warmup"), dict) \
-                or not isinstance(then.get("sample"), dict):
-            raise bad_request("check: 'then' must be {\"warmup\": {...}, \"sample\": {...}}")
+        if (
+            not isinstance(then, dict)
+            or not isinstance(then.get("warmup"), dict)
+            or not isinstance(then.get("sample"), dict)
+        ):
+            raise bad_request('check: \'then\' must be {"warmup": {...}, "sample": {...}}')
         try:
             warmed = self.warmup({**then["warmup"], "job_id": job_id})
             started = time.perf_counter()
@@ -590,8 +649,10 @@ class Worker(NativeOps):
                 compile_method(problem, job.config)
             problems = ircheck.against_source(ctx.ir, list(source.kernels.values()))
             if problems:
-                raise WorkerError(COMPILE_ERROR, f"IR file {job.ir} does not fit method {job.method!r} "
-                                                 f"at this shape and config: {problems}")
+                raise WorkerError(
+                    COMPILE_ERROR,
+                    f"IR file {job.ir} does not fit method {job.method!r} at this shape and config: {problems}",
+                )
         with stage("compile"), jit.active(ctx):
             compiled = compile_method(problem, job.config)
         _require_ir_applied(job, ctx)
@@ -680,7 +741,6 @@ def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     if args.mode == "gpu" and (args.role != "lane" or _truthy(os.environ.get("TRITON_INTERPRET", "0"))):
         parser.error("--mode gpu is for a lane on a GPU, without TRITON_INTERPRET")
     return args
-
 
 
 def main(argv: Optional[list[str]] = None) -> int:

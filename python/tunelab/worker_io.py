@@ -32,8 +32,10 @@ def _claim_stdout() -> BinaryIO:
     sys.stdout = sys.stderr
     return os.fdopen(protocol_fd, "wb")
 
+
 def _truthy(value: object) -> bool:
     return str(value).strip().lower() in ("1", "true", "on", "yes")
+
 
 def choose_mode(require_gpu: bool = False) -> str:
     """GPU when torch sees one and the interpreter was not asked for.
@@ -51,9 +53,11 @@ def choose_mode(require_gpu: bool = False) -> str:
             for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
                 if var in os.environ:
                     facts.append(f"{var}={os.environ[var]!r}")
-            sys.exit(f"tunelab worker: --mode gpu, and torch sees no GPU here ({', '.join(facts)}); "
-                     "tunelab found one: is this Python's torch built for it? "
-                     "`tunelab run --interpret` runs on the CPU instead")
+            sys.exit(
+                f"tunelab worker: --mode gpu, and torch sees no GPU here ({', '.join(facts)}); "
+                "tunelab found one: is this Python's torch built for it? "
+                "`tunelab run --interpret` runs on the CPU instead"
+            )
         return "gpu"
     if _truthy(os.environ.get("TRITON_INTERPRET", "0")):
         return "interpreter"
@@ -63,6 +67,7 @@ def choose_mode(require_gpu: bool = False) -> str:
         return "gpu"
     os.environ["TRITON_INTERPRET"] = "1"
     return "interpreter"
+
 
 def _encode(response: dict[str, Any]) -> bytes:
     """The response as compact JSON, without a newline."""
@@ -193,6 +198,7 @@ def _crowded() -> bool:
 
 _LOADAVG: tuple[int | None, int] | None = None  # (/proc/loadavg's descriptor, CPUs online), opened once
 
+
 def _warm_triton_key() -> threading.Thread:
     """Has Triton hash its own sources on a thread (returned, started), while this one imports torch.
 
@@ -215,6 +221,7 @@ def _warm_triton_key() -> threading.Thread:
     thread = threading.Thread(target=warm, name="warm-triton-key", daemon=True)
     thread.start()
     return thread
+
 
 class _RefuseImport:
     """A meta-path finder that makes `import NAME` (and its submodules) fail."""

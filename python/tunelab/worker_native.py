@@ -16,8 +16,7 @@ import sys
 import traceback
 from typing import Any, Callable, Optional
 
-from tunelab.failures import (BAD_REQUEST, LAUNCH_ERROR, PROBLEM_ERROR, WorkerError, bad_request, stage,
-                              summarize)
+from tunelab.failures import BAD_REQUEST, LAUNCH_ERROR, PROBLEM_ERROR, WorkerError, bad_request, stage, summarize
 from tunelab.worker_problem import _make_problem, _require_ir_applied
 from tunelab.worker_request import Job, _number_field, _shape_of
 from tunelab.workbench import jit
@@ -49,8 +48,11 @@ class NativeOps:
         recipe, or the failure, which is not the compile's (the lane asks
         again and the job's check records it)."""
         if self.target is None:
-            return {"ok": False, "class": BAD_REQUEST,
-                    "message": "only a worker without a GPU (--target) makes recipes when it compiles"}
+            return {
+                "ok": False,
+                "class": BAD_REQUEST,
+                "message": "only a worker without a GPU (--target) makes recipes when it compiles",
+            }
         try:
             return {"ok": True, **self._recipe(job, ask.get("seed", 0), ask["cache_dir"], compiled)}
         except WorkerError as err:
@@ -77,7 +79,9 @@ class NativeOps:
         with stage("problem"):
             out = native.new_output(problem, inputs, expected)
             if tuple(out.shape) != tuple(expected.shape):
-                raise ValueError(f"the output {tuple(out.shape)} and the reference {tuple(expected.shape)} differ in shape")
+                raise ValueError(
+                    f"the output {tuple(out.shape)} and the reference {tuple(expected.shape)} differ in shape"
+                )
             tensors = [(k, v) for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.is_cuda]
             tensors.append(("out", out))
             # The reference too, where the native worker can compare with it
@@ -85,8 +89,7 @@ class NativeOps:
             # then asks it instead of this worker's `compare`.
             reference = None
             comparable = (torch.float32, torch.float16, torch.bfloat16)
-            if (expected.is_cuda and out.is_contiguous() and out.dtype in comparable
-                    and expected.dtype in comparable):
+            if expected.is_cuda and out.is_contiguous() and out.dtype in comparable and expected.dtype in comparable:
                 reference = expected.contiguous()
                 tensors.append(("reference", reference))
             described = [native.describe_tensor(torch, k, v) for k, v in tensors]
@@ -147,8 +150,9 @@ class NativeOps:
         self._require_lane("native_data")
         return self._describe(*_shape_of("native_data", request))[1]
 
-    def _describe(self, name: str, shape: dict[str, Any], seed: int,
-                  key: tuple[str, str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _describe(
+        self, name: str, shape: dict[str, Any], seed: int, key: tuple[str, str, int]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the problem's description, its layout) of a shape's data, kept for the shape."""
         if self._native_data is not None and self._native_data[0] == key:
             return self._native_data[1:]
@@ -158,14 +162,20 @@ class NativeOps:
             problem = _make_problem(name, shape)
             describe = getattr(problem, "native_data", None)
             if describe is None:
-                raise WorkerError(PROBLEM_ERROR, f"problem {name!r} does not describe its data for the native "
-                                                 "worker (it has no native_data()); run it with inputs: python")
+                raise WorkerError(
+                    PROBLEM_ERROR,
+                    f"problem {name!r} does not describe its data for the native "
+                    "worker (it has no native_data()); run it with inputs: python",
+                )
             try:
                 description = describe()
                 layout = native_data.layout(description, seed)
             except ValueError as exc:
-                raise WorkerError(PROBLEM_ERROR, f"problem {name!r} cannot have its data built natively at this "
-                                                 f"shape: {exc}; run it with inputs: python") from exc
+                raise WorkerError(
+                    PROBLEM_ERROR,
+                    f"problem {name!r} cannot have its data built natively at this "
+                    f"shape: {exc}; run it with inputs: python",
+                ) from exc
         self._native_data = (key, description, layout)
         return description, layout
 
@@ -180,8 +190,9 @@ class NativeOps:
             raise bad_request("recipe needs 'cache_dir', where the cubin goes")
         return self._recipe(job, request.get("seed", 0), cache_dir)
 
-    def _recipe(self, job: Job, seed: Any, cache_dir: str,
-                compiled: Optional[tuple[Any, Any, Any]] = None) -> dict[str, Any]:
+    def _recipe(
+        self, job: Job, seed: Any, cache_dir: str, compiled: Optional[tuple[Any, Any, Any]] = None
+    ) -> dict[str, Any]:
         """`recipe`'s answer; `compiled`: (problem, method, JIT context) where
         this worker has just compiled the job (else compiled, or found, here)."""
         if self.target is None:

@@ -65,7 +65,9 @@ def _type_names(method: str, declared: object) -> dict[str, str]:
     out = {}
     for key, kind in declared.items():
         if kind not in _TYPE_NAMES:
-            raise WorkerError(PROBLEM_ERROR, f"method {method!r}: config_types[{key!r}] must be int, float, str or bool")
+            raise WorkerError(
+                PROBLEM_ERROR, f"method {method!r}: config_types[{key!r}] must be int, float, str or bool"
+            )
         out[str(key)] = _TYPE_NAMES[kind]
     return out
 
@@ -79,8 +81,11 @@ def _make_problem(name: str, shape: dict[str, Any]) -> Any:
 def _require_ir_applied(job: Job, ctx: Any) -> None:
     """An IR file whose kernel the method never compiled ran nothing: a failure, not a silent source run."""
     if ctx.ir is not None and not ctx.ir_applied and ctx.launched:
-        raise WorkerError(COMPILE_ERROR, f"IR file {job.ir} defines kernel @{ctx.ir.entry}, which method "
-                                         f"{job.method!r} does not launch (it launches: {', '.join(ctx.launched)})")
+        raise WorkerError(
+            COMPILE_ERROR,
+            f"IR file {job.ir} defines kernel @{ctx.ir.entry}, which method "
+            f"{job.method!r} does not launch (it launches: {', '.join(ctx.launched)})",
+        )
 
 
 def _triton_cache_dir() -> str:
@@ -126,6 +131,10 @@ def _bytes_for(problem: Any, inputs: Any) -> float:
         try:
             return float(bytes_for(inputs))
         except Exception as exc:  # noqa: BLE001 - a user's problem may raise anything
-            print(f"tunelab worker: {type(problem).__name__}.bytes_for failed ({type(exc).__name__}: {exc}); "
-                  "using bytes()", file=sys.stderr, flush=True)
+            print(
+                f"tunelab worker: {type(problem).__name__}.bytes_for failed ({type(exc).__name__}: {exc}); "
+                "using bytes()",
+                file=sys.stderr,
+                flush=True,
+            )
     return float(problem.bytes())

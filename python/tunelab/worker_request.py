@@ -14,8 +14,13 @@ from typing import Any, Optional
 from tunelab.failures import bad_request
 
 
-def _int_field(request: dict[str, Any], key: str, default: Optional[int] = None, minimum: Optional[int] = None,
-               maximum: Optional[int] = None) -> int:
+def _int_field(
+    request: dict[str, Any],
+    key: str,
+    default: Optional[int] = None,
+    minimum: Optional[int] = None,
+    maximum: Optional[int] = None,
+) -> int:
     value = request.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"{key!r} must be an integer, got {value!r}")
@@ -71,7 +76,8 @@ class Job:
         # An A/B side's code (tunelab.variant): module name -> the file run instead.
         modules = method.get("modules") or {}
         if not isinstance(modules, dict) or not all(
-                isinstance(k, str) and k and isinstance(v, str) and v for k, v in modules.items()):
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in modules.items()
+        ):
             raise bad_request("job.method.modules must map module names to files")
         self.modules: dict[str, str] = modules
         # A planted slowdown (an A/B side's testing knob): microseconds of spin after each launch.

@@ -268,7 +268,9 @@ def test_run_calls_back_with_every_job_and_resumes(tmp_path):
     assert seen == list(records), "the callback gets the journal's records"
     # The CUDA C++ method needs a GPU: recorded as skipped (unavailable) in the interpreter.
     assert all(r["status"] == "ok" for r in seen if r["method"] != "cuda")
-    assert all(r["status"] == "skipped" and r["failure"]["class"] == "unavailable" for r in seen if r["method"] == "cuda")
+    assert all(
+        r["status"] == "skipped" and r["failure"]["class"] == "unavailable" for r in seen if r["method"] == "cuda"
+    )
     # Workers ran in this Python (the default), importing the installed package.
     fingerprint = records.runs[-1]["fingerprint"]
     assert fingerprint["python"] == ".".join(map(str, sys.version_info[:3]))
@@ -327,9 +329,7 @@ except KeyboardInterrupt:
 sys.exit("not interrupted")
 """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     said = next(line for line in out.stdout.splitlines() if line.startswith("interrupted after"))
     done, planned = (int(w) for w in said.split()[2:5:2])

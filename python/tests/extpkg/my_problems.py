@@ -197,7 +197,7 @@ class NoisyTorchAxpy(TorchAxpy):
 
         def run():
             print("NoisyTorchAxpy: launching", flush=True)
-            os.write(1, b"{\"id\": 999, \"ok\": true}\n")  # looks like a response; must not reach the runner
+            os.write(1, b'{"id": 999, "ok": true}\n')  # looks like a response; must not reach the runner
             inner()
 
         return Launch(run, launch.out)

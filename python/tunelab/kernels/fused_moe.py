@@ -187,8 +187,9 @@ class MoEPlan:
     split_activation: bool = False
 
 
-def make_plan(problem, config: dict, *, self_align_max: int | None = None, pdl: bool | None = None,
-              split_activation: bool = False) -> MoEPlan:
+def make_plan(
+    problem, config: dict, *, self_align_max: int | None = None, pdl: bool | None = None, split_activation: bool = False
+) -> MoEPlan:
     """The launch plan. The keyword knobs are for benchmarks and tests
     (bench/moe_breakdown.py times the plain four-kernel call with
     `self_align_max=0, pdl=False`); a run of the `fused_moe` method always
@@ -219,8 +220,10 @@ def make_plan(problem, config: dict, *, self_align_max: int | None = None, pdl: 
         activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
         interleaved=problem.interleaved,
         has_bias=problem.bias,
-        config={k: int(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
-                                              "num_warps", "num_stages")},
+        config={
+            k: int(config[k])
+            for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+        },
         numel=numel,
         max_blocks=max_blocks,
         max_padded=max_padded,
@@ -266,51 +269,122 @@ def _launch_specs(plan: MoEPlan, b: dict):
     dependent = {"launch_pdl": True} if plan.pdl else {}
     specs: list[tuple[Any, tuple, tuple, dict]] = []  # (kernel, grid, args, keyword args)
     if not plan.self_align:
-        specs.append((
-            moe_align_kernel,
-            (1,),
-            (b["topk_ids"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"],
-             plan.numel, E, plan.max_padded, plan.max_blocks),
-            dict(BLOCK_SIZE_M=c["BLOCK_SIZE_M"], USE_PDL=plan.pdl, **plan.align_meta),
-        ))
+        specs.append(
+            (
+                moe_align_kernel,
+                (1,),
+                (
+                    b["topk_ids"],
+                    b["sorted_ids"],
+                    b["expert_ids"],
+                    b["num_post"],
+                    b["cursor"],
+                    plan.numel,
+                    E,
+                    plan.max_padded,
+                    plan.max_blocks,
+                ),
+                dict(BLOCK_SIZE_M=c["BLOCK_SIZE_M"], USE_PDL=plan.pdl, **plan.align_meta),
+            )
+        )
     # With split_activation GEMM 1 writes gate and up to `gate_up` [numel, 2N]
     # and moe_act_kernel writes the activated intermediate.
     gemm1_out, gemm1_act, gemm1_stride = (
-        (b["gate_up"], ACT_NONE, 2 * N) if plan.split_activation else (b["inter"], plan.activation, N))
-    specs.append((
-        moe_gemm1_kernel,
-        plan.grid1,
-        (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], gemm1_out,
-         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
-         N, K, plan.numel, E, plan.max_blocks,
-         K, 2 * N * K, K, 2 * N, gemm1_stride),
-        dict(TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=gemm1_act,
-             HAS_BIAS=plan.has_bias, EVEN_K=K % bk == 0, PRECISION=precision, SELF_ALIGN=plan.self_align,
-             USE_PDL=plan.pdl, **tiles, **launch, **({} if plan.self_align else dependent)),
-    ))
+        (b["gate_up"], ACT_NONE, 2 * N) if plan.split_activation else (b["inter"], plan.activation, N)
+    )
+    specs.append(
+        (
+            moe_gemm1_kernel,
+            plan.grid1,
+            (
+                b["x"],
+                b["w1"],
+                b["b1"] if plan.has_bias else b["x"],
+                gemm1_out,
+                b["sorted_ids"],
+                b["expert_ids"],
+                b["num_post"],
+                b["topk_ids"],
+                N,
+                K,
+                plan.numel,
+                E,
+                plan.max_blocks,
+                K,
+                2 * N * K,
+                K,
+                2 * N,
+                gemm1_stride,
+            ),
+            dict(
+                TOPK=plan.topk,
+                INTERLEAVED=plan.interleaved,
+                ACTIVATION=gemm1_act,
+                HAS_BIAS=plan.has_bias,
+                EVEN_K=K % bk == 0,
+                PRECISION=precision,
+                SELF_ALIGN=plan.self_align,
+                USE_PDL=plan.pdl,
+                **tiles,
+                **launch,
+                **({} if plan.self_align else dependent),
+            ),
+        )
+    )
     if plan.split_activation:
-        specs.append((
-            moe_act_kernel,
-            (plan.numel, triton.cdiv(N, ACT_BLOCK)),
-            (b["gate_up"], b["inter"], N),
-            dict(INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation, BLOCK=ACT_BLOCK, num_warps=4),
-        ))
-    specs.append((
-        moe_gemm2_kernel,
-        plan.grid2,
-        (b["inter"], b["w2"], b["b2"] if plan.has_bias else b["inter"], b["out2"], b["topk_weights"],
-         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
-         K, N, plan.numel, E, plan.max_blocks,
-         N, K * N, N, K, K),
-        dict(HAS_BIAS=plan.has_bias, EVEN_K=N % bk == 0, PRECISION=precision, SELF_ALIGN=plan.self_align,
-             USE_PDL=plan.pdl, **tiles, **launch, **dependent),
-    ))
-    specs.append((
-        moe_sum_kernel,
-        (plan.M, triton.cdiv(K, SUM_BLOCK)),
-        (b["out2"], b["out"], K),
-        dict(TOPK=plan.topk, BLOCK=SUM_BLOCK, USE_PDL=plan.pdl, num_warps=4, **dependent),
-    ))
+        specs.append(
+            (
+                moe_act_kernel,
+                (plan.numel, triton.cdiv(N, ACT_BLOCK)),
+                (b["gate_up"], b["inter"], N),
+                dict(INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation, BLOCK=ACT_BLOCK, num_warps=4),
+            )
+        )
+    specs.append(
+        (
+            moe_gemm2_kernel,
+            plan.grid2,
+            (
+                b["inter"],
+                b["w2"],
+                b["b2"] if plan.has_bias else b["inter"],
+                b["out2"],
+                b["topk_weights"],
+                b["sorted_ids"],
+                b["expert_ids"],
+                b["num_post"],
+                b["topk_ids"],
+                K,
+                N,
+                plan.numel,
+                E,
+                plan.max_blocks,
+                N,
+                K * N,
+                N,
+                K,
+                K,
+            ),
+            dict(
+                HAS_BIAS=plan.has_bias,
+                EVEN_K=N % bk == 0,
+                PRECISION=precision,
+                SELF_ALIGN=plan.self_align,
+                USE_PDL=plan.pdl,
+                **tiles,
+                **launch,
+                **dependent,
+            ),
+        )
+    )
+    specs.append(
+        (
+            moe_sum_kernel,
+            (plan.M, triton.cdiv(K, SUM_BLOCK)),
+            (b["out2"], b["out"], K),
+            dict(TOPK=plan.topk, BLOCK=SUM_BLOCK, USE_PDL=plan.pdl, num_warps=4, **dependent),
+        )
+    )
     return specs
 
 
@@ -318,8 +392,20 @@ def compile_plan(plan: MoEPlan):
     """Compile the plan's kernels into Triton's cache without launching them."""
     dt, i32, f32 = pointer(plan.dtype), pointer(int32()), pointer(torch_dtype("fp32"))
     b = {
-        "x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "gate_up": dt, "out2": dt, "out": dt,
-        "topk_ids": i32, "sorted_ids": i32, "expert_ids": i32, "num_post": i32, "cursor": i32,
+        "x": dt,
+        "w1": dt,
+        "b1": dt,
+        "w2": dt,
+        "b2": dt,
+        "inter": dt,
+        "gate_up": dt,
+        "out2": dt,
+        "out": dt,
+        "topk_ids": i32,
+        "sorted_ids": i32,
+        "expert_ids": i32,
+        "num_post": i32,
+        "cursor": i32,
         "topk_weights": f32,
     }
     for kernel, grid, args, kwargs in _launch_specs(plan, b):
@@ -349,12 +435,22 @@ class FusedMoELaunch:
         self.cursor = torch.empty(plan.align_meta["E_PAD"], dtype=i32, device=dev)
         self.inter = torch.empty(plan.numel, plan.N, dtype=plan.dtype, device=dev)
         # GEMM 1's gate and up, for vLLM's structure only (else never allocated).
-        self.gate_up = (torch.empty(plan.numel, 2 * plan.N, dtype=plan.dtype, device=dev)
-                        if plan.split_activation else None)
+        self.gate_up = (
+            torch.empty(plan.numel, 2 * plan.N, dtype=plan.dtype, device=dev) if plan.split_activation else None
+        )
         self.out2 = torch.empty(plan.numel, plan.K, dtype=plan.dtype, device=dev)
         self.out = torch.empty(plan.M, plan.K, dtype=plan.dtype, device=dev)
-        bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids, num_post=self.num_post,
-                    cursor=self.cursor, inter=self.inter, gate_up=self.gate_up, out2=self.out2, out=self.out)
+        bufs = dict(
+            self.inputs,
+            sorted_ids=self.sorted_ids,
+            expert_ids=self.expert_ids,
+            num_post=self.num_post,
+            cursor=self.cursor,
+            inter=self.inter,
+            gate_up=self.gate_up,
+            out2=self.out2,
+            out=self.out,
+        )
         specs = _launch_specs(plan, bufs)
         if direct is None:
             direct = direct_launch_enabled(dev)
@@ -383,7 +479,18 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size_m:
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     num_post = torch.empty(1, dtype=torch.int32, device=dev)
     cursor = torch.empty(meta["E_PAD"], dtype=torch.int32, device=dev)
-    moe_align_kernel[(1,)](ids, sorted_ids, expert_ids, num_post, cursor, numel, num_experts, max_padded,
-                           max_blocks, BLOCK_SIZE_M=block_size_m, USE_PDL=False, **meta)
+    moe_align_kernel[(1,)](
+        ids,
+        sorted_ids,
+        expert_ids,
+        num_post,
+        cursor,
+        numel,
+        num_experts,
+        max_padded,
+        max_blocks,
+        BLOCK_SIZE_M=block_size_m,
+        USE_PDL=False,
+        **meta,
+    )
     return sorted_ids, expert_ids, num_post
-

@@ -39,7 +39,7 @@ def compiled_runner(kernel, compiled, grid, args, kwargs):
     """direct_runner for a kernel already compiled (`kernel.warmup`): the caller
     may need the binary first, e.g. its registers to size the grid."""
     names = [p.name for p in kernel.params]
-    full = list(args) + [kwargs[name] for name in names[len(args):]]
+    full = list(args) + [kwargs[name] for name in names[len(args) :]]
     if stand_ins_active():
         # Bound to stand-in tensors (a lane whose inputs the native worker
         # builds): there is no GPU to load the kernel on, and only the

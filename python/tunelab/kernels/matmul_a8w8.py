@@ -37,10 +37,19 @@ REDUCE_BLOCK = 1024
 
 @triton.jit
 def matmul_a8w8_blockscale_kernel(
-    a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr,
-    M, N, K,
-    stride_am, stride_wn, stride_cm,
-    stride_asm, stride_wsn,
+    a_ptr,
+    w_ptr,
+    c_ptr,
+    a_scale_ptr,
+    w_scale_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_wn,
+    stride_cm,
+    stride_asm,
+    stride_wsn,
     k_per_split,  # K columns per split, a multiple of BLOCK_SIZE_K
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
@@ -110,8 +119,10 @@ def split_config(config: dict, block_shape) -> tuple:
             raise ValueError(f"{name} must be a power of two >= 16, got {c[name]}")
     group_n, group_k = block_shape
     if c["BLOCK_SIZE_K"] < 32 or group_k % c["BLOCK_SIZE_K"]:
-        raise ValueError(f"BLOCK_SIZE_K ({c['BLOCK_SIZE_K']}) must be at least 32 (fp8 dots) and divide the "
-                         f"scale block's K ({group_k}): each K step takes one scale per row and column")
+        raise ValueError(
+            f"BLOCK_SIZE_K ({c['BLOCK_SIZE_K']}) must be at least 32 (fp8 dots) and divide the "
+            f"scale block's K ({group_k}): each K step takes one scale per row and column"
+        )
     if c["NUM_KSPLIT"] < 1 or c["GROUP_SIZE_M"] < 1:
         raise ValueError(f"NUM_KSPLIT and GROUP_SIZE_M must be >= 1, got {c['NUM_KSPLIT']}, {c['GROUP_SIZE_M']}")
     options = {"num_warps": int(config.get("num_warps", 4)), "num_stages": int(config.get("num_stages", 3))}
@@ -134,13 +145,33 @@ def _specs(M: int, N: int, K: int, block_shape, config: dict, bufs: dict):
     used = triton.cdiv(K, per_split)
     grid = (triton.cdiv(M, c["BLOCK_SIZE_M"]) * triton.cdiv(N, c["BLOCK_SIZE_N"]), used)
     target = bufs["c"] if used == 1 else bufs["part"]
-    args = (bufs["a"], bufs["w"], target, bufs["a_scale"], bufs["w_scale"], M, N, K,
-            K, K, N, triton.cdiv(K, group_k), triton.cdiv(K, group_k), per_split)
+    args = (
+        bufs["a"],
+        bufs["w"],
+        target,
+        bufs["a_scale"],
+        bufs["w_scale"],
+        M,
+        N,
+        K,
+        K,
+        K,
+        N,
+        triton.cdiv(K, group_k),
+        triton.cdiv(K, group_k),
+        per_split,
+    )
     kwargs = dict(GROUP_N=group_n, GROUP_K=group_k, **dict(c, NUM_KSPLIT=used), **options)
     specs: list[tuple] = [(matmul_a8w8_blockscale_kernel, grid, args, kwargs)]
     if used > 1:
-        specs.append((reduce_splits_kernel, (triton.cdiv(M * N, REDUCE_BLOCK),), (bufs["part"], bufs["c"], M * N),
-                      dict(NUM_KSPLIT=used, BLOCK=REDUCE_BLOCK, num_warps=4)))
+        specs.append(
+            (
+                reduce_splits_kernel,
+                (triton.cdiv(M * N, REDUCE_BLOCK),),
+                (bufs["part"], bufs["c"], M * N),
+                dict(NUM_KSPLIT=used, BLOCK=REDUCE_BLOCK, num_warps=4),
+            )
+        )
     return specs
 
 
@@ -163,9 +194,11 @@ def make_launcher(a, w, a_scale, w_scale, c, block_shape, config: dict, direct: 
     if direct:
         runners = [direct_runner(*spec) for spec in specs]
         if all(r is not None for r in runners):
+
             def run_direct():
                 for r in runners:
                     r()
+
             return run_direct
 
     def launch():

@@ -47,13 +47,39 @@ def moe_align_kernel(
         # GEMM 1 may be placed on the SMs now; it waits for this kernel's
         # writes with griddepcontrol.wait before reading them.
         tl.extra.cuda.gdc_launch_dependents()
-    _align(topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, cursor_ptr, numel, num_experts, max_padded,
-           max_blocks, BLOCK_SIZE_M, E_PAD, CHUNK, BCHUNK)
+    _align(
+        topk_ids_ptr,
+        sorted_ids_ptr,
+        expert_ids_ptr,
+        num_post_ptr,
+        cursor_ptr,
+        numel,
+        num_experts,
+        max_padded,
+        max_blocks,
+        BLOCK_SIZE_M,
+        E_PAD,
+        CHUNK,
+        BCHUNK,
+    )
 
 
 @triton.jit
-def _align(topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, cursor_ptr, numel, num_experts, max_padded,
-           max_blocks, BLOCK_SIZE_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, BCHUNK: tl.constexpr):
+def _align(
+    topk_ids_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_ptr,
+    cursor_ptr,
+    numel,
+    num_experts,
+    max_padded,
+    max_blocks,
+    BLOCK_SIZE_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BCHUNK: tl.constexpr,
+):
     """The alignment, in one program (moe_align_kernel; the persistent kernel's program 0)."""
     offs = tl.arange(0, CHUNK)
 
@@ -121,8 +147,7 @@ def _block_coords(num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 
 
 @triton.jit
-def _self_aligned_block(topk_ids_ptr, numel, num_experts, pid_m,
-                        BLOCK_SIZE_M: tl.constexpr, NUMEL_PAD: tl.constexpr):
+def _self_aligned_block(topk_ids_ptr, numel, num_experts, pid_m, BLOCK_SIZE_M: tl.constexpr, NUMEL_PAD: tl.constexpr):
     """(slots, expert) of row block `pid_m` for a few tokens, from topk_ids alone.
 
     The same layout as moe_align_kernel (slots grouped by expert in expert
@@ -227,17 +252,61 @@ def moe_gemm1_kernel(
             return
         slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
         expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    _gemm1_tile(x_ptr, w1_ptr, b1_ptr, inter_ptr, slots, expert, pid_n, N, K, numel,
-                stride_xm, stride_we, stride_wn, stride_be, stride_im,
-                TOPK, INTERLEAVED, ACTIVATION, HAS_BIAS, EVEN_K, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    _gemm1_tile(
+        x_ptr,
+        w1_ptr,
+        b1_ptr,
+        inter_ptr,
+        slots,
+        expert,
+        pid_n,
+        N,
+        K,
+        numel,
+        stride_xm,
+        stride_we,
+        stride_wn,
+        stride_be,
+        stride_im,
+        TOPK,
+        INTERLEAVED,
+        ACTIVATION,
+        HAS_BIAS,
+        EVEN_K,
+        PRECISION,
+        BLOCK_SIZE_M,
+        BLOCK_SIZE_N,
+        BLOCK_SIZE_K,
+    )
 
 
 @triton.jit
-def _gemm1_tile(x_ptr, w1_ptr, b1_ptr, inter_ptr, slots, expert, pid_n, N, K, numel,
-                stride_xm, stride_we, stride_wn, stride_be, stride_im,
-                TOPK: tl.constexpr, INTERLEAVED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
-                BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+def _gemm1_tile(
+    x_ptr,
+    w1_ptr,
+    b1_ptr,
+    inter_ptr,
+    slots,
+    expert,
+    pid_n,
+    N,
+    K,
+    numel,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_be,
+    stride_im,
+    TOPK: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
     """One GEMM 1 tile: block `slots` (of `expert`) times BLOCK_SIZE_N rows of w1.
 
     With an activation (ACT_SILU, ACT_SWIGLU_OAI) the tile's rows are (gate,
@@ -271,8 +340,24 @@ def _gemm1_tile(x_ptr, w1_ptr, b1_ptr, inter_ptr, slots, expert, pid_n, N, K, nu
         a_ptrs += BLOCK_SIZE_K
         b_ptrs += BLOCK_SIZE_K
 
-    _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, stride_be, stride_im,
-                 ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
+    _gemm1_store(
+        acc,
+        b1_ptr,
+        inter_ptr,
+        slots,
+        tok_mask,
+        expert,
+        w_row,
+        offs_j,
+        pid_n,
+        N,
+        stride_be,
+        stride_im,
+        ACTIVATION,
+        HAS_BIAS,
+        BLOCK_SIZE_M,
+        BLOCK_SIZE_N,
+    )
 
 
 @triton.jit
@@ -299,9 +384,26 @@ def _gemm1_rows(pid_n, N, INTERLEAVED: tl.constexpr, ACTIVATION: tl.constexpr, B
 
 
 @triton.jit
-def _gemm1_acc(x_ptr, w1_ptr, rows, tok_mask, expert, w_row, row_ok, k_first, k_last, K, stride_xm, stride_we,
-               stride_wn, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
-               BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+def _gemm1_acc(
+    x_ptr,
+    w1_ptr,
+    rows,
+    tok_mask,
+    expert,
+    w_row,
+    row_ok,
+    k_first,
+    k_last,
+    K,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
     """GEMM 1's fp32 accumulator over K steps [k_first, k_last) of BLOCK_SIZE_K:
     x rows `rows` times w1[expert] rows `w_row`. Rows outside `row_ok` are not
     read (a tail tile of 64 rows over 2N=720 would read 48 rows it never
@@ -328,9 +430,24 @@ def _gemm1_acc(x_ptr, w1_ptr, rows, tok_mask, expert, w_row, row_ok, k_first, k_
 
 
 @triton.jit
-def _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, stride_be, stride_im,
-                 ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
-                 BLOCK_SIZE_N: tl.constexpr):
+def _gemm1_store(
+    acc,
+    b1_ptr,
+    inter_ptr,
+    slots,
+    tok_mask,
+    expert,
+    w_row,
+    offs_j,
+    pid_n,
+    N,
+    stride_be,
+    stride_im,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+):
     """GEMM 1's epilogue: + b1, the activation (unless ACT_NONE), store (see _gemm1_tile)."""
     HALF: tl.constexpr = BLOCK_SIZE_N // 2
     if HAS_BIAS:
@@ -422,9 +539,28 @@ def moe_gemm2_kernel(
         # ±1.5 µs with 8 lines a row, slower with 32 or more. Not done.
         tl.extra.cuda.gdc_wait()  # GEMM 1's intermediate is complete and visible
         tl.extra.cuda.gdc_launch_dependents()
-    acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n, offs_k, K_RED,
-                     stride_im, stride_we, stride_wn, stride_be,
-                     HAS_BIAS, EVEN_K, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "")
+    acc = _gemm2_acc(
+        inter_ptr,
+        w2_ptr,
+        b2_ptr,
+        slots64,
+        tok_mask,
+        expert,
+        offs_n,
+        offs_k,
+        K_RED,
+        stride_im,
+        stride_we,
+        stride_wn,
+        stride_be,
+        HAS_BIAS,
+        EVEN_K,
+        PRECISION,
+        BLOCK_SIZE_M,
+        BLOCK_SIZE_N,
+        BLOCK_SIZE_K,
+        "",
+    )
     w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
     acc = acc * w[:, None]
 
@@ -433,10 +569,28 @@ def moe_gemm2_kernel(
 
 
 @triton.jit
-def _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n, offs_k, K_RED,
-               stride_im, stride_we, stride_wn, stride_be,
-               HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
-               BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, A_CACHE: tl.constexpr):
+def _gemm2_acc(
+    inter_ptr,
+    w2_ptr,
+    b2_ptr,
+    slots64,
+    tok_mask,
+    expert,
+    offs_n,
+    offs_k,
+    K_RED,
+    stride_im,
+    stride_we,
+    stride_wn,
+    stride_be,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    A_CACHE: tl.constexpr,
+):
     """One GEMM 2 tile in fp32: intermediate rows `slots64` times w2[expert] rows
     `offs_n`, plus b2; the routing weight is the caller's. `A_CACHE` is the
     cache modifier of the intermediate's loads ("" or ".cg": from L2, for an
@@ -451,8 +605,7 @@ def _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n, off
             b = tl.load(b_ptrs)
         else:
             k_rem = K_RED - k * BLOCK_SIZE_K
-            a = tl.load(a_ptrs, mask=tok_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0,
-                        cache_modifier=A_CACHE)
+            a = tl.load(a_ptrs, mask=tok_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0, cache_modifier=A_CACHE)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_rem, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_SIZE_K
@@ -482,7 +635,6 @@ def moe_sum_kernel(
     for j in tl.static_range(TOPK):
         acc += tl.load(src_ptr + (m * TOPK + j) * K + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * K + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
 
 
 @triton.jit
@@ -539,4 +691,3 @@ def _align_meta(numel: int, num_experts: int, max_padded: int):
     chunk = min(4096, max(16, _next_pow2(max_padded)))
     bchunk = max(16, 4096 // e_pad)
     return {"E_PAD": e_pad, "CHUNK": chunk, "BCHUNK": bchunk, "num_warps": 8 if chunk >= 4096 else 4}
-

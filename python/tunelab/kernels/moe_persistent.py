@@ -30,8 +30,19 @@ from tunelab.kernels.moe_persistent_kernels import (
 from tunelab.lazy import torch
 from tunelab.target import prebuild_host_code
 
-PERSISTENT_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "BLOCK_SIZE_N2", "BLOCK_SIZE_K2",
-                          "SPLIT_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PREFETCH_W2", "GEMV")
+PERSISTENT_CONFIG_KEYS = (
+    "BLOCK_SIZE_M",
+    "BLOCK_SIZE_N",
+    "BLOCK_SIZE_K",
+    "BLOCK_SIZE_N2",
+    "BLOCK_SIZE_K2",
+    "SPLIT_K",
+    "num_warps",
+    "num_stages",
+    "PROGRAMS_PER_SM",
+    "PREFETCH_W2",
+    "GEMV",
+)
 # SPLIT_K applies while GEMM 1 has at most this many tiles (decode sizes, where
 # tiles are fewer than programs); above it every program has whole tiles to
 # take, and the slices' buffer would grow with M: SPLIT_K is then 1.
@@ -74,8 +85,19 @@ def persistent_default_config(M: int, N: int) -> dict:
       N=360 261.5 / 259.6, N=720 470.5 / 468.8, N=2880 1770.3 / 1767.8;
     - above: larger tiles (not measured).
     """
-    base = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "BLOCK_SIZE_N2": 64, "BLOCK_SIZE_K2": 64,
-            "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "PROGRAMS_PER_SM": 2, "PREFETCH_W2": 1, "GEMV": 0}
+    base = {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 128,
+        "BLOCK_SIZE_N2": 64,
+        "BLOCK_SIZE_K2": 64,
+        "SPLIT_K": 1,
+        "num_warps": 4,
+        "num_stages": 4,
+        "PROGRAMS_PER_SM": 2,
+        "PREFETCH_W2": 1,
+        "GEMV": 0,
+    }
     if M <= 2:
         if N <= 360:
             return dict(base, BLOCK_SIZE_K=64, SPLIT_K=4)
@@ -86,9 +108,19 @@ def persistent_default_config(M: int, N: int) -> dict:
         return dict(base, BLOCK_SIZE_N2=128, num_stages=6)
     if M <= 64:
         return dict(base, BLOCK_SIZE_N=32, PROGRAMS_PER_SM=4)
-    return {"BLOCK_SIZE_M": 64 if M <= 512 else 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
-            "BLOCK_SIZE_N2": 128, "BLOCK_SIZE_K2": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3,
-            "PROGRAMS_PER_SM": 1, "PREFETCH_W2": 1, "GEMV": 0}
+    return {
+        "BLOCK_SIZE_M": 64 if M <= 512 else 128,
+        "BLOCK_SIZE_N": 128,
+        "BLOCK_SIZE_K": 64,
+        "BLOCK_SIZE_N2": 128,
+        "BLOCK_SIZE_K2": 64,
+        "SPLIT_K": 1,
+        "num_warps": 8,
+        "num_stages": 3,
+        "PROGRAMS_PER_SM": 1,
+        "PREFETCH_W2": 1,
+        "GEMV": 0,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,8 +233,11 @@ def make_persistent_plan(problem, config: dict, *, self_align_max: int | None = 
         self_align=self_align,
         prefetch=prefetch,
         split_k=split_k,
-        ws_words=(WS_HEADER if gemv else
-                  WS_HEADER + 2 * max_blocks + problem.M * n_tiles2 + (max_blocks * n_tiles1 if split_k > 1 else 0)),
+        ws_words=(
+            WS_HEADER
+            if gemv
+            else WS_HEADER + 2 * max_blocks + problem.M * n_tiles2 + (max_blocks * n_tiles1 if split_k > 1 else 0)
+        ),
         gemv=gemv,
     )
 
@@ -230,13 +265,38 @@ def _persistent_gemv_spec(plan: PersistentPlan, b: dict, phase: int):
     c = plan.config
     k_a, k_b = two_pow2_parts(plan.K)
     n_a, n_b = two_pow2_parts(plan.N)
-    args = (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], b["w2"], b["b2"] if plan.has_bias else b["x"],
-            b["topk_ids"], b["topk_weights"], b["inter"], b["out"], b["ws"])
+    args = (
+        b["x"],
+        b["w1"],
+        b["b1"] if plan.has_bias else b["x"],
+        b["w2"],
+        b["b2"] if plan.has_bias else b["x"],
+        b["topk_ids"],
+        b["topk_weights"],
+        b["inter"],
+        b["out"],
+        b["ws"],
+    )
     kwargs = dict(
-        M=plan.M, N=plan.N, K=plan.K, TOPK=plan.topk, TOPK_PAD=_next_pow2(plan.topk), INTERLEAVED=plan.interleaved,
-        ACTIVATION=plan.activation, HAS_BIAS=plan.has_bias, ROWS1=c["BLOCK_SIZE_N"] // 2, K_A=k_a, K_B=k_b,
-        COLS2=c["BLOCK_SIZE_N2"], N_A=n_a, N_B=n_b, ACQUIRE_LOADS=_acquire_loads(), PHASE=phase, MAX_SPIN=MAX_SPIN,
-        num_warps=c["num_warps"], num_stages=1,
+        M=plan.M,
+        N=plan.N,
+        K=plan.K,
+        TOPK=plan.topk,
+        TOPK_PAD=_next_pow2(plan.topk),
+        INTERLEAVED=plan.interleaved,
+        ACTIVATION=plan.activation,
+        HAS_BIAS=plan.has_bias,
+        ROWS1=c["BLOCK_SIZE_N"] // 2,
+        K_A=k_a,
+        K_B=k_b,
+        COLS2=c["BLOCK_SIZE_N2"],
+        N_A=n_a,
+        N_B=n_b,
+        ACQUIRE_LOADS=_acquire_loads(),
+        PHASE=phase,
+        MAX_SPIN=MAX_SPIN,
+        num_warps=c["num_warps"],
+        num_stages=1,
     )
     return moe_persistent_gemv_kernel, args, kwargs
 
@@ -249,19 +309,53 @@ def _persistent_spec(plan: PersistentPlan, b: dict, phase: int):
     precision = "ieee" if is_fp32(plan.dtype) else "tf32"  # tf32 is ignored for 16-bit inputs
     # Without its own alignment the kernel still takes the buffers: any pointer will do.
     align = (b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"])
-    args = (b["x"], b["w1"], b["b1"] if plan.has_bias else b["x"], b["w2"], b["b2"] if plan.has_bias else b["x"],
-            b["topk_ids"], b["topk_weights"], b["inter"], b["part"], b["slices"], b["out"], *align, b["ws"],
-            b.get("trace", b["ws"]))
+    args = (
+        b["x"],
+        b["w1"],
+        b["b1"] if plan.has_bias else b["x"],
+        b["w2"],
+        b["b2"] if plan.has_bias else b["x"],
+        b["topk_ids"],
+        b["topk_weights"],
+        b["inter"],
+        b["part"],
+        b["slices"],
+        b["out"],
+        *align,
+        b["ws"],
+        b.get("trace", b["ws"]),
+    )
     kwargs = dict(
-        N=plan.N, K=plan.K, numel=plan.numel, num_experts=plan.E, max_blocks=plan.max_blocks,
-        max_padded=plan.max_padded, ws_words=plan.ws_words, TOPK=plan.topk, INTERLEAVED=plan.interleaved,
-        ACTIVATION=plan.activation, HAS_BIAS=plan.has_bias,
-        EVEN_K1=plan.K % c["BLOCK_SIZE_K"] == 0, EVEN_K2=plan.N % c["BLOCK_SIZE_K2"] == 0, PRECISION=precision,
-        BLOCK_SIZE_M=c["BLOCK_SIZE_M"], BLOCK_SIZE_N=c["BLOCK_SIZE_N"], BLOCK_SIZE_K=c["BLOCK_SIZE_K"],
-        BLOCK_SIZE_N2=c["BLOCK_SIZE_N2"], BLOCK_SIZE_K2=c["BLOCK_SIZE_K2"], SPLIT_K=plan.split_k,
-        SELF_ALIGN=plan.self_align, E_PAD=plan.align_meta["E_PAD"], CHUNK=plan.align_meta["CHUNK"],
-        BCHUNK=plan.align_meta["BCHUNK"], PHASE=phase, PREFETCH_W2=plan.prefetch if phase < 0 else 0,
-        MAX_SPIN=MAX_SPIN, TRACE=int("trace" in b), num_warps=c["num_warps"], num_stages=c["num_stages"],
+        N=plan.N,
+        K=plan.K,
+        numel=plan.numel,
+        num_experts=plan.E,
+        max_blocks=plan.max_blocks,
+        max_padded=plan.max_padded,
+        ws_words=plan.ws_words,
+        TOPK=plan.topk,
+        INTERLEAVED=plan.interleaved,
+        ACTIVATION=plan.activation,
+        HAS_BIAS=plan.has_bias,
+        EVEN_K1=plan.K % c["BLOCK_SIZE_K"] == 0,
+        EVEN_K2=plan.N % c["BLOCK_SIZE_K2"] == 0,
+        PRECISION=precision,
+        BLOCK_SIZE_M=c["BLOCK_SIZE_M"],
+        BLOCK_SIZE_N=c["BLOCK_SIZE_N"],
+        BLOCK_SIZE_K=c["BLOCK_SIZE_K"],
+        BLOCK_SIZE_N2=c["BLOCK_SIZE_N2"],
+        BLOCK_SIZE_K2=c["BLOCK_SIZE_K2"],
+        SPLIT_K=plan.split_k,
+        SELF_ALIGN=plan.self_align,
+        E_PAD=plan.align_meta["E_PAD"],
+        CHUNK=plan.align_meta["CHUNK"],
+        BCHUNK=plan.align_meta["BCHUNK"],
+        PHASE=phase,
+        PREFETCH_W2=plan.prefetch if phase < 0 else 0,
+        MAX_SPIN=MAX_SPIN,
+        TRACE=int("trace" in b),
+        num_warps=c["num_warps"],
+        num_stages=c["num_stages"],
     )
     return moe_persistent_kernel, args, kwargs
 
@@ -274,8 +368,7 @@ def trace_layout(plan: PersistentPlan, grid: int) -> dict:
     items2 = plan.max_blocks * plan.n_tiles2
     first1 = grid * TRACE_PER_PROGRAM
     first2 = first1 + 3 * items1
-    return {"programs": (0, grid), "items1": (first1, items1), "items2": (first2, items2),
-            "words": first2 + 4 * items2}
+    return {"programs": (0, grid), "items1": (first1, items1), "items2": (first2, items2), "words": first2 + 4 * items2}
 
 
 def persistent_phases(plan: PersistentPlan):
@@ -292,9 +385,24 @@ def compile_persistent(plan: PersistentPlan):
     Needs no GPU and no SM count: the grid is a launch argument, not part of
     the binary."""
     dt, i32, f32 = pointer(plan.dtype), pointer(int32()), pointer(torch_dtype("fp32"))
-    b = {"x": dt, "w1": dt, "b1": dt, "w2": dt, "b2": dt, "inter": dt, "out": dt, "part": f32, "slices": f32,
-         "topk_ids": i32, "sorted_ids": i32, "expert_ids": i32, "num_post": i32, "cursor": i32, "ws": i32,
-         "topk_weights": f32}
+    b = {
+        "x": dt,
+        "w1": dt,
+        "b1": dt,
+        "w2": dt,
+        "b2": dt,
+        "inter": dt,
+        "out": dt,
+        "part": f32,
+        "slices": f32,
+        "topk_ids": i32,
+        "sorted_ids": i32,
+        "expert_ids": i32,
+        "num_post": i32,
+        "cursor": i32,
+        "ws": i32,
+        "topk_weights": f32,
+    }
     for phase in persistent_phases(plan):
         kernel, args, kwargs = _persistent_spec(plan, b, phase)
         prebuild_host_code(kernel.warmup(*args, grid=(1,), **kwargs))
@@ -343,8 +451,9 @@ def pin_resident(function, threads: int, shared_bytes: int):
     handle = ctypes.c_void_p(int(function))
     lib.cuFuncSetAttribute(handle, ctypes.c_int(9), ctypes.c_int(100))
     blocks = ctypes.c_int(0)
-    status = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), handle, ctypes.c_int(threads),
-                                                             ctypes.c_size_t(shared_bytes))
+    status = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(blocks), handle, ctypes.c_int(threads), ctypes.c_size_t(shared_bytes)
+    )
     return blocks.value if status == 0 else None
 
 
@@ -360,9 +469,11 @@ def persistent_grid(plan: PersistentPlan, n_regs: int, shared_bytes: int, device
     if driver_resident is not None:
         resident = min(resident, driver_resident)
     if resident < 1:
-        raise ValueError(f"moe_persistent_kernel does not fit on an SM ({n_regs} registers a thread, "
-                         f"{shared_bytes} bytes of shared memory, {plan.config['num_warps']} warps): "
-                         "use smaller tiles, fewer stages or fewer warps")
+        raise ValueError(
+            f"moe_persistent_kernel does not fit on an SM ({n_regs} registers a thread, "
+            f"{shared_bytes} bytes of shared memory, {plan.config['num_warps']} warps): "
+            "use smaller tiles, fewer stages or fewer warps"
+        )
     per_sm = min(plan.config["PROGRAMS_PER_SM"], resident)
     return max(1, min(props.multi_processor_count * per_sm, plan.max_items()))
 
@@ -432,8 +543,14 @@ class PersistentMoELaunch:
     "Persistent MoE at decode sizes", "The persistent kernel, step by step".
     """
 
-    def __init__(self, plan: PersistentPlan, inputs: dict, direct: bool | None = None, grid: int | None = None,
-                 trace: bool = False):
+    def __init__(
+        self,
+        plan: PersistentPlan,
+        inputs: dict,
+        direct: bool | None = None,
+        grid: int | None = None,
+        trace: bool = False,
+    ):
         self.plan = plan
         x = inputs["x"]
         dev = x.device
@@ -454,8 +571,18 @@ class PersistentMoELaunch:
         self.slices = torch.empty(plan.slices_elems(), dtype=torch.float32, device=dev)
         self.out = torch.empty(plan.M, plan.K, dtype=plan.dtype, device=dev)
         self.ws = torch.zeros(plan.ws_words, dtype=i32, device=dev)
-        bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids, num_post=self.num_post,
-                    cursor=self.cursor, inter=self.inter, part=self.part, slices=self.slices, out=self.out, ws=self.ws)
+        bufs = dict(
+            self.inputs,
+            sorted_ids=self.sorted_ids,
+            expert_ids=self.expert_ids,
+            num_post=self.num_post,
+            cursor=self.cursor,
+            inter=self.inter,
+            part=self.part,
+            slices=self.slices,
+            out=self.out,
+            ws=self.ws,
+        )
         self.phases = persistent_phases(plan)
         self.trace: Any = None  # int64 timeline of the last launch (trace=True, GPU only; see trace_layout)
         if trace:

@@ -92,8 +92,13 @@ def _prefetch_l2(base_ptr, numel, LINE: tl.constexpr, LINES: tl.constexpr):
     for start in range(0, numel, LINE * LINES):
         offs = tl.minimum(start + tl.arange(0, LINES) * LINE, numel - 1)
         tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [base_ptr + offs],
-            dtype=tl.int32, is_pure=False, pack=1)
+            "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;",
+            "=r,l",
+            [base_ptr + offs],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit
@@ -186,8 +191,21 @@ def moe_persistent_kernel(
     else:
         if PHASE <= 0:
             if pid == 0:
-                _align(topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, cursor_ptr, numel, num_experts,
-                       max_padded, max_blocks, BLOCK_SIZE_M, E_PAD, CHUNK, BCHUNK)
+                _align(
+                    topk_ids_ptr,
+                    sorted_ids_ptr,
+                    expert_ids_ptr,
+                    num_post_ptr,
+                    cursor_ptr,
+                    numel,
+                    num_experts,
+                    max_padded,
+                    max_blocks,
+                    BLOCK_SIZE_M,
+                    E_PAD,
+                    CHUNK,
+                    BCHUNK,
+                )
                 if SYNC:
                     tl.debug_barrier()  # every thread's alignment stores are issued
                     tl.atomic_xchg(ws_ptr + _WS_ALIGNED, 1, sem="release", scope="gpu")
@@ -254,11 +272,45 @@ def moe_persistent_kernel(
             rows = (slots // TOPK).to(tl.int64)
             offs_j, w_row, row_ok = _gemm1_rows(pid_n, N, INTERLEAVED, ACTIVATION, BLOCK_SIZE_N)
             if SPLIT_K == 1:
-                acc = _gemm1_acc(x_ptr, w1_ptr, rows, tok_mask, expert, w_row, row_ok, 0, n_k, K, K, 2 * N * K, K,
-                                 EVEN_K1, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                acc = _gemm1_acc(
+                    x_ptr,
+                    w1_ptr,
+                    rows,
+                    tok_mask,
+                    expert,
+                    w_row,
+                    row_ok,
+                    0,
+                    n_k,
+                    K,
+                    K,
+                    2 * N * K,
+                    K,
+                    EVEN_K1,
+                    PRECISION,
+                    BLOCK_SIZE_M,
+                    BLOCK_SIZE_N,
+                    BLOCK_SIZE_K,
+                )
                 _stamp(trace_items1 + 3 * t + 1, TRACE)
-                _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, 2 * N, N,
-                             ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
+                _gemm1_store(
+                    acc,
+                    b1_ptr,
+                    inter_ptr,
+                    slots,
+                    tok_mask,
+                    expert,
+                    w_row,
+                    offs_j,
+                    pid_n,
+                    N,
+                    2 * N,
+                    N,
+                    ACTIVATION,
+                    HAS_BIAS,
+                    BLOCK_SIZE_M,
+                    BLOCK_SIZE_N,
+                )
                 finished = True
             else:
                 # One K slice into its own fp32 tile; the program that brings the
@@ -266,9 +318,26 @@ def moe_persistent_kernel(
                 # the epilogue (bias, activation, store) and clears the count.
                 k_first = (t % SPLIT_K) * k_per_slice
                 k_last = tl.minimum(k_first + k_per_slice, n_k)
-                acc = _gemm1_acc(x_ptr, w1_ptr, rows, tok_mask, expert, w_row, row_ok, k_first, k_last, K, K,
-                                 2 * N * K, K,
-                                 EVEN_K1, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                acc = _gemm1_acc(
+                    x_ptr,
+                    w1_ptr,
+                    rows,
+                    tok_mask,
+                    expert,
+                    w_row,
+                    row_ok,
+                    k_first,
+                    k_last,
+                    K,
+                    K,
+                    2 * N * K,
+                    K,
+                    EVEN_K1,
+                    PRECISION,
+                    BLOCK_SIZE_M,
+                    BLOCK_SIZE_N,
+                    BLOCK_SIZE_K,
+                )
                 _stamp(trace_items1 + 3 * t + 1, TRACE)
                 tile_elems = BLOCK_SIZE_M * BLOCK_SIZE_N
                 offs_tile = tl.arange(0, BLOCK_SIZE_M)[:, None] * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :]
@@ -282,8 +351,24 @@ def moe_persistent_kernel(
                     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
                     for k_slice in tl.static_range(SPLIT_K):
                         acc += tl.load(tile_base + k_slice * tile_elems + offs_tile, cache_modifier=".cg")
-                    _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, 2 * N, N,
-                                 ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
+                    _gemm1_store(
+                        acc,
+                        b1_ptr,
+                        inter_ptr,
+                        slots,
+                        tok_mask,
+                        expert,
+                        w_row,
+                        offs_j,
+                        pid_n,
+                        N,
+                        2 * N,
+                        N,
+                        ACTIVATION,
+                        HAS_BIAS,
+                        BLOCK_SIZE_M,
+                        BLOCK_SIZE_N,
+                    )
                     tl.atomic_xchg(splits_ptr + tile, 0, sem="relaxed", scope="gpu")
             if finished:
                 # Publish the tile: GEMM 2's tiles of block m wait for all n_tiles1 of them.
@@ -321,14 +406,34 @@ def moe_persistent_kernel(
             # costs a fence on top of the round trip.
             done = tl.atomic_add(done_ptr + m, 1, sem="relaxed", scope="gpu")
             # The intermediate was written by other programs of this launch: from L2 (.cg).
-            acc = _gemm2_acc(inter_ptr, w2_ptr, b2_ptr, slots64, tok_mask, expert, offs_n,
-                             tl.arange(0, BLOCK_SIZE_K2), N, N, K * N, N, K,
-                             HAS_BIAS, EVEN_K2, PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N2, BLOCK_SIZE_K2, ".cg")
+            acc = _gemm2_acc(
+                inter_ptr,
+                w2_ptr,
+                b2_ptr,
+                slots64,
+                tok_mask,
+                expert,
+                offs_n,
+                tl.arange(0, BLOCK_SIZE_K2),
+                N,
+                N,
+                K * N,
+                N,
+                K,
+                HAS_BIAS,
+                EVEN_K2,
+                PRECISION,
+                BLOCK_SIZE_M,
+                BLOCK_SIZE_N2,
+                BLOCK_SIZE_K2,
+                ".cg",
+            )
             _stamp(trace_items2 + 4 * j + 2, TRACE)
             w = tl.load(weights_ptr + slots64, mask=tok_mask, other=0.0).to(tl.float32)
             acc = acc * w[:, None]
-            tl.store(part_ptr + slots64[:, None] * K + offs_n_raw[None, :], acc,
-                     mask=tok_mask[:, None] & col_mask[None, :])
+            tl.store(
+                part_ptr + slots64[:, None] * K + offs_n_raw[None, :], acc, mask=tok_mask[:, None] & col_mask[None, :]
+            )
             tl.debug_barrier()  # every thread's rows are issued before the releases below
 
             # The top-k sum: the block's rows are distinct tokens (a token meets an
@@ -336,8 +441,7 @@ def moe_persistent_kernel(
             # tile to TOPK sums the token's TOPK rows, in slot order (the result does
             # not depend on who came last), and clears the count.
             tok = slots64 // TOPK
-            arrived = tl.atomic_add(arrived_ptr + tok * n_tiles2 + pid_n, 1, mask=tok_mask,
-                                    sem="acq_rel", scope="gpu")
+            arrived = tl.atomic_add(arrived_ptr + tok * n_tiles2 + pid_n, 1, mask=tok_mask, sem="acq_rel", scope="gpu")
             last = tok_mask & (arrived == TOPK - 1)
             tl.debug_barrier()  # the acquires above come before any thread's reads below
             _topk_sum(part_ptr, out_ptr, tok, last, offs_n_raw, col_mask, K, TOPK, BLOCK_SIZE_M, BLOCK_SIZE_N2)
@@ -359,16 +463,27 @@ def moe_persistent_kernel(
 
 
 @triton.jit
-def _topk_sum(part_ptr, out_ptr, tok, rows_mask, offs_n, col_mask, K, TOPK: tl.constexpr,
-              BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+def _topk_sum(
+    part_ptr,
+    out_ptr,
+    tok,
+    rows_mask,
+    offs_n,
+    col_mask,
+    K,
+    TOPK: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+):
     """out[tok, offs_n] = sum over j < TOPK of part[tok * TOPK + j, offs_n], in
     fp32 and in slot order, for the rows in rows_mask. part rows come from
     other programs of the launch: read from L2 (.cg)."""
     mask = rows_mask[:, None] & col_mask[None, :]
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for j in tl.static_range(TOPK):
-        acc += tl.load(part_ptr + (tok * TOPK + j)[:, None] * K + offs_n[None, :], mask=mask, other=0.0,
-                       cache_modifier=".cg")
+        acc += tl.load(
+            part_ptr + (tok * TOPK + j)[:, None] * K + offs_n[None, :], mask=mask, other=0.0, cache_modifier=".cg"
+        )
     tl.store(out_ptr + tok[:, None] * K + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -385,8 +500,9 @@ _GEMV_WS_PASSED = tl.constexpr(GEMV_WS_PASSED)
 @triton.jit
 def _load_acquire(ptr):
     """One int32 read with acquire semantics at GPU scope (PTX ld.acquire.gpu)."""
-    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                     is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(
+        "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -531,16 +647,18 @@ def moe_persistent_gemv_kernel(
             experts = tl.load(topk_ids_ptr + slots, mask=slot_ok, other=0).to(tl.int64)
             w_rows = experts[:, None, None] * (K * N) + cols_in[None, :, None] * N  # [TOPK_PAD, COLS2, 1]
             wa = tl.load(w2_ptr + w_rows + offs_na[None, None, :], mask=slot_ok[:, None, None], other=0.0)
-            wb = tl.load(w2_ptr + w_rows + offs_nb[None, None, :], mask=slot_ok[:, None, None] & in_nb[None, None, :],
-                         other=0.0)
+            wb = tl.load(
+                w2_ptr + w_rows + offs_nb[None, None, :], mask=slot_ok[:, None, None] & in_nb[None, None, :], other=0.0
+            )
             routing = tl.load(weights_ptr + slots, mask=slot_ok, other=0.0)
             if SYNC and not waited:
                 _wait_acquire(done1_ptr, total1, timed_out_ptr, ACQUIRE_LOADS, MAX_SPIN)
             # The activated rows were written by other programs of this launch: from L2 (.cg).
             a_rows = inter_ptr + slots[:, None].to(tl.int64) * N
             aa = tl.load(a_rows + offs_na[None, :], mask=slot_ok[:, None], other=0.0, cache_modifier=".cg")
-            ab = tl.load(a_rows + offs_nb[None, :], mask=slot_ok[:, None] & in_nb[None, :], other=0.0,
-                         cache_modifier=".cg")
+            ab = tl.load(
+                a_rows + offs_nb[None, :], mask=slot_ok[:, None] & in_nb[None, :], other=0.0, cache_modifier=".cg"
+            )
             if SYNC and not waited:
                 # The last program past the wait clears both words for the next launch
                 # (every GEMM 1 count is in, every waiter has read it). Counted after the
@@ -551,10 +669,12 @@ def moe_persistent_gemv_kernel(
                     tl.atomic_xchg(done1_ptr, 0, sem="relaxed", scope="gpu")
                     tl.atomic_xchg(passed_ptr, 0, sem="relaxed", scope="gpu")
             waited = True
-            per_slot = (tl.sum(wa.to(tl.float32) * aa.to(tl.float32)[:, None, :], axis=2)
-                        + tl.sum(wb.to(tl.float32) * ab.to(tl.float32)[:, None, :], axis=2))  # [TOPK_PAD, COLS2]
+            per_slot = tl.sum(wa.to(tl.float32) * aa.to(tl.float32)[:, None, :], axis=2) + tl.sum(
+                wb.to(tl.float32) * ab.to(tl.float32)[:, None, :], axis=2
+            )  # [TOPK_PAD, COLS2]
             if HAS_BIAS:
-                per_slot += tl.load(b2_ptr + experts[:, None] * K + cols_in[None, :], mask=slot_ok[:, None],
-                                    other=0.0).to(tl.float32)
+                per_slot += tl.load(
+                    b2_ptr + experts[:, None] * K + cols_in[None, :], mask=slot_ok[:, None], other=0.0
+                ).to(tl.float32)
             out = tl.sum(per_slot * routing[:, None], axis=0)
             tl.store(out_ptr + tok.to(tl.int64) * K + cols, out.to(out_ptr.dtype.element_ty), mask=cols_ok)

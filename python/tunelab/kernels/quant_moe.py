@@ -169,8 +169,7 @@ def vllm_swap_ab(wfmt: int, block_m: int, block_n: int, capability) -> bool:
     operand on a GPU of compute capability exactly 9.0 when BLOCK_SIZE_M < 64
     and BLOCK_SIZE_N >= 64. `capability` is (major, minor), None off a GPU."""
     is_fp8 = wfmt in (WFMT_FP8_TENSOR, WFMT_FP8_BLOCK)
-    return bool(is_fp8 and capability is not None and tuple(capability) == (9, 0)
-                and block_m < 64 and block_n >= 64)
+    return bool(is_fp8 and capability is not None and tuple(capability) == (9, 0) and block_m < 64 and block_n >= 64)
 
 
 def current_capability():
@@ -188,8 +187,15 @@ def current_capability():
     return arch // 10, arch % 10
 
 
-def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self_align_max: int | None = None,
-                    pdl: bool | None = None, capability=None) -> QuantMoEPlan:
+def make_quant_plan(
+    problem,
+    config: dict,
+    *,
+    vllm_structure: bool = False,
+    self_align_max: int | None = None,
+    pdl: bool | None = None,
+    capability=None,
+) -> QuantMoEPlan:
     """The launch plan of a quantised problem (FusedMoE with dtype fp8 or mxfp4).
 
     `vllm_structure`: vLLM's call (alignment kernel at every size, GEMM 1
@@ -217,8 +223,10 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
             if int(config.get(key, 0)):
                 raise ValueError(f"GEMV={gemv} dequantises on CUDA cores with no MMA: {key} must be 0")
         if vllm_structure:
-            raise ValueError(f"GEMV={gemv} is tunelab's own kernel; vLLM's call structure (fused_moe_vllm) runs "
-                             "vLLM's, which has no such key")
+            raise ValueError(
+                f"GEMV={gemv} is tunelab's own kernel; vLLM's call structure (fused_moe_vllm) runs "
+                "vLLM's, which has no such key"
+            )
     if gemv == 2:
         if interpreting():
             # The interpreter cannot run PTX: it runs GEMV=1's arithmetic, as MX_PTX=1 falls back there too.
@@ -226,10 +234,14 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
         elif not pdl_supported():
             # Its PTX needs sm_89 (cvt.rn.f16x2.e4m3x2); tunelab allows it where it has run, compute
             # capability 9.0 or newer (pdl_supported() asks that, as MX_PTX=1 does).
-            raise ValueError("GEMV=2 is inline PTX that tunelab runs on compute capability 9.0 or newer: "
-                             "use GEMV=1 on this GPU")
-    checked = (("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk)) if gemv else \
-        (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk))
+            raise ValueError(
+                "GEMV=2 is inline PTX that tunelab runs on compute capability 9.0 or newer: use GEMV=1 on this GPU"
+            )
+    checked = (
+        (("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk))
+        if gemv
+        else (("BLOCK_SIZE_M", bm), ("BLOCK_SIZE_N", bn), ("BLOCK_SIZE_K", bk))
+    )
     for name, v in checked:
         if v < 16 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs 16), got {v}")
@@ -243,20 +255,26 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
         raise ValueError(f"SWAP_AB must be 0 or 1, got {swap_ab}")
     if vllm_structure:
         if "SWAP_AB" in config:
-            raise ValueError("vLLM's call structure (fused_moe_vllm) decides SWAP_AB itself, as vLLM does (a config "
-                             "file's SWAP_AB makes vLLM raise): leave it out of the config")
+            raise ValueError(
+                "vLLM's call structure (fused_moe_vllm) decides SWAP_AB itself, as vLLM does (a config "
+                "file's SWAP_AB makes vLLM raise): leave it out of the config"
+            )
         swap_ab = int(vllm_swap_ab(wfmt, bm, bn, capability))
     split_k = int(config.get("SPLIT_K", 1))
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"SPLIT_K must be between 1 and {MAX_SPLIT_K}, got {split_k}")
     partial_bytes = 4 * split_k * problem.M * problem.topk * (2 * problem.N + problem.K) if split_k > 1 else 0
     if partial_bytes > MAX_SPLIT_K_BYTES:
-        raise ValueError(f"SPLIT_K={split_k} at M={problem.M} needs {partial_bytes / 2**30:.1f} GiB of fp32 partials "
-                         f"(at most {MAX_SPLIT_K_BYTES / 2**30:.0f}): split K at decode sizes, where the GEMMs "
-                         "have few tiles")
+        raise ValueError(
+            f"SPLIT_K={split_k} at M={problem.M} needs {partial_bytes / 2**30:.1f} GiB of fp32 partials "
+            f"(at most {MAX_SPLIT_K_BYTES / 2**30:.0f}): split K at decode sizes, where the GEMMs "
+            "have few tiles"
+        )
     if split_k > 1 and vllm_structure:
-        raise ValueError("SPLIT_K is tunelab's own (K split over programs); vLLM's call structure "
-                         "(fused_moe_vllm) runs vLLM's kernel, which has no such key")
+        raise ValueError(
+            "SPLIT_K is tunelab's own (K split over programs); vLLM's call structure "
+            "(fused_moe_vllm) runs vLLM's kernel, which has no such key"
+        )
     mx_ptx = int(config.get("MX_PTX", 0))
     if mx_ptx not in (0, 1):
         raise ValueError(f"MX_PTX must be 0 or 1, got {mx_ptx}")
@@ -265,17 +283,22 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
             raise ValueError("MX_PTX=1 is tunelab's own MXFP4 dequantisation: MXFP4 weights with DOT_SCALED=0 only")
         if not interpreting():
             if problem.act_dtype_name != "bf16":
-                raise ValueError(f"MX_PTX=1 builds bf16 weights: it takes bf16 activations, not "
-                                 f"{problem.act_dtype_name}")
+                raise ValueError(
+                    f"MX_PTX=1 builds bf16 weights: it takes bf16 activations, not {problem.act_dtype_name}"
+                )
             # mul.rn.bf16x2 is sm_90 PTX; pdl_supported() asks the same question (CUDA, 9.0 or newer).
             if not pdl_supported():
-                raise ValueError("MX_PTX=1 is inline PTX for compute capability 9.0 or newer (mul.rn.bf16x2): "
-                                 "use MX_PTX=0 on this GPU")
+                raise ValueError(
+                    "MX_PTX=1 is inline PTX for compute capability 9.0 or newer (mul.rn.bf16x2): "
+                    "use MX_PTX=0 on this GPU"
+                )
     group_n = group_k = 0
     if wfmt == WFMT_MXFP4:
         if bk < MX_GROUP:
-            raise ValueError(f"BLOCK_SIZE_K must be >= {MX_GROUP} for MXFP4 weights (a K step covers whole "
-                             f"{MX_GROUP}-value scale groups), got {bk}")
+            raise ValueError(
+                f"BLOCK_SIZE_K must be >= {MX_GROUP} for MXFP4 weights (a K step covers whole "
+                f"{MX_GROUP}-value scale groups), got {bk}"
+            )
         if problem.act_dtype_name not in ("bf16", "fp16"):
             raise ValueError(f"MXFP4 weights take bf16 or fp16 activations, not {problem.act_dtype_name}")
     else:
@@ -284,8 +307,10 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
         if wfmt == WFMT_FP8_BLOCK:
             group_n, group_k = problem.block_shape
             if group_k & (group_k - 1) or group_k % bk:
-                raise ValueError(f"BLOCK_SIZE_K ({bk}) must divide the weights' block_k ({group_k}), a power of "
-                                 "two: each K step takes one scale per row, as in vLLM's kernel")
+                raise ValueError(
+                    f"BLOCK_SIZE_K ({bk}) must divide the weights' block_k ({group_k}), a power of "
+                    "two: each K step takes one scale per row, as in vLLM's kernel"
+                )
         if bk < 32:
             raise ValueError(f"BLOCK_SIZE_K must be >= 32 for fp8 dots, got {bk}")
     numel = problem.M * problem.topk
@@ -297,18 +322,33 @@ def make_quant_plan(problem, config: dict, *, vllm_structure: bool = False, self
     if pdl and vllm_structure:
         raise ValueError("vLLM's call structure launches its kernels plainly: no dependent launches")
     return QuantMoEPlan(
-        M=problem.M, E=problem.E, topk=problem.topk, K=problem.K, N=problem.N,
-        act_dtype=problem.dtype, wfmt=wfmt, group_n=group_n, group_k=group_k,
+        M=problem.M,
+        E=problem.E,
+        topk=problem.topk,
+        K=problem.K,
+        N=problem.N,
+        act_dtype=problem.dtype,
+        wfmt=wfmt,
+        group_n=group_n,
+        group_k=group_k,
         activation=ACT_SWIGLU_OAI if problem.activation == "swiglu_oai" else ACT_SILU,
-        interleaved=problem.interleaved, has_bias=problem.bias,
-        config={k: int(config[k]) for k in QUANT_CONFIG_KEYS}, dot_scaled=bool(dot_scaled), swap_ab=bool(swap_ab),
-        mx_ptx=bool(mx_ptx) and not interpreting(), gemv=gemv, split_k=split_k,
-        numel=numel, max_blocks=max_blocks, max_padded=max_padded,
+        interleaved=problem.interleaved,
+        has_bias=problem.bias,
+        config={k: int(config[k]) for k in QUANT_CONFIG_KEYS},
+        dot_scaled=bool(dot_scaled),
+        swap_ab=bool(swap_ab),
+        mx_ptx=bool(mx_ptx) and not interpreting(),
+        gemv=gemv,
+        split_k=split_k,
+        numel=numel,
+        max_blocks=max_blocks,
+        max_padded=max_padded,
         align_meta=_align_meta(numel, problem.E, max_padded),
         grid1=(max_blocks * triton.cdiv(2 * problem.N, bn), split_k),
         grid2=(max_blocks * triton.cdiv(problem.K, bn), split_k),
         self_align=max(2, _next_pow2(numel)) if numel <= self_align_max else 0,
-        pdl=bool(pdl), split_activation=bool(vllm_structure),
+        pdl=bool(pdl),
+        split_activation=bool(vllm_structure),
     )
 
 
@@ -347,9 +387,9 @@ def gemv_tile_major(w, scales, rows, bk: int):
         tiled = t.new_zeros(e, tiles, full + (tail > 0), bn, unit)
         # Copied straight into place, through a [.., bn, steps, unit] view: one temporary, the gather.
         into = tiled.transpose(2, 3)
-        into[:, :, :, :full] = gathered[..., :full * unit].unflatten(-1, (full, unit))
+        into[:, :, :, :full] = gathered[..., : full * unit].unflatten(-1, (full, unit))
         if tail:
-            into[:, :, :, full, :tail] = gathered[..., full * unit:]
+            into[:, :, :, full, :tail] = gathered[..., full * unit :]
         out.append(tiled)
     return out[0], out[1]
 
@@ -390,9 +430,17 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     E, K, N = plan.E, plan.K, plan.N
     tiles = {k: c[k] for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")}
     launch = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
-    fmt = dict(WFMT=plan.wfmt, GROUP_N=plan.group_n, GROUP_K=plan.group_k, DOT_SCALED=plan.dot_scaled,
-               A_FMT=_a_fmt(plan.act_dtype), SWAP_AB=plan.swap_ab, MX_PTX=plan.mx_ptx, GEMV=plan.gemv,
-               SPLIT_K=plan.split_k)
+    fmt = dict(
+        WFMT=plan.wfmt,
+        GROUP_N=plan.group_n,
+        GROUP_K=plan.group_k,
+        DOT_SCALED=plan.dot_scaled,
+        A_FMT=_a_fmt(plan.act_dtype),
+        SWAP_AB=plan.swap_ab,
+        MX_PTX=plan.mx_ptx,
+        GEMV=plan.gemv,
+        SPLIT_K=plan.split_k,
+    )
     specs: list[tuple] = []
 
     def add(kernel, grid, args, kwargs):
@@ -402,15 +450,31 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
         specs.append((kernel, grid, args, {**kwargs, **pdl, **extra}))
 
     if not plan.self_align:
-        specs.append((
-            moe_align_kernel, (1,),
-            (b["topk_ids"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["cursor"],
-             plan.numel, E, plan.max_padded, plan.max_blocks),
-            dict(BLOCK_SIZE_M=c["BLOCK_SIZE_M"], USE_PDL=plan.pdl, **plan.align_meta),
-        ))
+        specs.append(
+            (
+                moe_align_kernel,
+                (1,),
+                (
+                    b["topk_ids"],
+                    b["sorted_ids"],
+                    b["expert_ids"],
+                    b["num_post"],
+                    b["cursor"],
+                    plan.numel,
+                    E,
+                    plan.max_padded,
+                    plan.max_blocks,
+                ),
+                dict(BLOCK_SIZE_M=c["BLOCK_SIZE_M"], USE_PDL=plan.pdl, **plan.align_meta),
+            )
+        )
     group = plan.group_k
-    quant_kw = dict(GROUP=group, BLOCK=max(QUANT_BLOCK, group) if group else min(QUANT_BLOCK, _next_pow2(K)),
-                    ROUND_F32=interpreting(), num_warps=4)
+    quant_kw = dict(
+        GROUP=group,
+        BLOCK=max(QUANT_BLOCK, group) if group else min(QUANT_BLOCK, _next_pow2(K)),
+        ROUND_F32=interpreting(),
+        num_warps=4,
+    )
     if plan.fp8:
         # Whatever came before (the alignment) is complete once this kernel is:
         # it waits even though it reads only x.
@@ -419,19 +483,61 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     else:
         a1, a1s, stride_a1s = b["x"], b["x"], 0
     gemm1_out, gemm1_act, gemm1_stride = (
-        (b["gate_up"], ACT_NONE, 2 * N) if plan.split_activation else (b["inter"], plan.activation, N))
+        (b["gate_up"], ACT_NONE, 2 * N) if plan.split_activation else (b["inter"], plan.activation, N)
+    )
     swe, swr, swse, swsr = _weight_strides(plan, 2 * N, K)
-    add(moe_gemm1_q_kernel, plan.grid1,
-        (a1, a1s, b["w1"], b["w1_scale"], b["b1"] if plan.has_bias else b["x"], gemm1_out, b["part1"], b["count1"],
-         b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
-         N, K, plan.numel, E, plan.max_blocks,
-         K, stride_a1s, swe, swr, swse, swsr, 2 * N, gemm1_stride, plan.numel * 2 * N),
-        dict(TOPK=plan.topk, INTERLEAVED=plan.interleaved, ACTIVATION=gemm1_act, HAS_BIAS=plan.has_bias,
-             SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
+    add(
+        moe_gemm1_q_kernel,
+        plan.grid1,
+        (
+            a1,
+            a1s,
+            b["w1"],
+            b["w1_scale"],
+            b["b1"] if plan.has_bias else b["x"],
+            gemm1_out,
+            b["part1"],
+            b["count1"],
+            b["sorted_ids"],
+            b["expert_ids"],
+            b["num_post"],
+            b["topk_ids"],
+            N,
+            K,
+            plan.numel,
+            E,
+            plan.max_blocks,
+            K,
+            stride_a1s,
+            swe,
+            swr,
+            swse,
+            swsr,
+            2 * N,
+            gemm1_stride,
+            plan.numel * 2 * N,
+        ),
+        dict(
+            TOPK=plan.topk,
+            INTERLEAVED=plan.interleaved,
+            ACTIVATION=gemm1_act,
+            HAS_BIAS=plan.has_bias,
+            SELF_ALIGN=plan.self_align,
+            **fmt,
+            **tiles,
+            **launch,
+        ),
+    )
     if plan.split_activation:
         # vLLM's structure: plain launches only (make_quant_plan refuses pdl with it).
-        specs.append((moe_act_kernel, (plan.numel, triton.cdiv(N, ACT_BLOCK)), (b["gate_up"], b["inter"], N),
-                      dict(INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation, BLOCK=ACT_BLOCK, num_warps=4)))
+        specs.append(
+            (
+                moe_act_kernel,
+                (plan.numel, triton.cdiv(N, ACT_BLOCK)),
+                (b["gate_up"], b["inter"], N),
+                dict(INTERLEAVED=plan.interleaved, ACTIVATION=plan.activation, BLOCK=ACT_BLOCK, num_warps=4),
+            )
+        )
     if plan.fp8:
         n_kw = dict(quant_kw, BLOCK=max(QUANT_BLOCK, group) if group else min(QUANT_BLOCK, _next_pow2(N)))
         add(moe_quant_act_kernel, (plan.numel,), (b["inter"], b["interq"], b["inters"], N, N), n_kw)
@@ -439,16 +545,55 @@ def _launch_specs(plan: QuantMoEPlan, b: dict):
     else:
         a2, a2s, stride_a2s = b["inter"], b["inter"], 0
     swe, swr, swse, swsr = _weight_strides(plan, K, N)
-    add(moe_gemm2_q_kernel, plan.grid2,
-        (a2, a2s, b["w2"], b["w2_scale"], b["b2"] if plan.has_bias else b["x"], b["out2"], b["part2"], b["count2"],
-         b["topk_weights"], b["sorted_ids"], b["expert_ids"], b["num_post"], b["topk_ids"],
-         K, N, plan.numel, E, plan.max_blocks,
-         N, stride_a2s, swe, swr, swse, swsr, K, K, plan.numel * K),
-        dict(HAS_BIAS=plan.has_bias, SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch))
+    add(
+        moe_gemm2_q_kernel,
+        plan.grid2,
+        (
+            a2,
+            a2s,
+            b["w2"],
+            b["w2_scale"],
+            b["b2"] if plan.has_bias else b["x"],
+            b["out2"],
+            b["part2"],
+            b["count2"],
+            b["topk_weights"],
+            b["sorted_ids"],
+            b["expert_ids"],
+            b["num_post"],
+            b["topk_ids"],
+            K,
+            N,
+            plan.numel,
+            E,
+            plan.max_blocks,
+            N,
+            stride_a2s,
+            swe,
+            swr,
+            swse,
+            swsr,
+            K,
+            K,
+            plan.numel * K,
+        ),
+        dict(HAS_BIAS=plan.has_bias, SELF_ALIGN=plan.self_align, **fmt, **tiles, **launch),
+    )
     # The sum waits for GEMM 2 through moe_sum_kernel's own USE_PDL.
-    specs.append((moe_sum_kernel, (plan.M, triton.cdiv(K, SUM_BLOCK)), (b["out2"], b["out"], K),
-                  dict(TOPK=plan.topk, BLOCK=SUM_BLOCK, USE_PDL=plan.pdl, num_warps=4,
-                       **({"launch_pdl": True} if plan.pdl else {}))))
+    specs.append(
+        (
+            moe_sum_kernel,
+            (plan.M, triton.cdiv(K, SUM_BLOCK)),
+            (b["out2"], b["out"], K),
+            dict(
+                TOPK=plan.topk,
+                BLOCK=SUM_BLOCK,
+                USE_PDL=plan.pdl,
+                num_warps=4,
+                **({"launch_pdl": True} if plan.pdl else {}),
+            ),
+        )
+    )
     return specs
 
 
@@ -458,10 +603,31 @@ def _stand_in_buffers(plan: QuantMoEPlan) -> dict:
     ws = pointer(uint8()) if plan.wfmt == WFMT_MXFP4 else f32
     q = pointer(fp8_e4m3())
     return {
-        "x": dt, "w1": wt, "w1_scale": ws, "b1": dt, "w2": wt, "w2_scale": ws, "b2": dt,
-        "inter": dt, "gate_up": dt, "out2": dt, "out": dt, "xq": q, "xs": f32, "interq": q, "inters": f32,
-        "topk_ids": i32, "sorted_ids": i32, "expert_ids": i32, "num_post": i32, "cursor": i32, "topk_weights": f32,
-        "part1": f32, "part2": f32, "count1": i32, "count2": i32,
+        "x": dt,
+        "w1": wt,
+        "w1_scale": ws,
+        "b1": dt,
+        "w2": wt,
+        "w2_scale": ws,
+        "b2": dt,
+        "inter": dt,
+        "gate_up": dt,
+        "out2": dt,
+        "out": dt,
+        "xq": q,
+        "xs": f32,
+        "interq": q,
+        "inters": f32,
+        "topk_ids": i32,
+        "sorted_ids": i32,
+        "expert_ids": i32,
+        "num_post": i32,
+        "cursor": i32,
+        "topk_weights": f32,
+        "part1": f32,
+        "part2": f32,
+        "count1": i32,
+        "count2": i32,
     }
 
 
@@ -514,9 +680,21 @@ class QuantMoELaunch:
         self.part2 = torch.empty((plan.split_k, plan.numel, plan.K) if split else (1,), dtype=f32, device=dev)
         self.count1 = torch.zeros(plan.grid1[0] if split else 1, dtype=i32, device=dev)
         self.count2 = torch.zeros(plan.grid2[0] if split else 1, dtype=i32, device=dev)
-        bufs = dict(self.inputs, sorted_ids=self.sorted_ids, expert_ids=self.expert_ids, num_post=self.num_post,
-                    cursor=self.cursor, inter=self.inter, gate_up=self.gate_up, out2=self.out2, out=self.out,
-                    part1=self.part1, part2=self.part2, count1=self.count1, count2=self.count2)
+        bufs = dict(
+            self.inputs,
+            sorted_ids=self.sorted_ids,
+            expert_ids=self.expert_ids,
+            num_post=self.num_post,
+            cursor=self.cursor,
+            inter=self.inter,
+            gate_up=self.gate_up,
+            out2=self.out2,
+            out=self.out,
+            part1=self.part1,
+            part2=self.part2,
+            count1=self.count1,
+            count2=self.count2,
+        )
         if plan.fp8:
             f8 = torch.float8_e4m3fn
             g = plan.group_k
@@ -542,5 +720,3 @@ class QuantMoELaunch:
         for run in self._runners:
             run()
         return self.out
-
-

@@ -165,17 +165,41 @@ def _q_acc(
         # a real slot; row 0 stands in for a padding one all the same (never stored).
         row_offset = tl.sum(tl.where(a_mask, a_rows, 0), axis=0) * stride_am
         if GEMV == 2:
-            acc_n = _mx_gemv_acc_f16(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end,
-                                     BLOCK_SIZE_N, BLOCK_SIZE_K)
+            acc_n = _mx_gemv_acc_f16(
+                a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N, BLOCK_SIZE_K
+            )
         else:
-            acc_n = _mx_gemv_acc(a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N,
-                                 BLOCK_SIZE_K)
+            acc_n = _mx_gemv_acc(
+                a_ptr, row_offset, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N, BLOCK_SIZE_K
+            )
         return acc_n[None, :]
     if SWAP_AB:
-        acc_t = _q_acc_swapped(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, k_begin,
-                               k_end, stride_am,
-                               stride_asm, stride_wr, stride_wsr, WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT,
-                               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_CACHE, MX_PTX)
+        acc_t = _q_acc_swapped(
+            a_ptr,
+            a_scale_ptr,
+            w_ptr,
+            w_scale_ptr,
+            a_rows,
+            a_mask,
+            w_rows,
+            K_RED,
+            k_begin,
+            k_end,
+            stride_am,
+            stride_asm,
+            stride_wr,
+            stride_wsr,
+            WFMT,
+            GROUP_N,
+            GROUP_K,
+            DOT_SCALED,
+            A_FMT,
+            BLOCK_SIZE_M,
+            BLOCK_SIZE_N,
+            BLOCK_SIZE_K,
+            A_CACHE,
+            MX_PTX,
+        )
         return tl.trans(acc_t)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     if WFMT == 3:
@@ -189,22 +213,33 @@ def _q_acc(
         s_base = w_scale_ptr + w_rows[:, None] * stride_wsr
         for k in range(k_begin, k_end):
             byte0 = k * HALF
-            packed = tl.load(w_base + (byte0 + offs_h)[:, None], mask=(byte0 + offs_h)[:, None] < k_pad // 2,
-                             other=0)
+            packed = tl.load(w_base + (byte0 + offs_h)[:, None], mask=(byte0 + offs_h)[:, None] < k_pad // 2, other=0)
             g0 = k * GROUPS
             scales = tl.load(s_base + (g0 + offs_g)[None, :], mask=(g0 + offs_g)[None, :] < k_pad // 32, other=0)
             if DOT_SCALED:
                 kk = k * BLOCK_SIZE_K + offs_k
-                a = tl.load(a_ptr + a_rows[:, None] * stride_am + kk[None, :],
-                            mask=a_mask[:, None] & (kk[None, :] < K_RED), other=0.0, cache_modifier=A_CACHE)
+                a = tl.load(
+                    a_ptr + a_rows[:, None] * stride_am + kk[None, :],
+                    mask=a_mask[:, None] & (kk[None, :] < K_RED),
+                    other=0.0,
+                    cache_modifier=A_CACHE,
+                )
                 acc = tl.dot_scaled(a, None, A_FMT, packed, scales, "e2m1", acc)
             else:
                 k_even = k * BLOCK_SIZE_K + 2 * offs_h
                 a_row = a_ptr + a_rows[:, None] * stride_am
-                a_lo = tl.load(a_row + k_even[None, :], mask=a_mask[:, None] & (k_even[None, :] < K_RED),
-                               other=0.0, cache_modifier=A_CACHE)
-                a_hi = tl.load(a_row + (k_even + 1)[None, :], mask=a_mask[:, None] & (k_even[None, :] + 1 < K_RED),
-                               other=0.0, cache_modifier=A_CACHE)
+                a_lo = tl.load(
+                    a_row + k_even[None, :],
+                    mask=a_mask[:, None] & (k_even[None, :] < K_RED),
+                    other=0.0,
+                    cache_modifier=A_CACHE,
+                )
+                a_hi = tl.load(
+                    a_row + (k_even + 1)[None, :],
+                    mask=a_mask[:, None] & (k_even[None, :] + 1 < K_RED),
+                    other=0.0,
+                    cache_modifier=A_CACHE,
+                )
                 if MX_PTX:
                     # Each byte's scale beside it: the tile's layout, not one the dot would need (measured:
                     # loading the bytes as [groups, 16, BLOCK_SIZE_N] to broadcast the scales in registers
@@ -223,8 +258,7 @@ def _q_acc(
             b_s_ptrs = w_scale_ptr + (w_rows // GROUP_N) * stride_wsr
         for k in range(k_begin, k_end):
             k_rem = K_RED - k * BLOCK_SIZE_K
-            a = tl.load(a_ptrs, mask=a_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0,
-                        cache_modifier=A_CACHE)
+            a = tl.load(a_ptrs, mask=a_mask[:, None] & (offs_k[None, :] < k_rem), other=0.0, cache_modifier=A_CACHE)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_rem, other=0.0)
             if WFMT == 2:
                 # One K step lies within one GROUP_K group (BLOCK_SIZE_K divides GROUP_K).
@@ -245,8 +279,20 @@ def _q_acc(
 
 @triton.jit
 def _q_acc_swapped(
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows, a_mask, w_rows, K_RED, k_begin, k_end, stride_am, stride_asm,
-    stride_wr, stride_wsr,
+    a_ptr,
+    a_scale_ptr,
+    w_ptr,
+    w_scale_ptr,
+    a_rows,
+    a_mask,
+    w_rows,
+    K_RED,
+    k_begin,
+    k_end,
+    stride_am,
+    stride_asm,
+    stride_wr,
+    stride_wsr,
     WFMT: tl.constexpr,
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
@@ -280,21 +326,29 @@ def _q_acc_swapped(
         a_col = a_ptr + a_rows[None, :] * stride_am
         for k in range(k_begin, k_end):
             byte0 = k * HALF
-            packed = tl.load(w_base + (byte0 + offs_h)[None, :], mask=(byte0 + offs_h)[None, :] < k_pad // 2,
-                             other=0)
+            packed = tl.load(w_base + (byte0 + offs_h)[None, :], mask=(byte0 + offs_h)[None, :] < k_pad // 2, other=0)
             g0 = k * GROUPS
             scales = tl.load(s_base + (g0 + offs_g)[None, :], mask=(g0 + offs_g)[None, :] < k_pad // 32, other=0)
             if DOT_SCALED:
                 kk = k * BLOCK_SIZE_K + offs_k
-                a_t = tl.load(a_col + kk[:, None], mask=a_mask[None, :] & (kk[:, None] < K_RED), other=0.0,
-                              cache_modifier=A_CACHE)
+                a_t = tl.load(
+                    a_col + kk[:, None], mask=a_mask[None, :] & (kk[:, None] < K_RED), other=0.0, cache_modifier=A_CACHE
+                )
                 acc = tl.dot_scaled(packed, scales, "e2m1", a_t, None, A_FMT, acc)
             else:
                 k_even = k * BLOCK_SIZE_K + 2 * offs_h
-                a_lo = tl.load(a_col + k_even[:, None], mask=a_mask[None, :] & (k_even[:, None] < K_RED),
-                               other=0.0, cache_modifier=A_CACHE)
-                a_hi = tl.load(a_col + (k_even + 1)[:, None], mask=a_mask[None, :] & (k_even[:, None] + 1 < K_RED),
-                               other=0.0, cache_modifier=A_CACHE)
+                a_lo = tl.load(
+                    a_col + k_even[:, None],
+                    mask=a_mask[None, :] & (k_even[:, None] < K_RED),
+                    other=0.0,
+                    cache_modifier=A_CACHE,
+                )
+                a_hi = tl.load(
+                    a_col + (k_even + 1)[:, None],
+                    mask=a_mask[None, :] & (k_even[:, None] + 1 < K_RED),
+                    other=0.0,
+                    cache_modifier=A_CACHE,
+                )
                 if MX_PTX:
                     lo, hi = _mx_halves_ptx(packed, _scales_per_byte_rows(scales, BLOCK_SIZE_K, BLOCK_SIZE_N))
                 else:
@@ -310,8 +364,7 @@ def _q_acc_swapped(
             w_s_ptrs = w_scale_ptr + (w_rows // GROUP_N) * stride_wsr
         for k in range(k_begin, k_end):
             k_rem = K_RED - k * BLOCK_SIZE_K
-            a_t = tl.load(a_ptrs, mask=a_mask[None, :] & (offs_k[:, None] < k_rem), other=0.0,
-                          cache_modifier=A_CACHE)
+            a_t = tl.load(a_ptrs, mask=a_mask[None, :] & (offs_k[:, None] < k_rem), other=0.0, cache_modifier=A_CACHE)
             w = tl.load(w_ptrs, mask=offs_k[None, :] < k_rem, other=0.0)
             if WFMT == 2:
                 group = (k * BLOCK_SIZE_K) // GROUP_K
@@ -344,8 +397,7 @@ def _split_k_steps(K_RED, BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def _split_k_total(acc, part_ptr, count_ptr, rows, row_ok, cols, col_ok, stride_ps, stride_pr,
-                   SPLIT_K: tl.constexpr):
+def _split_k_total(acc, part_ptr, count_ptr, rows, row_ok, cols, col_ok, stride_ps, stride_pr, SPLIT_K: tl.constexpr):
     """(total, last): the sum of the tile's SPLIT_K partial products, in split
     order, and whether this program is the tile's last to finish (only the
     last one has the total and runs the epilogue).
@@ -449,17 +501,58 @@ def moe_gemm1_q_kernel(
     k_begin, k_end = _split_k_steps(K, BLOCK_SIZE_K, SPLIT_K)
     # GEMV reads tile-major weights (gemv_tile_major), whose tile pid_n holds w_row's rows in order.
     acc_rows = (pid_n * BLOCK_SIZE_N + offs_j) if GEMV else w_row
-    acc = _q_acc(a_ptr, a_scale_ptr, w1_ptr + expert * stride_we, w1_scale_ptr + expert * stride_wse, rows,
-                 tok_mask, acc_rows.to(tl.int64), K, k_begin, k_end, stride_am, stride_asm, stride_wr, stride_wsr,
-                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
-                 GEMV)
+    acc = _q_acc(
+        a_ptr,
+        a_scale_ptr,
+        w1_ptr + expert * stride_we,
+        w1_scale_ptr + expert * stride_wse,
+        rows,
+        tok_mask,
+        acc_rows.to(tl.int64),
+        K,
+        k_begin,
+        k_end,
+        stride_am,
+        stride_asm,
+        stride_wr,
+        stride_wsr,
+        WFMT,
+        GROUP_N,
+        GROUP_K,
+        DOT_SCALED,
+        A_FMT,
+        BLOCK_SIZE_M,
+        BLOCK_SIZE_N,
+        BLOCK_SIZE_K,
+        "",
+        SWAP_AB,
+        MX_PTX,
+        GEMV,
+    )
     if SPLIT_K > 1:
-        acc, last = _split_k_total(acc, part_ptr, count_ptr, slots.to(tl.int64), tok_mask, w_row, row_ok,
-                                   stride_ps, 2 * N, SPLIT_K)
+        acc, last = _split_k_total(
+            acc, part_ptr, count_ptr, slots.to(tl.int64), tok_mask, w_row, row_ok, stride_ps, 2 * N, SPLIT_K
+        )
         if not last:
             return
-    _gemm1_store(acc, b1_ptr, inter_ptr, slots, tok_mask, expert, w_row, offs_j, pid_n, N, stride_be, stride_im,
-                 ACTIVATION, HAS_BIAS, BLOCK_SIZE_M, BLOCK_SIZE_N)
+    _gemm1_store(
+        acc,
+        b1_ptr,
+        inter_ptr,
+        slots,
+        tok_mask,
+        expert,
+        w_row,
+        offs_j,
+        pid_n,
+        N,
+        stride_be,
+        stride_im,
+        ACTIVATION,
+        HAS_BIAS,
+        BLOCK_SIZE_M,
+        BLOCK_SIZE_N,
+    )
 
 
 @triton.jit
@@ -534,14 +627,38 @@ def moe_gemm2_q_kernel(
     if PDL_LAUNCH:
         tl.extra.cuda.gdc_launch_dependents()
     k_begin, k_end = _split_k_steps(K_RED, BLOCK_SIZE_K, SPLIT_K)
-    acc = _q_acc(a_ptr, a_scale_ptr, w2_ptr + expert * stride_we, w2_scale_ptr + expert * stride_wse, slots64,
-                 tok_mask, offs_n_raw.to(tl.int64) if GEMV else offs_n, K_RED, k_begin, k_end, stride_am, stride_asm,
-                 stride_wr, stride_wsr,
-                 WFMT, GROUP_N, GROUP_K, DOT_SCALED, A_FMT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, "", SWAP_AB, MX_PTX,
-                 GEMV)
+    acc = _q_acc(
+        a_ptr,
+        a_scale_ptr,
+        w2_ptr + expert * stride_we,
+        w2_scale_ptr + expert * stride_wse,
+        slots64,
+        tok_mask,
+        offs_n_raw.to(tl.int64) if GEMV else offs_n,
+        K_RED,
+        k_begin,
+        k_end,
+        stride_am,
+        stride_asm,
+        stride_wr,
+        stride_wsr,
+        WFMT,
+        GROUP_N,
+        GROUP_K,
+        DOT_SCALED,
+        A_FMT,
+        BLOCK_SIZE_M,
+        BLOCK_SIZE_N,
+        BLOCK_SIZE_K,
+        "",
+        SWAP_AB,
+        MX_PTX,
+        GEMV,
+    )
     if SPLIT_K > 1:
-        acc, last = _split_k_total(acc, part_ptr, count_ptr, slots64, tok_mask, offs_n, offs_n_raw < N_OUT,
-                                   stride_ps, N_OUT, SPLIT_K)
+        acc, last = _split_k_total(
+            acc, part_ptr, count_ptr, slots64, tok_mask, offs_n, offs_n_raw < N_OUT, stride_ps, N_OUT, SPLIT_K
+        )
         if not last:
             return
     if HAS_BIAS:
@@ -554,4 +671,3 @@ def moe_gemm2_q_kernel(
 
 # ---------------------------------------------------------------------------
 # Host side
-

@@ -75,17 +75,24 @@ def _mx_halves(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constex
     """(low, high) of packed bytes [BLOCK_SIZE_K / 2, BLOCK_SIZE_N], each
     [BLOCK_SIZE_K / 2, BLOCK_SIZE_N] in OUT_DTYPE, with scales
     [BLOCK_SIZE_N, BLOCK_SIZE_K / 32] (_mx_values)."""
-    return _mx_values(packed, _scales_per_byte_cols(scales, BLOCK_SIZE_K, BLOCK_SIZE_N),
-                      tl.max(tl.max(scales, axis=1), axis=0), OUT_DTYPE)
+    return _mx_values(
+        packed,
+        _scales_per_byte_cols(scales, BLOCK_SIZE_K, BLOCK_SIZE_N),
+        tl.max(tl.max(scales, axis=1), axis=0),
+        OUT_DTYPE,
+    )
 
 
 @triton.jit
-def _mx_halves_rows(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                    BLOCK_SIZE_N: tl.constexpr):
+def _mx_halves_rows(packed, scales, OUT_DTYPE: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
     """_mx_halves for the swapped tile: packed bytes [BLOCK_SIZE_N, BLOCK_SIZE_K / 2]
     (one weight row per row, as the weights lie in memory); the same values."""
-    return _mx_values(packed, _scales_per_byte_rows(scales, BLOCK_SIZE_K, BLOCK_SIZE_N),
-                      tl.max(tl.max(scales, axis=1), axis=0), OUT_DTYPE)
+    return _mx_values(
+        packed,
+        _scales_per_byte_rows(scales, BLOCK_SIZE_K, BLOCK_SIZE_N),
+        tl.max(tl.max(scales, axis=1), axis=0),
+        OUT_DTYPE,
+    )
 
 
 # Inline PTX for MX_PTX=1: four packed bytes in (one register), the bf16
@@ -114,8 +121,12 @@ _PTX_NIBBLE = """
 
 def _ptx(two: bool) -> str:
     body = [_PTX_SPREAD]
-    for out, t, mag, sign, f in (("$0", "t0", 6, 12, 5), ("$1", "t1", 6, 12, 6),
-                                 ("$2", "t0", 2, 8, 5), ("$3", "t1", 2, 8, 6)):
+    for out, t, mag, sign, f in (
+        ("$0", "t0", 6, 12, 5),
+        ("$1", "t1", 6, 12, 6),
+        ("$2", "t0", 2, 8, 5),
+        ("$3", "t1", 2, 8, 6),
+    ):
         body.append(_PTX_NIBBLE.format(t=t, mag=mag, sign=sign, out=out))
         body.append(f"    mul.rn.bf16x2 {out}, {out}, ${f};\n")
         if two:
@@ -136,13 +147,20 @@ def _mx_halves_ptx(packed, e):
     run faster than uint8 ones widened after it.)"""
     if tl.max(e) <= 128:
         f = ((e + 126) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)  # 2^(e - 1)
-        lo, hi = tl.inline_asm_elementwise(_PTX_ONE, "=r,=r,=r,=r,r,r,r", [packed, f],
-                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        lo, hi = tl.inline_asm_elementwise(
+            _PTX_ONE, "=r,=r,=r,=r,r,r,r", [packed, f], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
     else:
         f_a = ((tl.minimum(e, 128) + 126) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         f_b = ((tl.maximum(e, 128) - 1) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)  # 2^(e - 128)
-        lo, hi = tl.inline_asm_elementwise(_PTX_TWO, "=r,=r,=r,=r,r,r,r,r,r", [packed, f_a, f_b],
-                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        lo, hi = tl.inline_asm_elementwise(
+            _PTX_TWO,
+            "=r,=r,=r,=r,r,r,r,r,r",
+            [packed, f_a, f_b],
+            dtype=(tl.bfloat16, tl.bfloat16),
+            is_pure=True,
+            pack=4,
+        )
     return lo, hi
 
 
@@ -174,8 +192,7 @@ def _gemv_tile_bases(w_ptr, w_scale_ptr, w_rows, K_RED, BLOCK_SIZE_N: tl.constex
 
 
 @triton.jit
-def _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, g_end, K_RED, BLOCK_SIZE_N: tl.constexpr,
-                     GROUPS: tl.constexpr):
+def _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, g_end, K_RED, BLOCK_SIZE_N: tl.constexpr, GROUPS: tl.constexpr):
     """K step k's weight words [rows, GROUPS, 4], E8M0 scales [rows, GROUPS]
     (uint32) and activations [GROUPS, 4, 8] (fp32, one vector load a thread;
     element [g, q, p] is reduction index 32g + 8q + p, code p of word q). A
@@ -187,8 +204,9 @@ def _gemv_step_loads(a_ptr, a_row, w_base, s_base, k, g_end, K_RED, BLOCK_SIZE_N
     g_in_step = tl.arange(0, GROUPS)
     g = k * GROUPS + g_in_step
     g_ok = g < g_end
-    w = tl.load(w_base + k * (BLOCK_SIZE_N * GROUPS * 4) + (g_in_step * 4)[None, :, None], mask=g_ok[None, :, None],
-                other=0)
+    w = tl.load(
+        w_base + k * (BLOCK_SIZE_N * GROUPS * 4) + (g_in_step * 4)[None, :, None], mask=g_ok[None, :, None], other=0
+    )
     e = tl.load(s_base + k * (BLOCK_SIZE_N * GROUPS) + g_in_step[None, :], mask=g_ok[None, :], other=0).to(tl.uint32)
     kk = g[:, None, None] * 32 + tl.arange(0, 4)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
     a8 = tl.load(a_ptr + a_row + kk, mask=kk < K_RED, other=0.0).to(tl.float32)
@@ -209,8 +227,18 @@ def _by_code_position(a8, GROUPS: tl.constexpr):
 
 
 @triton.jit
-def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N: tl.constexpr,
-                 BLOCK_SIZE_K: tl.constexpr):
+def _mx_gemv_acc(
+    a_ptr,
+    a_row,
+    w_ptr,
+    w_scale_ptr,
+    w_rows,
+    K_RED,
+    k_begin,
+    k_end,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
     """fp32 [BLOCK_SIZE_N]: the activation row at offset `a_row` times MXFP4
     weight rows `w_rows` over K steps [k_begin, k_end), on CUDA cores: no
     MMA, so no 16-row tile of which one token uses one row.
@@ -236,14 +264,16 @@ def _mx_gemv_acc(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end
     # The last step's loads of the step after it load nothing.
     g_end = tl.minimum(tl.cdiv(K_RED, 32), k_end * GROUPS)
     acc = tl.zeros((BLOCK_SIZE_N, GROUPS), dtype=tl.float32)
-    w_next, e_next, a8_next = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k_begin, g_end, K_RED, BLOCK_SIZE_N,
-                                               GROUPS)
+    w_next, e_next, a8_next = _gemv_step_loads(
+        a_ptr, a_row, w_base, s_base, k_begin, g_end, K_RED, BLOCK_SIZE_N, GROUPS
+    )
     for k in range(k_begin, k_end):
         # The next step's loads are issued before this step's arithmetic, so
         # that a warp has them in flight while it computes.
         w, e, a8 = w_next, e_next, a8_next
-        w_next, e_next, a8_next = _gemv_step_loads(a_ptr, a_row, w_base, s_base, k + 1, g_end, K_RED, BLOCK_SIZE_N,
-                                                   GROUPS)
+        w_next, e_next, a8_next = _gemv_step_loads(
+            a_ptr, a_row, w_base, s_base, k + 1, g_end, K_RED, BLOCK_SIZE_N, GROUPS
+        )
         a0, a1, a2, a3, a4, a5, a6, a7 = _by_code_position(a8 * _GEMV_ACT_SHIFT, GROUPS)
         part = _e2m1_bits(w) * a0[None, :, :]
         part += _e2m1_bits(w >> 4) * a1[None, :, :]
@@ -277,13 +307,18 @@ def _gemv_f16_words_ptx() -> str:
     $7-$10: (p0, p2), (p1, p3), (p4, p6), (p5, p7) as f16x2), summed in one f16x2
     accumulator and widened: $0, fp32. lo / hi: the E4M3 bytes of the words'
     low / high nibbles; lo0, lo1 (hi0, hi1) their low and high byte pairs."""
-    body = ["{",
-            "    .reg .b32 m, s, lo, hi, h0, h1, acc;",
-            "    .reg .b16 lo0, lo1, hi0, hi1, x0, x1;",
-            "    .reg .f32 f0, f1;"]
+    body = [
+        "{",
+        "    .reg .b32 m, s, lo, hi, h0, h1, acc;",
+        "    .reg .b16 lo0, lo1, hi0, hi1, x0, x1;",
+        "    .reg .f32 f0, f1;",
+    ]
     for word, pairs in ((1, (3, 4, 5, 6)), (2, (7, 8, 9, 10))):
-        first = "mul.rn.f16x2 acc, h0, ${};".format(pairs[0]) if word == 1 else \
-            "fma.rn.f16x2 acc, h0, ${}, acc;".format(pairs[0])
+        first = (
+            "mul.rn.f16x2 acc, h0, ${};".format(pairs[0])
+            if word == 1
+            else "fma.rn.f16x2 acc, h0, ${}, acc;".format(pairs[0])
+        )
         body += [
             # Low nibbles: magnitude bits to E4M3 bits 2-4, sign to bit 7.
             f"    and.b32 m, ${word}, 0x07070707;",
@@ -307,11 +342,13 @@ def _gemv_f16_words_ptx() -> str:
             f"    fma.rn.f16x2 acc, h0, ${pairs[1]}, acc;",
             f"    fma.rn.f16x2 acc, h1, ${pairs[3]}, acc;",
         ]
-    body += ["    mov.b32 {x0, x1}, acc;",
-             "    cvt.f32.f16 f0, x0;",
-             "    cvt.f32.f16 f1, x1;",
-             "    add.f32 $0, f0, f1;",
-             "}"]
+    body += [
+        "    mov.b32 {x0, x1}, acc;",
+        "    cvt.f32.f16 f0, x0;",
+        "    cvt.f32.f16 f1, x1;",
+        "    add.f32 $0, f0, f1;",
+        "}",
+    ]
     return "\n".join(body)
 
 
@@ -328,8 +365,9 @@ _GEMV_F16_MIN_EXP = tl.constexpr(71)
 @triton.jit
 def _pack_f16x2(lo, hi):
     """uint32: the f16 pair (lo, hi), each rounded to nearest from fp32."""
-    return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.uint32,
-                                     is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(
+        "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.uint32, is_pure=True, pack=1
+    )
 
 
 @triton.jit
@@ -341,8 +379,18 @@ def _by_word_parity(x, GROUPS: tl.constexpr):
 
 
 @triton.jit
-def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k_end, BLOCK_SIZE_N: tl.constexpr,
-                     BLOCK_SIZE_K: tl.constexpr):
+def _mx_gemv_acc_f16(
+    a_ptr,
+    a_row,
+    w_ptr,
+    w_scale_ptr,
+    w_rows,
+    K_RED,
+    k_begin,
+    k_end,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
     """_mx_gemv_acc in packed half precision (GEMV=2, see _GEMV_F16_WORDS):
     the same tile and scale groups. Its K loop compiles to 3.1 SASS
     instructions a weight against GEMV=1's 5.6 (sm_90, BLOCK_SIZE_N 128,
@@ -376,12 +424,15 @@ def _mx_gemv_acc_f16(a_ptr, a_row, w_ptr, w_scale_ptr, w_rows, K_RED, k_begin, k
         p46_even, p46_odd = _by_word_parity(_pack_f16x2(a4, a6), GROUPS)
         p57_even, p57_odd = _by_word_parity(_pack_f16x2(a5, a7), GROUPS)
         part = tl.inline_asm_elementwise(
-            _GEMV_F16_WORDS, "=f" + ",r" * 10,
+            _GEMV_F16_WORDS,
+            "=f" + ",r" * 10,
             [w_even, w_odd, p02_even, p13_even, p46_even, p57_even, p02_odd, p13_odd, p46_odd, p57_odd],
-            dtype=tl.float32, is_pure=True, pack=1)
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
         down = ((e_a - 70) << 23).to(tl.float32, bitcast=True)  # 2^(e - 197)
         f_lo = ((tl.minimum(e, 128) + 62) << 23).to(tl.float32, bitcast=True)  # 2^(min(e, 128) - 65)
         f_hi = ((tl.maximum(e, 128) - 1) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 128) - 128)
         acc += tl.sum(part, axis=2) * down[None, :] * f_lo * f_hi
     return tl.sum(acc, axis=1)
-

@@ -61,8 +61,9 @@ class Gemm:
         else:
             for key in ("weight_quant", "block_shape", "out_dtype"):
                 if key in shape:
-                    raise ValueError(f"gemm shape field {key!r} is for dtype fp8 (the a8w8 block-scale GEMM), "
-                                     f"not {self.dtype_name}")
+                    raise ValueError(
+                        f"gemm shape field {key!r} is for dtype fp8 (the a8w8 block-scale GEMM), not {self.dtype_name}"
+                    )
             self.out_dtype_name = self.dtype_name
         self.dtype = torch_dtype(self.out_dtype_name)  # C's dtype
 
@@ -70,8 +71,11 @@ class Gemm:
         if shape.get("weight_quant", "block") != "block":
             raise ValueError(f"an fp8 gemm has block scales (weight_quant: block), not {shape['weight_quant']!r}")
         block = shape.get("block_shape", [128, 128])
-        if (not isinstance(block, (list, tuple)) or len(block) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
+        if (
+            not isinstance(block, (list, tuple))
+            or len(block) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)
+        ):
             raise ValueError(f"block_shape must be [block_n, block_k] (positive integers), got {block!r}")
         if block[1] & (block[1] - 1):
             raise ValueError(f"block_shape's block_k must be a power of two, got {block[1]}")
@@ -92,8 +96,12 @@ class Gemm:
         # Read A and B once, write C once: the least any method can move.
         if self.fp8:
             (am, ak), (wn, wk) = self.scale_shapes()
-            return float(self.M * self.K + self.K * self.N + 4 * (am * ak + wn * wk)
-                         + self.M * self.N * element_size(self.out_dtype_name))
+            return float(
+                self.M * self.K
+                + self.K * self.N
+                + 4 * (am * ak + wn * wk)
+                + self.M * self.N * element_size(self.out_dtype_name)
+            )
         return float((self.M * self.K + self.K * self.N + self.M * self.N) * element_size(self.dtype_name))
 
     def inputs(self, seed: int, device) -> dict:
@@ -104,7 +112,7 @@ class Gemm:
         so large inputs are not built on the host and copied.
         """
         generator = torch.Generator(device=device).manual_seed(int(seed))
-        scale = self.K ** -0.25
+        scale = self.K**-0.25
 
         def operand(rows, cols):
             x = torch.randn(rows, cols, generator=generator, device=device, dtype=torch.float32)
@@ -140,8 +148,7 @@ class Gemm:
         return torch.matmul(inputs["a"].float(), inputs["b"].float())
 
     def methods(self) -> dict[str, Method[Gemm]]:
-        return {"matmul": TritonMatmul(), "torch_matmul": TorchMatmul(),
-                "matmul_a8w8_blockscale": TritonMatmulA8W8()}
+        return {"matmul": TritonMatmul(), "torch_matmul": TorchMatmul(), "matmul_a8w8_blockscale": TritonMatmulA8W8()}
 
     def new_output(self, inputs: dict):
         a = inputs["a"]
@@ -155,10 +162,12 @@ class Gemm:
         the fp32 product as the reference."""
         if self.fp8:
             raise ValueError("fp8 operands are quantised with their scales, which the native worker does not build")
-        scale = self.K ** -0.25
+        scale = self.K**-0.25
         return {
-            "tensors": [native_data.normal("a", self.dtype_name, (self.M, self.K), scale),
-                        native_data.normal("b", self.dtype_name, (self.K, self.N), scale)],
+            "tensors": [
+                native_data.normal("a", self.dtype_name, (self.M, self.K), scale),
+                native_data.normal("b", self.dtype_name, (self.K, self.N), scale),
+            ],
             "output": native_data.output(self.out_dtype_name, (self.M, self.N)),
             "reference": native_data.matmul("a", "b"),
         }
@@ -243,8 +252,9 @@ class TritonMatmulA8W8:
         if reason:
             raise RuntimeError(f"method matmul_a8w8_blockscale cannot run here: {reason}")
         out = problem.new_output(inputs)
-        run = matmul_a8w8.make_launcher(inputs["a"], inputs["w"], inputs["a_scale"], inputs["w_scale"], out,
-                                        problem.block_shape, config)
+        run = matmul_a8w8.make_launcher(
+            inputs["a"], inputs["w"], inputs["a_scale"], inputs["w_scale"], out, problem.block_shape, config
+        )
         return Launch(run, out)
 
     def compile(self, problem: Gemm, config: dict) -> bool:

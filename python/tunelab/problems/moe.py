@@ -137,8 +137,14 @@ def vllm_default_config(M: int, E: int, block_shape=None, fp8: bool = False) -> 
     K step and, past M=8, N tile are the weights' block (docs/quantisation.md)."""
     if block_shape:
         bn, bk = block_shape
-        return {"BLOCK_SIZE_M": 16 if M <= 64 else 64, "BLOCK_SIZE_N": 64 if M <= 8 else bn, "BLOCK_SIZE_K": bk,
-                "GROUP_SIZE_M": 1 if M <= 16 else 32, "num_warps": 4, "num_stages": 4 if M <= 4 else 3}
+        return {
+            "BLOCK_SIZE_M": 16 if M <= 64 else 64,
+            "BLOCK_SIZE_N": 64 if M <= 8 else bn,
+            "BLOCK_SIZE_K": bk,
+            "GROUP_SIZE_M": 1 if M <= 16 else 32,
+            "num_warps": 4,
+            "num_stages": 4 if M <= 4 else 3,
+        }
     return {
         "BLOCK_SIZE_M": 16 if M <= 32 else 32 if M <= 96 else 64 if M <= 512 else 128,
         "BLOCK_SIZE_N": 64 if M <= 64 else 128,
@@ -153,8 +159,20 @@ class FusedMoE:
     """Problem class: see the module docstring for the shape fields."""
 
     def __init__(self, shape: dict):
-        known = {"M", "E", "topk", "K", "N", "dtype", "act_dtype", "weight_quant", "block_shape", "activation",
-                 "routing", "bias"}
+        known = {
+            "M",
+            "E",
+            "topk",
+            "K",
+            "N",
+            "dtype",
+            "act_dtype",
+            "weight_quant",
+            "block_shape",
+            "activation",
+            "routing",
+            "bias",
+        }
         # Manifests may carry descriptive fields (model name, ...): ignore those.
         self.shape = dict(shape)
         try:
@@ -164,7 +182,9 @@ class FusedMoE:
             self.K = int(shape["K"])
             self.N = int(shape["N"])
         except KeyError as missing:
-            raise ValueError(f"moe shape needs {missing.args[0]!r} (has {sorted(shape)}; known fields {sorted(known)})") from None
+            raise ValueError(
+                f"moe shape needs {missing.args[0]!r} (has {sorted(shape)}; known fields {sorted(known)})"
+            ) from None
         self.dtype_name = shape.get("dtype", "bf16")
         self._weight_fields(shape)
         self.dtype = torch_dtype(self.act_dtype_name)
@@ -204,8 +224,10 @@ class FusedMoE:
             raise ValueError(f"act_dtype of {d} weights must be one of {list(allowed)}, got {self.act_dtype_name!r}")
         if d == "mxfp4":
             if wq is not None or block is not None:
-                raise ValueError("mxfp4 weights have their own scales (one per 32 values along K): "
-                                 "weight_quant and block_shape are for fp8")
+                raise ValueError(
+                    "mxfp4 weights have their own scales (one per 32 values along K): "
+                    "weight_quant and block_shape are for fp8"
+                )
             self.weight_quant, self.block_shape = None, None
             return
         self.weight_quant = wq or "per_tensor"
@@ -216,10 +238,14 @@ class FusedMoE:
                 raise ValueError("block_shape is for weight_quant: block, not per_tensor")
             self.block_shape = None
             return
-        if (not isinstance(block, (list, tuple)) or len(block) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
-            raise ValueError(f"weight_quant: block needs block_shape: [block_n, block_k] (positive integers), "
-                             f"got {block!r}")
+        if (
+            not isinstance(block, (list, tuple))
+            or len(block) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)
+        ):
+            raise ValueError(
+                f"weight_quant: block needs block_shape: [block_n, block_k] (positive integers), got {block!r}"
+            )
         bn, bk = int(block[0]), int(block[1])
         if bk & (bk - 1):
             raise ValueError(f"block_shape's block_k must be a power of two (the kernels' K steps divide it), got {bk}")
@@ -259,8 +285,9 @@ class FusedMoE:
         if self.weight_format == "fp8":
             if self.block_shape:
                 bn, bk = self.block_shape
-                scales = (quant.cdiv(2 * self.N, bn) * quant.cdiv(self.K, bk)
-                          + quant.cdiv(self.K, bn) * quant.cdiv(self.N, bk))
+                scales = quant.cdiv(2 * self.N, bn) * quant.cdiv(self.K, bk) + quant.cdiv(self.K, bn) * quant.cdiv(
+                    self.N, bk
+                )
             else:
                 scales = 2
             total = weights * 1.0 + scales * 4.0
@@ -360,8 +387,19 @@ class FusedMoE:
         return {"x": x, "topk_ids": topk_ids, "topk_weights": topk_weights, **self._weights(seed, device)}
 
     def _weights_key(self, seed: int, device) -> tuple:
-        return (self.E, self.N, self.K, self.weight_format, self.act_dtype_name, self.weight_quant,
-                self.block_shape, self.activation, self.bias, int(seed), str(device))
+        return (
+            self.E,
+            self.N,
+            self.K,
+            self.weight_format,
+            self.act_dtype_name,
+            self.weight_quant,
+            self.block_shape,
+            self.activation,
+            self.bias,
+            int(seed),
+            str(device),
+        )
 
     def _weights(self, seed: int, device) -> dict:
         build = lambda: self._build_weights(seed, device)  # noqa: E731
@@ -377,8 +415,7 @@ class FusedMoE:
         E, N, K = self.E, self.N, self.K
         gen = torch.Generator(device=device)
         gen.manual_seed((int(seed) * 1_000_003 + 0x5EED) % (1 << 63))
-        stds = {"w1": GATE_STD[self.activation] / math.sqrt(K),
-                "w2": 1.0 / (math.sqrt(N) * ACT_RMS[self.activation])}
+        stds = {"w1": GATE_STD[self.activation] / math.sqrt(K), "w2": 1.0 / (math.sqrt(N) * ACT_RMS[self.activation])}
         out = {}
         mxfp4 = self.weight_format == "mxfp4"
         for name, rows, cols in (("w1", 2 * N, K), ("w2", K, N)):
@@ -400,8 +437,10 @@ class FusedMoE:
             if mxfp4:
                 out[name + "_pairs"] = pairs_all
         if self.bias:
-            out["b1"] = (torch.randn(E, 2 * N, generator=gen, device=device, dtype=torch.float32)
-                         * (B1_STD * GATE_STD[self.activation])).to(self.dtype)
+            out["b1"] = (
+                torch.randn(E, 2 * N, generator=gen, device=device, dtype=torch.float32)
+                * (B1_STD * GATE_STD[self.activation])
+            ).to(self.dtype)
             out["b2"] = (torch.randn(E, K, generator=gen, device=device, dtype=torch.float32) * B2_STD).to(self.dtype)
         return out
 
@@ -572,8 +611,10 @@ class TritonFusedMoEVllm:
 
     def unavailable(self, problem: FusedMoE):
         if problem.weight_format == "mxfp4":
-            return ("vLLM's MXFP4 MoE backends do not read fused-MoE JSON configs, so vLLM's call structure "
-                    "has nothing to tune for MXFP4 weights (the fused_moe method runs them)")
+            return (
+                "vLLM's MXFP4 MoE backends do not read fused-MoE JSON configs, so vLLM's call structure "
+                "has nothing to tune for MXFP4 weights (the fused_moe method runs them)"
+            )
         return None
 
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):
@@ -583,8 +624,7 @@ class TritonFusedMoEVllm:
         if problem.quantised:
             from tunelab.kernels.quant_moe import QuantMoELaunch, make_quant_plan
 
-            return QuantMoELaunch(make_quant_plan(problem, _vllm_config(problem, config), vllm_structure=True),
-                                  inputs)
+            return QuantMoELaunch(make_quant_plan(problem, _vllm_config(problem, config), vllm_structure=True), inputs)
         from tunelab.kernels.fused_moe import FusedMoELaunch, vllm_plan
 
         return FusedMoELaunch(vllm_plan(problem, _full_config(problem, config)), inputs)
@@ -738,8 +778,10 @@ def torch_path(problem: FusedMoE, device) -> tuple:
     if device.type != "cuda" or getattr(torch.version, "hip", None):
         return fallback, "torch._grouped_mm's fast path is CUDA-only here (ROCm's needs CK, else it syncs)"
     if problem.dtype != torch.bfloat16:
-        return fallback, (f"torch._grouped_mm's CUDA fast path is bf16 only; {problem.dtype_name} would take "
-                          "its per-expert fallback, which syncs with the host")
+        return fallback, (
+            f"torch._grouped_mm's CUDA fast path is bf16 only; {problem.dtype_name} would take "
+            "its per-expert fallback, which syncs with the host"
+        )
     major, _ = torch.cuda.get_device_capability(device)
     if major not in (9, 10):
         return fallback, f"torch._grouped_mm's CUDA fast path needs sm_90 or sm_100 (this GPU is sm_{major}x)"
@@ -777,8 +819,10 @@ class TorchMoE:
 
     def unavailable(self, problem: FusedMoE):
         if problem.quantised:
-            return (f"torch has no MoE over {problem.weight_format} weights; tunelab's torch method runs "
-                    "bf16/fp16/fp32 weights")
+            return (
+                f"torch has no MoE over {problem.weight_format} weights; tunelab's torch method runs "
+                "bf16/fp16/fp32 weights"
+            )
         return None
 
     def bind(self, problem: FusedMoE, inputs: dict, config: dict):

@@ -120,8 +120,12 @@ def _vllm_entry():
             from vllm.model_executor.layers.fused_moe import override_config
         except ImportError:
             override_config = None
-        _VLLM = {"fn": fused_experts, "bias": bias, "activation": None if act is None else act.default,
-                 "override": override_config}
+        _VLLM = {
+            "fn": fused_experts,
+            "bias": bias,
+            "activation": None if act is None else act.default,
+            "override": override_config,
+        }
     return _VLLM
 
 
@@ -144,8 +148,10 @@ def _vllm_call(problem: FusedMoE, inputs: dict, entry: dict, override: dict | No
     if override is None:
         return lambda: fn(*args, **kwargs)
     if entry.get("override") is None:
-        raise RuntimeError("this vLLM has no override_config (vllm.model_executor.layers.fused_moe): its kernel's "
-                           "config cannot be set, so only an empty config (vLLM's own choice) runs")
+        raise RuntimeError(
+            "this vLLM has no override_config (vllm.model_executor.layers.fused_moe): its kernel's "
+            "config cannot be set, so only an empty config (vLLM's own choice) runs"
+        )
     override_config = entry["override"]
 
     def call():

@@ -75,8 +75,10 @@ def constraints_of(config: dict, matmul: str) -> dict:
             out[name] = value
     block_m = out.get("block_m")
     if block_m is not None and block_m not in BLOCK_MS:
-        raise ValueError(f"{matmul}_block_m must be 0 or one of {list(BLOCK_MS)} "
-                         f"(the tile sizes triton_kernels' routing data maps), got {block_m}")
+        raise ValueError(
+            f"{matmul}_block_m must be 0 or one of {list(BLOCK_MS)} "
+            f"(the tile sizes triton_kernels' routing data maps), got {block_m}"
+        )
     return out
 
 
@@ -121,8 +123,10 @@ def default_layouts():
     triton_kernels for them: on sm_90 the Hopper layouts, MX axis 1, 8 warps."""
     from triton_kernels.tensor_details import layout
 
-    return (layout.make_default_matmul_mxfp4_w_layout(mx_axis=1),
-            layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8))
+    return (
+        layout.make_default_matmul_mxfp4_w_layout(mx_axis=1),
+        layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8),
+    )
 
 
 def hopper_layouts():
@@ -188,8 +192,9 @@ def converted(problem, inputs: dict) -> ConvertedWeights:
 
 
 @triton.jit
-def routing_bits_kernel(ids_ptr, bits_ptr, n_rows, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
-                        WORDS: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+def routing_bits_kernel(
+    ids_ptr, bits_ptr, n_rows, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, WORDS: tl.constexpr, BLOCK_ROWS: tl.constexpr
+):
     """bits[row, w] = the OR of 1 << (e % 32) over the row's experts e with e // 32 == w
     (a negative id selects nothing). A row names an expert at most once, so the
     sum of those bits is their OR."""
@@ -214,8 +219,9 @@ def routing_bits(ids, n_experts: int):
     words = triton.cdiv(n_experts, 32)
     bits = torch.empty((rows, words), dtype=torch.uint32, device=ids.device)
     grid = (triton.cdiv(rows, ROUTING_BLOCK_ROWS),)
-    routing_bits_kernel[grid](ids, bits, rows, TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk), WORDS=words,
-                              BLOCK_ROWS=ROUTING_BLOCK_ROWS)
+    routing_bits_kernel[grid](
+        ids, bits, rows, TOPK=topk, TOPK_PAD=triton.next_power_of_2(topk), WORDS=words, BLOCK_ROWS=ROUTING_BLOCK_ROWS
+    )
     return bits
 
 
@@ -241,8 +247,10 @@ def routing(topk_ids, topk_weights, n_experts: int):
 def unavailable_reason(problem) -> str | None:
     """Why the triton_kernels method cannot run this problem here, or None."""
     if problem.weight_format != "mxfp4" or problem.activation != "swiglu_oai":
-        return ("tunelab runs triton_kernels the way vLLM runs gpt-oss: MXFP4 weights with gpt-oss's "
-                f"swiglu_oai activation, not {problem.dtype_name} with {problem.activation}")
+        return (
+            "tunelab runs triton_kernels the way vLLM runs gpt-oss: MXFP4 weights with gpt-oss's "
+            f"swiglu_oai activation, not {problem.dtype_name} with {problem.activation}"
+        )
     if problem.act_dtype_name != "bf16":
         return f"vLLM's triton_kernels call takes bf16 activations, not {problem.act_dtype_name}"
     if problem.K % quant.MX_GROUP:
@@ -251,16 +259,19 @@ def unavailable_reason(problem) -> str | None:
     if isinstance(tk, str):
         return tk
     if tk.api != "3.5.1":
-        return (f"this method calls the triton_kernels 3.5.1 API that vLLM 0.33 pins; found the {tk.api} API "
-                f"({tk.source})")
+        return (
+            f"this method calls the triton_kernels 3.5.1 API that vLLM 0.33 pins; found the {tk.api} API ({tk.source})"
+        )
     if interpreting():
         return "triton_kernels' matmul_ogs picks its tiles from the GPU's properties: it needs a CUDA GPU, not Triton's interpreter"
     if not torch.cuda.is_available() or getattr(torch.version, "hip", None):
         return "triton_kernels' MXFP4 matmul runs here on an NVIDIA GPU only, and none is visible"
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) != (9, 0):
-        return (f"tunelab mirrors vLLM's triton_kernels call on sm_90 (Hopper) only; this GPU is sm_{major}{minor}, "
-                "where vLLM sets other constraints (is_persistent, epilogue_subtile) and layouts")
+        return (
+            f"tunelab mirrors vLLM's triton_kernels call on sm_90 (Hopper) only; this GPU is sm_{major}{minor}, "
+            "where vLLM sets other constraints (is_persistent, epilogue_subtile) and layouts"
+        )
     return None
 
 
@@ -316,12 +327,27 @@ class TritonKernelsLaunch:
         p, w = self.p, self.weights
         routing_data, gather, scatter = routing(self.ids, self.topk_weights, p.E)
         with opt_flags_constraints(self.constraints["w1"]):
-            matmul_ogs(self.x, w.w1, w.b1, routing_data, gather_indx=gather, precision_config=w.pc1,
-                       fused_activation=self.act, y=self.inter)
+            matmul_ogs(
+                self.x,
+                w.w1,
+                w.b1,
+                routing_data,
+                gather_indx=gather,
+                precision_config=w.pc1,
+                fused_activation=self.act,
+                y=self.inter,
+            )
         with opt_flags_constraints(self.constraints["w2"]):
-            matmul_ogs(self.inter.view(p.M * p.topk, w.n_padded), w.w2, w.b2, routing_data,
-                       scatter_indx=scatter, precision_config=w.pc2, gammas=routing_data.gate_scal,
-                       y=self.out.view(1, p.M, p.K))
+            matmul_ogs(
+                self.inter.view(p.M * p.topk, w.n_padded),
+                w.w2,
+                w.b2,
+                routing_data,
+                scatter_indx=scatter,
+                precision_config=w.pc2,
+                gammas=routing_data.gate_scal,
+                y=self.out.view(1, p.M, p.K),
+            )
         return self.out
 
 

@@ -46,8 +46,12 @@ def write_kernels(kernels, directory, load: bool = False) -> list:
             _write(path, sass)
             files.append(path.name)
         res = jit.resources(compiled, load=load)
-        meta = {"resources": res, "metadata": metadata_dict(compiled), "constants": constants(compiled),
-                "launch": launch_info(compiled)}
+        meta = {
+            "resources": res,
+            "metadata": metadata_dict(compiled),
+            "constants": constants(compiled),
+            "launch": launch_info(compiled),
+        }
         path = directory / f"{stem}.json"
         _write(path, json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
         files.append(path.name)

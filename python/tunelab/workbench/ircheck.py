@@ -35,8 +35,7 @@ def against_source(ir, source_kernels) -> str:
         names = ", ".join(sorted({str(k.name) for k in source_kernels})) or "none"
         return f"its kernel @{ir.entry} is not one the method compiles (it compiles: {names})"
     if len(same_name) > 1:
-        return (f"the method compiles @{ir.entry} at {len(same_name)} specialisations; "
-                "an IR file stands for one of them")
+        return f"the method compiles @{ir.entry} at {len(same_name)} specialisations; an IR file stands for one of them"
     source = same_name[0]
     problems = []
     expected = source.asm.get(ir.ext) if ir.ext in ("ttir", "ttgir") else None
@@ -44,13 +43,15 @@ def against_source(ir, source_kernels) -> str:
         want = mlir_signature(expected, ir.entry)
         got = ir.signature()
         if want is not None and got is not None and want != got:
-            problems.append(f"its signature ({describe_signature(got)}) is not the kernel's here "
-                            f"({describe_signature(want)})")
+            problems.append(
+                f"its signature ({describe_signature(got)}) is not the kernel's here ({describe_signature(want)})"
+            )
     if ir.ext == "ttgir":
         warps = ir.module_int_attr("ttg.num-warps")
         if warps is not None and warps != source.metadata.num_warps:
-            problems.append(f"it has ttg.num-warps = {warps}, the config compiles with num_warps = "
-                            f"{source.metadata.num_warps}")
+            problems.append(
+                f"it has ttg.num-warps = {warps}, the config compiles with num_warps = {source.metadata.num_warps}"
+            )
         target = ir.module_str_attr("ttg.target")
         t = source.metadata.target
         compiled_for = f"{t.backend}:{t.arch}"
@@ -67,6 +68,10 @@ def against_source(ir, source_kernels) -> str:
         here = constants(source)
         differ = sorted(k for k in recorded.keys() & here.keys() if recorded[k] != here[k])
         if differ:
-            problems.append("it was compiled with " + ", ".join(f"{k}={recorded[k]}" for k in differ)
-                            + f" ({kept.name}), the kernel here has " + ", ".join(f"{k}={here[k]}" for k in differ))
+            problems.append(
+                "it was compiled with "
+                + ", ".join(f"{k}={recorded[k]}" for k in differ)
+                + f" ({kept.name}), the kernel here has "
+                + ", ".join(f"{k}={here[k]}" for k in differ)
+            )
     return "; ".join(problems)

@@ -45,8 +45,10 @@ class IrFile:
         path = Path(path)
         ext = path.suffix[1:]
         if ext not in IR_EXTENSIONS:
-            raise IrFileError(f"{path}: an IR file must end in one of .{', .'.join(IR_EXTENSIONS)} "
-                              f"(the stage Triton compiles it from), not {path.suffix or 'nothing'}")
+            raise IrFileError(
+                f"{path}: an IR file must end in one of .{', .'.join(IR_EXTENSIONS)} "
+                f"(the stage Triton compiles it from), not {path.suffix or 'nothing'}"
+            )
         try:
             text = path.read_text()
         except OSError as exc:
@@ -141,7 +143,7 @@ def _balanced(text: str, open_at: int) -> str:
         elif stack and c == stack[-1]:
             stack.pop()
             if not stack:
-                return text[open_at + 1:i]
+                return text[open_at + 1 : i]
     raise IrFileError("unbalanced brackets in the kernel's signature")
 
 
@@ -171,5 +173,5 @@ def _strip_locations(text: str) -> str:
     """`loc(...)` removed, balanced (locations nest: `loc("a"(#loc))`)."""
     while (i := text.find("loc(")) >= 0:
         inner = _balanced(text, i + 3)
-        text = text[:i] + text[i + 4 + len(inner) + 1:]
+        text = text[:i] + text[i + 4 + len(inner) + 1 :]
     return text

@@ -161,8 +161,11 @@ def pipeline(backend, options, stages) -> list:
                 fn(*(_FakeModule(), {}, options, capability)[:arity])
             except Exception as exc:  # noqa: BLE001 - the stand-ins cannot answer something the stage asks
                 if log.runs == runs:
-                    print(f"tunelab ir-pass: {stage}'s pipeline recorded up to where it asked the module for "
-                          f"something ({type(exc).__name__}: {exc})", file=sys.stderr)
+                    print(
+                        f"tunelab ir-pass: {stage}'s pipeline recorded up to where it asked the module for "
+                        f"something ({type(exc).__name__}: {exc})",
+                        file=sys.stderr,
+                    )
             for step in log[start:]:
                 step.stage = stage
     finally:
@@ -215,8 +218,7 @@ def resolve(spec: str, recorded: list) -> Step:
         return Step(step.name, step.args if args is None else args, step.fn, step.stage)
     fn, full = _binding(name)
     if fn is None:
-        raise SystemExit(f"--pass {spec}: no such pass in Triton's pipeline or bindings; "
-                         "`--list` shows the pipeline")
+        raise SystemExit(f"--pass {spec}: no such pass in Triton's pipeline or bindings; `--list` shows the pipeline")
     return Step(full, args or (), fn, "bindings")
 
 
@@ -286,8 +288,9 @@ def _option_values(pairs) -> dict:
             raise SystemExit(f"--option {pair}: write KEY=VALUE (num_stages=3)")
         value = value.strip()
         low = value.lower()
-        out[key.strip()] = (True if low == "true" else False if low == "false" else
-                            int(value) if value.lstrip("-").isdigit() else value)
+        out[key.strip()] = (
+            True if low == "true" else False if low == "false" else int(value) if value.lstrip("-").isdigit() else value
+        )
     return out
 
 
@@ -326,8 +329,9 @@ def apply(path: Path, specs, target=None, option_pairs=()):
         try:
             step.fn(pm, *step.args)
         except TypeError as exc:
-            raise SystemExit(f"--pass {step.name}: wrong arguments {step.args!r} ({exc}); "
-                             f"write them out: --pass '{step.name}(...)'") from None
+            raise SystemExit(
+                f"--pass {step.name}: wrong arguments {step.args!r} ({exc}); write them out: --pass '{step.name}(...)'"
+            ) from None
     pipeline_text = pm.get_pipeline_str() if hasattr(pm, "get_pipeline_str") else ""
     pm.run(module, "tunelab-ir-pass")
     return text, str(module), module.str_nodebug(), before_nodebug, steps, pipeline_text
@@ -360,16 +364,28 @@ def compile_file(path, target: str, options: dict, cache=None) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tunelab ir-pass", description=__doc__.splitlines()[0])
     parser.add_argument("file", type=Path, help="a .ttir or .ttgir file (from `tunelab run --keep-ir`)")
-    parser.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
-                        help="a pass to apply, in order (repeatable): coalesce, ttgpuir.pipeline#1, "
-                             "'ttgpuir.pipeline(4, false)'")
+    parser.add_argument(
+        "--pass",
+        dest="passes",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a pass to apply, in order (repeatable): coalesce, ttgpuir.pipeline#1, 'ttgpuir.pipeline(4, false)'",
+    )
     parser.add_argument("--list", action="store_true", help="print the pipeline Triton runs on this file's stage")
     parser.add_argument("--target", help="BACKEND:ARCH:WARP_SIZE (default: the module's ttg.target, else cuda:90:32)")
-    parser.add_argument("--option", action="append", metavar="KEY=VALUE",
-                        help="a compile option the pipeline depends on (num_stages=3, maxnreg=128)")
+    parser.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a compile option the pipeline depends on (num_stages=3, maxnreg=128)",
+    )
     parser.add_argument("--out", type=Path, help="the new IR file (default: FILE's name with .after before its suffix)")
-    parser.add_argument("--compile", action="store_true",
-                        help="compile the file and the result for the target and compare their resources")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the file and the result for the target and compare their resources",
+    )
     args = parser.parse_args(argv)
     if not args.file.is_file():
         parser.error(f"{args.file}: no such file")
@@ -390,13 +406,17 @@ def main(argv=None) -> int:
         return 0
     if not args.passes:
         parser.error("name at least one --pass (or --list to see them)")
-    _, after, after_nodebug, before_nodebug, steps, pipeline_text = apply(args.file, args.passes, args.target,
-                                                                         args.option)
+    _, after, after_nodebug, before_nodebug, steps, pipeline_text = apply(
+        args.file, args.passes, args.target, args.option
+    )
     out = args.out or args.file.with_name(f"{args.file.stem}.after{args.file.suffix}")
     out.write_text(after)
     diff_path = out.with_suffix(out.suffix + ".diff")
-    diff = "".join(difflib.unified_diff(before_nodebug.splitlines(True), after_nodebug.splitlines(True),
-                                        fromfile=str(args.file), tofile=str(out)))
+    diff = "".join(
+        difflib.unified_diff(
+            before_nodebug.splitlines(True), after_nodebug.splitlines(True), fromfile=str(args.file), tofile=str(out)
+        )
+    )
     diff_path.write_text(diff)
     changed = sum(1 for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
     print(f"passes: {', '.join(s.describe() for s in steps)}")

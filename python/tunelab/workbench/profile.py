@@ -53,13 +53,16 @@ def parse_ncu_raw(text: str) -> list:
         return []
     header, units = rows[start], rows[start + 1]
     out = []
-    for row in rows[start + 2:]:
+    for row in rows[start + 2 :]:
         if len(row) != len(header):
             continue
         cells = dict(zip(header, row))
         unit = dict(zip(header, units))
-        kernel = {"kernel": cells.get("Kernel Name", ""), "block": cells.get("Block Size", ""),
-                  "grid": cells.get("Grid Size", "")}
+        kernel = {
+            "kernel": cells.get("Kernel Name", ""),
+            "block": cells.get("Block Size", ""),
+            "grid": cells.get("Grid Size", ""),
+        }
         for metric, (key, _) in NCU_METRICS.items():
             if metric in cells and cells[metric] not in ("", "n/a"):
                 kernel[key] = f"{cells[metric]} {unit.get(metric, '')}".strip()
@@ -113,9 +116,14 @@ def summarise(request: dict, scopes: dict, ncu: dict, failed: dict) -> list:
     for job in request["jobs"]:
         label = job["label"]
         scope = scopes.get(label)
-        row = {"label": label, "job_id": job["job"]["job_id"], "rank": job.get("rank", 1),
-               "winner_of_shape": job.get("winner_of_shape", False), "journal_us": job.get("median_us"),
-               "error": failed.get(label)}
+        row = {
+            "label": label,
+            "job_id": job["job"]["job_id"],
+            "rank": job.get("rank", 1),
+            "winner_of_shape": job.get("winner_of_shape", False),
+            "journal_us": job.get("median_us"),
+            "error": failed.get(label),
+        }
         if scope and scope["kernels"]:
             total_ns = sum(t for _, t in scope["kernels"].values())
             launches = sum(c for c, _ in scope["kernels"].values())
@@ -127,8 +135,12 @@ def summarise(request: dict, scopes: dict, ncu: dict, failed: dict) -> list:
             if job.get("flops") and per_call_s > 0:
                 row["tflops"] = job["flops"] / per_call_s / 1e12
             row["kernels"] = [
-                {"name": name, "launches_per_call": c / calls, "us_per_call": t * 1e-3 / calls,
-                 "share": t / total_ns if total_ns else None}
+                {
+                    "name": name,
+                    "launches_per_call": c / calls,
+                    "us_per_call": t * 1e-3 / calls,
+                    "share": t / total_ns if total_ns else None,
+                }
                 for name, (c, t) in sorted(scope["kernels"].items(), key=lambda kv: -kv[1][1])
             ]
         elif not row["error"]:
@@ -147,13 +159,17 @@ def _num(x, digits=1):
 
 def markdown(request: dict, rows: list, files: dict) -> str:
     lines = [f"# {request['experiment']} — profiles of the winners", ""]
-    lines.append(f"Device: {request['device']}. Each job was checked again, warmed up, then launched "
-                 f"{request.get('calls', 20)} times inside a Proton scope; GPU µs per call is the kernels' "
-                 "GPU time over those launches (gaps between launches not counted), so it sits below the "
-                 "journal's median, which times the whole call under the run's protocol. Achieved GB/s and "
-                 "TFLOP/s divide the problem's bytes and flops by it.")
+    lines.append(
+        f"Device: {request['device']}. Each job was checked again, warmed up, then launched "
+        f"{request.get('calls', 20)} times inside a Proton scope; GPU µs per call is the kernels' "
+        "GPU time over those launches (gaps between launches not counted), so it sits below the "
+        "journal's median, which times the whole call under the run's protocol. Achieved GB/s and "
+        "TFLOP/s divide the problem's bytes and flops by it."
+    )
     lines.append("")
-    lines.append("| Job | Journal µs | GPU µs per call | Launches per call | GB/s | TFLOP/s | Kernels (share of GPU time) |")
+    lines.append(
+        "| Job | Journal µs | GPU µs per call | Launches per call | GB/s | TFLOP/s | Kernels (share of GPU time) |"
+    )
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         name = r["label"] + (" (fastest of its shape)" if r.get("winner_of_shape") else "")
@@ -161,21 +177,30 @@ def markdown(request: dict, rows: list, files: dict) -> str:
             lines.append(f"| {name} | {_num(r.get('journal_us'))} | — | — | — | — | not profiled: {r['error']} |")
             continue
         kernels = ", ".join(f"`{k['name']}` {100 * (k['share'] or 0):.0f} %" for k in r.get("kernels", []))
-        lines.append(f"| {name} | {_num(r.get('journal_us'))} | {_num(r.get('gpu_us'))} | "
-                     f"{_num(r.get('launches_per_call'), 0)} | {_num(r.get('gbs'), 0)} | {_num(r.get('tflops'), 2)} | "
-                     f"{kernels} |")
+        lines.append(
+            f"| {name} | {_num(r.get('journal_us'))} | {_num(r.get('gpu_us'))} | "
+            f"{_num(r.get('launches_per_call'), 0)} | {_num(r.get('gbs'), 0)} | {_num(r.get('tflops'), 2)} | "
+            f"{kernels} |"
+        )
     with_ncu = [r for r in rows if r.get("ncu")]
     if with_ncu:
-        lines += ["", "## Nsight Compute", "",
-                  "One launch of each job (sections " + ", ".join(NCU_SECTIONS) + ").", "",
-                  "| Job | Kernel | Duration | SM % | Memory % | DRAM % | Registers | Occupancy % (achieved / theoretical) |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "",
+            "## Nsight Compute",
+            "",
+            "One launch of each job (sections " + ", ".join(NCU_SECTIONS) + ").",
+            "",
+            "| Job | Kernel | Duration | SM % | Memory % | DRAM % | Registers | Occupancy % (achieved / theoretical) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for r in with_ncu:
             for k in r["ncu"]:
-                lines.append(f"| {r['label']} | `{_short(k.get('kernel', ''))}` | {k.get('duration', '—')} | "
-                             f"{k.get('sm_pct', '—')} | {k.get('mem_pct', '—')} | {k.get('dram_pct', '—')} | "
-                             f"{k.get('regs', '—')} | {k.get('occupancy_pct', '—')} / "
-                             f"{k.get('theoretical_occupancy_pct', '—')} |")
+                lines.append(
+                    f"| {r['label']} | `{_short(k.get('kernel', ''))}` | {k.get('duration', '—')} | "
+                    f"{k.get('sm_pct', '—')} | {k.get('mem_pct', '—')} | {k.get('dram_pct', '—')} | "
+                    f"{k.get('regs', '—')} | {k.get('occupancy_pct', '—')} / "
+                    f"{k.get('theoretical_occupancy_pct', '—')} |"
+                )
     elif files.get("ncu_note"):
         lines += ["", files["ncu_note"]]
     lines += ["", "Files: " + ", ".join(f"[{v}]({v})" for k, v in files.items() if k != "ncu_note" and v) + "."]
