@@ -91,6 +91,7 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
         ),
         (Some(1), Some(2), Some(1))
     );
+    assert_eq!(setup["interleave"], "samples", "the default");
     let pairs = of_type(&entries, "ab_pair");
     assert_eq!(pairs.len(), 1);
     for p in &pairs {
@@ -101,6 +102,15 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
         let extra = p["extra_rounds"].as_u64().unwrap_or(0);
         assert!(extra <= 1, "{p}");
         assert_eq!(p["rounds"].as_array().unwrap().len() as u64, 2 + extra);
+        // The Python worker takes turns (sample_turns) in every round.
+        for r in p["aa"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(p["rounds"].as_array().unwrap())
+        {
+            assert_eq!(r["turns"], true, "{r}");
+        }
         assert_eq!(
             p["a"]["config"], p["b"]["config"],
             "one pick against itself"
@@ -113,6 +123,11 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(report.starts_with("# A/B: quickstart on cpu"), "{report}");
     assert!(report.contains("## Noise floor") && report.contains("## Machine"));
+    assert!(
+        report.contains("take turns sample by sample")
+            && !report.contains("took a batch of each side"),
+        "{report}"
+    );
     assert!(
         report.contains("they measure nothing"),
         "says it is the interpreter"
@@ -144,7 +159,7 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
         .args(["cat-file", "-e", "HEAD:python/tunelab/kernels/matmul.py"])
         .output()
         .is_ok_and(|o| o.status.success());
-    let mut extra = vec!["--plant-slowdown", "100%"];
+    let mut extra = vec!["--plant-slowdown", "100%", "--interleave", "batches"];
     if git_head {
         extra.extend([
             "--a-code",
@@ -157,6 +172,11 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
     let setups = of_type(&entries, "ab_setup");
     let last = setups.last().unwrap();
     assert_eq!(last["plant"], 1.0);
+    assert_eq!(
+        last["interleave"].as_str(),
+        None,
+        "batches: the record's default"
+    );
     if git_head {
         assert_eq!(last["a"]["code"][0]["module"], "tunelab.kernels.matmul");
         assert_eq!(
@@ -173,6 +193,7 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
         let plant = p["plant_us"].as_f64().unwrap();
         assert!(plant > 0.0, "{p}");
         for r in p["rounds"].as_array().unwrap() {
+            assert!(r.get("turns").is_none(), "a batch a side: {r}");
             assert!(
                 r["b_us"].as_f64().unwrap() >= plant,
                 "{r} under the plant {plant}"

@@ -12,8 +12,9 @@ use tunelab::plan::{Mode, RunMode};
 use tunelab::search::StrategyName;
 use tunelab::store::journal::{self, Journal};
 use tunelab::store::{
-    AbCode, AbJob, AbPair, AbRound, AbSetup, AbSide, Entry, Fingerprint, JobRecord, JobStatus,
-    LaneRetired, OutputSpec, PicksSource, RunHeader, SearchRecord, StoreError, FORMAT_VERSION,
+    AbCode, AbJob, AbPair, AbRound, AbSetup, AbSide, Entry, Fingerprint, Interleave, JobRecord,
+    JobStatus, LaneRetired, OutputSpec, PicksSource, RunHeader, SearchRecord, StoreError,
+    FORMAT_VERSION,
 };
 
 fn header() -> RunHeader {
@@ -192,6 +193,7 @@ fn ab_setup() -> AbSetup {
         threshold: 0.01,
         extra_rounds: 0,
         plant: 0.03,
+        interleave: Interleave::Samples,
     }
 }
 
@@ -203,6 +205,7 @@ fn ab_pair() -> AbPair {
         b_us: 10.3,
         a_clock_mhz: Some(1980.0),
         b_clock_mhz: None,
+        turns: b_first,
     };
     AbPair {
         setup: "9db5eb4dfcf56af6".into(),

@@ -315,6 +315,19 @@ fn validate(root: &Json, schema: &Json, value: &Json) -> Result<(), String> {
                     }
                 }
             }
+            "minItems" | "maxItems" => {
+                if let (Some(items), Some(bound)) = (value.as_array(), arg.as_u64()) {
+                    let n = items.len() as u64;
+                    let within = if keyword == "minItems" {
+                        n >= bound
+                    } else {
+                        n <= bound
+                    };
+                    if !within {
+                        return Err(format!("{n} items is past its {keyword} {bound}"));
+                    }
+                }
+            }
             "required" => {
                 if let Some(object) = value.as_object() {
                     for key in arg.as_array().ok_or("required")? {
@@ -392,6 +405,10 @@ fn the_validator_refuses_what_it_should() {
     ] {
         assert!(validate(&root, &pair, &bad).is_err(), "{bad}");
     }
+    let two = json!({"type": "array", "minItems": 2, "maxItems": 3});
+    assert!(validate(&root, &two, &json!([1, 2])).is_ok());
+    assert!(validate(&root, &two, &json!([1])).is_err());
+    assert!(validate(&root, &two, &json!([1, 2, 3, 4])).is_err());
     let one = json!({"oneOf": [{"required": ["a"]}, {"required": ["b"]}]});
     assert!(validate(&root, &one, &json!({"a": 1})).is_ok());
     assert!(validate(&root, &one, &json!({"a": 1, "b": 2})).is_err());

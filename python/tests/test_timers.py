@@ -127,3 +127,58 @@ def test_the_interpreters_warmup_launches_until_both_limits_are_met_and_not_at_a
     launches, ms = WallTimer().warmup(lambda: calls.append(time.sleep(0.002)), min_launches, min_ms)
     assert launches == len(calls) and launches >= least and ms >= min_ms
     assert launches == least or min_ms > 0
+
+
+def test_launches_taking_turns_are_each_timed_in_order_including_a_requeued_chunk(patched_clock):
+    """sample_turns: sample i is launch i mod n's, each list holds its own
+    launch's times only, also where a chunk is queued again after a stall
+    of the host (the requeue re-records the same samples' events)."""
+    gpu = patched_clock
+    timer = CudaEventTimer(fake_torch(gpu))
+    order = []
+    calls = {"n": 0}
+
+    def launch_of(name, kernel_us):
+        def launch():
+            calls["n"] += 1
+            order.append(name)
+            gpu.queue(50_000.0 if calls["n"] == 30 else 10.0, kernel_us)
+
+        return launch
+
+    a, b, c = launch_of("a", 20.0), launch_of("b", 35.0), launch_of("c", 50.0)
+    timer.warmup(a, 3, 0.01)
+    order.clear()
+    turns, clock = timer.sample_turns([a, b, c], 16, 0)
+    assert clock == 1980 and [len(t) for t in turns] == [16, 16, 16]
+    assert turns[0] == pytest.approx([20.0] * 16) and turns[1] == pytest.approx([35.0] * 16)
+    assert turns[2] == pytest.approx([50.0] * 16)
+    assert order[:6] == ["a", "b", "c", "a", "b", "c"]
+    # One launch taking every turn is a plain batch.
+    us, _ = timer.sample(b, 8, 0)
+    assert us == pytest.approx([35.0] * 8)
+
+
+def test_graphs_taking_turns_replay_their_own_graph(patched_clock):
+    gpu = patched_clock
+    timer = CudaEventTimer(fake_torch(gpu))
+    prepared = [
+        types.SimpleNamespace(
+            graphs={10: types.SimpleNamespace(replay=lambda us=us: gpu.queue(900.0, us))}, launch=None
+        )
+        for us in (300.0, 500.0)
+    ]
+    turns, _ = timer.sample_graph_turns(prepared, 8, 10)
+    assert turns[0] == pytest.approx([30.0] * 8) and turns[1] == pytest.approx([50.0] * 8)
+
+
+def test_the_interpreter_takes_turns_on_the_wall_clock():
+    order = []
+    turns, clock = WallTimer().sample_turns([lambda: order.append("a"), lambda: order.append("b")], 3, 0)
+    assert order == ["a", "b"] * 3 and [len(t) for t in turns] == [3, 3] and clock is None
+    prepared = [types.SimpleNamespace(graphs={}, launch=lambda k=k: order.append(k)) for k in "xy"]
+    order.clear()
+    turns, _ = WallTimer().sample_graph_turns(prepared, 2, 3)
+    # One warm-up launch each, then 3 launches a sample, in turns.
+    assert order == ["x", "y"] + ["x"] * 3 + ["y"] * 3 + ["x"] * 3 + ["y"] * 3
+    assert [len(t) for t in turns] == [2, 2]

@@ -13,7 +13,7 @@ worker, which imports this package too, never loads the extension.
 
 from typing import TYPE_CHECKING, Any
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 # Names of the API, resolved from tunelab.api on first access.
 _API = (

@@ -31,28 +31,45 @@ class WallTimer:
     def sample(
         self, launch: Callable[[], object], count: int, flush_bytes: int, flush_with: str = "read"
     ) -> tuple[list[float], Optional[int]]:
-        us = []
+        turns, clock = self.sample_turns([launch], count, flush_bytes, flush_with)
+        return turns[0], clock
+
+    def sample_turns(
+        self, launches: list[Callable[[], object]], count: int, flush_bytes: int, flush_with: str = "read"
+    ) -> tuple[list[list[float]], Optional[int]]:
+        """`count` samples of each launch, the launches taking turns sample by sample."""
+        us: list[list[float]] = [[] for _ in launches]
         for _ in range(count):
-            started = time.perf_counter()
-            launch()
-            us.append((time.perf_counter() - started) * 1e6)
+            for k, launch in enumerate(launches):
+                started = time.perf_counter()
+                launch()
+                us[k].append((time.perf_counter() - started) * 1e6)
         return us, None
 
     graph_name = "wall"
 
     def sample_graph(self, prepared: Any, count: int, graph_calls: int) -> tuple[list[float], Optional[int]]:
+        turns, clock = self.sample_graph_turns([prepared], count, graph_calls)
+        return turns[0], clock
+
+    def sample_graph_turns(
+        self, prepared: list[Any], count: int, graph_calls: int
+    ) -> tuple[list[list[float]], Optional[int]]:
         """The graph timing's emulation: wall-clock over graph_calls back-to-back
-        launches, per launch. One warm-up launch first, once per prepared job
-        and graph size, as a capture would make."""
-        if graph_calls not in prepared.graphs:
-            prepared.launch()
-            prepared.graphs[graph_calls] = "warm"
-        us = []
+        launches, per launch, the prepared jobs taking turns. One warm-up
+        launch first, once per prepared job and graph size, as a capture
+        would make."""
+        for p in prepared:
+            if graph_calls not in p.graphs:
+                p.launch()
+                p.graphs[graph_calls] = "warm"
+        us: list[list[float]] = [[] for _ in prepared]
         for _ in range(count):
-            started = time.perf_counter()
-            for _ in range(graph_calls):
-                prepared.launch()
-            us.append((time.perf_counter() - started) * 1e6 / graph_calls)
+            for k, p in enumerate(prepared):
+                started = time.perf_counter()
+                for _ in range(graph_calls):
+                    p.launch()
+                us[k].append((time.perf_counter() - started) * 1e6 / graph_calls)
         return us, None
 
 
@@ -203,22 +220,36 @@ class CudaEventTimer:
     def sample(
         self, launch: Callable[[], object], count: int, flush_bytes: int, flush_with: str = "read"
     ) -> tuple[list[float], Optional[int]]:
+        turns, clock = self.sample_turns([launch], count, flush_bytes, flush_with)
+        return turns[0], clock
+
+    def sample_turns(
+        self, launches: list[Callable[[], object]], count: int, flush_bytes: int, flush_with: str = "read"
+    ) -> tuple[list[list[float]], Optional[int]]:
+        """`count` samples of each launch in one batch, the launches taking
+        turns sample by sample (one launch: a plain batch). Taking turns, the
+        launches meet the same clock: a kernel under the GPU's power cap runs
+        at a clock that moves from one batch to the next, and two batches
+        taken one after the other differ by that much (docs/ab.md, "Taking
+        turns")."""
         torch = self._torch
         flush = self._flusher(flush_bytes, flush_with)
-        starts, ends = self._events(count)
+        turns = len(launches)
+        starts, ends = self._events(count * turns)
 
         def queue_one(i: int) -> None:
             if flush is not None:
                 flush()  # touches more than L2 holds: evicts the previous sample's data
             starts[i].record()
-            launch()
+            launches[i % turns]()
             ends[i].record()
 
-        self._queue_held(count, queue_one)
+        self._queue_held(count * turns, queue_one)
         torch.cuda.synchronize()
         # Read just after the batch, while the clock still reflects the load.
         clock = self._sm_clock()
-        return [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)], clock
+        us = [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)]
+        return [us[k::turns] for k in range(turns)], clock
 
     def _sm_clock(self) -> Optional[int]:
         if self._clock is None:
@@ -237,21 +268,34 @@ class CudaEventTimer:
         (after a warm-up launch outside the capture) and replayed by every
         later sample request.
         """
-        graph = prepared.graphs.get(graph_calls)
-        if graph is None:
-            graph = self._capture(prepared.launch, graph_calls)
-            prepared.graphs[graph_calls] = graph
-        starts, ends = self._events(count)
+        turns, clock = self.sample_graph_turns([prepared], count, graph_calls)
+        return turns[0], clock
+
+    def sample_graph_turns(
+        self, prepared: list[Any], count: int, graph_calls: int
+    ) -> tuple[list[list[float]], Optional[int]]:
+        """`sample_graph` of several prepared jobs in one batch, their graphs
+        replayed in turns (see `sample_turns`)."""
+        graphs = []
+        for p in prepared:
+            graph = p.graphs.get(graph_calls)
+            if graph is None:
+                graph = self._capture(p.launch, graph_calls)
+                p.graphs[graph_calls] = graph
+            graphs.append(graph)
+        turns = len(graphs)
+        starts, ends = self._events(count * turns)
 
         def queue_one(i: int) -> None:
             starts[i].record()
-            graph.replay()
+            graphs[i % turns].replay()
             ends[i].record()
 
-        self._queue_held(count, queue_one)
+        self._queue_held(count * turns, queue_one)
         self._torch.cuda.synchronize()
         clock = self._sm_clock()
-        return [start.elapsed_time(end) * 1e3 / graph_calls for start, end in zip(starts, ends)], clock
+        us = [start.elapsed_time(end) * 1e3 / graph_calls for start, end in zip(starts, ends)]
+        return [us[k::turns] for k in range(turns)], clock
 
     def _capture(self, launch: Callable[[], object], calls: int) -> Any:
         torch = self._torch

@@ -92,6 +92,7 @@ FLUSH_WITH = ("read", "memset")  # how a sample's L2 flush evicts the cache
 # "hot" (no flush), "graph" (graph_calls launches captured in one CUDA graph).
 TIMINGS = ("cold", "hot", "graph")
 _MAX_GRAPH_CALLS = 10_000
+_MAX_TURNS = 8  # jobs one sample_turns batch may name
 
 
 # --------------------------------------------------------------------------
@@ -188,6 +189,7 @@ class Worker(NativeOps):
             "check": self.check,
             "warmup": self.warmup,
             "sample": self.sample,
+            "sample_turns": self.sample_turns,
             "keep_ir": self.keep_ir,
             "release": self.release,
             "shutdown": self.shutdown,
@@ -537,15 +539,7 @@ class Worker(NativeOps):
     def sample(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_lane("sample")
         prepared = self._prepared_for(request)
-        count = _int_field(request, "count", minimum=1, maximum=_MAX_SAMPLES)
-        flush_bytes = _int_field(request, "flush_bytes", default=0, minimum=0)
-        flush_with = request.get("flush_with", "read")
-        if flush_with not in FLUSH_WITH:
-            raise bad_request(f"sample: flush_with must be one of {list(FLUSH_WITH)}, got {flush_with!r}")
-        timing = request.get("timing", "cold")
-        if timing not in TIMINGS:
-            raise bad_request(f"sample: timing must be one of {list(TIMINGS)}, got {timing!r}")
-        graph_calls = _int_field(request, "graph_calls", default=10, minimum=1, maximum=_MAX_GRAPH_CALLS)
+        count, flush_bytes, flush_with, timing, graph_calls = _sample_fields(request, "sample")
         timer = self._timing()
         with stage("launch"), jit.active(prepared.ctx):
             # A planted slowdown sizes its spin at the clock the GPU runs now.
@@ -556,6 +550,49 @@ class Worker(NativeOps):
             else:
                 # hot: the same event pairs, never a flush, whatever flush_bytes says.
                 us, clock = timer.sample(prepared.launch, count, flush_bytes if timing == "cold" else 0, flush_with)
+                name = timer.name
+        return {"us": us, "timer": name, "sm_clock_mhz": clock}
+
+    def sample_turns(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A warm-up of each prepared job named, then one batch of `count`
+        samples of each, the jobs taking turns sample by sample (an A/B
+        round: docs/ab.md, "Taking turns")."""
+        self._require_lane("sample_turns")
+        job_ids = request.get("job_ids")
+        if (
+            not isinstance(job_ids, list)
+            or not 2 <= len(job_ids) <= _MAX_TURNS
+            or not all(isinstance(j, str) for j in job_ids)
+            or len(set(job_ids)) != len(job_ids)
+        ):
+            raise bad_request(f"sample_turns: job_ids must be 2 to {_MAX_TURNS} distinct job ids")
+        warmup = request.get("warmup")
+        if not isinstance(warmup, dict):
+            raise bad_request('sample_turns: warmup must be {"min_launches": ..., "min_ms": ...}')
+        min_launches = _int_field(warmup, "min_launches", default=3, minimum=0, maximum=_MAX_SAMPLES)
+        min_ms = _number_field(warmup, "min_ms", default=5.0)
+        count, flush_bytes, flush_with, timing, graph_calls = _sample_fields(request, "sample_turns")
+        prepared = [self._prepared_for({"job_id": j}) for j in job_ids]
+        timer = self._timing()
+
+        def in_context(p: Prepared) -> Any:
+            def launch() -> object:
+                with jit.active(p.ctx):
+                    return p.launch()
+
+            return launch
+
+        with stage("launch"):
+            for p in prepared:
+                getattr(p.launch, "before_batch", lambda: None)()
+                with jit.active(p.ctx):
+                    timer.warmup(p.launch, min_launches, min_ms)
+            if timing == "graph":
+                us, clock = timer.sample_graph_turns(prepared, count, graph_calls)
+                name = timer.graph_name
+            else:
+                launches = [in_context(p) for p in prepared]
+                us, clock = timer.sample_turns(launches, count, flush_bytes if timing == "cold" else 0, flush_with)
                 name = timer.name
         return {"us": us, "timer": name, "sm_clock_mhz": clock}
 
@@ -705,6 +742,20 @@ class Worker(NativeOps):
     def _synchronize(self) -> None:
         if self.mode == "gpu":
             self.torch.cuda.synchronize()
+
+
+def _sample_fields(request: dict[str, Any], op: str) -> tuple[int, int, str, str, int]:
+    """A sample request's (count, flush_bytes, flush_with, timing, graph_calls), checked."""
+    count = _int_field(request, "count", minimum=1, maximum=_MAX_SAMPLES)
+    flush_bytes = _int_field(request, "flush_bytes", default=0, minimum=0)
+    flush_with = request.get("flush_with", "read")
+    if flush_with not in FLUSH_WITH:
+        raise bad_request(f"{op}: flush_with must be one of {list(FLUSH_WITH)}, got {flush_with!r}")
+    timing = request.get("timing", "cold")
+    if timing not in TIMINGS:
+        raise bad_request(f"{op}: timing must be one of {list(TIMINGS)}, got {timing!r}")
+    graph_calls = _int_field(request, "graph_calls", default=10, minimum=1, maximum=_MAX_GRAPH_CALLS)
+    return count, flush_bytes, flush_with, timing, graph_calls
 
 
 def _failure(request_id: Optional[int], failure_class: str, message: str) -> dict[str, Any]:

@@ -293,4 +293,20 @@ pub trait Backend {
         count: u32,
         mode: SampleMode,
     ) -> Result<SampleBatch, JobFailure>;
+    /// A warm-up of each prepared job (`launches`, `ms` as [`Backend::warmup`]),
+    /// then one batch of `count` samples of each, the jobs taking turns
+    /// sample by sample (`sample_turns`, docs/ab.md "Taking turns"): one
+    /// batch per job, in the order of `job_ids`. `Ok(None)` where the
+    /// backend cannot (the native worker): the caller times the jobs one
+    /// batch after the other. The default cannot.
+    fn sample_turns(
+        &mut self,
+        job_ids: &[&str],
+        warmup: (u32, f64),
+        count: u32,
+        mode: SampleMode,
+    ) -> Result<Option<Vec<SampleBatch>>, JobFailure> {
+        let _ = (job_ids, warmup, count, mode);
+        Ok(None)
+    }
 }

@@ -18,7 +18,7 @@ use indexmap::IndexMap;
 use crate::manifest::{ConfigType, MethodKind, ToleranceFor};
 use crate::plan::Job;
 use crate::protocol::python::{self as message, ValueType};
-use crate::protocol::{Answer, Empty, JobSample, JobWarmup, SampleAnswer};
+use crate::protocol::{Answer, Empty, JobSample, JobWarmup, JobsTurns, SampleAnswer, TurnsAnswer};
 use crate::store::{CheckResult, FailureClass, KernelResources};
 
 /// The worker protocol this runner speaks (docs/worker-protocol.md). A worker
@@ -539,5 +539,49 @@ impl Backend for PythonBackend {
         };
         let r: SampleAnswer = self.call_for("sample", &body, Some(job_id), self.timeout)?;
         batch_of(r, count)
+    }
+
+    fn sample_turns(
+        &mut self,
+        job_ids: &[&str],
+        (launches, ms): (u32, f64),
+        count: u32,
+        mode: SampleMode,
+    ) -> Result<Option<Vec<SampleBatch>>, JobFailure> {
+        let body = JobsTurns {
+            job_ids: job_ids.iter().map(|j| j.to_string()).collect(),
+            warmup: crate::protocol::Warmup {
+                min_launches: launches as u64,
+                min_ms: ms,
+            },
+            sample: sample_body(count, mode),
+        };
+        let r: TurnsAnswer = self.call_for(
+            "sample_turns",
+            &body,
+            job_ids.first().copied(),
+            self.timeout,
+        )?;
+        if r.us.len() != job_ids.len() {
+            return Err(JobFailure::new(
+                FailureClass::Crash,
+                format!(
+                    "protocol error: sample_turns of {} jobs answered {} batches",
+                    job_ids.len(),
+                    r.us.len()
+                ),
+            ));
+        }
+        r.us.into_iter()
+            .map(|us| {
+                let answer = SampleAnswer {
+                    us,
+                    timer: r.timer,
+                    sm_clock_mhz: r.sm_clock_mhz,
+                };
+                batch_of(answer, count)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 }

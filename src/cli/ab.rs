@@ -23,7 +23,7 @@ use crate::manifest::{Experiment, FixedConfigs, LaunchPath, Method, Shape};
 use crate::plan::{Filter, Job, RunMode, Variant};
 use crate::schedule::ab::{AbPairPlan, AbPlan, AbTiming};
 use crate::schedule::{self, RunOptions};
-use crate::store::{AbCode, AbSetup, AbSide, PicksSource};
+use crate::store::{AbCode, AbSetup, AbSide, Interleave, PicksSource};
 
 use indexmap::IndexMap;
 use serde_json::Value as Json;
@@ -40,6 +40,7 @@ pub struct Request<'a> {
     pub aa_rounds: u32,
     pub rounds: u32,
     pub extra_rounds: u32,
+    pub interleave: Interleave,
     pub threshold: Option<&'a str>,
     pub fail_on_slower: Option<&'a str>,
     pub plant: Option<&'a str>,
@@ -575,6 +576,7 @@ fn plan(
         threshold: j.threshold,
         extra_rounds: r.extra_rounds,
         plant: j.plant,
+        interleave: r.interleave,
     };
     // The setup's id: the sides, how they are timed, every pair's configs
     // and method definitions, and the manifest (its protocol).
@@ -630,6 +632,7 @@ fn plan(
             extra_rounds: r.extra_rounds,
             threshold: j.threshold,
             plant: j.plant,
+            interleave: r.interleave,
         },
         pairs,
         setup,
@@ -664,7 +667,7 @@ fn time_pairs(
         return Ok(false);
     }
     eprintln!(
-        "tunelab ab: {} (A: {}, B: {}), {} A/A and {} A/B rounds each{}",
+        "tunelab ab: {} (A: {}, B: {}), {} A/A and {} A/B rounds each{}, {}",
         count(plan.pairs.len() as u64, "pair", "pairs"),
         s.a_path.display(),
         s.b_path.display(),
@@ -674,6 +677,10 @@ fn time_pairs(
             format!(" ({} more where the verdict is AMBIGUOUS)", r.extra_rounds)
         } else {
             String::new()
+        },
+        match r.interleave {
+            Interleave::Samples => "the sides taking turns sample by sample",
+            Interleave::Batches => "a batch of one side, then of the other",
         }
     );
     let opts = RunOptions {

@@ -191,6 +191,9 @@ Each pair's verdict: the 95 % t-interval of the mean of its rounds' log(B / A), 
         /// Rounds added, once, to a pair whose verdict after --rounds is AMBIGUOUS (0, the default: none; docs/ab.md says why).
         #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
         extra_rounds: u32,
+        /// How a round times A and B: `samples` (one batch, the sides taking turns sample by sample, the default) or `batches` (a batch of one, then of the other); docs/ab.md, "Taking turns".
+        #[arg(long, value_name = "HOW", default_value = "samples", value_parser = ["samples", "batches"])]
+        interleave: String,
         /// The smallest change a verdict calls FAST or SLOW: `1%` (the default) or `0.01`.
         #[arg(long, value_name = "PERCENT")]
         threshold: Option<String>,

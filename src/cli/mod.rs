@@ -180,6 +180,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             aa_rounds,
             rounds,
             extra_rounds,
+            interleave,
             threshold,
             fail_on_slower,
             plant_slowdown,
@@ -205,6 +206,11 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 aa_rounds,
                 rounds,
                 extra_rounds,
+                interleave: if interleave == "batches" {
+                    crate::store::Interleave::Batches
+                } else {
+                    crate::store::Interleave::Samples
+                },
                 threshold: threshold.as_deref(),
                 fail_on_slower: fail_on_slower.as_deref(),
                 plant: plant_slowdown.as_deref(),

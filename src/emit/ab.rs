@@ -19,7 +19,7 @@ use crate::measure::paired::{
     apparent_difference, equivalence, ratio_interval, round_spread, RatioInterval,
 };
 use crate::measure::{geomean, paired, Verdict};
-use crate::store::{AbPair, AbSetup, AbSide, PicksSource, Results, RunHeader};
+use crate::store::{AbPair, AbSetup, AbSide, Interleave, PicksSource, Results, RunHeader};
 
 /// One pair judged.
 #[derive(Debug, Clone)]
@@ -236,6 +236,31 @@ pub fn markdown(o: &AbOutcome<'_>) -> String {
         s.batch,
         p.timing.as_str()
     );
+    if s.interleave == Interleave::Samples {
+        let rounds = |p: &AbPair| p.aa.len() + p.rounds.len();
+        let all: usize = o.pairs.iter().map(|p| rounds(p.pair)).sum();
+        let turned: usize = o
+            .pairs
+            .iter()
+            .map(|p| {
+                p.pair
+                    .aa
+                    .iter()
+                    .chain(&p.pair.rounds)
+                    .filter(|r| r.turns)
+                    .count()
+            })
+            .sum();
+        let _ = writeln!(
+            out,
+            "- The two sides of a round take turns sample by sample in that one batch, so that both meet the same clock (docs/ab.md, \"Taking turns\"): {turned} of {all} rounds did{}.",
+            if turned < all {
+                "; the others (a worker that cannot: the native worker) took a batch of each side, one after the other"
+            } else {
+                ""
+            }
+        );
+    }
     if s.extra_rounds > 0 {
         let extended = o.pairs.iter().filter(|p| p.pair.extra_rounds > 0).count();
         let _ = writeln!(
@@ -512,6 +537,7 @@ mod tests {
                 b_us: 100.0 * b_over_a * wobble,
                 a_clock_mhz: Some(1980.0),
                 b_clock_mhz: Some(1980.0),
+                turns: false,
             }
         };
         let job = |id: &str| AbJob {
@@ -564,6 +590,7 @@ mod tests {
                 threshold: 0.01,
                 extra_rounds: 0,
                 plant: 0.0,
+                interleave: Default::default(),
             }],
             ab_pairs: pairs,
             ..Default::default()

@@ -23,6 +23,6 @@ pub mod timing;
 pub use envelope::{Answer, Answered, Deferred, Empty, Envelope, FailureKind};
 pub use schema::json_schema;
 pub use timing::{
-    FlushWith, JobSample, JobWarmup, MoreBatch, Sample, SampleAnswer, StopRule, Then, ThenAnswer,
-    Timer, Timing, Warmup, WarmupAnswer,
+    FlushWith, JobSample, JobWarmup, JobsTurns, MoreBatch, Sample, SampleAnswer, StopRule, Then,
+    ThenAnswer, Timer, Timing, TurnsAnswer, Warmup, WarmupAnswer,
 };

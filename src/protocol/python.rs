@@ -18,11 +18,13 @@ use serde_json::Value as Json;
 
 use super::envelope::Empty;
 use super::native::{Arg, BuiltTensor, Comparison, ReferenceOp};
-use super::timing::{JobSample, JobWarmup, SampleAnswer, Then, WarmupAnswer};
+use super::timing::{
+    JobSample, JobWarmup, JobsTurns, SampleAnswer, Then, TurnsAnswer, WarmupAnswer,
+};
 
 /// The Python worker protocol's version (`hello`'s `protocol`): a worker of
 /// another version is refused at start-up.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// A shape's fields, or a job's config: names to JSON values.
 pub type Fields = IndexMap<String, Json>;
@@ -452,6 +454,7 @@ pub fn ops() -> Vec<super::schema::Op> {
         Op::of::<Check<'static>, CheckAnswer>("check"),
         Op::of::<JobWarmup, WarmupAnswer>("warmup"),
         Op::of::<JobSample, SampleAnswer>("sample"),
+        Op::of::<JobsTurns, TurnsAnswer>("sample_turns"),
         Op::of::<KeepIr<'static>, KeepIrAnswer>("keep_ir"),
         Op::of::<ShapeData<'static>, ShareAnswer>("share"),
         Op::of::<Compare<'static>, Comparison>("compare"),

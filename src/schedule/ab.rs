@@ -17,7 +17,7 @@ use crate::backend::{Backend, JobFailure};
 use crate::manifest::{MethodKind, Shape};
 use crate::measure::{self, Sampling};
 use crate::plan::Job;
-use crate::store::{AbJob, AbPair, AbRound, AbSetup, Failure, FailureClass};
+use crate::store::{AbJob, AbPair, AbRound, AbSetup, Failure, FailureClass, Interleave};
 
 use super::lane::{self, LaneContext, Measured};
 use super::{deal, now_rfc3339, Event, Group};
@@ -37,6 +37,8 @@ pub struct AbTiming {
     pub threshold: f64,
     /// B's planted slowdown as a fraction of A's median in the A/A rounds.
     pub plant: f64,
+    /// How a round times its two sides.
+    pub interleave: Interleave,
 }
 
 /// One pair to time: its (shape, method) and its three jobs.
@@ -355,8 +357,11 @@ fn ready(
 }
 
 /// Round `r` of two sides (`x` is A, `y` the other): `y` first in odd
-/// rounds. Returns the round and each side's batch, or `None` where a
-/// side's batch is missing (its call failed).
+/// rounds. The sides take turns sample by sample in one batch where the
+/// A/B asks for it and the backend can (`Backend::sample_turns`); else
+/// each takes a round of the finalists' re-timing (a check that reuses
+/// its verdict, a warm-up, a batch). Returns the round and each side's
+/// batch, or `None` where a side's batch is missing (its call failed).
 #[allow(clippy::too_many_arguments)]
 fn rounds(
     ctx: &LaneContext<'_>,
@@ -371,17 +376,29 @@ fn rounds(
 ) -> Option<(AbRound, Sampling, Sampling)> {
     let y_first = r % 2 == 1;
     let order = if y_first { [y, x] } else { [x, y] };
-    let mut got = lane::retime_round(
-        ctx,
-        backend,
-        &group.kernel,
-        group.kind,
-        sides,
-        &order,
-        mode,
-        count,
-        track,
-    );
+    let interleave = ctx.ab.map(|t| t.interleave).unwrap_or_default();
+    let turned = match interleave {
+        Interleave::Samples => take_turns(ctx, backend, track, group, sides, order, mode, count),
+        Interleave::Batches => Turned::Cannot,
+    };
+    let (turns, mut got) = match turned {
+        Turned::Took(got) => (true, got),
+        Turned::Lost => return None,
+        Turned::Cannot => (
+            false,
+            lane::retime_round(
+                ctx,
+                backend,
+                &group.kernel,
+                group.kind,
+                sides,
+                &order,
+                mode,
+                count,
+                track,
+            ),
+        ),
+    };
     let mut take = |i: usize| {
         got.iter()
             .position(|(j, _)| *j == i)
@@ -395,8 +412,83 @@ fn rounds(
         b_us: median(&b),
         a_clock_mhz: a.clocks_mhz.first().copied(),
         b_clock_mhz: b.clocks_mhz.first().copied(),
+        turns,
     };
     (round.a_us > 0.0 && round.b_us > 0.0).then_some((round, a, b))
+}
+
+/// What became of a round the sides were to take in turns.
+enum Turned {
+    /// Each side's batch, by side.
+    Took(Vec<(usize, Sampling)>),
+    /// The call failed: the round is lost (the sides are made ready again
+    /// for the next, in case their worker lost them).
+    Lost,
+    /// The backend cannot take turns: the round takes a batch a side.
+    Cannot,
+}
+
+/// The sides of `order` warmed up and timed in one batch, taking turns
+/// sample by sample. They are prepared already (checked before the
+/// rounds), so no check comes first; a warm-up as a re-timing's.
+#[allow(clippy::too_many_arguments)]
+fn take_turns(
+    ctx: &LaneContext<'_>,
+    backend: &mut dyn Backend,
+    track: &str,
+    group: &Group,
+    sides: &mut [Measured],
+    order: [usize; 2],
+    mode: crate::backend::SampleMode,
+    count: u32,
+) -> Turned {
+    let ids: Vec<&str> = order.iter().map(|&i| sides[i].job.id.as_str()).collect();
+    let warmup = (ctx.protocol.warmup_launches, lane::retime_warmup_ms(ctx));
+    let started = Instant::now();
+    match backend.sample_turns(&ids, warmup, count, mode) {
+        Ok(None) => Turned::Cannot,
+        Ok(Some(batches)) => {
+            let wall_ms = started.elapsed().as_secs_f64() * 1e3 / batches.len() as f64;
+            Turned::Took(
+                order
+                    .iter()
+                    .zip(batches)
+                    .map(|(&i, batch)| {
+                        let sampling = Sampling {
+                            clocks_mhz: batch.sm_clock_mhz.into_iter().collect(),
+                            samples_us: batch.us,
+                            wall_ms,
+                            timer: Some(batch.timer),
+                        };
+                        (i, sampling)
+                    })
+                    .collect(),
+            )
+        }
+        Err(f) => {
+            crate::trace::span(
+                track,
+                "turns lost",
+                started,
+                serde_json::json!({"why": f.message}),
+            );
+            for &i in &order {
+                if ready(
+                    ctx,
+                    backend,
+                    track,
+                    &group.kernel,
+                    group.kind,
+                    &mut sides[i],
+                )
+                .is_err()
+                {
+                    break;
+                }
+            }
+            Turned::Lost
+        }
+    }
 }
 
 /// A round's batch into a side's pooled samples.
@@ -422,13 +514,33 @@ mod tests {
 
     /// A config's time is its `us`, plus the job's planted spin, and with
     /// `wobble` (a fraction) that much above and below it on alternate
-    /// batches; a config with `fails` fails its check. Logs each check and
-    /// sample by job id.
+    /// batches of the lane (as a power-capped GPU's clock moves from one
+    /// batch to the next); a config with `fails` fails its check. Logs
+    /// each check and sample by job id. With `turns`, it takes turns
+    /// (`sample_turns`): the jobs of one batch meet the same wobble; the
+    /// `turns_fail`-th call fails (its jobs lost, as by a restarted worker).
     #[derive(Default)]
     struct Fake {
         prepared: HashMap<String, Job>,
         log: Vec<String>,
-        batches: HashMap<String, usize>,
+        batches: usize,
+        turns: bool,
+        turns_calls: usize,
+        turns_fail: Option<usize>,
+    }
+
+    impl Fake {
+        fn time_of(&self, id: &str, nth: usize) -> f64 {
+            let job = &self.prepared[id];
+            let wobble = job
+                .config
+                .get("wobble")
+                .and_then(|w| w.as_f64())
+                .unwrap_or(0.0);
+            let sign = if nth % 2 == 0 { 1.0 } else { -1.0 };
+            (job.config["us"].as_f64().unwrap() + job.variant.as_ref().map_or(0.0, |v| v.plant_us))
+                * (1.0 + sign * wobble)
+        }
     }
 
     impl Backend for Fake {
@@ -476,25 +588,41 @@ mod tests {
             _: SampleMode,
         ) -> Result<SampleBatch, JobFailure> {
             self.log.push(format!("sample {id}"));
-            let job = &self.prepared[id];
-            let nth = self.batches.entry(id.to_string()).or_default();
-            *nth += 1;
-            let wobble = job
-                .config
-                .get("wobble")
-                .and_then(|w| w.as_f64())
-                .unwrap_or(0.0);
-            let sign = if *nth % 2 == 0 { 1.0 } else { -1.0 };
-            let us = (job.config["us"].as_f64().unwrap()
-                + job.variant.as_ref().map_or(0.0, |v| v.plant_us))
-                * (1.0 + sign * wobble);
-            Ok(SampleBatch {
-                us: (0..count)
-                    .map(|k| us * (1.0 + 0.001 * (k % 3) as f64))
+            self.batches += 1;
+            Ok(batch_at(self.time_of(id, self.batches), count))
+        }
+        fn sample_turns(
+            &mut self,
+            ids: &[&str],
+            _: (u32, f64),
+            count: u32,
+            _: SampleMode,
+        ) -> Result<Option<Vec<SampleBatch>>, JobFailure> {
+            if !self.turns {
+                return Ok(None);
+            }
+            self.turns_calls += 1;
+            self.log.push(format!("turns {}", ids.join(",")));
+            if self.turns_fail == Some(self.turns_calls) {
+                self.prepared.clear();
+                return Err(JobFailure::new(FailureClass::Crash, "the worker went away"));
+            }
+            self.batches += 1;
+            Ok(Some(
+                ids.iter()
+                    .map(|id| batch_at(self.time_of(id, self.batches), count))
                     .collect(),
-                timer: Timer::CudaEvent,
-                sm_clock_mhz: Some(1980.0),
-            })
+            ))
+        }
+    }
+
+    fn batch_at(us: f64, count: u32) -> SampleBatch {
+        SampleBatch {
+            us: (0..count)
+                .map(|k| us * (1.0 + 0.001 * (k % 3) as f64))
+                .collect(),
+            timer: Timer::CudaEvent,
+            sm_clock_mhz: Some(1980.0),
         }
     }
 
@@ -510,9 +638,26 @@ mod tests {
         }
     }
 
-    /// Runs one pair, A at 100 µs, B as `b` says, with `plant`; returns
-    /// its record and the backend's log.
+    /// Runs one pair, A at 100 µs, B as `b` says, with `plant`, a batch a
+    /// side; returns its record and the backend's log.
     fn pair(b: serde_json::Value, plant: f64) -> (AbPair, Vec<String>) {
+        pair_on(
+            Fake::default(),
+            Interleave::Batches,
+            json!({"us": 100.0}),
+            b,
+            plant,
+        )
+    }
+
+    /// Runs one pair on `backend`, A and B as `a` and `b` say.
+    fn pair_on(
+        mut backend: Fake,
+        interleave: Interleave,
+        a: serde_json::Value,
+        b: serde_json::Value,
+        plant: f64,
+    ) -> (AbPair, Vec<String>) {
         let strategies = Strategies::single(Box::new(crate::search::Grid));
         let prior = HashMap::new();
         let timing = AbTiming {
@@ -522,6 +667,7 @@ mod tests {
             extra_rounds: 3,
             threshold: 0.01,
             plant,
+            interleave,
         };
         let peak = |_: Option<&str>| 1000.0;
         let mut protocol = crate::manifest::default_protocol();
@@ -550,14 +696,9 @@ mod tests {
             method: "m".into(),
             kernel: "k".into(),
             kind: MethodKind::Triton,
-            jobs: vec![
-                job("a", json!({"us": 100.0})),
-                job("a2", json!({"us": 100.0})),
-                job("b", b),
-            ],
+            jobs: vec![job("a", a.clone()), job("a2", a), job("b", b)],
             unavailable: None,
         };
-        let mut backend = Fake::default();
         let mut records = Vec::new();
         let rest = lane::run_group(&ctx, &mut backend, group, &mut |e| match e {
             Event::AbPair(p) => records.push(*p),
@@ -593,6 +734,82 @@ mod tests {
         // Every side's samples of the A/B rounds are pooled.
         assert_eq!(p.a_stats.as_ref().unwrap().n, 16);
         assert_eq!(p.b_stats.as_ref().unwrap().n, 16);
+    }
+
+    #[test]
+    fn sides_that_take_turns_share_the_clock_a_batch_each_does_not() {
+        // Every batch 2 % off either way, as a power-capped GPU's clock
+        // moves; B 1.5 % slower. A batch a side: the wobble lands on one
+        // side at a time and the verdict stays AMBIGUOUS (extra rounds
+        // run). Taking turns: both sides meet each batch's wobble, and the
+        // four rounds read 1.015 exactly.
+        let noisy = json!({"us": 100.0, "wobble": 0.02});
+        let slower = json!({"us": 101.5, "wobble": 0.02});
+        let batches = Fake::default();
+        let (p, _) = pair_on(
+            batches,
+            Interleave::Samples,
+            noisy.clone(),
+            slower.clone(),
+            0.0,
+        );
+        assert!(
+            p.rounds.iter().all(|r| !r.turns),
+            "no sample_turns: a batch a side"
+        );
+        assert_eq!(p.extra_rounds, 3);
+        let turns = Fake {
+            turns: true,
+            ..Default::default()
+        };
+        let (p, log) = pair_on(turns, Interleave::Samples, noisy, slower, 0.0);
+        assert!(p.failure.is_none(), "{:?}", p.failure);
+        assert!(p.aa.iter().chain(&p.rounds).all(|r| r.turns));
+        assert_eq!((p.rounds.len(), p.extra_rounds, p.lost_rounds), (4, 0, 0));
+        for r in &p.rounds {
+            assert!((r.b_us / r.a_us - 1.015).abs() < 1e-9, "{r:?}");
+        }
+        // A/A rounds A with its copy, then A with B, the order alternating;
+        // no sample calls, and B checked after the A/A rounds.
+        let turned: Vec<&str> = log
+            .iter()
+            .filter(|l| l.starts_with("turns"))
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            turned,
+            [
+                "turns a,a2",
+                "turns a2,a",
+                "turns a,b",
+                "turns b,a",
+                "turns a,b",
+                "turns b,a"
+            ]
+        );
+        assert!(!log.iter().any(|l| l.starts_with("sample")));
+        let b_check = log.iter().position(|l| l == "check b").unwrap();
+        assert_eq!(log[b_check + 1], "turns a,b");
+    }
+
+    #[test]
+    fn a_failed_turn_loses_its_round_and_the_sides_are_checked_again() {
+        let turns = Fake {
+            turns: true,
+            turns_fail: Some(3),
+            ..Default::default()
+        };
+        let (p, log) = pair_on(
+            turns,
+            Interleave::Samples,
+            json!({"us": 100.0}),
+            json!({"us": 100.0}),
+            0.0,
+        );
+        assert!(p.failure.is_none(), "{:?}", p.failure);
+        assert_eq!((p.aa.len(), p.rounds.len(), p.lost_rounds), (2, 3, 1));
+        let lost = log.iter().position(|l| l == "turns a,b").unwrap();
+        assert_eq!(log[lost + 1..lost + 4], ["check a", "check b", "turns b,a"]);
     }
 
     #[test]

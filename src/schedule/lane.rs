@@ -42,7 +42,7 @@ use super::{now_rfc3339, Event, Group};
 use ahead::Ask;
 pub use health::{Health, HealthWatch, JobRef, RETIRE_AFTER};
 use measured::FirstBatches;
-pub(super) use measured::{prepare, wait_for_compile};
+pub(super) use measured::{prepare, retime_warmup_ms, wait_for_compile};
 pub use retime::retime_count;
 use retime::retime_finalists;
 pub(super) use retime::retime_round;

@@ -38,6 +38,36 @@ pub struct AbSetup {
     /// B's planted slowdown as a fraction of A's median in the A/A rounds
     /// (a testing knob; 0: none).
     pub plant: f64,
+    /// How a round times its two sides (absent from the record: `batches`,
+    /// A/Bs before the choice).
+    #[serde(default, skip_serializing_if = "Interleave::is_batches")]
+    pub interleave: Interleave,
+}
+
+/// How a round of an A/B times its two sides (docs/ab.md, "Taking turns").
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Interleave {
+    /// One batch, the sides taking turns sample by sample: both meet the
+    /// same clock. A worker that cannot (the native worker) times the
+    /// pair's rounds as `batches`, and its record says so.
+    Samples,
+    /// A warm-up and a batch of one side, then of the other.
+    #[default]
+    Batches,
+}
+
+impl Interleave {
+    fn is_batches(&self) -> bool {
+        *self == Interleave::Batches
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Interleave::Samples => "samples",
+            Interleave::Batches => "batches",
+        }
+    }
 }
 
 /// One side of an A/B: where its configs came from and what code it ran.
@@ -135,6 +165,10 @@ pub struct AbRound {
     /// The SM clock read after each batch, MHz (none without NVML).
     pub a_clock_mhz: Option<f64>,
     pub b_clock_mhz: Option<f64>,
+    /// The sides took turns sample by sample in one batch (the setup's
+    /// `interleave: samples`); absent: a batch each, one after the other.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub turns: bool,
 }
 
 impl AbRound {

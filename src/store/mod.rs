@@ -12,6 +12,6 @@ mod v2;
 mod v3;
 mod v4;
 
-pub use ab::{AbCode, AbJob, AbPair, AbRound, AbSetup, AbSide, PicksSource};
+pub use ab::{AbCode, AbJob, AbPair, AbRound, AbSetup, AbSide, Interleave, PicksSource};
 pub use journal::{Journal, StoreError, JOURNAL, PACKED_JOURNAL};
 pub use record::*;

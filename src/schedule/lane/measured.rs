@@ -310,6 +310,11 @@ pub(super) fn retiming_batch(
     }
 }
 
+/// A re-timing round's warm-up `warmup_ms` (see `retiming_batch`).
+pub(in crate::schedule) fn retime_warmup_ms(ctx: &LaneContext<'_>) -> f64 {
+    warmup_ms(ctx, true)
+}
+
 /// The warm-up's `warmup_ms`: the protocol's, but none for a re-timing
 /// round back to back (see `retiming_batch`).
 fn warmup_ms(ctx: &LaneContext<'_>, retiming: bool) -> f64 {

@@ -422,4 +422,20 @@ impl Backend for LaneBackend {
             count,
         )
     }
+
+    /// The Python worker's jobs take turns; the native worker's cannot
+    /// (it serves no `sample_turns`), so an A/B of a native method times
+    /// its rounds a batch a side. The jobs of one call are of one method.
+    fn sample_turns(
+        &mut self,
+        job_ids: &[&str],
+        warmup: (u32, f64),
+        count: u32,
+        mode: SampleMode,
+    ) -> Result<Option<Vec<SampleBatch>>, JobFailure> {
+        if self.native_prepared {
+            return Ok(None);
+        }
+        self.python.sample_turns(job_ids, warmup, count, mode)
+    }
 }
