@@ -83,30 +83,11 @@ setup:
     .venv/bin/python -m pip install --disable-pip-version-check ".[dev]"
 
 # Also the type check and the installed wheel's API tests; pytest names its 15
-# slowest tests (CI's time goes mostly to Triton's interpreter). The Rust
-# tests and pytest run at once, once the tests are built: a Rust test binary
-# often runs one long test (a core idle) and pytest's last workers leave one
-# idle too, and together they keep both cores of a CI machine busy. pytest's
-# output follows the Rust tests'; either failing fails the recipe.
+# slowest tests (CI's time goes mostly to Triton's interpreter).
 # Everything CI checks: formatting, lints, the HIP build, Rust tests, Python tests, the interpreter end to end.
 test: lint lint-python
-    #!/usr/bin/env bash
-    set -euo pipefail
-    cargo test --all-targets --no-run
-    mkdir -p target
-    PYTHONPATH=python {{python}} -m pytest -q -n {{pytest_workers}} --durations=15 python/tests \
-        --ignore=python/tests/api > target/pytest.log 2>&1 &
-    pytest_pid=$!
-    rust=0
-    TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets || rust=$?
-    python=0
-    wait "$pytest_pid" || python=$?
-    echo "--- pytest (ran beside the Rust tests)"
-    cat target/pytest.log
-    if [ "$rust" != 0 ] || [ "$python" != 0 ]; then
-        echo "test: the Rust tests exited $rust, pytest $python"
-        exit 1
-    fi
+    TUNELAB_TEST_PYTHON={{python}} cargo test --all-targets
+    PYTHONPATH=python {{python}} -m pytest -q -n {{pytest_workers}} --durations=15 python/tests --ignore=python/tests/api
     just typecheck
     just test-api
 
