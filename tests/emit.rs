@@ -381,16 +381,42 @@ fn vllm_file_names_parse_back() {
 #[test]
 fn committed_gptoss_vllm_files_hold_every_tuned_shape() {
     for device in ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"] {
-        let Some(results) = committed("gptoss", device) else {
+        let Some(run) = committed_rendered("gptoss", device) else {
             continue;
         };
-        let out = render(&results);
+        let (results, out) = &*run;
         assert_eq!(
-            assert_vllm_finds_every_tuned_shape(&results, &out, "triton_vllm", None, None),
+            assert_vllm_finds_every_tuned_shape(results, out, "triton_vllm", None, None),
             144,
             "{device}"
         );
     }
+}
+
+/// A committed run and its outputs as rendered now, read and rendered once
+/// for the tests of this file that look at it (several render the same
+/// gpt-oss journals: each takes seconds), or `None` when it moved.
+fn committed_rendered(
+    experiment: &str,
+    device: &str,
+) -> Option<std::sync::Arc<(Results, IndexMap<String, String>)>> {
+    type Cache = std::collections::HashMap<
+        (String, String),
+        Option<std::sync::Arc<(Results, IndexMap<String, String>)>>,
+    >;
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<Cache>> = std::sync::OnceLock::new();
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    cache
+        .entry((experiment.to_string(), device.to_string()))
+        .or_insert_with(|| {
+            let results = committed(experiment, device)?;
+            let out = render(&results);
+            Some(std::sync::Arc::new((results, out)))
+        })
+        .clone()
 }
 
 /// A committed results directory's journal, or `None` (with a notice) when it moved.
@@ -1832,10 +1858,10 @@ fn the_report_says_how_l2_was_flushed() {
 #[test]
 fn committed_gptoss_reports_fit_in_250_lines_and_their_counts_add_up() {
     for device in ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"] {
-        let Some(results) = committed("gptoss", device) else {
+        let Some(run) = committed_rendered("gptoss", device) else {
             continue;
         };
-        let out = render(&results);
+        let (results, out) = &*run;
         let report = &out["report.md"];
         let lines = report.lines().count();
         let budget = 250 + results.runs.len().saturating_sub(2);
@@ -2236,8 +2262,7 @@ fn aiter_tables_have_one_row_per_shape_whatever_the_activation() {
 #[test]
 fn the_headline_is_against_what_vllm_runs_only_where_the_baseline_is_that() {
     let summary = |experiment: &str, device: &str| {
-        let results = committed(experiment, device)?;
-        let report = render(&results)["report.md"].clone();
+        let report = committed_rendered(experiment, device)?.1["report.md"].clone();
         Some(
             report
                 .split("## Summary")
