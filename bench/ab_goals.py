@@ -26,6 +26,8 @@ STEP is any of (default: all of them but tune2, in this order):
 A plant step also records how much of the plant B's rounds show
 (`realised`: per pair, B's extra time over the plant).
 
+--interleave samples|batches is passed to each A/B step.
+
 --picks DIR has the A/B steps time the picks of the results directory DIR
 (for example the committed results/gptoss/<device>) instead of tune1's,
 so that null, plant3 and plant10 need no tune first.
@@ -156,6 +158,12 @@ def main() -> int:
         default=None,
         help="the results directory whose picks the A/B steps time (default: OUT/tune1)",
     )
+    parser.add_argument(
+        "--interleave",
+        choices=["samples", "batches"],
+        default=None,
+        help="passed to `tunelab ab --interleave` (default: the binary's default)",
+    )
     args = parser.parse_args()
     python = os.environ.get("TUNELAB_PYTHON", sys.executable)
     device = device_dir(args.interpret)
@@ -187,11 +195,13 @@ def main() -> int:
             str(out / name),
             "--quiet",
             *extra,
+            *(["--interleave", args.interleave] if args.interleave else []),
             *more,
             python=python,
         )
         state[name] = {
             "exit": code,
+            "interleave": args.interleave or "default",
             "seconds": round(seconds, 1),
             "a_side": picks_name(picks),
             **headline_counts(text),
