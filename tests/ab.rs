@@ -67,9 +67,30 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
     .unwrap();
     assert_eq!(run.status.code(), Some(0), "{}", show(&run));
 
-    // The picks against themselves.
-    let out = ab(&py, results.path(), &["--fail-on-slower", "1000%"]);
+    // The picks against themselves, with a timeline.
+    let trace = results.path().join("ab-trace.json");
+    let out = ab(
+        &py,
+        results.path(),
+        &[
+            "--fail-on-slower",
+            "1000%",
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let timeline: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let names: Vec<&str> = timeline["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    for span in ["ab pair", "check", "sample_turns"] {
+        assert!(names.contains(&span), "no `{span}` span in {names:?}");
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("B against A over 1 pair"), "{stdout}");
     assert!(

@@ -220,6 +220,10 @@ Each pair's verdict: the 95 % t-interval of the mean of its rounds' log(B / A), 
         /// No line per pair.
         #[arg(long)]
         quiet: bool,
+        /// Write a timeline of the A/B (worker calls, pairs, compiles, journal
+        /// writes) to FILE as Chrome trace-event JSON; open it in ui.perfetto.dev.
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
     },
     /// Regenerate every output and the report of a results directory from its journal.
     #[command(after_help = "Example:\n  tunelab report results/quickstart/NVIDIA_H100_80GB_HBM3")]

@@ -189,13 +189,14 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             lanes,
             compile_workers,
             quiet,
+            trace,
         } => {
             let mut settings = settings;
             settings.interpret |= interpret;
             if let Some(n) = compile_workers {
                 settings.compile_workers = n;
             }
-            ab::ab(&ab::Request {
+            let request = ab::Request {
                 manifest: &manifest,
                 args: &manifest_args,
                 settings: &settings,
@@ -217,7 +218,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 gpus: gpus.as_deref(),
                 lanes: lanes.map(|n| n as usize),
                 progress: !quiet,
-            })
+            };
+            run::traced(trace.as_deref(), || ab::ab(&request))
         }
         Command::Report { results } => results::report(&results),
         Command::Compare {

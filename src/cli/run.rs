@@ -40,6 +40,15 @@ pub struct Request<'a> {
 /// Runs, and writes the timeline to `trace` if asked, even when the run
 /// failed or was interrupted: that is when a timeline helps most.
 pub(super) fn run_traced(request: &Request<'_>, trace: Option<&Path>) -> Result<i32, Failure> {
+    traced(trace, || run(request))
+}
+
+/// Runs `body` (a run or an A/B), writing the timeline to `trace` if asked,
+/// whatever `body` returned.
+pub(super) fn traced(
+    trace: Option<&Path>,
+    body: impl FnOnce() -> Result<i32, Failure>,
+) -> Result<i32, Failure> {
     // Refused before the run, which would otherwise end by replacing the
     // journal it just appended to with the timeline.
     if let Some(why) = trace.and_then(store::results_dir::runner_file) {
@@ -50,7 +59,7 @@ pub(super) fn run_traced(request: &Request<'_>, trace: Option<&Path>) -> Result<
     if trace.is_some() {
         crate::trace::enable();
     }
-    let result = run(request);
+    let result = body();
     if let Some(path) = trace {
         match crate::trace::write(path) {
             Ok(n) => eprintln!("trace: {} ({n} spans)", path.display()),
