@@ -75,6 +75,8 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
         &[
             "--fail-on-slower",
             "1000%",
+            "--batch",
+            "3",
             "--trace",
             trace.to_str().unwrap(),
         ],
@@ -113,6 +115,7 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
         (Some(1), Some(2), Some(1))
     );
     assert_eq!(setup["interleave"], "samples", "the default");
+    assert_eq!(setup["batch"], 3, "--batch");
     let pairs = of_type(&entries, "ab_pair");
     assert_eq!(pairs.len(), 1);
     for p in &pairs {
@@ -123,6 +126,8 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
         let extra = p["extra_rounds"].as_u64().unwrap_or(0);
         assert!(extra <= 1, "{p}");
         assert_eq!(p["rounds"].as_array().unwrap().len() as u64, 2 + extra);
+        // Each round, 3 samples a side.
+        assert_eq!(p["a_stats"]["n"].as_u64(), Some(3 * (2 + extra)), "{p}");
         // The Python worker takes turns (sample_turns) in every round.
         for r in p["aa"]
             .as_array()
@@ -166,7 +171,7 @@ fn an_a_b_in_the_interpreter_is_journaled_reported_resumed_planted_and_swapped()
     );
 
     // Again: every pair is recorded, nothing is timed again.
-    let again = ab(&py, results.path(), &[]);
+    let again = ab(&py, results.path(), &["--batch", "3"]);
     assert_eq!(again.status.code(), Some(0), "{}", show(&again));
     assert!(String::from_utf8_lossy(&again.stderr).contains("every pair of this A/B is recorded"));
     assert_eq!(of_type(&journal(&dir), "ab_pair").len(), 1);

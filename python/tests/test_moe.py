@@ -795,6 +795,11 @@ def test_persistent_gemv_matches_reference(activation, kw, dtype, cfg, device):
     width), a top-k that is not a power of two, biases (swiglu_oai), items
     wider than the whole matrix; a second call gives the same bits and leaves
     the workspace zero."""
+    if INTERPRETED and cfg["BLOCK_SIZE_N"] == 2 and kw.get("K") == 96:
+        # One-column items leave no tail at any of these sizes (all even), so
+        # the largest adds only items: about 25 s of the interpreter for the
+        # two activations, for what the two smaller shapes cover.
+        pytest.skip("one-column items run at the two smaller shapes in the interpreter")
     p = FusedMoE(shape(activation=activation, dtype=dtype, **kw))
     inputs = p.inputs(19, device)
     launch = persistent_launch(p, inputs, config=dict(GCFG, **cfg))

@@ -188,6 +188,9 @@ Each pair's verdict: the 95 % t-interval of the mean of its rounds' log(B / A), 
         /// Rounds of A against B per pair.
         #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=1000))]
         rounds: u32,
+        /// Samples of each side in a round (default: 16, or the manifest's protocol.batch where that is smaller, as under the interpreter).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..=100_000))]
+        batch: Option<u32>,
         /// Rounds added, once, to a pair whose verdict after --rounds is AMBIGUOUS (0, the default: none; docs/ab.md says why).
         #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
         extra_rounds: u32,

@@ -179,6 +179,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             b_code,
             aa_rounds,
             rounds,
+            batch,
             extra_rounds,
             interleave,
             threshold,
@@ -206,6 +207,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 b_code: &b_code,
                 aa_rounds,
                 rounds,
+                batch,
                 extra_rounds,
                 interleave: if interleave == "batches" {
                     crate::store::Interleave::Batches

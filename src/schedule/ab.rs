@@ -29,6 +29,9 @@ pub struct AbTiming {
     pub setup: String,
     pub aa_rounds: u32,
     pub rounds: u32,
+    /// Samples of each side a round (already divided under graph timing,
+    /// as the setup records it).
+    pub batch: u32,
     /// Rounds added, once, to a pair whose verdict after `rounds` is
     /// AMBIGUOUS (0: none).
     pub extra_rounds: u32,
@@ -189,7 +192,7 @@ pub(super) fn run_pair(
         backend.begin_group(&group.method, &group.shape, ctx.protocol.seed);
         let kernel = group.kernel.as_str();
         let mode = ctx.sampling;
-        let count = lane::retime_count(&ctx.protocol, mode);
+        let count = timing.batch;
         for i in [A, A2] {
             ready(ctx, backend, &track, kernel, group.kind, &mut sides[i])
                 .map_err(|f| failed("A", f))?;
@@ -664,6 +667,7 @@ mod tests {
             setup: "s".into(),
             aa_rounds: 2,
             rounds: 4,
+            batch: 4,
             extra_rounds: 3,
             threshold: 0.01,
             plant,
