@@ -873,7 +873,7 @@ def test_persistent_gemv_plan():
 @pytest.mark.parametrize("path", ["grouped_mm", "gather_bmm", "dense_bmm"])
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 def test_torch_paths(path, activation, device):
-    from tunelab.problems.moe import TorchMoELaunch
+    from tunelab.problems.moe_torch import TorchMoELaunch
 
     p = FusedMoE(shape(M=5, E=16, topk=3, dtype="fp32", activation=activation))
     inputs = p.inputs(17, device)
@@ -887,7 +887,7 @@ def test_torch_paths(path, activation, device):
 
 
 def test_torch_path_choice():
-    from tunelab.problems.moe import torch_path
+    from tunelab.problems.moe_torch import torch_path
 
     # fp16 on CUDA never takes _grouped_mm (its fallback syncs), whatever the GPU.
     decode = FusedMoE({"M": 1, "E": 128, "topk": 4, "K": 2880, "N": 360, "dtype": "fp16"})
@@ -903,7 +903,7 @@ def test_torch_method_never_syncs(device):
     p = FusedMoE({"M": 8, "E": 32, "topk": 4, "K": 256, "N": 128, "dtype": "bf16"})
     inputs = p.inputs(18, device)
     for path in ("gather_bmm", "dense_bmm"):
-        from tunelab.problems.moe import TorchMoELaunch
+        from tunelab.problems.moe_torch import TorchMoELaunch
 
         launch = TorchMoELaunch(p, inputs, path=path)
         launch()  # lazy initialisation outside the check

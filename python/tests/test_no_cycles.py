@@ -7,7 +7,8 @@ import weakref
 
 import torch
 
-from tunelab.problems.moe import FusedMoE, TorchMoELaunch
+from tunelab.problems.moe import FusedMoE
+from tunelab.problems.moe_torch import TorchMoELaunch
 
 
 def _launch_is_freed_without_the_collector(make_launch):
