@@ -26,7 +26,8 @@ STEP is any of (default: all of them but tune2, in this order):
 A plant step also records how much of the plant B's rounds show
 (`realised`: per pair, B's extra time over the plant).
 
---interleave samples|batches is passed to each A/B step.
+--interleave samples|batches and --batch N are passed to each A/B step
+(steps.json records the batch the A/B's setup took).
 
 --picks DIR has the A/B steps time the picks of the results directory DIR
 (for example the committed results/gptoss/<device>) instead of tune1's,
@@ -133,6 +134,20 @@ def realised(ab_dir: Path) -> dict:
     }
 
 
+def setup_batch(ab_dir: Path):
+    """Samples a side a round, as the A/B's last setup record says (None: no journal yet)."""
+    journal = ab_dir / "journal.jsonl"
+    if not journal.is_file():
+        return None
+    batch = None
+    for line in journal.read_text().splitlines():
+        if '"ab_setup"' in line:
+            record = json.loads(line)
+            if record.get("type") == "ab_setup":
+                batch = record.get("batch")
+    return batch
+
+
 def picks_name(picks: Path) -> str:
     """The picks' directory as the repository names it, where it lies inside the repository."""
     try:
@@ -157,6 +172,12 @@ def main() -> int:
         type=Path,
         default=None,
         help="the results directory whose picks the A/B steps time (default: OUT/tune1)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="passed to `tunelab ab --batch` (default: the binary's default)",
     )
     parser.add_argument(
         "--interleave",
@@ -196,12 +217,14 @@ def main() -> int:
             "--quiet",
             *extra,
             *(["--interleave", args.interleave] if args.interleave else []),
+            *(["--batch", str(args.batch)] if args.batch else []),
             *more,
             python=python,
         )
         state[name] = {
             "exit": code,
             "interleave": args.interleave or "default",
+            "batch": setup_batch(out / name / "gptoss-ab" / device),
             "seconds": round(seconds, 1),
             "a_side": picks_name(picks),
             **headline_counts(text),

@@ -89,7 +89,6 @@ TOLERANCE = {
     "mxfp4": {"atol": 2e-2, "rtol": 2e-2, "max_mismatch": 0.005},  # experiments/gptoss-mxfp4.yaml
     "plain": {"atol": 2e-2, "rtol": 2e-2, "max_mismatch": 0.005},  # experiments/gptoss.yaml
 }
-# format -> (goal in % of the bound, the M values it is judged at, where the issue states it)
 GRAPH_TOP = 3  # best cold configs per shape also timed under graph replay (besides vLLM's default)
 VLLM_TOP = 3  # best cold fp8 configs also run in vLLM's call structure (besides vLLM's default)
 # Configs compiled ahead at a time (by the pool), then timed, before the next batch.

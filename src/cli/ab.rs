@@ -29,7 +29,7 @@ use indexmap::IndexMap;
 use serde_json::Value as Json;
 
 /// Samples of each side a round unless `--batch` says otherwise (or the
-/// manifest's protocol batch is smaller, as under the interpreter).
+/// run's protocol batch is smaller: the interpreter's is 2).
 pub const AB_BATCH: u32 = 16;
 
 /// What the command line asked `ab` to do.
