@@ -182,3 +182,20 @@ def test_the_interpreter_takes_turns_on_the_wall_clock():
     # One warm-up launch each, then 3 launches a sample, in turns.
     assert order == ["x", "y"] + ["x"] * 3 + ["y"] * 3 + ["x"] * 3 + ["y"] * 3
     assert [len(t) for t in turns] == [2, 2]
+
+
+def test_jobs_taking_turns_launch_in_their_own_contexts_a_graphs_warm_up_included():
+    # The worker's sample_turns hands the timers each job's launch wrapped in
+    # its job context (its compile options, its swapped modules): every
+    # launch, the graph emulation's warm-up included, sees its own job's.
+    from tunelab.workbench import jit
+    from tunelab.worker import _in_context
+
+    seen = []
+    jobs = [types.SimpleNamespace(ctx=types.SimpleNamespace(modules=None, name=k), graphs={}) for k in "xy"]
+    for job in jobs:
+        job.launch = lambda: seen.append(jit._active.name if jit._active is not None else None)
+    turned = [types.SimpleNamespace(launch=_in_context(j), graphs=j.graphs) for j in jobs]
+    WallTimer().sample_graph_turns(turned, 1, 2)
+    assert seen == ["x", "y", "x", "x", "y", "y"]
+    assert jit._active is None

@@ -23,7 +23,8 @@ import platform
 import sys
 import time
 import traceback
-from typing import Any, Optional
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
 
 from tunelab import PROTOCOL_VERSION
 from tunelab.failures import (
@@ -530,8 +531,7 @@ class Worker(NativeOps):
     def warmup(self, request: dict[str, Any]) -> dict[str, Any]:
         self._require_lane("warmup")
         prepared = self._prepared_for(request)
-        min_launches = _int_field(request, "min_launches", default=3, minimum=0, maximum=_MAX_SAMPLES)
-        min_ms = _number_field(request, "min_ms", default=5.0)
+        min_launches, min_ms = _warmup_fields(request)
         with stage("launch"), jit.active(prepared.ctx):
             launches, ms = self._timing().warmup(prepared.launch, min_launches, min_ms)
         return {"launches": launches, "ms": ms}
@@ -569,18 +569,13 @@ class Worker(NativeOps):
         warmup = request.get("warmup")
         if not isinstance(warmup, dict):
             raise bad_request('sample_turns: warmup must be {"min_launches": ..., "min_ms": ...}')
-        min_launches = _int_field(warmup, "min_launches", default=3, minimum=0, maximum=_MAX_SAMPLES)
-        min_ms = _number_field(warmup, "min_ms", default=5.0)
+        min_launches, min_ms = _warmup_fields(warmup)
         count, flush_bytes, flush_with, timing, graph_calls = _sample_fields(request, "sample_turns")
         prepared = [self._prepared_for({"job_id": j}) for j in job_ids]
         timer = self._timing()
-
-        def in_context(p: Prepared) -> Any:
-            def launch() -> object:
-                with jit.active(p.ctx):
-                    return p.launch()
-
-            return launch
+        # Each job's launches run in its own context (its compile options,
+        # its swapped modules), a graph's capture included, as `sample`'s do.
+        turned = [SimpleNamespace(launch=_in_context(p), graphs=p.graphs) for p in prepared]
 
         with stage("launch"):
             for p in prepared:
@@ -588,10 +583,10 @@ class Worker(NativeOps):
                 with jit.active(p.ctx):
                     timer.warmup(p.launch, min_launches, min_ms)
             if timing == "graph":
-                us, clock = timer.sample_graph_turns(prepared, count, graph_calls)
+                us, clock = timer.sample_graph_turns(turned, count, graph_calls)
                 name = timer.graph_name
             else:
-                launches = [in_context(p) for p in prepared]
+                launches = [t.launch for t in turned]
                 us, clock = timer.sample_turns(launches, count, flush_bytes if timing == "cold" else 0, flush_with)
                 name = timer.name
         return {"us": us, "timer": name, "sm_clock_mhz": clock}
@@ -742,6 +737,22 @@ class Worker(NativeOps):
     def _synchronize(self) -> None:
         if self.mode == "gpu":
             self.torch.cuda.synchronize()
+
+
+def _warmup_fields(fields: dict[str, Any]) -> tuple[int, float]:
+    """A warm-up's (min_launches, min_ms), checked: a `warmup` request's, or `sample_turns`' `warmup`."""
+    min_launches = _int_field(fields, "min_launches", default=3, minimum=0, maximum=_MAX_SAMPLES)
+    return min_launches, _number_field(fields, "min_ms", default=5.0)
+
+
+def _in_context(p: Prepared) -> Callable[[], object]:
+    """`p`'s launch inside its job context, for timers that launch several jobs in turn."""
+
+    def launch() -> object:
+        with jit.active(p.ctx):
+            return p.launch()
+
+    return launch
 
 
 def _sample_fields(request: dict[str, Any], op: str) -> tuple[int, int, str, str, int]:

@@ -142,36 +142,20 @@ pub struct JobSample {
     pub sample: Sample,
 }
 
-/// The most jobs one `sample_turns` batch may name.
-pub const MAX_TURNS: usize = 8;
-
 /// `sample_turns`: a warm-up of each prepared job named, then one batch of
 /// `count` samples of each, the jobs taking turns sample by sample (an A/B
 /// round, docs/ab.md "Taking turns"): each job meets the clock the others
 /// meet, which two batches one after the other do not.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct JobsTurns {
-    /// 2 to 8 distinct prepared jobs, in the order of their turns.
+    /// 2 to 8 distinct prepared jobs, in the order of their turns (the
+    /// Python worker refuses others).
     #[schemars(length(min = 2, max = 8))]
     pub job_ids: Vec<String>,
     pub warmup: Warmup,
     /// `count` is per job.
     #[serde(flatten)]
     pub sample: Sample,
-}
-
-impl JobsTurns {
-    /// Whether the request is within the protocol's limits (its message when not).
-    pub fn check(&self) -> Result<(), String> {
-        let distinct: std::collections::HashSet<&String> = self.job_ids.iter().collect();
-        if !(2..=MAX_TURNS).contains(&self.job_ids.len()) || distinct.len() != self.job_ids.len() {
-            return Err(format!(
-                "`job_ids` must be 2 to {MAX_TURNS} distinct job ids"
-            ));
-        }
-        self.warmup.check()?;
-        self.sample.check()
-    }
 }
 
 /// The answer to `sample_turns`: each job's samples in microseconds, in the
