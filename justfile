@@ -123,14 +123,19 @@ check-hip:
     echo "check-hip: skipped, no HIP headers found (apt-get install libamdhip64-dev, or set HIP_PATH)"
 
 # The extension module has its own: `just lint-python-native`.
-# rustfmt and clippy, warnings denied. Where HIP headers are found (CI installs
-# them) clippy runs once, with the `hip` feature, which compiles all but the two
-# `cfg(not(feature = "hip"))` lines a build without it has (the test build
-# compiles those): one pass instead of two.
+# rustfmt and clippy over the runner and its tests, warnings denied.
 lint:
+    cargo fmt --all -- --check
+    just clippy
+
+# Where HIP headers are found (CI installs them) clippy runs once, with the
+# `hip` feature, which compiles all but the two `cfg(not(feature = "hip"))`
+# lines a build without it has (the test build compiles those): one pass
+# instead of two.
+# clippy over the runner and its tests, warnings denied.
+clippy:
     #!/usr/bin/env bash
     set -euo pipefail
-    cargo fmt --all -- --check
     for root in "${HIP_PATH:-}" /opt/rocm /usr; do
         if [ -n "$root" ] && [ -f "$root/include/hip/hip_runtime_api.h" ]; then
             HIP_PATH="$root" cargo clippy --features hip --all-targets -- -D warnings
@@ -138,6 +143,14 @@ lint:
         fi
     done
     cargo clippy --all-targets -- -D warnings
+
+# What `just test` compiles before its first test (clippy's pass and the test
+# binaries), run nothing. CI starts it while pip installs torch: pip keeps
+# about one core of two busy, and the build takes the other.
+# Compile what `just test` compiles, without running anything.
+build-tests:
+    just clippy
+    cargo test --all-targets --no-run
 
 # ruff over the Python code: package, tests, bench and scripts (pyproject.toml's [tool.ruff]).
 lint-python:

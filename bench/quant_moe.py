@@ -79,6 +79,7 @@ for _path in (REPO / "python", REPO / "bench"):
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from tunelab import interpreter  # noqa: E402
 from tunelab.compare import compare  # noqa: E402
 from tunelab.problems.moe import FusedMoE, vllm_default_config  # noqa: E402
 from tunelab.worker import CudaEventTimer, Prepared, WallTimer  # noqa: E402
@@ -549,6 +550,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.smoke:
         gpu = False
+        interpreter.install()  # as tunelab's workers run the interpreter
         device, name = torch.device("cpu"), "CPU (Triton interpreter)"
         peak = args.peak or 10.0  # nominal: the smoke run's % of bound only exercises the arithmetic
         flush_bytes, rule, compiler, sm_count = 0, SMOKE_RULE, None, None

@@ -31,6 +31,10 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+if INTERPRET:
+    from tunelab import interpreter  # noqa: E402
+
+    interpreter.install()  # as the workers do: Triton's interpreter without its repeated swaps
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
 MODE = "interpreter" if INTERPRET else "gpu"
 

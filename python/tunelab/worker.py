@@ -836,6 +836,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         warming.join()
     else:
         mode = choose_mode()
+    if mode == "interpreter":
+        from tunelab import interpreter
+
+        interpreter.install()  # Triton's interpreter without its repeated swaps (tunelab/interpreter.py)
     worker = Worker(role=args.role, mode=mode, target=target)
     requests = _Requests(sys.stdin.fileno(), _spin_seconds())
     while not worker.stopping:
