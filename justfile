@@ -95,8 +95,10 @@ test: lint lint-python
 typecheck:
     {{python}} -m mypy
 
-# The wheel (`pip install .`, dev profile: it reuses the test build's compiled
-# crates) goes into a fresh venv, target/api-venv, that sees {{python}}'s
+# The wheel (`pip install .`, dev profile: it reuses the crates the test build
+# compiled, which Cargo.toml's syn dev-dependency makes the ones it needs, and
+# compiles pyo3, the runner's library and the module) goes
+# into a fresh venv, target/api-venv, that sees {{python}}'s
 # packages (torch, Triton, pytest) through a .pth file; {{python}}'s own
 # environment is left as it was.
 # Test the Python API and the `tunelab` command as `pip install .` installs them.
