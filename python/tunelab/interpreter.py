@@ -30,15 +30,6 @@ from typing import Any
 _INSTALLED: dict[str, Any] = {}
 
 
-class _Launch:
-    """The kernel launch in progress: whether Triton has swapped the language
-    for it yet, and the ids of the modules swapped since."""
-
-    def __init__(self) -> None:
-        self.swapped = False
-        self.modules: set[int] = set()
-
-
 class _NothingToRestore:
     """What a skipped swap returns: Triton's swaps return a scope to restore."""
 
@@ -77,7 +68,10 @@ def install(interpreter: types.ModuleType | None = None) -> bool:
     ):
         return False
     languages = (tl, tl.core)
-    launch: list[_Launch] = []  # one entry while a kernel runs (kernels do not launch kernels)
+    # One entry while a kernel runs (kernels do not launch kernels): the ids of
+    # the language modules swapped for it, empty until its own swap (a kernel
+    # sees triton.language, which Triton asserts).
+    launch: list[set[int]] = []
 
     def language_modules(fn: Any) -> set[int]:
         return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and any(v is m for m in languages)}
@@ -85,18 +79,17 @@ def install(interpreter: types.ModuleType | None = None) -> bool:
     def swap_once(fn: Any) -> Any:
         if not launch:
             return patch_lang(fn)  # a call outside a launch: Triton's way
-        current = launch[-1]
+        swapped = launch[-1]
         seen = language_modules(fn)
-        if current.swapped and seen <= current.modules:
+        if swapped and seen <= swapped:
             return _NothingToRestore()
-        current.swapped = True
-        current.modules |= seen
+        swapped |= seen
         return patch_lang(fn)
 
     run_grid = grid_executor.__call__
 
     def run_launch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        launch.append(_Launch())
+        launch.append(set())
         try:
             return run_grid(self, *args, **kwargs)
         finally:
